@@ -1,0 +1,115 @@
+# fusex build. `make` builds the NIF (C only) and, where nvcc is found, the
+# CUDA backend the NIF loads at run time; `make test` installs what is
+# missing, builds and runs every suite; see README.md for the rest.
+
+ERL        ?= erl
+REBAR3     ?= rebar3
+NVCC       ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+# Compute capabilities to build machine code for; the last one is also
+# embedded as PTX so newer GPUs can JIT it. `make CUDA_ARCH="80 90"`.
+CUDA_ARCH  ?= 90
+
+BUILD      := build
+ERTS_INC   := $(shell $(ERL) -noshell -eval 'io:format("~s/erts-~s/include", [code:root_dir(), erlang:system_info(version)]), halt().' 2>/dev/null)
+
+WARN       := -Wall -Wextra -Werror
+CFLAGS     ?= -O3 -g
+CFLAGS     += -std=c11 -D_GNU_SOURCE -fPIC -fopenmp $(WARN) -Iinclude -Ic_src
+LDLIBS     := -fopenmp -ldl -lpthread -lm
+
+CORE_SRC   := $(wildcard c_src/core/*.c) $(wildcard c_src/cpu/*.c)
+NIF_SRC    := $(wildcard c_src/nif/*.c)
+CUDA_SRC   := $(wildcard c_src/cuda/*.cu)
+CTEST_SRC  := $(wildcard test/c/*.c)
+HEADERS    := $(wildcard include/*.h c_src/*/*.h c_src/cuda/*.cuh)
+
+CORE_OBJ   := $(CORE_SRC:%.c=$(BUILD)/%.o)
+NIF_OBJ    := $(NIF_SRC:%.c=$(BUILD)/%.o)
+CUDA_OBJ   := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+CTEST_OBJ  := $(CTEST_SRC:%.c=$(BUILD)/%.o)
+
+NVCC_GENCODE := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
+                -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
+NVCCFLAGS  ?= -O3 -lineinfo
+NVCCFLAGS  += -std=c++17 $(NVCC_GENCODE) -Iinclude -Ic_src --expt-relaxed-constexpr \
+              -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror -Werror all-warnings
+
+NIF_SO     := priv/fusex_nif.so
+CUDA_SO    := $(if $(NVCC),priv/fusex_cuda.so)
+
+.PHONY: all nif deps erl test test-c test-erl test-ex test-gpu sanitize bench demo docs clean
+
+all: nif erl
+
+nif: $(NIF_SO) $(CUDA_SO)
+
+deps:
+	@bash tools/deps.sh
+
+erl: nif
+	$(REBAR3) compile
+
+$(BUILD)/%.o: %.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(ERTS_INC) -c $< -o $@
+
+$(BUILD)/%.o: %.cu $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/libfusex_core.a: $(CORE_OBJ)
+	ar rcs $@ $^
+
+$(NIF_SO): $(NIF_OBJ) $(BUILD)/libfusex_core.a
+	@mkdir -p priv
+	$(CC) -shared -o $@ $(NIF_OBJ) $(BUILD)/libfusex_core.a $(LDLIBS)
+
+# Static cudart: the backend needs only the driver (libcuda.so.1) at run time.
+priv/fusex_cuda.so: $(CUDA_OBJ)
+	@mkdir -p priv
+	$(NVCC) -shared $(NVCC_GENCODE) -cudart static -o $@ $^
+
+# ---- tests ----
+
+$(BUILD)/fusex_check: $(CTEST_OBJ) $(BUILD)/libfusex_core.a
+	$(CC) -o $@ $(CTEST_OBJ) $(BUILD)/libfusex_core.a -lcheck -lsubunit -lrt $(LDLIBS)
+
+# FUSEX_PRIV tells the C tests where the CUDA backend is.
+test-c: nif $(BUILD)/fusex_check
+	FUSEX_PRIV=priv $(BUILD)/fusex_check
+
+test-erl: all
+	$(REBAR3) eunit
+	$(REBAR3) ct --readable=compact
+
+test-ex:
+	@if [ -f mix.exs ]; then MIX_ENV=test mix test; fi
+
+test: deps
+	$(MAKE) all
+	$(MAKE) test-c test-erl test-ex
+
+# The same suites, forced onto CUDA; fails where there is no GPU.
+test-gpu: all $(BUILD)/fusex_check
+	FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 $(MAKE) test-c test-erl test-ex
+	$(MAKE) sanitize
+
+# compute-sanitizer over the C kernel tests on the GPU (memcheck, racecheck).
+sanitize: nif $(BUILD)/fusex_check
+	FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 FUSEX_PRIV=priv CK_FORK=no FUSEX_QUICK=1 \
+	  compute-sanitizer --tool memcheck --leak-check full --error-exitcode 1 $(BUILD)/fusex_check
+	FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 FUSEX_PRIV=priv CK_FORK=no FUSEX_QUICK=1 \
+	  compute-sanitizer --tool racecheck --error-exitcode 1 $(BUILD)/fusex_check
+
+bench: all
+	$(ERL) -noshell -pa _build/default/lib/fusex/ebin -eval 'fusex_bench:main(init:get_plain_arguments())' -extra $(BENCH_ARGS)
+
+demo: deps
+	$(MAKE) all
+	$(ERL) -noshell -pa _build/default/lib/fusex/ebin -eval 'fusex_demo:main()'
+
+docs:
+	$(REBAR3) edoc
+
+clean:
+	rm -rf $(BUILD) priv/fusex_nif.so priv/fusex_cuda.so _build

@@ -1,0 +1,133 @@
+#include "core/ops.h"
+
+#include <string.h>
+
+#include "core/check.h"
+#include "core/dtype.h"
+
+int fx_op_from_host(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                    const void *data, size_t datalen, fx_tensor *out, fx_status *st)
+{
+    int64_t numel;
+    size_t nbytes;
+    if (fx_shape_nbytes("shape", dtype, rank, dims, &numel, &nbytes, st) != FX_OK)
+        return st->code;
+    if (datalen != nbytes) {
+        char shape[160];
+        fx_format_shape(shape, sizeof shape, rank, dims);
+        return fx_fail(st, FX_EBADARG, "data: expected %zu bytes (shape %s of %s), got %zu bytes",
+                       nbytes, shape, fx_dtype_name(dtype), datalen);
+    }
+    if (fx_tensor_alloc(dev, dtype, rank, dims, out, st) != FX_OK)
+        return st->code;
+    if (nbytes > 0 && dev->backend->upload(dev->ordinal, out->data, data, nbytes, st) != FX_OK) {
+        fx_tensor_release(out);
+        return st->code;
+    }
+    return FX_OK;
+}
+
+int fx_op_zeros(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims, fx_tensor *out,
+                fx_status *st)
+{
+    if (fx_tensor_alloc(dev, dtype, rank, dims, out, st) != FX_OK)
+        return st->code;
+    if (out->nbytes > 0 &&
+        dev->backend->fill_zero(dev->ordinal, out->data, out->nbytes, st) != FX_OK) {
+        fx_tensor_release(out);
+        return st->code;
+    }
+    return FX_OK;
+}
+
+int fx_op_to_host(const fx_tensor *t, void *dst, fx_status *st)
+{
+    if (t->nbytes == 0)
+        return FX_OK;
+    return t->device->backend->download(t->device->ordinal, dst, t->data, t->nbytes, st);
+}
+
+int fx_op_copy_to(const fx_tensor *t, fx_device *dev, fx_tensor *out, fx_status *st)
+{
+    if (fx_tensor_alloc(dev, t->dtype, t->rank, t->dims, out, st) != FX_OK)
+        return st->code;
+    if (t->nbytes == 0)
+        return FX_OK;
+    fx_device *src = t->device;
+    int rc;
+    if (src == dev)
+        rc = dev->backend->copy(dev->ordinal, out->data, t->data, t->nbytes, st);
+    else if (src->kind == FX_DEVICE_CPU)
+        rc = dev->backend->upload(dev->ordinal, out->data, t->data, t->nbytes, st);
+    else if (dev->kind == FX_DEVICE_CPU)
+        rc = src->backend->download(src->ordinal, out->data, t->data, t->nbytes, st);
+    else /* GPU to another GPU: stage through the host, correct if not fastest */
+        rc = fx_fail(st, FX_EBADARG, "device: copies between two GPUs (%s to %s) are not supported; copy through cpu",
+                     src->label, dev->label);
+    if (rc != FX_OK)
+        fx_tensor_release(out);
+    return rc;
+}
+
+int fx_op_cast(const fx_tensor *t, fx_dtype dtype, fx_tensor *out, fx_status *st)
+{
+    fx_device *dev = t->device;
+    if (fx_tensor_alloc(dev, dtype, t->rank, t->dims, out, st) != FX_OK)
+        return st->code;
+    if (t->numel > 0 && dev->backend->cast(dev->ordinal, t, out, st) != FX_OK)
+        fx_tensor_release(out);
+    return st->code;
+}
+
+int fx_op_binary(fx_binop op, const fx_tensor *a, const fx_tensor *b, fx_tensor *out,
+                 fx_status *st)
+{
+    fx_device *dev = a->device;
+    if (fx_expect_same_device(st, "b", b, dev, "a") ||
+        fx_expect_dtype(st, "b", b, a->dtype) ||
+        fx_expect_shape(st, "b", b, a->rank, a->dims, "(the shape of a)"))
+        return st->code;
+    if (fx_tensor_alloc(dev, a->dtype, a->rank, a->dims, out, st) != FX_OK)
+        return st->code;
+    if (a->numel > 0 && dev->backend->binary(dev->ordinal, op, a, b, out, st) != FX_OK)
+        fx_tensor_release(out);
+    return st->code;
+}
+
+int fx_op_scale(const fx_tensor *t, double factor, fx_tensor *out, fx_status *st)
+{
+    fx_device *dev = t->device;
+    if (fx_expect_float(st, "tensor", t, dev->kind == FX_DEVICE_CPU))
+        return st->code;
+    if (fx_tensor_alloc(dev, t->dtype, t->rank, t->dims, out, st) != FX_OK)
+        return st->code;
+    if (t->numel > 0 && dev->backend->scale(dev->ordinal, t, factor, out, st) != FX_OK)
+        fx_tensor_release(out);
+    return st->code;
+}
+
+int fx_op_reshape(const fx_tensor *t, int rank, const int64_t *dims, fx_tensor *out,
+                  fx_status *st)
+{
+    int64_t numel;
+    if (fx_shape_numel("shape", rank, dims, &numel, st) != FX_OK)
+        return st->code;
+    if (numel != t->numel) {
+        char from[160], to[160];
+        fx_format_shape(from, sizeof from, t->rank, t->dims);
+        fx_format_shape(to, sizeof to, rank, dims);
+        return fx_fail(st, FX_EBADARG, "shape: expected %lld elements (as in %s), got %s with %lld",
+                       (long long)t->numel, from, to, (long long)numel);
+    }
+    *out = *t;
+    out->rank = rank;
+    memset(out->dims, 0, sizeof out->dims);
+    memcpy(out->dims, dims, sizeof(int64_t) * (size_t)rank);
+    fx_buffer_ref(t->buffer);
+    return FX_OK;
+}
+
+int fx_op_synchronize(fx_device *dev, fx_status *st)
+{
+    return dev->backend->synchronize(dev->ordinal, st);
+}

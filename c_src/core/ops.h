@@ -1,0 +1,26 @@
+/* The op layer for tensors themselves: creation, transfer, cast,
+ * elementwise maths and reshape. Inputs are acquired tensors; outputs are
+ * new tensors the caller owns (fx_tensor_release, or hand to a handle). */
+#ifndef FX_OPS_H
+#define FX_OPS_H
+
+#include "core/runtime.h"
+
+/* `data` must hold exactly the bytes the shape needs (`datalen`). */
+int fx_op_from_host(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                    const void *data, size_t datalen, fx_tensor *out, fx_status *st);
+int fx_op_zeros(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims, fx_tensor *out,
+                fx_status *st);
+/* Waits for pending work on the tensor, then copies t->nbytes into dst. */
+int fx_op_to_host(const fx_tensor *t, void *dst, fx_status *st);
+int fx_op_copy_to(const fx_tensor *t, fx_device *dev, fx_tensor *out, fx_status *st);
+int fx_op_cast(const fx_tensor *t, fx_dtype dtype, fx_tensor *out, fx_status *st);
+int fx_op_binary(fx_binop op, const fx_tensor *a, const fx_tensor *b, fx_tensor *out,
+                 fx_status *st);
+int fx_op_scale(const fx_tensor *t, double factor, fx_tensor *out, fx_status *st);
+/* A view sharing t's buffer; the element count must not change. */
+int fx_op_reshape(const fx_tensor *t, int rank, const int64_t *dims, fx_tensor *out,
+                  fx_status *st);
+int fx_op_synchronize(fx_device *dev, fx_status *st);
+
+#endif

@@ -1,0 +1,331 @@
+#include "core/runtime.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+
+#define FX_MAX_DEVICES 17 /* cpu + up to 16 GPUs */
+
+extern const fx_backend fx_cpu_backend;
+
+static fx_device devices[FX_MAX_DEVICES];
+static int device_total;
+static char cuda_reason[1024] = "CUDA backend not loaded";
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static const char *init_priv_dir;
+static fx_status init_status;
+
+static void add_device(const fx_backend *backend, fx_device_kind kind, int ordinal)
+{
+    fx_device *dev = &devices[device_total++];
+    dev->kind = kind;
+    dev->ordinal = ordinal;
+    dev->backend = backend;
+    if (kind == FX_DEVICE_CPU)
+        snprintf(dev->label, sizeof dev->label, "cpu");
+    else
+        snprintf(dev->label, sizeof dev->label, "cuda:%d", ordinal);
+    atomic_init(&dev->allocated, 0);
+    atomic_init(&dev->peak, 0);
+    atomic_init(&dev->live_tensors, 0);
+}
+
+static int backend_compatible(const fx_backend *b)
+{
+    return b->abi_version == FX_ABI_VERSION && b->struct_size == sizeof(fx_backend);
+}
+
+static void load_cuda(const char *priv_dir)
+{
+    const char *disable = getenv("FUSEX_DISABLE_CUDA");
+    if (disable && *disable && strcmp(disable, "0") != 0) {
+        snprintf(cuda_reason, sizeof cuda_reason, "disabled by FUSEX_DISABLE_CUDA=%s", disable);
+        return;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/fusex_cuda.so", priv_dir ? priv_dir : "priv");
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        snprintf(cuda_reason, sizeof cuda_reason,
+                 "no CUDA backend: %.700s (built only where nvcc is found)", dlerror());
+        return;
+    }
+    fx_backend_entry_fn entry = (fx_backend_entry_fn)dlsym(lib, FX_CUDA_BACKEND_SYMBOL);
+    const fx_backend *backend = entry ? entry() : NULL;
+    if (!backend || !backend_compatible(backend)) {
+        snprintf(cuda_reason, sizeof cuda_reason, "%.600s is not a compatible fusex backend (ABI %d)",
+                 path, FX_ABI_VERSION);
+        dlclose(lib);
+        return;
+    }
+    fx_status st;
+    fx_status_clear(&st);
+    if (backend->init(&st) != FX_OK) {
+        snprintf(cuda_reason, sizeof cuda_reason, "%s", st.msg);
+        return; /* keep the library mapped: cudart may hold state */
+    }
+    int count = backend->device_count();
+    if (count <= 0) {
+        snprintf(cuda_reason, sizeof cuda_reason, "no CUDA device found");
+        return;
+    }
+    for (int i = 0; i < count && device_total < FX_MAX_DEVICES; i++)
+        add_device(backend, FX_DEVICE_CUDA, i);
+    cuda_reason[0] = '\0';
+}
+
+static void init_all(void)
+{
+    fx_status_clear(&init_status);
+    if (fx_cpu_backend.init(&init_status) != FX_OK)
+        return;
+    add_device(&fx_cpu_backend, FX_DEVICE_CPU, 0);
+    load_cuda(init_priv_dir);
+}
+
+int fx_runtime_init(const char *priv_dir, fx_status *st)
+{
+    init_priv_dir = priv_dir;
+    pthread_once(&init_once, init_all);
+    if (init_status.code != FX_OK)
+        return fx_fail(st, init_status.code, "%s", init_status.msg);
+    return FX_OK;
+}
+
+int fx_device_count(void) { return device_total; }
+
+fx_device *fx_device_at(int index)
+{
+    return index >= 0 && index < device_total ? &devices[index] : NULL;
+}
+
+fx_device *fx_device_find(fx_device_kind kind, int ordinal)
+{
+    for (int i = 0; i < device_total; i++)
+        if (devices[i].kind == kind && devices[i].ordinal == ordinal)
+            return &devices[i];
+    return NULL;
+}
+
+fx_device *fx_cpu_device(void) { return device_total > 0 ? &devices[0] : NULL; }
+
+const char *fx_cuda_unavailable_reason(void) { return cuda_reason; }
+
+int fx_device_query(fx_device *dev, fx_device_info *info, fx_status *st)
+{
+    memset(info, 0, sizeof *info);
+    return dev->backend->device_info(dev->ordinal, info, st);
+}
+
+/* ---- shapes ---- */
+
+/* The largest allocation we agree to describe: keeps every byte offset
+ * representable in int64 and well clear of size_t overflow. */
+#define FX_MAX_BYTES ((int64_t)1 << 48)
+
+void fx_format_shape(char *out, size_t outlen, int rank, const int64_t *dims)
+{
+    size_t used = (size_t)snprintf(out, outlen, "{");
+    for (int i = 0; i < rank && used < outlen; i++)
+        used += (size_t)snprintf(out + used, outlen - used, i ? ",%lld" : "%lld",
+                                 (long long)dims[i]);
+    if (used < outlen)
+        snprintf(out + used, outlen - used, "}");
+}
+
+int fx_shape_numel(const char *arg, int rank, const int64_t *dims, int64_t *numel,
+                   fx_status *st)
+{
+    if (rank < 0 || rank > FX_MAX_RANK)
+        return fx_fail(st, FX_EBADARG, "%s: expected a rank of at most %d, got %d", arg,
+                       FX_MAX_RANK, rank);
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++) {
+        if (dims[i] < 0)
+            return fx_fail(st, FX_EBADARG, "%s: expected non-negative dimensions, got %lld at axis %d",
+                           arg, (long long)dims[i], i);
+        if (dims[i] != 0 && n > FX_MAX_BYTES / dims[i]) {
+            char shape[160];
+            fx_format_shape(shape, sizeof shape, rank, dims);
+            return fx_fail(st, FX_EBADARG, "%s: expected a shape of at most 2^48 elements, got %s",
+                           arg, shape);
+        }
+        n *= dims[i];
+    }
+    *numel = n;
+    return FX_OK;
+}
+
+int fx_shape_nbytes(const char *arg, fx_dtype dtype, int rank, const int64_t *dims,
+                    int64_t *numel, size_t *nbytes, fx_status *st)
+{
+    if (fx_shape_numel(arg, rank, dims, numel, st) != FX_OK)
+        return st->code;
+    int64_t size = (int64_t)fx_dtype_size(dtype);
+    if (*numel > FX_MAX_BYTES / size) {
+        char shape[160];
+        fx_format_shape(shape, sizeof shape, rank, dims);
+        return fx_fail(st, FX_EBADARG, "%s: expected at most 2^48 bytes, got shape %s of %s", arg,
+                       shape, fx_dtype_name(dtype));
+    }
+    *nbytes = (size_t)(*numel * size);
+    return FX_OK;
+}
+
+/* ---- buffers ---- */
+
+static void count_alloc(fx_device *dev, long long nbytes)
+{
+    long long now = atomic_fetch_add(&dev->allocated, nbytes) + nbytes;
+    long long peak = atomic_load(&dev->peak);
+    while (now > peak && !atomic_compare_exchange_weak(&dev->peak, &peak, now)) {
+    }
+}
+
+int fx_buffer_new(fx_device *dev, size_t nbytes, fx_buffer **out, fx_status *st)
+{
+    fx_buffer *buf = calloc(1, sizeof *buf);
+    if (!buf)
+        return fx_fail(st, FX_ENOMEM, "out of host memory for a buffer record");
+    if (nbytes > 0 && dev->backend->alloc(dev->ordinal, nbytes, &buf->ptr, st) != FX_OK) {
+        free(buf);
+        return st->code;
+    }
+    atomic_init(&buf->refs, 1);
+    buf->device = dev;
+    buf->nbytes = nbytes;
+    count_alloc(dev, (long long)nbytes);
+    *out = buf;
+    return FX_OK;
+}
+
+fx_buffer *fx_buffer_borrow(fx_device *dev, void *ptr, size_t nbytes,
+                            void (*on_release)(void *), void *arg)
+{
+    fx_buffer *buf = calloc(1, sizeof *buf);
+    if (!buf)
+        return NULL;
+    atomic_init(&buf->refs, 1);
+    buf->device = dev;
+    buf->ptr = ptr;
+    buf->nbytes = nbytes;
+    buf->borrowed = true;
+    buf->on_release = on_release;
+    buf->release_arg = arg;
+    return buf;
+}
+
+void fx_buffer_ref(fx_buffer *buf) { atomic_fetch_add(&buf->refs, 1); }
+
+void fx_buffer_unref(fx_buffer *buf)
+{
+    if (!buf || atomic_fetch_sub(&buf->refs, 1) != 1)
+        return;
+    if (buf->borrowed) {
+        if (buf->on_release)
+            buf->on_release(buf->release_arg);
+    } else {
+        if (buf->ptr)
+            buf->device->backend->release(buf->device->ordinal, buf->ptr);
+        atomic_fetch_sub(&buf->device->allocated, (long long)buf->nbytes);
+    }
+    free(buf);
+}
+
+/* ---- tensors ---- */
+
+int fx_tensor_alloc(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                    fx_tensor *t, fx_status *st)
+{
+    memset(t, 0, sizeof *t);
+    if (fx_shape_nbytes("shape", dtype, rank, dims, &t->numel, &t->nbytes, st) != FX_OK)
+        return st->code;
+    if (fx_buffer_new(dev, t->nbytes, &t->buffer, st) != FX_OK)
+        return st->code;
+    t->dtype = dtype;
+    t->rank = rank;
+    memcpy(t->dims, dims, sizeof(int64_t) * (size_t)rank);
+    t->device = dev;
+    t->data = t->buffer->ptr;
+    return FX_OK;
+}
+
+void fx_tensor_release(fx_tensor *t)
+{
+    if (t->buffer) {
+        fx_buffer_unref(t->buffer);
+        t->buffer = NULL;
+        t->data = NULL;
+    }
+}
+
+/* ---- handles ---- */
+
+static void handle_lock(fx_handle *h)
+{
+    while (atomic_flag_test_and_set_explicit(&h->lock, memory_order_acquire)) {
+    }
+}
+
+static void handle_unlock(fx_handle *h) { atomic_flag_clear_explicit(&h->lock, memory_order_release); }
+
+void fx_handle_init(fx_handle *h, fx_tensor *t)
+{
+    atomic_flag_clear(&h->lock);
+    h->buffer = t->buffer;
+    h->device = t->device;
+    h->dtype = t->dtype;
+    h->rank = t->rank;
+    memcpy(h->dims, t->dims, sizeof h->dims);
+    h->numel = t->numel;
+    h->nbytes = t->nbytes;
+    atomic_fetch_add(&h->device->live_tensors, 1);
+    t->buffer = NULL;
+    t->data = NULL;
+}
+
+int fx_handle_acquire(fx_handle *h, const char *arg, fx_tensor *out, fx_status *st)
+{
+    memset(out, 0, sizeof *out);
+    handle_lock(h);
+    fx_buffer *buf = h->buffer;
+    if (buf)
+        fx_buffer_ref(buf);
+    handle_unlock(h);
+    if (!buf)
+        return fx_fail(st, FX_EBADARG, "%s: expected a live tensor, got one released by fusex:free/1",
+                       arg);
+    out->buffer = buf;
+    out->data = buf->ptr;
+    out->device = h->device;
+    out->dtype = h->dtype;
+    out->rank = h->rank;
+    memcpy(out->dims, h->dims, sizeof out->dims);
+    out->numel = h->numel;
+    out->nbytes = h->nbytes;
+    return FX_OK;
+}
+
+bool fx_handle_free(fx_handle *h)
+{
+    handle_lock(h);
+    fx_buffer *buf = h->buffer;
+    h->buffer = NULL;
+    handle_unlock(h);
+    if (!buf)
+        return false;
+    atomic_fetch_sub(&h->device->live_tensors, 1);
+    fx_buffer_unref(buf);
+    return true;
+}
+
+bool fx_handle_is_live(fx_handle *h)
+{
+    handle_lock(h);
+    bool live = h->buffer != NULL;
+    handle_unlock(h);
+    return live;
+}

@@ -1,0 +1,95 @@
+/* Devices, buffers and tensor handles: the resident-tensor machinery the
+ * NIF glue and the C tests share. Nothing here knows about Erlang. */
+#ifndef FX_RUNTIME_H
+#define FX_RUNTIME_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "fusex.h"
+
+typedef enum fx_device_kind { FX_DEVICE_CPU = 0, FX_DEVICE_CUDA = 1 } fx_device_kind;
+
+typedef struct fx_device {
+    fx_device_kind kind;
+    int ordinal;  /* the backend's own device number */
+    char label[24]; /* "cpu", "cuda:0" */
+    const fx_backend *backend;
+    atomic_llong allocated;    /* bytes of fusex-owned buffers */
+    atomic_llong peak;
+    atomic_llong live_tensors; /* handles not yet freed or collected */
+} fx_device;
+
+/* Loads the CPU backend and, when priv_dir holds fusex_cuda.so and a driver
+ * and GPU are present, the CUDA backend. Safe to call more than once. A
+ * missing CUDA backend is not an error: fx_cuda_unavailable_reason() says
+ * why. FUSEX_DISABLE_CUDA=1 in the environment skips CUDA. */
+int fx_runtime_init(const char *priv_dir, fx_status *st);
+int fx_device_count(void);
+fx_device *fx_device_at(int index);
+fx_device *fx_device_find(fx_device_kind kind, int ordinal);
+fx_device *fx_cpu_device(void);
+const char *fx_cuda_unavailable_reason(void);
+int fx_device_query(fx_device *dev, fx_device_info *info, fx_status *st);
+
+/* A device allocation with a reference count. Several handles may share one
+ * (reshape views); the memory goes back when the last reference drops.
+ * A borrowed buffer wraps memory fusex does not own (a foreign pointer):
+ * it is never freed, only its release hook runs. */
+typedef struct fx_buffer {
+    atomic_int refs;
+    fx_device *device;
+    void *ptr;
+    size_t nbytes;
+    bool borrowed;
+    void (*on_release)(void *arg);
+    void *release_arg;
+} fx_buffer;
+
+int fx_buffer_new(fx_device *dev, size_t nbytes, fx_buffer **out, fx_status *st);
+fx_buffer *fx_buffer_borrow(fx_device *dev, void *ptr, size_t nbytes,
+                            void (*on_release)(void *), void *arg);
+void fx_buffer_ref(fx_buffer *buf);
+void fx_buffer_unref(fx_buffer *buf);
+
+/* Shape maths with overflow checks; `arg` names the argument in errors. */
+int fx_shape_numel(const char *arg, int rank, const int64_t *dims, int64_t *numel,
+                   fx_status *st);
+int fx_shape_nbytes(const char *arg, fx_dtype dtype, int rank, const int64_t *dims,
+                    int64_t *numel, size_t *nbytes, fx_status *st);
+/* Writes "{2,3,4}" (Erlang tuple spelling). */
+void fx_format_shape(char *out, size_t outlen, int rank, const int64_t *dims);
+
+/* Fills `t`'s shape fields and gives it a new buffer (one reference, owned
+ * by `t`) on `dev`. */
+int fx_tensor_alloc(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                    fx_tensor *t, fx_status *st);
+/* Drops the buffer reference a tensor holds; safe on a zeroed struct. */
+void fx_tensor_release(fx_tensor *t);
+
+/* A handle is what an Erlang tensor term points at. `free` can race with an
+ * op that is reading the handle in another thread, so the buffer pointer is
+ * guarded by a small spin lock; ops hold their own buffer reference for as
+ * long as they use it, so a concurrent free never pulls memory from under a
+ * running op. */
+typedef struct fx_handle {
+    atomic_flag lock;
+    fx_buffer *buffer; /* NULL once freed */
+    fx_device *device;
+    fx_dtype dtype;
+    int rank;
+    int64_t dims[FX_MAX_RANK];
+    int64_t numel;
+    size_t nbytes;
+} fx_handle;
+
+/* Moves the tensor's buffer reference into the handle (t is emptied). */
+void fx_handle_init(fx_handle *h, fx_tensor *t);
+/* A new reference to the handle's tensor, or a badarg naming `arg` when the
+ * handle was freed. Release it with fx_tensor_release. */
+int fx_handle_acquire(fx_handle *h, const char *arg, fx_tensor *out, fx_status *st);
+/* Returns true when this call freed it, false when it was already freed. */
+bool fx_handle_free(fx_handle *h);
+bool fx_handle_is_live(fx_handle *h);
+
+#endif

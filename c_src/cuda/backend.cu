@@ -1,0 +1,372 @@
+// The CUDA backend: one non-blocking stream per device, a stream-ordered
+// memory pool, pinned staging for host transfers, events for timing.
+// Built into priv/fusex_cuda.so and loaded by the core with dlopen, so the
+// NIF itself never links against CUDA.
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda/common.cuh"
+#include "cuda/families.h"
+
+static fx_cuda_device devices[FX_CUDA_MAX_DEVICES];
+static int device_total;
+
+// ---- errors ----
+
+static int is_sticky(cudaError_t err)
+{
+    switch (err) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+int fx_cuda_fail(fx_cuda_device *d, cudaError_t err, const char *what, fx_status *st)
+{
+    if (st->code == FX_OK)
+        st->detail = (int)err;
+    if (d && is_sticky(err) && !d->lost) {
+        d->lost = 1;
+        snprintf(d->lost_reason, sizeof d->lost_reason, "%s: %s", what, cudaGetErrorString(err));
+    }
+    if (!is_sticky(err))
+        (void)cudaGetLastError(); // clear a non-sticky error so later calls work
+    return fx_fail(st, FX_ECUDA, "%s failed: %s (%s)%s", what, cudaGetErrorString(err),
+                   cudaGetErrorName(err),
+                   is_sticky(err) ? "; the CUDA context is lost, restart the VM to use this GPU again"
+                                  : "");
+}
+
+fx_cuda_device *fx_cuda_enter(int dev, fx_status *st)
+{
+    if (dev < 0 || dev >= device_total) {
+        fx_fail(st, FX_EINTERNAL, "no CUDA device %d", dev);
+        return NULL;
+    }
+    fx_cuda_device *d = &devices[dev];
+    if (d->lost) {
+        st->detail = (int)cudaErrorIllegalAddress;
+        fx_fail(st, FX_ECUDA, "cuda:%d is unusable after an earlier fault (%s)", dev, d->lost_reason);
+        return NULL;
+    }
+    cudaError_t err = cudaSetDevice(d->ordinal);
+    if (err != cudaSuccess) {
+        fx_cuda_fail(d, err, "cudaSetDevice", st);
+        return NULL;
+    }
+    return d;
+}
+
+// ---- pinned staging: host <-> device copies go through a few reusable
+// page-locked slots, so the DMA runs at full speed and an upload returns as
+// soon as the source bytes are in a slot ----
+
+#define STAGE_SLOTS 4
+#define STAGE_CHUNK ((size_t)4 << 20)
+
+struct staging {
+    pthread_mutex_t lock;
+    int ready;
+    unsigned next;
+    void *host[STAGE_SLOTS];
+    cudaEvent_t done[STAGE_SLOTS];
+};
+
+static staging stages[FX_CUDA_MAX_DEVICES];
+
+static int staging_ready(fx_cuda_device *d, staging *s, fx_status *st)
+{
+    if (s->ready)
+        return FX_OK;
+    for (int i = 0; i < STAGE_SLOTS; i++) {
+        FX_CUDA_TRY(d, cudaHostAlloc(&s->host[i], STAGE_CHUNK, cudaHostAllocPortable),
+                    "cudaHostAlloc (pinned staging)", st);
+        FX_CUDA_TRY(d, cudaEventCreateWithFlags(&s->done[i], cudaEventDisableTiming),
+                    "cudaEventCreate (staging)", st);
+    }
+    s->ready = 1;
+    return FX_OK;
+}
+
+static int upload_chunks(fx_cuda_device *d, staging *s, char *dst, const char *src, size_t n,
+                         fx_status *st)
+{
+    for (size_t off = 0; off < n; off += STAGE_CHUNK) {
+        size_t len = n - off < STAGE_CHUNK ? n - off : STAGE_CHUNK;
+        unsigned slot = s->next++ % STAGE_SLOTS;
+        FX_CUDA_TRY(d, cudaEventSynchronize(s->done[slot]), "waiting for a staging slot", st);
+        memcpy(s->host[slot], src + off, len);
+        FX_CUDA_TRY(d, cudaMemcpyAsync(dst + off, s->host[slot], len, cudaMemcpyHostToDevice, d->stream),
+                    "cudaMemcpyAsync (upload)", st);
+        FX_CUDA_TRY(d, cudaEventRecord(s->done[slot], d->stream), "cudaEventRecord (upload)", st);
+    }
+    return FX_OK;
+}
+
+static int issue_download(fx_cuda_device *d, staging *s, unsigned slot, const char *src,
+                          size_t len, fx_status *st)
+{
+    FX_CUDA_TRY(d, cudaMemcpyAsync(s->host[slot], src, len, cudaMemcpyDeviceToHost, d->stream),
+                "cudaMemcpyAsync (download)", st);
+    FX_CUDA_TRY(d, cudaEventRecord(s->done[slot], d->stream), "cudaEventRecord (download)", st);
+    return FX_OK;
+}
+
+// Keeps up to STAGE_SLOTS chunks in flight: while the host copies chunk i
+// out of its slot, the DMA engine fills the slots of the chunks after it.
+static int download_chunks(fx_cuda_device *d, staging *s, char *dst, const char *src, size_t n,
+                           fx_status *st)
+{
+    size_t chunks = (n + STAGE_CHUNK - 1) / STAGE_CHUNK;
+    unsigned base = s->next;
+    s->next += (unsigned)chunks;
+    for (size_t i = 0; i < chunks && i < STAGE_SLOTS; i++) {
+        size_t len = n - i * STAGE_CHUNK < STAGE_CHUNK ? n - i * STAGE_CHUNK : STAGE_CHUNK;
+        if (issue_download(d, s, (base + (unsigned)i) % STAGE_SLOTS, src + i * STAGE_CHUNK, len, st))
+            return st->code;
+    }
+    for (size_t i = 0; i < chunks; i++) {
+        unsigned slot = (base + (unsigned)i) % STAGE_SLOTS;
+        size_t off = i * STAGE_CHUNK;
+        size_t len = n - off < STAGE_CHUNK ? n - off : STAGE_CHUNK;
+        FX_CUDA_TRY(d, cudaEventSynchronize(s->done[slot]), "waiting for a download", st);
+        memcpy(dst + off, s->host[slot], len);
+        size_t next = i + STAGE_SLOTS;
+        if (next < chunks) {
+            size_t next_off = next * STAGE_CHUNK;
+            size_t next_len = n - next_off < STAGE_CHUNK ? n - next_off : STAGE_CHUNK;
+            if (issue_download(d, s, slot, src + next_off, next_len, st))
+                return st->code;
+        }
+    }
+    return FX_OK;
+}
+
+typedef int (*transfer_fn)(fx_cuda_device *, staging *, char *, const char *, size_t, fx_status *);
+
+static int staged_transfer(int dev, transfer_fn fn, void *dst, const void *src, size_t n,
+                           fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    staging *s = &stages[dev];
+    pthread_mutex_lock(&s->lock);
+    int rc = staging_ready(d, s, st);
+    if (rc == FX_OK)
+        rc = fn(d, s, (char *)dst, (const char *)src, n, st);
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+// ---- the table ----
+
+static int cuda_init(fx_status *st)
+{
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fx_fail(st, FX_ECUDA, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(err),
+                       cudaGetErrorName(err));
+    }
+    if (count > FX_CUDA_MAX_DEVICES)
+        count = FX_CUDA_MAX_DEVICES;
+    for (int i = 0; i < count; i++) {
+        fx_cuda_device *d = &devices[i];
+        d->ordinal = i;
+        cudaDeviceProp prop;
+        FX_CUDA_TRY(d, cudaSetDevice(i), "cudaSetDevice", st);
+        FX_CUDA_TRY(d, cudaGetDeviceProperties(&prop, i), "cudaGetDeviceProperties", st);
+        d->sm_count = prop.multiProcessorCount;
+        d->max_threads_per_sm = prop.maxThreadsPerMultiProcessor;
+        d->shared_per_block_optin = prop.sharedMemPerBlockOptin;
+        FX_CUDA_TRY(d, cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking),
+                    "cudaStreamCreate", st);
+        // Keep freed blocks in the pool: allocation then costs no driver call.
+        cudaMemPool_t pool;
+        FX_CUDA_TRY(d, cudaDeviceGetDefaultMemPool(&pool, i), "cudaDeviceGetDefaultMemPool", st);
+        uint64_t keep = UINT64_MAX;
+        FX_CUDA_TRY(d, cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+                    "cudaMemPoolSetAttribute", st);
+        pthread_mutex_init(&stages[i].lock, NULL);
+        device_total = i + 1;
+    }
+    return FX_OK;
+}
+
+static int cuda_device_count(void) { return device_total; }
+
+static int cuda_device_info(int dev, fx_device_info *info, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    cudaDeviceProp prop;
+    FX_CUDA_TRY(d, cudaGetDeviceProperties(&prop, d->ordinal), "cudaGetDeviceProperties", st);
+    snprintf(info->name, sizeof info->name, "%s", prop.name);
+    size_t free_bytes = 0, total_bytes = 0;
+    FX_CUDA_TRY(d, cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo", st);
+    info->memory_total = total_bytes;
+    info->memory_free = free_bytes;
+    info->compute_major = prop.major;
+    info->compute_minor = prop.minor;
+    info->multiprocessors = prop.multiProcessorCount;
+    return FX_OK;
+}
+
+static int cuda_alloc(int dev, size_t nbytes, void **ptr, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    FX_CUDA_TRY(d, cudaMallocAsync(ptr, nbytes, d->stream), "cudaMallocAsync", st);
+    return FX_OK;
+}
+
+static void cuda_release(int dev, void *ptr)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    fx_cuda_device *d = fx_cuda_enter(dev, &st);
+    if (d && cudaFreeAsync(ptr, d->stream) != cudaSuccess)
+        (void)cudaGetLastError(); // nothing to report to: a destructor has no caller
+}
+
+static int cuda_upload(int dev, void *dst, const void *src, size_t n, fx_status *st)
+{
+    return staged_transfer(dev, upload_chunks, dst, src, n, st);
+}
+
+static int cuda_download(int dev, void *dst, const void *src, size_t n, fx_status *st)
+{
+    return staged_transfer(dev, download_chunks, dst, src, n, st);
+}
+
+static int cuda_copy(int dev, void *dst, const void *src, size_t n, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    FX_CUDA_TRY(d, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, d->stream),
+                "cudaMemcpyAsync (device to device)", st);
+    return FX_OK;
+}
+
+static int cuda_fill_zero(int dev, void *dst, size_t n, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    FX_CUDA_TRY(d, cudaMemsetAsync(dst, 0, n, d->stream), "cudaMemsetAsync", st);
+    return FX_OK;
+}
+
+static int cuda_synchronize(int dev, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    FX_CUDA_TRY(d, cudaStreamSynchronize(d->stream), "cudaStreamSynchronize", st);
+    return FX_OK;
+}
+
+static int cuda_event_create(int dev, void **event, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    FX_CUDA_TRY(d, cudaEventCreate((cudaEvent_t *)event), "cudaEventCreate", st);
+    return FX_OK;
+}
+
+static void cuda_event_destroy(int dev, void *event)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    if (fx_cuda_enter(dev, &st))
+        (void)cudaEventDestroy((cudaEvent_t)event);
+}
+
+static int cuda_event_record(int dev, void *event, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    FX_CUDA_TRY(d, cudaEventRecord((cudaEvent_t)event, d->stream), "cudaEventRecord", st);
+    return FX_OK;
+}
+
+static int cuda_event_elapsed_us(int dev, void *start, void *stop, double *us, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    float ms = 0;
+    FX_CUDA_TRY(d, cudaEventSynchronize((cudaEvent_t)stop), "cudaEventSynchronize", st);
+    FX_CUDA_TRY(d, cudaEventElapsedTime(&ms, (cudaEvent_t)start, (cudaEvent_t)stop),
+                "cudaEventElapsedTime", st);
+    *us = (double)ms * 1000.0;
+    return FX_OK;
+}
+
+__global__ void busy_wait_kernel(unsigned long long ns)
+{
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+}
+
+static int cuda_busy_wait(int dev, double us, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    busy_wait_kernel<<<1, 1, 0, d->stream>>>((unsigned long long)(us * 1000.0));
+    return fx_cuda_launched(d, "busy_wait kernel", st);
+}
+
+static const fx_backend cuda_backend = {
+    FX_ABI_VERSION,
+    sizeof(fx_backend),
+    "cuda",
+    cuda_init,
+    cuda_device_count,
+    cuda_device_info,
+    cuda_alloc,
+    cuda_release,
+    cuda_upload,
+    cuda_download,
+    cuda_copy,
+    cuda_fill_zero,
+    cuda_synchronize,
+    cuda_event_create,
+    cuda_event_destroy,
+    cuda_event_record,
+    cuda_event_elapsed_us,
+    cuda_busy_wait,
+    fx_cuda_cast,
+    fx_cuda_binary,
+    fx_cuda_scale,
+    FX_CUDA_SSM_OPS,
+    FX_CUDA_LINREC_OPS,
+    FX_CUDA_OPTIM_OPS,
+};
+
+extern "C" __attribute__((visibility("default"))) const fx_backend *fusex_cuda_backend(void)
+{
+    return &cuda_backend;
+}

@@ -1,0 +1,104 @@
+// Shared by every CUDA kernel family: per-device state (stream, properties),
+// error reporting into fx_status, element load/store traits and launch
+// helpers. One place, so a family file holds kernels and nothing else.
+#ifndef FX_CUDA_COMMON_CUH
+#define FX_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "fusex.h"
+
+#define FX_CUDA_MAX_DEVICES 16
+
+struct fx_cuda_device {
+    int ordinal;
+    cudaStream_t stream;
+    int sm_count;
+    int max_threads_per_sm;
+    size_t shared_per_block_optin;
+    int lost; // a sticky error poisoned the context: refuse further work
+    char lost_reason[160];
+};
+
+// Device state for `dev`, made current on the calling thread; NULL (and st
+// filled) if the device is unknown or its context was lost.
+fx_cuda_device *fx_cuda_enter(int dev, fx_status *st);
+
+// Turns a CUDA error into FX_ECUDA with the code and a message naming what
+// failed; marks the device lost if the error is sticky. Returns the status.
+int fx_cuda_fail(fx_cuda_device *d, cudaError_t err, const char *what, fx_status *st);
+
+#define FX_CUDA_TRY(d, call, what, st)                                   \
+    do {                                                                 \
+        cudaError_t fx_err_ = (call);                                    \
+        if (fx_err_ != cudaSuccess) return fx_cuda_fail(d, fx_err_, what, st); \
+    } while (0)
+
+// After a launch: a launch error (bad configuration, or an earlier
+// asynchronous fault surfacing) becomes the op's status.
+static inline int fx_cuda_launched(fx_cuda_device *d, const char *what, fx_status *st)
+{
+    cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? FX_OK : fx_cuda_fail(d, err, what, st);
+}
+
+// A grid for `n` independent items at `threads` per block, capped so that a
+// grid-stride loop covers the rest without oversubscribing the chip.
+static inline unsigned fx_cuda_grid(const fx_cuda_device *d, int64_t n, int threads)
+{
+    int64_t blocks = (n + threads - 1) / threads;
+    int64_t cap = (int64_t)d->sm_count * (d->max_threads_per_sm / threads) * 4;
+    if (blocks > cap) blocks = cap;
+    return (unsigned)(blocks < 1 ? 1 : blocks);
+}
+
+// ---- element traits: every storage type loads to and stores from its
+// arithmetic type (float for the 16-bit floats) ----
+template <typename T> struct fx_elem {
+    typedef T math;
+    __device__ __forceinline__ static T load(T v) { return v; }
+    __device__ __forceinline__ static T store(T v) { return v; }
+};
+template <> struct fx_elem<__nv_bfloat16> {
+    typedef float math;
+    __device__ __forceinline__ static float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+    __device__ __forceinline__ static __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
+};
+template <> struct fx_elem<__half> {
+    typedef float math;
+    __device__ __forceinline__ static float load(__half v) { return __half2float(v); }
+    __device__ __forceinline__ static __half store(float v) { return __float2half_rn(v); }
+};
+
+// Calls `body.template operator()<T>()` with T the storage type of `dtype`.
+// Lets a host launcher instantiate one kernel per dtype without a switch in
+// every family.
+template <typename F> static inline int fx_dispatch_dtype(fx_dtype dtype, F &&body)
+{
+    switch (dtype) {
+    case FX_F32: return body((float *)0);
+    case FX_F64: return body((double *)0);
+    case FX_BF16: return body((__nv_bfloat16 *)0);
+    case FX_F16: return body((__half *)0);
+    case FX_S32: return body((int32_t *)0);
+    case FX_S64: return body((int64_t *)0);
+    case FX_U8: return body((uint8_t *)0);
+    default: return FX_EINTERNAL;
+    }
+}
+
+// Same, for the float types a kernel family computes in f32 (f32, bf16, f16).
+template <typename F> static inline int fx_dispatch_float(fx_dtype dtype, F &&body)
+{
+    switch (dtype) {
+    case FX_F32: return body((float *)0);
+    case FX_BF16: return body((__nv_bfloat16 *)0);
+    case FX_F16: return body((__half *)0);
+    default: return FX_EINTERNAL;
+    }
+}
+
+#endif

@@ -1,0 +1,139 @@
+// Elementwise kernels: dtype cast, add/sub/mul, scale. Memory-bound
+// grid-stride loops; they exist for tensor plumbing (dtype changes, the
+// benchmarks' trivial op), not as the library's hot path.
+#include "cuda/common.cuh"
+#include "cuda/families.h"
+
+// Casts go through f64 with the CPU backend's rules (integers saturate,
+// NaN becomes 0; 16-bit floats round from f32), so both give identical bits.
+template <typename T> __device__ __forceinline__ double to_f64(T v) { return (double)v; }
+template <> __device__ __forceinline__ double to_f64(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <> __device__ __forceinline__ double to_f64(__half v) { return __half2float(v); }
+
+template <typename T> __device__ __forceinline__ T from_f64(double v) { return (T)v; }
+template <> __device__ __forceinline__ float from_f64(double v) { return (float)v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f64(double v)
+{
+    return __float2bfloat16_rn((float)v);
+}
+template <> __device__ __forceinline__ __half from_f64(double v) { return __float2half_rn((float)v); }
+
+__device__ __forceinline__ double saturate(double v, double lo, double hi)
+{
+    return isnan(v) ? 0.0 : v <= lo ? lo : v >= hi ? hi : v;
+}
+template <> __device__ __forceinline__ int32_t from_f64(double v)
+{
+    return (int32_t)saturate(v, -2147483648.0, 2147483647.0);
+}
+template <> __device__ __forceinline__ int64_t from_f64(double v)
+{
+    return (int64_t)saturate(v, -9223372036854775808.0, 9223372036854774784.0);
+}
+template <> __device__ __forceinline__ uint8_t from_f64(double v)
+{
+    return (uint8_t)saturate(v, 0.0, 255.0);
+}
+
+template <typename S, typename D>
+__global__ void cast_kernel(const S *__restrict__ src, D *__restrict__ dst, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = from_f64<D>(to_f64(src[i]));
+}
+
+#define FX_THREADS 256
+
+int fx_cuda_cast(int dev, const fx_tensor *src, const fx_tensor *dst, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    unsigned grid = fx_cuda_grid(d, src->numel, FX_THREADS);
+    return fx_dispatch_dtype(src->dtype, [&](auto *s_tag) {
+        typedef typename std::remove_pointer<decltype(s_tag)>::type S;
+        return fx_dispatch_dtype(dst->dtype, [&](auto *d_tag) {
+            typedef typename std::remove_pointer<decltype(d_tag)>::type D;
+            cast_kernel<S, D><<<grid, FX_THREADS, 0, d->stream>>>((const S *)src->data,
+                                                                  (D *)dst->data, src->numel);
+            return fx_cuda_launched(d, "cast kernel", st);
+        });
+    });
+}
+
+// Arithmetic type per storage type: float for the 16-bit floats, the type
+// itself for f32/f64, wrapping 64-bit unsigned maths for the integers.
+template <typename T> struct arith { typedef T type; };
+template <> struct arith<__nv_bfloat16> { typedef float type; };
+template <> struct arith<__half> { typedef float type; };
+template <> struct arith<int32_t> { typedef uint64_t type; };
+template <> struct arith<int64_t> { typedef uint64_t type; };
+template <> struct arith<uint8_t> { typedef uint64_t type; };
+
+template <typename T> __device__ __forceinline__ typename arith<T>::type up(T v)
+{
+    return (typename arith<T>::type)v;
+}
+template <> __device__ __forceinline__ float up(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <> __device__ __forceinline__ float up(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ uint64_t up(int32_t v) { return (uint64_t)(int64_t)v; }
+template <> __device__ __forceinline__ uint64_t up(int64_t v) { return (uint64_t)v; }
+
+template <typename T> __device__ __forceinline__ T down(typename arith<T>::type v) { return (T)v; }
+template <> __device__ __forceinline__ __nv_bfloat16 down(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half down(float v) { return __float2half_rn(v); }
+
+template <typename T>
+__global__ void binary_kernel(int op, const T *__restrict__ a, const T *__restrict__ b,
+                              T *__restrict__ out, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        typename arith<T>::type x = up(a[i]), y = up(b[i]);
+        out[i] = down<T>(op == FX_ADD ? x + y : op == FX_SUB ? x - y : x * y);
+    }
+}
+
+int fx_cuda_binary(int dev, fx_binop op, const fx_tensor *a, const fx_tensor *b,
+                   const fx_tensor *out, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    unsigned grid = fx_cuda_grid(d, a->numel, FX_THREADS);
+    return fx_dispatch_dtype(a->dtype, [&](auto *tag) {
+        typedef typename std::remove_pointer<decltype(tag)>::type T;
+        binary_kernel<T><<<grid, FX_THREADS, 0, d->stream>>>(
+            (int)op, (const T *)a->data, (const T *)b->data, (T *)out->data, a->numel);
+        return fx_cuda_launched(d, "binary kernel", st);
+    });
+}
+
+template <typename T, typename M>
+__global__ void scale_kernel(const T *__restrict__ src, M factor, T *__restrict__ dst, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = fx_elem<T>::store(fx_elem<T>::load(src[i]) * factor);
+}
+
+int fx_cuda_scale(int dev, const fx_tensor *src, double factor, const fx_tensor *dst,
+                  fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    unsigned grid = fx_cuda_grid(d, src->numel, FX_THREADS);
+    if (src->dtype == FX_F64) {
+        scale_kernel<double, double><<<grid, FX_THREADS, 0, d->stream>>>(
+            (const double *)src->data, factor, (double *)dst->data, src->numel);
+        return fx_cuda_launched(d, "scale kernel", st);
+    }
+    return fx_dispatch_float(src->dtype, [&](auto *tag) {
+        typedef typename std::remove_pointer<decltype(tag)>::type T;
+        scale_kernel<T, float><<<grid, FX_THREADS, 0, d->stream>>>(
+            (const T *)src->data, (float)factor, (T *)dst->data, src->numel);
+        return fx_cuda_launched(d, "scale kernel", st);
+    });
+}

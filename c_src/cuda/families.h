@@ -1,0 +1,20 @@
+// The entry points each CUDA kernel family file exports into the backend
+// table. A family that exists defines its FX_CUDA_*_OPS to the address of
+// its ops table; one that does not yet exist leaves it NULL.
+#ifndef FX_CUDA_FAMILIES_H
+#define FX_CUDA_FAMILIES_H
+
+#include "fusex.h"
+
+// elementwise.cu
+int fx_cuda_cast(int dev, const fx_tensor *src, const fx_tensor *dst, fx_status *st);
+int fx_cuda_binary(int dev, fx_binop op, const fx_tensor *a, const fx_tensor *b,
+                   const fx_tensor *out, fx_status *st);
+int fx_cuda_scale(int dev, const fx_tensor *src, double factor, const fx_tensor *dst,
+                  fx_status *st);
+
+#define FX_CUDA_SSM_OPS NULL
+#define FX_CUDA_LINREC_OPS NULL
+#define FX_CUDA_OPTIM_OPS NULL
+
+#endif

@@ -1,0 +1,382 @@
+/* The one argument-parsing path every NIF uses, and the mapping of a
+ * failed status onto an Erlang error. */
+#include <string.h>
+
+#include "core/dtype.h"
+#include "nif/nif.h"
+
+typedef struct fx_ctx {
+    const char *kind;
+    void *data;
+    void (*destroy)(void *data);
+} fx_ctx;
+
+ErlNifResourceType *fx_ctx_type;
+
+ERL_NIF_TERM fx_atom(ErlNifEnv *env, const char *name)
+{
+    ERL_NIF_TERM atom;
+    if (enif_make_existing_atom(env, name, &atom, ERL_NIF_LATIN1))
+        return atom;
+    return enif_make_atom(env, name);
+}
+
+ERL_NIF_TERM fx_make_string(ErlNifEnv *env, const char *s)
+{
+    size_t len = strlen(s);
+    ERL_NIF_TERM bin;
+    unsigned char *data = enif_make_new_binary(env, len, &bin);
+    memcpy(data, s, len);
+    return bin;
+}
+
+void fx_format_term(char *out, size_t outlen, ERL_NIF_TERM term)
+{
+    int n = enif_snprintf(out, outlen, "%T", term);
+    if (n >= (int)outlen && outlen > 4)
+        memcpy(out + outlen - 4, "...", 4);
+}
+
+/* ---- call scope ---- */
+
+void fx_call_init(fx_call *c, ErlNifEnv *env)
+{
+    c->env = env;
+    fx_status_clear(&c->st);
+    c->held = c->inline_held;
+    c->nheld = 0;
+    c->cap = (int)(sizeof c->inline_held / sizeof c->inline_held[0]);
+    c->nallocs = 0;
+}
+
+int fx_call_hold(fx_call *c, fx_tensor *t)
+{
+    if (c->nheld == c->cap) {
+        int cap = c->cap * 2;
+        fx_tensor **grown = enif_alloc(sizeof *grown * (size_t)cap);
+        if (!grown)
+            return fx_fail(&c->st, FX_ENOMEM, "out of host memory tracking tensors");
+        memcpy(grown, c->held, sizeof *grown * (size_t)c->nheld);
+        if (c->held != c->inline_held)
+            enif_free(c->held);
+        c->held = grown;
+        c->cap = cap;
+    }
+    c->held[c->nheld++] = t;
+    return FX_OK;
+}
+
+static ERL_NIF_TERM status_reason(ErlNifEnv *env, const fx_status *st)
+{
+    ERL_NIF_TERM msg = fx_make_string(env, st->msg);
+    switch (st->code) {
+    case FX_EBADARG: return enif_make_tuple2(env, fx_atom(env, "badarg"), msg);
+    case FX_ENOMEM: return enif_make_tuple2(env, fx_atom(env, "out_of_memory"), msg);
+    case FX_ECUDA:
+        return enif_make_tuple3(env, fx_atom(env, "cuda_error"), enif_make_int(env, st->detail), msg);
+    default: return enif_make_tuple2(env, fx_atom(env, "internal"), msg);
+    }
+}
+
+void *fx_call_alloc(fx_call *c, size_t nbytes)
+{
+    if (c->nallocs == FX_CALL_MAX_ALLOCS) {
+        fx_fail(&c->st, FX_EINTERNAL, "too many scratch allocations in one call");
+        return NULL;
+    }
+    void *p = enif_alloc(nbytes ? nbytes : 1);
+    if (!p) {
+        fx_fail(&c->st, FX_ENOMEM, "out of host memory (%zu bytes of scratch)", nbytes);
+        return NULL;
+    }
+    memset(p, 0, nbytes);
+    c->allocs[c->nallocs++] = p;
+    return p;
+}
+
+ERL_NIF_TERM fx_call_finish(fx_call *c, ERL_NIF_TERM result)
+{
+    for (int i = 0; i < c->nheld; i++)
+        fx_tensor_release(c->held[i]);
+    for (int i = 0; i < c->nallocs; i++)
+        enif_free(c->allocs[i]);
+    c->nallocs = 0;
+    if (c->held != c->inline_held)
+        enif_free(c->held);
+    c->held = c->inline_held;
+    c->nheld = 0;
+    if (c->st.code != FX_OK)
+        return enif_raise_exception(c->env, status_reason(c->env, &c->st));
+    return result;
+}
+
+static int bad(fx_call *c, const char *name, const char *expected, ERL_NIF_TERM got)
+{
+    char text[96];
+    fx_format_term(text, sizeof text, got);
+    return fx_fail(&c->st, FX_EBADARG, "%s: expected %s, got %s", name, expected, text);
+}
+
+/* ---- tensors ---- */
+
+int fx_arg_tensor(fx_call *c, ERL_NIF_TERM term, const char *name, fx_tensor *out)
+{
+    fx_handle *h;
+    memset(out, 0, sizeof *out);
+    if (!enif_get_resource(c->env, term, fx_tensor_type, (void **)&h))
+        return bad(c, name, "a fusex tensor", term);
+    if (fx_handle_acquire(h, name, out, &c->st) != FX_OK)
+        return c->st.code;
+    return fx_call_hold(c, out);
+}
+
+int fx_arg_tensor_list(fx_call *c, ERL_NIF_TERM term, const char *name, fx_tensor **out,
+                       unsigned *count)
+{
+    *out = NULL;
+    *count = 0;
+    if (!enif_get_list_length(c->env, term, count))
+        return bad(c, name, "a list of fusex tensors", term);
+    if (*count == 0)
+        return FX_OK;
+    fx_tensor *items = fx_call_alloc(c, sizeof *items * *count);
+    if (!items)
+        return c->st.code;
+    *out = items;
+    ERL_NIF_TERM head, tail = term;
+    char item_name[96];
+    for (unsigned i = 0; enif_get_list_cell(c->env, tail, &head, &tail); i++) {
+        snprintf(item_name, sizeof item_name, "%s[%u]", name, i);
+        if (fx_arg_tensor(c, head, item_name, &items[i]) != FX_OK)
+            return c->st.code;
+    }
+    return FX_OK;
+}
+
+ERL_NIF_TERM fx_make_tensor(fx_call *c, fx_tensor *t)
+{
+    fx_handle *h = enif_alloc_resource(fx_tensor_type, sizeof *h);
+    if (!h) {
+        fx_fail(&c->st, FX_ENOMEM, "out of host memory for a tensor handle");
+        return enif_make_badarg(c->env);
+    }
+    fx_handle_init(h, t);
+    ERL_NIF_TERM term = enif_make_resource(c->env, h);
+    enif_release_resource(h);
+    return term;
+}
+
+/* ---- scalars and descriptors ---- */
+
+int fx_arg_dtype(fx_call *c, ERL_NIF_TERM term, const char *name, fx_dtype *out)
+{
+    const ERL_NIF_TERM *elems;
+    int arity, bits;
+    char kind[8];
+    if (enif_get_tuple(c->env, term, &arity, &elems) && arity == 2 &&
+        enif_get_atom(c->env, elems[0], kind, sizeof kind, ERL_NIF_LATIN1) &&
+        enif_get_int(c->env, elems[1], &bits)) {
+        int t = fx_dtype_from_nx(kind, bits);
+        if (t >= 0) {
+            *out = (fx_dtype)t;
+            return FX_OK;
+        }
+    }
+    return bad(c, name, "one of {f,32}, {f,64}, {bf,16}, {f,16}, {s,32}, {s,64}, {u,8}", term);
+}
+
+int fx_arg_shape(fx_call *c, ERL_NIF_TERM term, const char *name, int *rank, int64_t *dims)
+{
+    const ERL_NIF_TERM *elems;
+    if (!enif_get_tuple(c->env, term, rank, &elems))
+        return bad(c, name, "a tuple of non-negative integers", term);
+    if (*rank > FX_MAX_RANK)
+        return fx_fail(&c->st, FX_EBADARG, "%s: expected a rank of at most %d, got %d", name,
+                       FX_MAX_RANK, *rank);
+    for (int i = 0; i < *rank; i++) {
+        ErlNifSInt64 dim;
+        if (!enif_get_int64(c->env, elems[i], &dim) || dim < 0)
+            return bad(c, name, "a tuple of non-negative integers", term);
+        dims[i] = dim;
+    }
+    int64_t numel;
+    return fx_shape_numel(name, *rank, dims, &numel, &c->st);
+}
+
+int fx_arg_device(fx_call *c, ERL_NIF_TERM term, const char *name, fx_device **out)
+{
+    const ERL_NIF_TERM *elems;
+    int arity, ordinal = 0;
+    fx_device_kind kind;
+    if (enif_is_identical(term, fx_atom(c->env, "cpu")))
+        kind = FX_DEVICE_CPU;
+    else if (enif_is_identical(term, fx_atom(c->env, "cuda")))
+        kind = FX_DEVICE_CUDA;
+    else if (enif_get_tuple(c->env, term, &arity, &elems) && arity == 2 &&
+             enif_is_identical(elems[0], fx_atom(c->env, "cuda")) &&
+             enif_get_int(c->env, elems[1], &ordinal) && ordinal >= 0)
+        kind = FX_DEVICE_CUDA;
+    else
+        return bad(c, name, "cpu, cuda or {cuda, N}", term);
+    *out = fx_device_find(kind, ordinal);
+    if (*out)
+        return FX_OK;
+    char text[64];
+    fx_format_term(text, sizeof text, term);
+    if (!fx_device_find(FX_DEVICE_CUDA, 0))
+        return fx_fail(&c->st, FX_EBADARG, "%s: expected an available device, got %s (CUDA unavailable: %s)",
+                       name, text, fx_cuda_unavailable_reason());
+    return fx_fail(&c->st, FX_EBADARG, "%s: expected an available device, got %s (see fusex:devices())",
+                   name, text);
+}
+
+ERL_NIF_TERM fx_make_device(ErlNifEnv *env, const fx_device *dev)
+{
+    if (dev->kind == FX_DEVICE_CPU)
+        return fx_atom(env, "cpu");
+    return enif_make_tuple2(env, fx_atom(env, "cuda"), enif_make_int(env, dev->ordinal));
+}
+
+int fx_arg_binary(fx_call *c, ERL_NIF_TERM term, const char *name, ErlNifBinary *out)
+{
+    if (enif_inspect_binary(c->env, term, out))
+        return FX_OK;
+    return bad(c, name, "a binary", term);
+}
+
+int fx_arg_double(fx_call *c, ERL_NIF_TERM term, const char *name, double *out)
+{
+    ErlNifSInt64 i;
+    if (enif_get_double(c->env, term, out))
+        return FX_OK;
+    if (enif_get_int64(c->env, term, &i)) {
+        *out = (double)i;
+        return FX_OK;
+    }
+    return bad(c, name, "a number", term);
+}
+
+int fx_arg_bool(fx_call *c, ERL_NIF_TERM term, const char *name, bool *out)
+{
+    if (enif_is_identical(term, fx_atom(c->env, "true")))
+        *out = true;
+    else if (enif_is_identical(term, fx_atom(c->env, "false")))
+        *out = false;
+    else
+        return bad(c, name, "true or false", term);
+    return FX_OK;
+}
+
+int fx_arg_int64(fx_call *c, ERL_NIF_TERM term, const char *name, int64_t *out)
+{
+    ErlNifSInt64 v;
+    if (!enif_get_int64(c->env, term, &v))
+        return bad(c, name, "an integer", term);
+    *out = v;
+    return FX_OK;
+}
+
+/* ---- option maps ---- */
+
+int fx_arg_opts(fx_call *c, ERL_NIF_TERM term, const char *const *allowed)
+{
+    if (!enif_is_map(c->env, term))
+        return bad(c, "opts", "a map", term);
+    ErlNifMapIterator it;
+    ERL_NIF_TERM key, value;
+    int rc = FX_OK;
+    enif_map_iterator_create(c->env, term, &it, ERL_NIF_MAP_ITERATOR_FIRST);
+    while (rc == FX_OK && enif_map_iterator_get_pair(c->env, &it, &key, &value)) {
+        char name[64];
+        bool known = false;
+        if (enif_get_atom(c->env, key, name, sizeof name, ERL_NIF_LATIN1))
+            for (const char *const *a = allowed; *a && !known; a++)
+                known = strcmp(*a, name) == 0;
+        if (!known) {
+            char list[512] = "";
+            size_t used = 0;
+            for (const char *const *a = allowed; *a && used < sizeof list; a++)
+                used += (size_t)snprintf(list + used, sizeof list - used, "%s%s",
+                                         a == allowed ? "" : ", ", *a);
+            char text[96];
+            fx_format_term(text, sizeof text, key);
+            rc = fx_fail(&c->st, FX_EBADARG, "opts: expected only the options %s, got %s", list,
+                         text);
+        }
+        enif_map_iterator_next(c->env, &it);
+    }
+    enif_map_iterator_destroy(c->env, &it);
+    return rc;
+}
+
+bool fx_opt_term(fx_call *c, ERL_NIF_TERM opts, const char *key, ERL_NIF_TERM *value)
+{
+    return enif_get_map_value(c->env, opts, fx_atom(c->env, key), value);
+}
+
+int fx_opt_tensor(fx_call *c, ERL_NIF_TERM opts, const char *key, fx_tensor *out, bool *present)
+{
+    ERL_NIF_TERM v;
+    memset(out, 0, sizeof *out);
+    *present = fx_opt_term(c, opts, key, &v);
+    return *present ? fx_arg_tensor(c, v, key, out) : FX_OK;
+}
+
+int fx_opt_bool(fx_call *c, ERL_NIF_TERM opts, const char *key, bool dflt, bool *out)
+{
+    ERL_NIF_TERM v;
+    *out = dflt;
+    return fx_opt_term(c, opts, key, &v) ? fx_arg_bool(c, v, key, out) : FX_OK;
+}
+
+int fx_opt_double(fx_call *c, ERL_NIF_TERM opts, const char *key, double dflt, double *out)
+{
+    ERL_NIF_TERM v;
+    *out = dflt;
+    return fx_opt_term(c, opts, key, &v) ? fx_arg_double(c, v, key, out) : FX_OK;
+}
+
+/* ---- contexts ---- */
+
+static void ctx_destructor(ErlNifEnv *env, void *obj)
+{
+    (void)env;
+    fx_ctx *ctx = obj;
+    if (ctx->destroy && ctx->data)
+        ctx->destroy(ctx->data);
+}
+
+int fx_ctx_type_open(ErlNifEnv *env)
+{
+    fx_ctx_type = enif_open_resource_type(env, NULL, "fusex_ctx", ctx_destructor,
+                                          ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER, NULL);
+    return fx_ctx_type != NULL;
+}
+
+ERL_NIF_TERM fx_make_ctx(fx_call *c, const char *kind, void *data, void (*destroy)(void *))
+{
+    fx_ctx *ctx = enif_alloc_resource(fx_ctx_type, sizeof *ctx);
+    if (!ctx) {
+        destroy(data);
+        fx_fail(&c->st, FX_ENOMEM, "out of host memory for a context");
+        return enif_make_badarg(c->env);
+    }
+    ctx->kind = kind;
+    ctx->data = data;
+    ctx->destroy = destroy;
+    ERL_NIF_TERM term = enif_make_resource(c->env, ctx);
+    enif_release_resource(ctx);
+    return term;
+}
+
+int fx_arg_ctx(fx_call *c, ERL_NIF_TERM term, const char *name, const char *kind, void **data)
+{
+    fx_ctx *ctx;
+    if (!enif_get_resource(c->env, term, fx_ctx_type, (void **)&ctx) || strcmp(ctx->kind, kind) != 0) {
+        char expected[96];
+        snprintf(expected, sizeof expected, "a context saved by %s", kind);
+        return bad(c, name, expected, term);
+    }
+    *data = ctx->data;
+    return FX_OK;
+}

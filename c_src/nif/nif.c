@@ -1,0 +1,85 @@
+/* Library entry: loads the runtime, opens the resource types, moves ops to
+ * the right dirty scheduler, and lists every NIF. */
+#include <string.h>
+
+#include "nif/nifs.h"
+
+ErlNifResourceType *fx_tensor_type;
+int fx_ctx_type_open(ErlNifEnv *env);
+int fx_event_type_open(ErlNifEnv *env);
+
+static void tensor_destructor(ErlNifEnv *env, void *obj)
+{
+    (void)env;
+    fx_handle_free((fx_handle *)obj);
+}
+
+static int open_types(ErlNifEnv *env)
+{
+    int flags = ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER;
+    fx_tensor_type = enif_open_resource_type(env, NULL, "fusex_tensor", tensor_destructor, flags, NULL);
+    return fx_tensor_type && fx_ctx_type_open(env) && fx_event_type_open(env);
+}
+
+static int on_load(ErlNifEnv *env, void **priv, ERL_NIF_TERM load_info)
+{
+    (void)priv;
+    char priv_dir[4096];
+    if (enif_get_string(env, load_info, priv_dir, sizeof priv_dir, ERL_NIF_LATIN1) <= 0)
+        strcpy(priv_dir, "priv");
+    fx_status st;
+    fx_status_clear(&st);
+    if (fx_runtime_init(priv_dir, &st) != FX_OK)
+        return 1;
+    return open_types(env) ? 0 : 1;
+}
+
+static int on_upgrade(ErlNifEnv *env, void **priv, void **old_priv, ERL_NIF_TERM load_info)
+{
+    (void)old_priv;
+    return on_load(env, priv, load_info);
+}
+
+/* Which device does this call work on? The first tensor among the
+ * arguments (or in a list argument) decides; else an explicit device term
+ * (`cuda`, `{cuda, N}`) or a `device` key of an options map. */
+static int term_is_cuda_device(ErlNifEnv *env, ERL_NIF_TERM t)
+{
+    const ERL_NIF_TERM *elems;
+    int arity;
+    ERL_NIF_TERM cuda = fx_atom(env, "cuda");
+    return enif_is_identical(t, cuda) ||
+           (enif_get_tuple(env, t, &arity, &elems) && arity == 2 && enif_is_identical(elems[0], cuda));
+}
+
+static int call_device_kind(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    for (int i = 0; i < argc; i++) {
+        ERL_NIF_TERM t = argv[i], head, tail, dev;
+        fx_handle *h;
+        if (enif_get_list_cell(env, t, &head, &tail))
+            t = head;
+        if (enif_get_resource(env, t, fx_tensor_type, (void **)&h))
+            return h->device->kind;
+        if (term_is_cuda_device(env, t))
+            return FX_DEVICE_CUDA;
+        if (enif_is_map(env, t) && enif_get_map_value(env, t, fx_atom(env, "device"), &dev) &&
+            term_is_cuda_device(env, dev))
+            return FX_DEVICE_CUDA;
+    }
+    return FX_DEVICE_CPU;
+}
+
+ERL_NIF_TERM fx_schedule_dirty(ErlNifEnv *env, const char *name, fx_nif_fn *fn, int argc,
+                               const ERL_NIF_TERM argv[])
+{
+    int flags = call_device_kind(env, argc, argv) == FX_DEVICE_CUDA ? ERL_NIF_DIRTY_JOB_IO_BOUND
+                                                                   : ERL_NIF_DIRTY_JOB_CPU_BOUND;
+    return enif_schedule_nif(env, name, flags, fn, argc, argv);
+}
+
+static ErlNifFunc nif_funcs[] = {
+    FX_TENSOR_NIFS,
+};
+
+ERL_NIF_INIT(fusex_nif, nif_funcs, on_load, NULL, on_upgrade, NULL)

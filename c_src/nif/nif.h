@@ -1,0 +1,95 @@
+/* NIF glue shared by every family: resource types, the per-call scope that
+ * releases whatever a call acquired, and the one set of argument parsers.
+ * Glue parses terms and handles resources; all checking of shapes, dtypes
+ * and devices happens in the op layer (c_src/core). */
+#ifndef FX_NIF_H
+#define FX_NIF_H
+
+#include <erl_nif.h>
+#include <stdbool.h>
+
+#include "core/runtime.h"
+
+typedef ERL_NIF_TERM fx_nif_fn(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]);
+
+extern ErlNifResourceType *fx_tensor_type;
+
+/* A call's scope: a status, and every tensor whose buffer reference the call
+ * holds (arguments it acquired, outputs not yet handed to Erlang). All are
+ * released by fx_call_finish on every path, so nothing leaks on errors. */
+#define FX_CALL_MAX_ALLOCS 8
+
+typedef struct fx_call {
+    ErlNifEnv *env;
+    fx_status st;
+    fx_tensor **held;
+    int nheld, cap;
+    fx_tensor *inline_held[24];
+    void *allocs[FX_CALL_MAX_ALLOCS];
+    int nallocs;
+} fx_call;
+
+void fx_call_init(fx_call *c, ErlNifEnv *env);
+/* Registers a tensor to release at the end of the call. */
+int fx_call_hold(fx_call *c, fx_tensor *t);
+/* Zeroed scratch memory freed at the end of the call; NULL (st set) when
+ * out of memory. */
+void *fx_call_alloc(fx_call *c, size_t nbytes);
+/* Releases what the call holds; raises the status as an Erlang error if it
+ * is not FX_OK, else returns `result`. */
+ERL_NIF_TERM fx_call_finish(fx_call *c, ERL_NIF_TERM result);
+
+/* ---- argument parsers: each returns FX_OK or fills c->st with a badarg
+ * naming the argument, so they chain with `||` ---- */
+int fx_arg_tensor(fx_call *c, ERL_NIF_TERM term, const char *name, fx_tensor *out);
+/* A proper list of tensors, in scratch storage the call frees. */
+int fx_arg_tensor_list(fx_call *c, ERL_NIF_TERM term, const char *name, fx_tensor **out,
+                       unsigned *count);
+int fx_arg_dtype(fx_call *c, ERL_NIF_TERM term, const char *name, fx_dtype *out);
+int fx_arg_shape(fx_call *c, ERL_NIF_TERM term, const char *name, int *rank, int64_t *dims);
+int fx_arg_device(fx_call *c, ERL_NIF_TERM term, const char *name, fx_device **out);
+int fx_arg_binary(fx_call *c, ERL_NIF_TERM term, const char *name, ErlNifBinary *out);
+int fx_arg_double(fx_call *c, ERL_NIF_TERM term, const char *name, double *out);
+int fx_arg_bool(fx_call *c, ERL_NIF_TERM term, const char *name, bool *out);
+int fx_arg_int64(fx_call *c, ERL_NIF_TERM term, const char *name, int64_t *out);
+
+/* Option maps: fx_arg_opts checks that `term` is a map whose keys are all
+ * atoms in `allowed` (NULL-terminated); the fx_opt_* readers then take one
+ * key each, with a default when absent. */
+int fx_arg_opts(fx_call *c, ERL_NIF_TERM term, const char *const *allowed);
+int fx_opt_tensor(fx_call *c, ERL_NIF_TERM opts, const char *key, fx_tensor *out, bool *present);
+int fx_opt_bool(fx_call *c, ERL_NIF_TERM opts, const char *key, bool dflt, bool *out);
+int fx_opt_double(fx_call *c, ERL_NIF_TERM opts, const char *key, double dflt, double *out);
+/* The raw value, for options with their own syntax; false when absent. */
+bool fx_opt_term(fx_call *c, ERL_NIF_TERM opts, const char *key, ERL_NIF_TERM *value);
+
+/* ---- results ---- */
+ERL_NIF_TERM fx_atom(ErlNifEnv *env, const char *name);
+ERL_NIF_TERM fx_make_tensor(fx_call *c, fx_tensor *t);
+ERL_NIF_TERM fx_make_device(ErlNifEnv *env, const fx_device *dev);
+ERL_NIF_TERM fx_make_string(ErlNifEnv *env, const char *s);
+/* Writes the term, cut to fit, for "got ..." in error messages. */
+void fx_format_term(char *out, size_t outlen, ERL_NIF_TERM term);
+
+/* ---- contexts: what a forward pass saves for its backward ----
+ * `kind` names the op; a backward refuses another op's context. The
+ * destructor runs when the context term is garbage-collected. */
+ERL_NIF_TERM fx_make_ctx(fx_call *c, const char *kind, void *data, void (*destroy)(void *));
+int fx_arg_ctx(fx_call *c, ERL_NIF_TERM term, const char *name, const char *kind, void **data);
+
+/* Moves a NIF onto the dirty scheduler that suits the device its tensors
+ * live on: dirty CPU for CPU work, dirty IO for CUDA calls. */
+ERL_NIF_TERM fx_schedule_dirty(ErlNifEnv *env, const char *name, fx_nif_fn *fn, int argc,
+                               const ERL_NIF_TERM argv[]);
+
+/* FX_DIRTY_NIF(nif_add) defines nif_add_entry, which reschedules nif_add;
+ * register the entry as a normal NIF: {"add", 2, nif_add_entry, 0}. */
+#define FX_DIRTY_NIF(fn)                                                             \
+    static ERL_NIF_TERM fn(ErlNifEnv *, int, const ERL_NIF_TERM[]);                  \
+    ERL_NIF_TERM fn##_entry(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])     \
+    {                                                                                \
+        return fx_schedule_dirty(env, #fn, fn, argc, argv);                          \
+    }
+#define FX_ENTRY(fn) ERL_NIF_TERM fn##_entry(ErlNifEnv *, int, const ERL_NIF_TERM[])
+
+#endif

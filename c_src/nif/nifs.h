@@ -1,0 +1,56 @@
+/* Every NIF the library exports, family by family. A family lists its
+ * functions here; c_src/nif/nif.c concatenates the lists into the one table
+ * erl_nif needs. */
+#ifndef FX_NIFS_H
+#define FX_NIFS_H
+
+#include "nif/nif.h"
+
+/* tensor_nif.c */
+ERL_NIF_TERM nif_devices(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+ERL_NIF_TERM nif_shape(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+ERL_NIF_TERM nif_type(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+ERL_NIF_TERM nif_device(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+ERL_NIF_TERM nif_free(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+ERL_NIF_TERM nif_is_live(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+ERL_NIF_TERM nif_memory(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+ERL_NIF_TERM nif_reshape(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+ERL_NIF_TERM nif_nop(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+FX_ENTRY(nif_tensor);
+FX_ENTRY(nif_zeros);
+FX_ENTRY(nif_to_binary);
+FX_ENTRY(nif_copy);
+FX_ENTRY(nif_synchronize);
+FX_ENTRY(nif_convert);
+FX_ENTRY(nif_binary);
+FX_ENTRY(nif_scale);
+FX_ENTRY(nif_event_new);
+FX_ENTRY(nif_event_record);
+FX_ENTRY(nif_event_elapsed);
+FX_ENTRY(nif_busy_wait);
+
+#define FX_TENSOR_NIFS                                               \
+    {"devices", 0, nif_devices, ERL_NIF_DIRTY_JOB_IO_BOUND},         \
+    {"shape", 1, nif_shape, 0},                                      \
+    {"type", 1, nif_type, 0},                                        \
+    {"device", 1, nif_device, 0},                                    \
+    {"free", 1, nif_free, 0},                                        \
+    {"is_live", 1, nif_is_live, 0},                                  \
+    {"memory", 1, nif_memory, 0},                                    \
+    {"reshape", 2, nif_reshape, 0},                                  \
+    {"nop", 0, nif_nop, 0},                                          \
+    {"dirty_nop", 0, nif_nop, ERL_NIF_DIRTY_JOB_IO_BOUND},           \
+    {"tensor", 4, nif_tensor_entry, 0},                              \
+    {"zeros", 3, nif_zeros_entry, 0},                                \
+    {"to_binary", 1, nif_to_binary_entry, 0},                        \
+    {"copy", 2, nif_copy_entry, 0},                                  \
+    {"synchronize", 1, nif_synchronize_entry, 0},                    \
+    {"convert", 2, nif_convert_entry, 0},                            \
+    {"binary_op", 3, nif_binary_entry, 0},                           \
+    {"scale", 2, nif_scale_entry, 0},                                \
+    {"event_new", 1, nif_event_new_entry, 0},                        \
+    {"event_record", 1, nif_event_record_entry, 0},                  \
+    {"event_elapsed_us", 2, nif_event_elapsed_entry, 0},             \
+    {"busy_wait", 2, nif_busy_wait_entry, 0}
+
+#endif

@@ -1,0 +1,408 @@
+/* Glue for the tensor API: creation, transfer, inspection, memory,
+ * elementwise ops and the benchmark timing hooks. */
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/ops.h"
+#include "nif/nifs.h"
+
+static ERL_NIF_TERM ok(fx_call *c) { return fx_call_finish(c, fx_atom(c->env, "ok")); }
+
+static ERL_NIF_TERM make_shape(ErlNifEnv *env, int rank, const int64_t *dims)
+{
+    ERL_NIF_TERM items[FX_MAX_RANK];
+    for (int i = 0; i < rank; i++)
+        items[i] = enif_make_int64(env, dims[i]);
+    return enif_make_tuple_from_array(env, items, (unsigned)rank);
+}
+
+static ERL_NIF_TERM make_dtype(ErlNifEnv *env, fx_dtype t)
+{
+    return enif_make_tuple2(env, fx_atom(env, fx_dtype_kind(t)), enif_make_int(env, fx_dtype_bits(t)));
+}
+
+/* ---- inspection (normal scheduler: no device work) ---- */
+
+static ERL_NIF_TERM put(ErlNifEnv *env, ERL_NIF_TERM map, const char *key, ERL_NIF_TERM value)
+{
+    ERL_NIF_TERM out;
+    enif_make_map_put(env, map, fx_atom(env, key), value, &out);
+    return out;
+}
+
+static ERL_NIF_TERM device_map(fx_call *c, fx_device *dev)
+{
+    ErlNifEnv *env = c->env;
+    fx_device_info info;
+    if (fx_device_query(dev, &info, &c->st) != FX_OK)
+        return 0;
+    ERL_NIF_TERM m = enif_make_new_map(env);
+    m = put(env, m, "id", fx_make_device(env, dev));
+    m = put(env, m, "kind", fx_atom(env, dev->kind == FX_DEVICE_CPU ? "cpu" : "cuda"));
+    m = put(env, m, "name", fx_make_string(env, info.name));
+    m = put(env, m, "memory_total", enif_make_uint64(env, info.memory_total));
+    m = put(env, m, "memory_free", enif_make_uint64(env, info.memory_free));
+    if (dev->kind == FX_DEVICE_CPU) {
+        m = put(env, m, "threads", enif_make_int(env, info.threads));
+        if (!fx_device_find(FX_DEVICE_CUDA, 0))
+            m = put(env, m, "cuda_unavailable", fx_make_string(env, fx_cuda_unavailable_reason()));
+    } else {
+        m = put(env, m, "compute_capability",
+                enif_make_tuple2(env, enif_make_int(env, info.compute_major),
+                                 enif_make_int(env, info.compute_minor)));
+        m = put(env, m, "multiprocessors", enif_make_int(env, info.multiprocessors));
+    }
+    return m;
+}
+
+ERL_NIF_TERM nif_devices(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    (void)argv;
+    fx_call c;
+    fx_call_init(&c, env);
+    ERL_NIF_TERM list = enif_make_list(env, 0);
+    for (int i = fx_device_count() - 1; i >= 0 && c.st.code == FX_OK; i--) {
+        ERL_NIF_TERM m = device_map(&c, fx_device_at(i));
+        if (c.st.code == FX_OK)
+            list = enif_make_list_cell(env, m, list);
+    }
+    return fx_call_finish(&c, list);
+}
+
+ERL_NIF_TERM nif_shape(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_tensor t;
+    fx_call_init(&c, env);
+    if (fx_arg_tensor(&c, argv[0], "tensor", &t))
+        return fx_call_finish(&c, 0);
+    return fx_call_finish(&c, make_shape(env, t.rank, t.dims));
+}
+
+ERL_NIF_TERM nif_type(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_tensor t;
+    fx_call_init(&c, env);
+    if (fx_arg_tensor(&c, argv[0], "tensor", &t))
+        return fx_call_finish(&c, 0);
+    return fx_call_finish(&c, make_dtype(env, t.dtype));
+}
+
+ERL_NIF_TERM nif_device(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_tensor t;
+    fx_call_init(&c, env);
+    if (fx_arg_tensor(&c, argv[0], "tensor", &t))
+        return fx_call_finish(&c, 0);
+    return fx_call_finish(&c, fx_make_device(env, t.device));
+}
+
+ERL_NIF_TERM nif_free(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_handle *h;
+    if (!enif_get_resource(env, argv[0], fx_tensor_type, (void **)&h)) {
+        fx_call c;
+        fx_call_init(&c, env);
+        fx_tensor unused;
+        fx_arg_tensor(&c, argv[0], "tensor", &unused); /* fills the badarg */
+        return fx_call_finish(&c, 0);
+    }
+    fx_handle_free(h);
+    return fx_atom(env, "ok");
+}
+
+ERL_NIF_TERM nif_is_live(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_handle *h;
+    if (!enif_get_resource(env, argv[0], fx_tensor_type, (void **)&h))
+        return fx_atom(env, "false");
+    return fx_atom(env, fx_handle_is_live(h) ? "true" : "false");
+}
+
+ERL_NIF_TERM nif_memory(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_device *dev;
+    fx_call_init(&c, env);
+    if (fx_arg_device(&c, argv[0], "device", &dev))
+        return fx_call_finish(&c, 0);
+    ERL_NIF_TERM m = enif_make_new_map(env);
+    m = put(env, m, "allocated", enif_make_int64(env, atomic_load(&dev->allocated)));
+    m = put(env, m, "peak", enif_make_int64(env, atomic_load(&dev->peak)));
+    m = put(env, m, "live_tensors", enif_make_int64(env, atomic_load(&dev->live_tensors)));
+    return fx_call_finish(&c, m);
+}
+
+ERL_NIF_TERM nif_reshape(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_tensor t, out = {0};
+    int rank;
+    int64_t dims[FX_MAX_RANK];
+    fx_call_init(&c, env);
+    if (fx_arg_tensor(&c, argv[0], "tensor", &t) || fx_arg_shape(&c, argv[1], "shape", &rank, dims) ||
+        fx_op_reshape(&t, rank, dims, &out, &c.st) || fx_call_hold(&c, &out))
+        return fx_call_finish(&c, 0);
+    return fx_call_finish(&c, fx_make_tensor(&c, &out));
+}
+
+ERL_NIF_TERM nif_nop(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    (void)argv;
+    return fx_atom(env, "ok");
+}
+
+/* ---- device work (dirty schedulers) ---- */
+
+FX_DIRTY_NIF(nif_tensor)
+static ERL_NIF_TERM nif_tensor(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    ErlNifBinary data;
+    fx_dtype dtype;
+    int rank;
+    int64_t dims[FX_MAX_RANK];
+    fx_device *dev;
+    fx_tensor out = {0};
+    fx_call_init(&c, env);
+    if (fx_arg_binary(&c, argv[0], "data", &data) || fx_arg_dtype(&c, argv[1], "type", &dtype) ||
+        fx_arg_shape(&c, argv[2], "shape", &rank, dims) ||
+        fx_arg_device(&c, argv[3], "device", &dev) ||
+        fx_op_from_host(dev, dtype, rank, dims, data.data, data.size, &out, &c.st) ||
+        fx_call_hold(&c, &out))
+        return fx_call_finish(&c, 0);
+    return fx_call_finish(&c, fx_make_tensor(&c, &out));
+}
+
+FX_DIRTY_NIF(nif_zeros)
+static ERL_NIF_TERM nif_zeros(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_dtype dtype;
+    int rank;
+    int64_t dims[FX_MAX_RANK];
+    fx_device *dev;
+    fx_tensor out = {0};
+    fx_call_init(&c, env);
+    if (fx_arg_dtype(&c, argv[0], "type", &dtype) || fx_arg_shape(&c, argv[1], "shape", &rank, dims) ||
+        fx_arg_device(&c, argv[2], "device", &dev) ||
+        fx_op_zeros(dev, dtype, rank, dims, &out, &c.st) || fx_call_hold(&c, &out))
+        return fx_call_finish(&c, 0);
+    return fx_call_finish(&c, fx_make_tensor(&c, &out));
+}
+
+FX_DIRTY_NIF(nif_to_binary)
+static ERL_NIF_TERM nif_to_binary(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_tensor t;
+    ErlNifBinary bin;
+    fx_call_init(&c, env);
+    if (fx_arg_tensor(&c, argv[0], "tensor", &t))
+        return fx_call_finish(&c, 0);
+    if (!enif_alloc_binary(t.nbytes, &bin)) {
+        fx_fail(&c.st, FX_ENOMEM, "out of host memory for a %zu-byte binary", t.nbytes);
+        return fx_call_finish(&c, 0);
+    }
+    if (fx_op_to_host(&t, bin.data, &c.st)) {
+        enif_release_binary(&bin);
+        return fx_call_finish(&c, 0);
+    }
+    return fx_call_finish(&c, enif_make_binary(env, &bin));
+}
+
+FX_DIRTY_NIF(nif_copy)
+static ERL_NIF_TERM nif_copy(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_tensor t, out = {0};
+    fx_device *dev;
+    fx_call_init(&c, env);
+    if (fx_arg_tensor(&c, argv[0], "tensor", &t) || fx_arg_device(&c, argv[1], "device", &dev) ||
+        fx_op_copy_to(&t, dev, &out, &c.st) || fx_call_hold(&c, &out))
+        return fx_call_finish(&c, 0);
+    return fx_call_finish(&c, fx_make_tensor(&c, &out));
+}
+
+FX_DIRTY_NIF(nif_synchronize)
+static ERL_NIF_TERM nif_synchronize(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_handle *h;
+    fx_device *dev;
+    fx_call_init(&c, env);
+    /* A tensor or a device; a freed tensor still names its device. */
+    if (enif_get_resource(env, argv[0], fx_tensor_type, (void **)&h))
+        dev = h->device;
+    else if (fx_arg_device(&c, argv[0], "tensor_or_device", &dev))
+        return fx_call_finish(&c, 0);
+    fx_op_synchronize(dev, &c.st);
+    return ok(&c);
+}
+
+FX_DIRTY_NIF(nif_convert)
+static ERL_NIF_TERM nif_convert(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_tensor t, out = {0};
+    fx_dtype dtype;
+    fx_call_init(&c, env);
+    if (fx_arg_tensor(&c, argv[0], "tensor", &t) || fx_arg_dtype(&c, argv[1], "type", &dtype) ||
+        fx_op_cast(&t, dtype, &out, &c.st) || fx_call_hold(&c, &out))
+        return fx_call_finish(&c, 0);
+    return fx_call_finish(&c, fx_make_tensor(&c, &out));
+}
+
+FX_DIRTY_NIF(nif_binary)
+static ERL_NIF_TERM nif_binary(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_tensor a, b, out = {0};
+    fx_binop op;
+    fx_call_init(&c, env);
+    if (enif_is_identical(argv[0], fx_atom(env, "add")))
+        op = FX_ADD;
+    else if (enif_is_identical(argv[0], fx_atom(env, "subtract")))
+        op = FX_SUB;
+    else if (enif_is_identical(argv[0], fx_atom(env, "multiply")))
+        op = FX_MUL;
+    else {
+        fx_fail(&c.st, FX_EBADARG, "op: expected add, subtract or multiply");
+        return fx_call_finish(&c, 0);
+    }
+    if (fx_arg_tensor(&c, argv[1], "a", &a) || fx_arg_tensor(&c, argv[2], "b", &b) ||
+        fx_op_binary(op, &a, &b, &out, &c.st) || fx_call_hold(&c, &out))
+        return fx_call_finish(&c, 0);
+    return fx_call_finish(&c, fx_make_tensor(&c, &out));
+}
+
+FX_DIRTY_NIF(nif_scale)
+static ERL_NIF_TERM nif_scale(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_tensor t, out = {0};
+    double factor;
+    fx_call_init(&c, env);
+    if (fx_arg_tensor(&c, argv[0], "tensor", &t) || fx_arg_double(&c, argv[1], "factor", &factor) ||
+        fx_op_scale(&t, factor, &out, &c.st) || fx_call_hold(&c, &out))
+        return fx_call_finish(&c, 0);
+    return fx_call_finish(&c, fx_make_tensor(&c, &out));
+}
+
+/* ---- timing hooks for bench/: device events and a busy-wait ---- */
+
+typedef struct fx_event {
+    fx_device *device;
+    void *event;
+} fx_event;
+
+static ErlNifResourceType *fx_event_type;
+
+static void event_destructor(ErlNifEnv *env, void *obj)
+{
+    (void)env;
+    fx_event *e = obj;
+    if (e->event)
+        e->device->backend->event_destroy(e->device->ordinal, e->event);
+}
+
+int fx_event_type_open(ErlNifEnv *env)
+{
+    fx_event_type = enif_open_resource_type(env, NULL, "fusex_event", event_destructor,
+                                            ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER, NULL);
+    return fx_event_type != NULL;
+}
+
+static int arg_event(fx_call *c, ERL_NIF_TERM term, const char *name, fx_event **out)
+{
+    if (enif_get_resource(c->env, term, fx_event_type, (void **)out))
+        return FX_OK;
+    char text[96];
+    fx_format_term(text, sizeof text, term);
+    return fx_fail(&c->st, FX_EBADARG, "%s: expected a fusex event, got %s", name, text);
+}
+
+FX_DIRTY_NIF(nif_event_new)
+static ERL_NIF_TERM nif_event_new(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_device *dev;
+    fx_call_init(&c, env);
+    if (fx_arg_device(&c, argv[0], "device", &dev))
+        return fx_call_finish(&c, 0);
+    fx_event *e = enif_alloc_resource(fx_event_type, sizeof *e);
+    e->device = dev;
+    e->event = NULL;
+    dev->backend->event_create(dev->ordinal, &e->event, &c.st);
+    ERL_NIF_TERM term = enif_make_resource(env, e);
+    enif_release_resource(e);
+    return fx_call_finish(&c, term);
+}
+
+FX_DIRTY_NIF(nif_event_record)
+static ERL_NIF_TERM nif_event_record(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_event *e;
+    fx_call_init(&c, env);
+    if (arg_event(&c, argv[0], "event", &e) == FX_OK)
+        e->device->backend->event_record(e->device->ordinal, e->event, &c.st);
+    return ok(&c);
+}
+
+FX_DIRTY_NIF(nif_event_elapsed)
+static ERL_NIF_TERM nif_event_elapsed(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_event *start, *stop;
+    double us = 0;
+    fx_call_init(&c, env);
+    if (arg_event(&c, argv[0], "start", &start) || arg_event(&c, argv[1], "stop", &stop))
+        return fx_call_finish(&c, 0);
+    if (start->device != stop->device)
+        fx_fail(&c.st, FX_EBADARG, "stop: expected an event on %s (where start is), got one on %s",
+                start->device->label, stop->device->label);
+    else
+        start->device->backend->event_elapsed_us(start->device->ordinal, start->event, stop->event,
+                                                 &us, &c.st);
+    return fx_call_finish(&c, enif_make_double(env, us));
+}
+
+FX_DIRTY_NIF(nif_busy_wait)
+static ERL_NIF_TERM nif_busy_wait(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_device *dev;
+    double us;
+    fx_call_init(&c, env);
+    if (fx_arg_device(&c, argv[0], "device", &dev) || fx_arg_double(&c, argv[1], "us", &us))
+        return fx_call_finish(&c, 0);
+    if (us < 0 || us > 1e6)
+        fx_fail(&c.st, FX_EBADARG, "us: expected 0..1000000 microseconds, got %g", us);
+    else
+        dev->backend->busy_wait(dev->ordinal, us, &c.st);
+    return ok(&c);
+}

@@ -1,0 +1,177 @@
+/*
+ * fusex — the C interface shared by the op layer and the backends.
+ *
+ * This header is the whole contract between c_src/core (which owns tensors,
+ * devices and validation) and a backend (c_src/cpu, linked in; c_src/cuda,
+ * built into priv/fusex_cuda.so and loaded with dlopen). A backend sees only
+ * what is declared here: plain pointers, dims and dtypes that the op layer has
+ * already checked. It never sees Erlang terms.
+ *
+ * Everything here must stay valid C11 and valid CUDA C++ (the CUDA backend
+ * includes it from .cu files).
+ */
+#ifndef FUSEX_H
+#define FUSEX_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped whenever fx_backend or an argument struct changes layout. The core
+ * refuses a backend whose version or struct size differs from its own. */
+#define FX_ABI_VERSION 1
+
+#define FX_MAX_RANK 8
+
+typedef enum fx_dtype {
+    FX_F32 = 0,
+    FX_F64,
+    FX_BF16,
+    FX_F16,
+    FX_S32,
+    FX_S64,
+    FX_U8,
+    FX_DTYPE_COUNT
+} fx_dtype;
+
+/* Status codes map one to one onto the Erlang exception reasons
+ * (see c_src/nif/args.c): {badarg,Msg} (any bad input: wrong type, shape,
+ * dtype or device, a freed tensor, an unavailable device),
+ * {out_of_memory,Msg} (host memory), {cuda_error,Code,Msg} (any CUDA
+ * failure, device out-of-memory included) and {internal,Msg}. */
+typedef enum fx_code {
+    FX_OK = 0,
+    FX_EBADARG,
+    FX_ENOMEM,
+    FX_ECUDA,
+    FX_EINTERNAL
+} fx_code;
+
+#define FX_MSG_LEN 384
+
+typedef struct fx_status {
+    int code;   /* fx_code */
+    int detail; /* the cudaError_t for FX_ECUDA, else 0 */
+    char msg[FX_MSG_LEN];
+} fx_status;
+
+static inline void fx_status_clear(fx_status *st)
+{
+    st->code = FX_OK;
+    st->detail = 0;
+    st->msg[0] = '\0';
+}
+
+/* Records the first failure only: a later, vaguer error never overwrites the
+ * precise one. Returns the code so callers can `return fx_fail(...)`. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static inline int fx_fail(fx_status *st, int code, const char *fmt, ...)
+{
+    if (st->code == FX_OK) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(st->msg, sizeof st->msg, fmt, ap);
+        va_end(ap);
+        st->code = code;
+    }
+    return code;
+}
+
+struct fx_device;
+struct fx_buffer;
+
+/* A resolved, contiguous row-major tensor as the op layer hands it to a
+ * backend. `device` and `buffer` belong to the core; backends use only
+ * data, dtype, rank, dims and numel. */
+typedef struct fx_tensor {
+    void *data;
+    fx_dtype dtype;
+    int rank;
+    int64_t dims[FX_MAX_RANK];
+    int64_t numel;
+    size_t nbytes;
+    struct fx_device *device;
+    struct fx_buffer *buffer;
+} fx_tensor;
+
+typedef struct fx_device_info {
+    char name[256];
+    uint64_t memory_total;
+    uint64_t memory_free;
+    int compute_major;
+    int compute_minor;
+    int multiprocessors;
+    int threads; /* CPU worker threads, or 0 */
+} fx_device_info;
+
+typedef enum fx_binop { FX_ADD = 0, FX_SUB, FX_MUL } fx_binop;
+
+/* ---- kernel families: each adds its own ops table (see its header) ---- */
+struct fx_ssm_ops;
+struct fx_linrec_ops;
+struct fx_optim_ops;
+
+/*
+ * A backend's function table. Every function takes the backend-local device
+ * ordinal `dev` and reports failures through `st`, returning its code.
+ *
+ * Ordering: on a device with a stream (CUDA) every function is stream-ordered
+ * and returns once its work is enqueued, except `download` (returns once the
+ * bytes are in host memory), `upload` (returns once `src` may be reused) and
+ * `synchronize`/`event_elapsed`. `release` is ordered after all work enqueued
+ * before it, so freeing a buffer a pending kernel still reads is safe.
+ */
+typedef struct fx_backend {
+    uint32_t abi_version;
+    uint32_t struct_size;
+    const char *name;
+
+    int (*init)(fx_status *st);
+    int (*device_count)(void);
+    int (*device_info)(int dev, fx_device_info *info, fx_status *st);
+
+    int (*alloc)(int dev, size_t nbytes, void **ptr, fx_status *st);
+    void (*release)(int dev, void *ptr);
+    int (*upload)(int dev, void *dst, const void *src, size_t nbytes, fx_status *st);
+    int (*download)(int dev, void *dst, const void *src, size_t nbytes, fx_status *st);
+    int (*copy)(int dev, void *dst, const void *src, size_t nbytes, fx_status *st);
+    int (*fill_zero)(int dev, void *dst, size_t nbytes, fx_status *st);
+    int (*synchronize)(int dev, fx_status *st);
+
+    /* Timing, for the benchmarks: events on the device's stream, and a
+     * kernel that keeps the device busy for `us` microseconds so that the
+     * work enqueued behind it is timed without host launch gaps. */
+    int (*event_create)(int dev, void **event, fx_status *st);
+    void (*event_destroy)(int dev, void *event);
+    int (*event_record)(int dev, void *event, fx_status *st);
+    int (*event_elapsed_us)(int dev, void *start, void *stop, double *us, fx_status *st);
+    int (*busy_wait)(int dev, double us, fx_status *st);
+
+    /* Elementwise ops on same-shaped tensors (the op layer checks shapes). */
+    int (*cast)(int dev, const fx_tensor *src, const fx_tensor *dst, fx_status *st);
+    int (*binary)(int dev, fx_binop op, const fx_tensor *a, const fx_tensor *b,
+                  const fx_tensor *out, fx_status *st);
+    int (*scale)(int dev, const fx_tensor *src, double factor, const fx_tensor *dst,
+                 fx_status *st);
+
+    const struct fx_ssm_ops *ssm;
+    const struct fx_linrec_ops *linrec;
+    const struct fx_optim_ops *optim;
+} fx_backend;
+
+/* The one symbol priv/fusex_cuda.so exports. */
+typedef const fx_backend *(*fx_backend_entry_fn)(void);
+#define FX_CUDA_BACKEND_SYMBOL "fusex_cuda_backend"
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FUSEX_H */

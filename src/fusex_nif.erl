@@ -1,0 +1,51 @@
+%% @private
+%% @doc Raw NIF entry points. Use the `fusex' module: it resolves defaults
+%% and documents every function; this module only loads the library.
+-module(fusex_nif).
+
+-export([devices/0, shape/1, type/1, device/1, free/1, is_live/1, memory/1, reshape/2,
+         nop/0, dirty_nop/0, tensor/4, zeros/3, to_binary/1, copy/2, synchronize/1,
+         convert/2, binary_op/3, scale/2, event_new/1, event_record/1,
+         event_elapsed_us/2, busy_wait/2, priv_dir/0]).
+
+-on_load(init/0).
+
+-define(NOT_LOADED, erlang:nif_error({not_loaded, ?MODULE})).
+
+init() ->
+    Priv = priv_dir(),
+    erlang:load_nif(filename:join(Priv, "fusex_nif"), Priv).
+
+%% The application's priv directory, also when the beams were loaded from a
+%% plain ebin/ that is not inside a directory named after the app.
+priv_dir() ->
+    case code:priv_dir(fusex) of
+        {error, _} ->
+            Ebin = filename:dirname(code:which(?MODULE)),
+            filename:join(filename:dirname(Ebin), "priv");
+        Dir ->
+            Dir
+    end.
+
+devices() -> ?NOT_LOADED.
+shape(_T) -> ?NOT_LOADED.
+type(_T) -> ?NOT_LOADED.
+device(_T) -> ?NOT_LOADED.
+free(_T) -> ?NOT_LOADED.
+is_live(_T) -> ?NOT_LOADED.
+memory(_Device) -> ?NOT_LOADED.
+reshape(_T, _Shape) -> ?NOT_LOADED.
+nop() -> ?NOT_LOADED.
+dirty_nop() -> ?NOT_LOADED.
+tensor(_Data, _Type, _Shape, _Device) -> ?NOT_LOADED.
+zeros(_Type, _Shape, _Device) -> ?NOT_LOADED.
+to_binary(_T) -> ?NOT_LOADED.
+copy(_T, _Device) -> ?NOT_LOADED.
+synchronize(_TensorOrDevice) -> ?NOT_LOADED.
+convert(_T, _Type) -> ?NOT_LOADED.
+binary_op(_Op, _A, _B) -> ?NOT_LOADED.
+scale(_T, _Factor) -> ?NOT_LOADED.
+event_new(_Device) -> ?NOT_LOADED.
+event_record(_Event) -> ?NOT_LOADED.
+event_elapsed_us(_Start, _Stop) -> ?NOT_LOADED.
+busy_wait(_Device, _Us) -> ?NOT_LOADED.
