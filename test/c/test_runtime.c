@@ -1,0 +1,124 @@
+/* Shape maths, buffers, handles and memory accounting. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/ops.h"
+#include "testutil.h"
+
+START_TEST(shape_numel_and_overflow)
+{
+    fx_status st;
+    int64_t numel;
+    size_t nbytes;
+    int64_t dims[3] = {2, 3, 4};
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_shape_nbytes("x", FX_F32, 3, dims, &numel, &nbytes, &st), FX_OK);
+    ck_assert_int_eq(numel, 24);
+    ck_assert_uint_eq(nbytes, 96);
+
+    ck_assert_int_eq(fx_shape_nbytes("x", FX_F32, 0, dims, &numel, &nbytes, &st), FX_OK);
+    ck_assert_int_eq(numel, 1); /* a scalar */
+
+    int64_t zero[2] = {5, 0};
+    ck_assert_int_eq(fx_shape_nbytes("x", FX_F32, 2, zero, &numel, &nbytes, &st), FX_OK);
+    ck_assert_int_eq(numel, 0);
+
+    int64_t neg[2] = {5, -1};
+    ck_assert_int_eq(fx_shape_numel("x", 2, neg, &numel, &st), FX_EBADARG);
+    ck_assert_str_eq(st.msg, "x: expected non-negative dimensions, got -1 at axis 1");
+
+    int64_t huge[3] = {1 << 20, 1 << 20, 1 << 20};
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_shape_numel("x", 3, huge, &numel, &st), FX_EBADARG);
+    ck_assert_ptr_nonnull(strstr(st.msg, "at most 2^48 elements"));
+
+    int64_t big[2] = {1 << 24, 1 << 23}; /* 2^47 elements fit, 2^50 bytes do not */
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_shape_nbytes("x", FX_S64, 2, big, &numel, &nbytes, &st), FX_EBADARG);
+    ck_assert_ptr_nonnull(strstr(st.msg, "at most 2^48 bytes"));
+
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_shape_numel("x", FX_MAX_RANK + 1, dims, &numel, &st), FX_EBADARG);
+}
+END_TEST
+
+START_TEST(format_shape)
+{
+    char buf[64];
+    int64_t dims[3] = {8, 2048, 1536};
+    fx_format_shape(buf, sizeof buf, 3, dims);
+    ck_assert_str_eq(buf, "{8,2048,1536}");
+    fx_format_shape(buf, sizeof buf, 0, dims);
+    ck_assert_str_eq(buf, "{}");
+}
+END_TEST
+
+START_TEST(handle_free_and_views)
+{
+    fx_device *dev = fx_test_device();
+    fx_status st;
+    fx_status_clear(&st);
+    long long live0 = atomic_load(&dev->live_tensors), alloc0 = atomic_load(&dev->allocated);
+
+    int64_t dims[2] = {3, 5};
+    double values[15];
+    fx_fill_uniform(values, 15, -1, 1);
+    fx_tensor t, view, again;
+    fx_test_tensor(dev, FX_F32, 2, dims, values, &t);
+    fx_handle h;
+    fx_handle_init(&h, &t);
+    ck_assert_ptr_null(t.buffer);
+    ck_assert_int_eq(atomic_load(&dev->live_tensors), live0 + 1);
+    ck_assert_int_eq(atomic_load(&dev->allocated), alloc0 + 60);
+
+    ck_assert_int_eq(fx_handle_acquire(&h, "x", &t, &st), FX_OK);
+    int64_t flat[1] = {15};
+    ck_assert_int_eq(fx_op_reshape(&t, 1, flat, &view, &st), FX_OK);
+    fx_tensor_release(&t);
+
+    /* Freeing the handle keeps the memory while the view holds it. */
+    ck_assert(fx_handle_free(&h));
+    ck_assert(!fx_handle_free(&h)); /* idempotent */
+    ck_assert_int_eq(atomic_load(&dev->live_tensors), live0);
+    ck_assert_int_eq(atomic_load(&dev->allocated), alloc0 + 60);
+    ck_assert_int_eq(fx_handle_acquire(&h, "x", &again, &st), FX_EBADARG);
+    ck_assert_str_eq(st.msg, "x: expected a live tensor, got one released by fusex:free/1");
+
+    double *got = fx_test_read(&view);
+    for (int i = 0; i < 15; i++)
+        ck_assert_double_eq((float)values[i], got[i]);
+    free(got);
+    fx_tensor_release(&view);
+    ck_assert_int_eq(atomic_load(&dev->allocated), alloc0);
+}
+END_TEST
+
+START_TEST(peak_tracks_high_water)
+{
+    fx_device *dev = fx_test_device();
+    fx_status st;
+    fx_status_clear(&st);
+    int64_t dims[1] = {1 << 20};
+    long long before = atomic_load(&dev->allocated);
+    fx_tensor a, b;
+    FX_CK_OK(st);
+    ck_assert_int_eq(fx_op_zeros(dev, FX_F32, 1, dims, &a, &st), FX_OK);
+    ck_assert_int_eq(fx_op_zeros(dev, FX_F32, 1, dims, &b, &st), FX_OK);
+    ck_assert_int_ge(atomic_load(&dev->peak), before + (8 << 20));
+    fx_tensor_release(&a);
+    fx_tensor_release(&b);
+    ck_assert_int_eq(atomic_load(&dev->allocated), before);
+}
+END_TEST
+
+Suite *fx_suite_runtime(void)
+{
+    Suite *s = suite_create("runtime");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, shape_numel_and_overflow);
+    tcase_add_test(tc, format_shape);
+    tcase_add_test(tc, handle_free_and_views);
+    tcase_add_test(tc, peak_tracks_high_water);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,131 @@
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/dtype.h"
+#include "core/ops.h"
+
+static uint64_t seed, state;
+
+uint64_t fx_test_seed(void)
+{
+    if (!seed) {
+        const char *env = getenv("FUSEX_SEED");
+        seed = env && *env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) * 2654435761u;
+        if (!seed)
+            seed = 1;
+        state = seed;
+        fprintf(stderr, "fusex C tests: FUSEX_SEED=%llu\n", (unsigned long long)seed);
+    }
+    return seed;
+}
+
+static uint64_t next_u64(void)
+{ /* splitmix64 */
+    fx_test_seed();
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+double fx_rand_uniform(double lo, double hi)
+{
+    return lo + (hi - lo) * ((double)(next_u64() >> 11) / 9007199254740992.0);
+}
+
+double fx_rand_normal(void)
+{
+    double u = fx_rand_uniform(1e-12, 1.0), v = fx_rand_uniform(0.0, 1.0);
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+void fx_fill_uniform(double *out, int64_t n, double lo, double hi)
+{
+    for (int64_t i = 0; i < n; i++)
+        out[i] = fx_rand_uniform(lo, hi);
+}
+
+fx_device *fx_test_device(void)
+{
+    const char *want = getenv("FUSEX_DEVICE");
+    if (want && strncmp(want, "cuda", 4) == 0) {
+        fx_device *dev = fx_device_find(FX_DEVICE_CUDA, 0);
+        if (!dev) {
+            fprintf(stderr, "FUSEX_DEVICE=%s but CUDA is unavailable: %s\n", want,
+                    fx_cuda_unavailable_reason());
+            abort();
+        }
+        return dev;
+    }
+    return fx_cpu_device();
+}
+
+int fx_test_quick(void)
+{
+    const char *q = getenv("FUSEX_QUICK");
+    return q && *q && strcmp(q, "0") != 0;
+}
+
+void fx_test_tensor(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                    const double *values, fx_tensor *out)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    int64_t numel;
+    size_t nbytes;
+    ck_assert_int_eq(fx_shape_nbytes("test", dtype, rank, dims, &numel, &nbytes, &st), FX_OK);
+    void *host = malloc(nbytes ? nbytes : 1);
+    for (int64_t i = 0; i < numel; i++)
+        fx_store_f64(host, dtype, i, values[i]);
+    fx_op_from_host(dev, dtype, rank, dims, host, nbytes, out, &st);
+    free(host);
+    FX_CK_OK(st);
+}
+
+void fx_test_poisoned(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                      fx_tensor *out)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    int64_t numel;
+    size_t nbytes;
+    ck_assert_int_eq(fx_shape_nbytes("test", dtype, rank, dims, &numel, &nbytes, &st), FX_OK);
+    void *host = malloc(nbytes ? nbytes : 1);
+    memset(host, 0xff, nbytes);
+    fx_op_from_host(dev, dtype, rank, dims, host, nbytes, out, &st);
+    free(host);
+    FX_CK_OK(st);
+}
+
+double *fx_test_read(const fx_tensor *t)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    void *host = malloc(t->nbytes ? t->nbytes : 1);
+    fx_op_to_host(t, host, &st);
+    FX_CK_OK(st);
+    double *out = malloc(sizeof(double) * (size_t)(t->numel ? t->numel : 1));
+    for (int64_t i = 0; i < t->numel; i++)
+        out[i] = fx_load_f64(host, t->dtype, i);
+    free(host);
+    return out;
+}
+
+double fx_rel_l2(const double *a, const double *b, int64_t n)
+{
+    double diff = 0, ref = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(b[i]))
+            return INFINITY;
+        diff += (a[i] - b[i]) * (a[i] - b[i]);
+        ref += b[i] * b[i];
+    }
+    if (ref == 0)
+        return diff == 0 ? 0 : INFINITY;
+    return sqrt(diff / ref);
+}

@@ -1,0 +1,50 @@
+/* Helpers shared by the Check suites: the device under test, seeded random
+ * inputs, host<->device tensors, rel-L2 comparison. */
+#ifndef FX_TESTUTIL_H
+#define FX_TESTUTIL_H
+
+#include <check.h>
+#include <stdint.h>
+
+#include "core/runtime.h"
+
+/* cpu, or the CUDA device when FUSEX_DEVICE=cuda (the run aborts if it
+ * was asked for and is unavailable). */
+fx_device *fx_test_device(void);
+/* True when FUSEX_QUICK is set (compute-sanitizer runs: smaller sweeps). */
+int fx_test_quick(void);
+
+/* A deterministic generator; its seed comes from FUSEX_SEED or the clock
+ * and is printed once per run so a failure can be replayed. */
+uint64_t fx_test_seed(void);
+double fx_rand_uniform(double lo, double hi);
+double fx_rand_normal(void);
+void fx_fill_uniform(double *out, int64_t n, double lo, double hi);
+
+/* A tensor of `dtype` on `dev` holding `values` (converted from f64). */
+void fx_test_tensor(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                    const double *values, fx_tensor *out);
+/* A tensor whose every byte is 0xFF (NaN for floats), so an element a
+ * kernel forgets to write fails the comparison. */
+void fx_test_poisoned(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                      fx_tensor *out);
+/* The tensor's elements as f64 (malloc'd; free it). */
+double *fx_test_read(const fx_tensor *t);
+/* ||a - b|| / ||b||; NaN anywhere gives +inf so it never passes. */
+double fx_rel_l2(const double *a, const double *b, int64_t n);
+
+/* ck_assert with the measured error in the message. */
+#define fx_assert_close(got, want, n, tol)                                          \
+    do {                                                                            \
+        double fx_err_ = fx_rel_l2((got), (want), (n));                             \
+        ck_assert_msg(fx_err_ <= (tol), "rel-L2 %.3g > %.3g (seed %llu)", fx_err_,  \
+                      (double)(tol), (unsigned long long)fx_test_seed());           \
+    } while (0)
+
+#define FX_CK_OK(st) ck_assert_msg((st).code == FX_OK, "status %d: %s", (st).code, (st).msg)
+
+Suite *fx_suite_dtype(void);
+Suite *fx_suite_runtime(void);
+Suite *fx_suite_ops(void);
+
+#endif

@@ -1,0 +1,92 @@
+%% @doc Shared by the Erlang suites: the device under test, seeded random
+%% data, encoding values of every type, and rel-L2 comparison.
+-module(fusex_test_util).
+
+-export([device/0, seed/0, uniform/3, normal/1, encode/2, decode/2, tensor/3, tensor/4,
+         values/1, rel_l2/2, assert_close/3, poisoned/2, poisoned/3]).
+
+%% The device the suites run on: the default device (FUSEX_DEVICE), which
+%% must be CUDA when FUSEX_REQUIRE_CUDA=1 (make test-gpu).
+device() ->
+    Device = fusex:default_device(),
+    case {os:getenv("FUSEX_REQUIRE_CUDA"), Device} of
+        {"1", cpu} -> error({cuda_required, fusex:devices()});
+        _ -> Device
+    end.
+
+%% Seeds this process's generator from FUSEX_SEED or the clock and prints
+%% the seed, so a failing run can be replayed.
+seed() ->
+    Seed = case os:getenv("FUSEX_SEED") of
+               false -> erlang:unique_integer([positive]) bxor erlang:system_time();
+               S -> list_to_integer(S)
+           end,
+    rand:seed(exsss, Seed),
+    io:format(user, "~n  FUSEX_SEED=~b~n", [Seed]),
+    Seed.
+
+uniform(N, Lo, Hi) -> [Lo + (Hi - Lo) * rand:uniform_real() || _ <- lists:seq(1, N)].
+
+normal(N) -> [rand:normal() || _ <- lists:seq(1, N)].
+
+encode(Type, Values) -> << <<(enc(Type, V))/binary>> || V <- Values >>.
+
+enc({f, 32}, V) -> <<V:32/float-native>>;
+enc({f, 64}, V) -> <<V:64/float-native>>;
+enc({f, 16}, V) -> <<V:16/float-native>>;
+enc({bf, 16}, V) ->
+    <<Bits:32/native>> = <<V:32/float-native>>,
+    Rounded = (Bits + 16#7FFF + ((Bits bsr 16) band 1)) bsr 16,
+    <<Rounded:16/native>>;
+enc({s, 32}, V) -> <<V:32/signed-native>>;
+enc({s, 64}, V) -> <<V:64/signed-native>>;
+enc({u, 8}, V) -> <<V:8>>.
+
+decode({f, 32}, Bin) -> [float_or_nan(B, 32) || <<B:4/binary>> <= Bin];
+decode({f, 64}, Bin) -> [float_or_nan(B, 64) || <<B:8/binary>> <= Bin];
+decode({f, 16}, Bin) -> [float_or_nan(B, 16) || <<B:2/binary>> <= Bin];
+decode({bf, 16}, Bin) -> [bf16(B) || <<B:16/native>> <= Bin];
+decode({s, 32}, Bin) -> [V || <<V:32/signed-native>> <= Bin];
+decode({s, 64}, Bin) -> [V || <<V:64/signed-native>> <= Bin];
+decode({u, 8}, Bin) -> binary_to_list(Bin).
+
+%% Erlang floats have no NaN or infinity: those decode to atoms, which
+%% never compare close to a number.
+float_or_nan(B, 16) -> case B of <<V:16/float-native>> -> V; _ -> nan end;
+float_or_nan(B, 32) -> case B of <<V:32/float-native>> -> V; _ -> nan end;
+float_or_nan(B, 64) -> case B of <<V:64/float-native>> -> V; _ -> nan end.
+
+tensor(Type, Shape, Values) -> tensor(Type, Shape, Values, device()).
+tensor(Type, Shape, Values, Device) ->
+    fusex:tensor(encode(Type, Values), Type, Shape, #{device => Device}).
+
+values(T) -> decode(fusex:type(T), fusex:to_binary(T)).
+
+bf16(Bits) -> case <<Bits:16, 0:16>> of <<V:32/float-big>> -> V; _ -> nan end.
+
+%% A tensor whose every byte is 0xFF (NaN for floats).
+poisoned(Type, Shape) -> poisoned(Type, Shape, device()).
+poisoned(Type, Shape, Device) ->
+    {_, Bits} = Type,
+    N = lists:foldl(fun(D, A) -> D * A end, 1, tuple_to_list(Shape)),
+    fusex:tensor(binary:copy(<<255>>, N * Bits div 8), Type, Shape, #{device => Device}).
+
+%% ||Got - Want|| / ||Want||; anything not a number makes it infinity.
+rel_l2(Got, Want) when length(Got) =:= length(Want) ->
+    case lists:all(fun is_number/1, Got ++ Want) of
+        false -> infinity;
+        true ->
+            Diff = lists:sum([(G - W) * (G - W) || {G, W} <- lists:zip(Got, Want)]),
+            Ref = lists:sum([W * W || W <- Want]),
+            if
+                Ref == 0, Diff == 0 -> 0.0;
+                Ref == 0 -> infinity;
+                true -> math:sqrt(Diff / Ref)
+            end
+    end.
+
+assert_close(Got, Want, Tol) ->
+    case rel_l2(Got, Want) of
+        Err when is_float(Err), Err =< Tol -> ok;
+        Err -> error({not_close, #{rel_l2 => Err, tolerance => Tol}})
+    end.
