@@ -4,7 +4,7 @@
 %% elementwise op.
 -module(fusex_bench_core).
 
--export([cases/1]).
+-export([cases/1, demo/1]).
 
 -define(MIB16, (16 bsl 20)).
 
@@ -35,3 +35,19 @@ cases(Device) ->
                          fusex_bench:uniform({f, 32}, {?MIB16}, -1, 1, Device)}
                 end,
        run => fun({A, B}, _) -> fusex:add(A, B) end}].
+
+%% make demo rows: elementwise ops on Device against the same ops on cpu in f64.
+demo(Device) ->
+    Shape = {1000, 37},
+    A = fusex_bench:uniform({f, 32}, Shape, -2, 2, Device),
+    B = fusex_bench:uniform({f, 32}, Shape, -2, 2, Device),
+    Ref = fun(F) -> F(fusex:convert(fusex:copy(A, cpu), {f, 64}),
+                      fusex:convert(fusex:copy(B, cpu), {f, 64})) end,
+    Ops = [{<<"add">>, fun fusex:add/2}, {<<"multiply">>, fun fusex:multiply/2},
+           {<<"scale">>, fun(X, _) -> fusex:scale(X, 0.37) end}],
+    [#{op => Name, shape => <<"{1000,37}">>, dtype => {f, 32},
+       rel_l2 => fusex_demo:compare(F(A, B), Ref(F), {f, 32}), tolerance => 1.0e-6,
+       us => fusex_demo:time_us(fun() -> F(A, B) end, 50)} || {Name, F} <- Ops] ++
+    [#{op => <<"convert to bf16">>, shape => <<"{1000,37}">>, dtype => {bf, 16},
+       rel_l2 => fusex_demo:compare(fusex:convert(A, {bf, 16}), fusex:convert(fusex:copy(A, cpu), {f, 64}), {bf, 16}),
+       tolerance => 1.0e-2, us => fusex_demo:time_us(fun() -> fusex:convert(A, {bf, 16}) end, 50)}].
