@@ -32,7 +32,7 @@ NVCC_GENCODE := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)
                 -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
 NVCCFLAGS  ?= -O3 -lineinfo
 NVCCFLAGS  += -std=c++17 $(NVCC_GENCODE) -Iinclude -Ic_src --expt-relaxed-constexpr \
-              -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror -Werror all-warnings
+              -Xcompiler -fPIC,-fvisibility=hidden,-fopenmp,-Wall,-Wextra,-Werror -Werror all-warnings
 
 NIF_SO     := priv/fusex_nif.so
 CUDA_SO    := $(if $(NVCC),priv/fusex_cuda.so)
@@ -67,7 +67,7 @@ $(NIF_SO): $(NIF_OBJ) $(BUILD)/libfusex_core.a
 # Static cudart: the backend needs only the driver (libcuda.so.1) at run time.
 priv/fusex_cuda.so: $(CUDA_OBJ)
 	@mkdir -p priv
-	$(NVCC) -shared $(NVCC_GENCODE) -cudart static -o $@ $^
+	$(NVCC) -shared $(NVCC_GENCODE) -cudart static -o $@ $^ -lgomp
 
 # ---- tests ----
 

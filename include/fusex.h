@@ -144,6 +144,8 @@ typedef struct fx_backend {
     int (*copy)(int dev, void *dst, const void *src, size_t nbytes, fx_status *st);
     int (*fill_zero)(int dev, void *dst, size_t nbytes, fx_status *st);
     int (*synchronize)(int dev, fx_status *st);
+    /* Sets *idle to 1 when all enqueued work has finished; never blocks. */
+    int (*is_idle)(int dev, int *idle, fx_status *st);
 
     /* Timing, for the benchmarks: events on the device's stream, and a
      * kernel that keeps the device busy for `us` microseconds so that the

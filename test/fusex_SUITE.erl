@@ -19,9 +19,7 @@ init_per_suite(Config) ->
 end_per_suite(_Config) -> ok.
 
 baseline(Device) ->
-    erlang:garbage_collect(),
-    fusex:synchronize(Device),
-    maps:with([allocated, live_tensors], fusex:memory(Device)).
+    maps:with([allocated, live_tensors], fusex_test_util:settled_memory(Device)).
 
 %% 1e5 tensors: a third freed explicitly, a third dropped for the garbage
 %% collector, a third freed and then collected. Memory and the live count

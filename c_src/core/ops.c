@@ -97,7 +97,7 @@ int fx_op_binary(fx_binop op, const fx_tensor *a, const fx_tensor *b, fx_tensor 
 int fx_op_scale(const fx_tensor *t, double factor, fx_tensor *out, fx_status *st)
 {
     fx_device *dev = t->device;
-    if (fx_expect_float(st, "tensor", t, dev->kind == FX_DEVICE_CPU))
+    if (fx_expect_float(st, "tensor", t, 1))
         return st->code;
     if (fx_tensor_alloc(dev, t->dtype, t->rank, t->dims, out, st) != FX_OK)
         return st->code;

@@ -71,6 +71,14 @@ static int cpu_synchronize(int dev, fx_status *st)
     return FX_OK;
 }
 
+static int cpu_is_idle(int dev, int *idle, fx_status *st)
+{
+    (void)dev;
+    (void)st;
+    *idle = 1; /* CPU work is synchronous */
+    return FX_OK;
+}
+
 /* CPU work is synchronous, so an event is just the host clock. */
 static int cpu_event_create(int dev, void **event, fx_status *st)
 {
@@ -219,6 +227,7 @@ const fx_backend fx_cpu_backend = {
     .copy = cpu_memcpy,
     .fill_zero = cpu_fill_zero,
     .synchronize = cpu_synchronize,
+    .is_idle = cpu_is_idle,
     .event_create = cpu_event_create,
     .event_destroy = cpu_event_destroy,
     .event_record = cpu_event_record,

@@ -239,21 +239,49 @@ static ERL_NIF_TERM nif_copy(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
     return fx_call_finish(&c, fx_make_tensor(&c, &out));
 }
 
-FX_DIRTY_NIF(nif_synchronize)
-static ERL_NIF_TERM nif_synchronize(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+/* A tensor or a device; a freed tensor still names its device. */
+static int sync_target(fx_call *c, ERL_NIF_TERM term, fx_device **dev)
+{
+    fx_handle *h;
+    if (enif_get_resource(c->env, term, fx_tensor_type, (void **)&h)) {
+        *dev = h->device;
+        return FX_OK;
+    }
+    return fx_arg_device(c, term, "tensor_or_device", dev);
+}
+
+static ERL_NIF_TERM nif_synchronize_blocking(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
     fx_call c;
-    fx_handle *h;
     fx_device *dev;
     fx_call_init(&c, env);
-    /* A tensor or a device; a freed tensor still names its device. */
-    if (enif_get_resource(env, argv[0], fx_tensor_type, (void **)&h))
-        dev = h->device;
-    else if (fx_arg_device(&c, argv[0], "tensor_or_device", &dev))
-        return fx_call_finish(&c, 0);
-    fx_op_synchronize(dev, &c.st);
+    if (sync_target(&c, argv[0], &dev) == FX_OK)
+        fx_op_synchronize(dev, &c.st);
     return ok(&c);
+}
+
+/* Waiting on work that finishes within microseconds is the common case
+ * (a small op, then its result is read), and a hop to a dirty scheduler
+ * costs about as much as that wait. So poll on this scheduler for a short,
+ * bounded time and move to a dirty IO scheduler only for longer waits. */
+#define SYNC_POLL_NS 20000
+
+ERL_NIF_TERM nif_synchronize_entry(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    fx_call c;
+    fx_device *dev;
+    fx_call_init(&c, env);
+    if (sync_target(&c, argv[0], &dev))
+        return fx_call_finish(&c, 0);
+    ErlNifTime start = enif_monotonic_time(ERL_NIF_NSEC);
+    do {
+        int idle = 0;
+        if (dev->backend->is_idle(dev->ordinal, &idle, &c.st) != FX_OK || idle)
+            return ok(&c);
+    } while (enif_monotonic_time(ERL_NIF_NSEC) - start < SYNC_POLL_NS);
+    return enif_schedule_nif(env, "synchronize", ERL_NIF_DIRTY_JOB_IO_BOUND,
+                             nif_synchronize_blocking, argc, argv);
 }
 
 FX_DIRTY_NIF(nif_convert)
