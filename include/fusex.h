@@ -134,6 +134,10 @@ typedef struct fx_backend {
     const char *name;
 
     int (*init)(fx_status *st);
+    /* Releases what init and later calls cached (staging buffers), after
+     * waiting for pending work. Only for orderly exits (tests, tools): the
+     * VM never unloads the library. */
+    void (*shutdown)(void);
     int (*device_count)(void);
     int (*device_info)(int dev, fx_device_info *info, fx_status *st);
 

@@ -29,7 +29,8 @@ for s in $steps; do
     case $s in
     build) step build make -j16 all build/fusex_check ;;
     test-c) step test-c make test-c ;;
-    test-erl) step test-erl make test-erl ;;
+    test-erl) step test-erl make test-erl
+              [ -f rebar3.crashdump ] && cp rebar3.crashdump "$OUT/rebar3.crashdump" ;;
     test-ex) step test-ex make test-ex ;;
     sanitize) step sanitize make sanitize ;;
     bench) step bench make bench BENCH_ARGS="--device cuda --out $OUT/bench.md ${BENCH_ARGS:-}" ;;

@@ -95,6 +95,22 @@ int fx_runtime_init(const char *priv_dir, fx_status *st)
     return FX_OK;
 }
 
+void fx_runtime_shutdown(void)
+{
+    const fx_backend *done[FX_MAX_DEVICES];
+    int ndone = 0;
+    for (int i = 0; i < device_total; i++) {
+        const fx_backend *b = devices[i].backend;
+        int seen = 0;
+        for (int k = 0; k < ndone; k++)
+            seen |= done[k] == b;
+        if (!seen) {
+            b->shutdown();
+            done[ndone++] = b;
+        }
+    }
+}
+
 int fx_device_count(void) { return device_total; }
 
 fx_device *fx_device_at(int index)

@@ -25,6 +25,9 @@ typedef struct fx_device {
  * missing CUDA backend is not an error: fx_cuda_unavailable_reason() says
  * why. FUSEX_DISABLE_CUDA=1 in the environment skips CUDA. */
 int fx_runtime_init(const char *priv_dir, fx_status *st);
+/* Waits for pending work and frees backend caches; for orderly exits of
+ * programs that link the core (the C tests). */
+void fx_runtime_shutdown(void);
 int fx_device_count(void);
 fx_device *fx_device_at(int index);
 fx_device *fx_device_find(fx_device_kind kind, int ordinal);

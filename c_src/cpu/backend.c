@@ -17,6 +17,8 @@ static int cpu_init(fx_status *st)
     return FX_OK;
 }
 
+static void cpu_shutdown(void) {}
+
 static int cpu_device_count(void) { return 1; }
 
 static int cpu_device_info(int dev, fx_device_info *info, fx_status *st)
@@ -218,6 +220,7 @@ const fx_backend fx_cpu_backend = {
     .struct_size = sizeof(fx_backend),
     .name = "cpu",
     .init = cpu_init,
+    .shutdown = cpu_shutdown,
     .device_count = cpu_device_count,
     .device_info = cpu_device_info,
     .alloc = cpu_alloc,

@@ -49,6 +49,9 @@ int fx_cuda_fail(fx_cuda_device *d, cudaError_t err, const char *what, fx_status
                                   : "");
 }
 
+// The device current on this thread, so the hot path skips cudaSetDevice.
+static __thread int thread_device = -1;
+
 fx_cuda_device *fx_cuda_enter(int dev, fx_status *st)
 {
     if (dev < 0 || dev >= device_total) {
@@ -61,10 +64,13 @@ fx_cuda_device *fx_cuda_enter(int dev, fx_status *st)
         fx_fail(st, FX_ECUDA, "cuda:%d is unusable after an earlier fault (%s)", dev, d->lost_reason);
         return NULL;
     }
-    cudaError_t err = cudaSetDevice(d->ordinal);
-    if (err != cudaSuccess) {
-        fx_cuda_fail(d, err, "cudaSetDevice", st);
-        return NULL;
+    if (thread_device != d->ordinal) {
+        cudaError_t err = cudaSetDevice(d->ordinal);
+        if (err != cudaSuccess) {
+            fx_cuda_fail(d, err, "cudaSetDevice", st);
+            return NULL;
+        }
+        thread_device = d->ordinal;
     }
     return d;
 }
@@ -229,6 +235,28 @@ static int cuda_init(fx_status *st)
     return FX_OK;
 }
 
+static void cuda_shutdown(void)
+{
+    for (int i = 0; i < device_total; i++) {
+        fx_status st;
+        fx_status_clear(&st);
+        fx_cuda_device *d = fx_cuda_enter(i, &st);
+        if (!d)
+            continue;
+        (void)cudaStreamSynchronize(d->stream);
+        staging *s = &stages[i];
+        pthread_mutex_lock(&s->lock);
+        if (s->ready) {
+            for (int k = 0; k < STAGE_SLOTS; k++) {
+                (void)cudaEventDestroy(s->done[k]);
+                (void)cudaFreeHost(s->host[k]);
+            }
+            s->ready = 0;
+        }
+        pthread_mutex_unlock(&s->lock);
+    }
+}
+
 static int cuda_device_count(void) { return device_total; }
 
 static int cuda_device_info(int dev, fx_device_info *info, fx_status *st)
@@ -382,6 +410,7 @@ static const fx_backend cuda_backend = {
     sizeof(fx_backend),
     "cuda",
     cuda_init,
+    cuda_shutdown,
     cuda_device_count,
     cuda_device_info,
     cuda_alloc,

@@ -29,5 +29,6 @@ int main(void)
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
+    fx_runtime_shutdown();
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
