@@ -239,7 +239,7 @@ const fx_backend fx_cpu_backend = {
     .cast = cpu_cast,
     .binary = cpu_binary,
     .scale = cpu_scale,
-    .ssm = NULL,
+    .ssm = &fx_cpu_ssm_ops,
     .linrec = NULL,
     .optim = NULL,
 };

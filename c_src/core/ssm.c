@@ -1,0 +1,375 @@
+#include "core/ssm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/check.h"
+#include "core/dtype.h"
+
+#define LAYOUT_X "[batch, seqlen, dim]"
+#define LAYOUT_A "[dim, dstate]"
+#define LAYOUT_STATE "[batch, dim, dstate]"
+#define LAYOUT_CH "[dim]"
+
+static bool on_cpu(const fx_tensor *t) { return t->device->kind == FX_DEVICE_CPU; }
+
+/* x's companions (dt, z, b, c, dy): x's device and type, the given shape. */
+static int expect_like_x(fx_status *st, const char *arg, const fx_tensor *t, const fx_tensor *x,
+                         int rank, const int64_t *dims, const char *layout)
+{
+    if (fx_expect_same_device(st, arg, t, x->device, "x") || fx_expect_dtype(st, arg, t, x->dtype) ||
+        fx_expect_shape(st, arg, t, rank, dims, layout))
+        return st->code;
+    return FX_OK;
+}
+
+/* Parameters and states read once per channel: any float type the device
+ * handles, x's device, the given shape. */
+static int expect_param(fx_status *st, const char *arg, const fx_tensor *t, const fx_tensor *x,
+                        int rank, const int64_t *dims, const char *layout)
+{
+    if (fx_expect_same_device(st, arg, t, x->device, "x") || fx_expect_float(st, arg, t, on_cpu(t)) ||
+        fx_expect_shape(st, arg, t, rank, dims, layout))
+        return st->code;
+    return FX_OK;
+}
+
+static const struct fx_ssm_ops *ssm_ops(const fx_device *dev)
+{
+    return dev->backend->ssm;
+}
+
+static int expect_ssm(fx_status *st, const fx_device *dev, const char *what)
+{
+    const struct fx_ssm_ops *ops = ssm_ops(dev);
+    const void *fn = NULL;
+    if (ops)
+        fn = strcmp(what, "selective_scan_step") == 0 ? (const void *)ops->step
+             : strcmp(what, "selective_scan_backward") == 0 ? (const void *)ops->backward
+                                                             : (const void *)ops->forward;
+    return fx_expect_op(st, dev, fn, what);
+}
+
+/* a [dim, dstate]: fixes dstate, which the backend may bound. */
+static int check_a(fx_status *st, const fx_tensor *a, const fx_tensor *x, int64_t dim,
+                   int64_t *dstate)
+{
+    if (fx_expect_same_device(st, "a", a, x->device, "x") || fx_expect_float(st, "a", a, on_cpu(a)) ||
+        fx_expect_rank(st, "a", a, 2, LAYOUT_A))
+        return st->code;
+    int64_t want[2] = {dim, a->dims[1]};
+    if (fx_expect_shape(st, "a", a, 2, want, LAYOUT_A))
+        return st->code;
+    if (a->dims[1] < 1)
+        return fx_fail(st, FX_EBADARG, "a: expected dstate >= 1 " LAYOUT_A ", got shape {%lld,%lld}",
+                       (long long)a->dims[0], (long long)a->dims[1]);
+    int64_t max = ssm_ops(x->device)->max_dstate;
+    if (max > 0 && a->dims[1] > max)
+        return fx_fail(st, FX_EBADARG, "a: expected dstate <= %lld on %s " LAYOUT_A ", got %lld",
+                       (long long)max, x->device->label, (long long)a->dims[1]);
+    *dstate = a->dims[1];
+    return FX_OK;
+}
+
+/* b: the leading dims `lead` (batch, seqlen for the scan; batch for the
+ * step) then [groups,] dstate. Fixes groups. */
+static int check_b(fx_status *st, const fx_tensor *b, const fx_tensor *x, int nlead,
+                   const int64_t *lead, int64_t dim, int64_t dstate, int64_t *groups)
+{
+    const char *l3 = nlead == 2 ? "[batch, seqlen, dstate]" : "[batch, dstate]";
+    const char *l4 = nlead == 2 ? "[batch, seqlen, groups, dstate]" : "[batch, groups, dstate]";
+    if (fx_expect_same_device(st, "b", b, x->device, "x") || fx_expect_dtype(st, "b", b, x->dtype))
+        return st->code;
+    int64_t want[FX_MAX_RANK];
+    memcpy(want, lead, sizeof(int64_t) * (size_t)nlead);
+    if (b->rank == nlead + 1) {
+        want[nlead] = dstate;
+        *groups = 1;
+        return fx_expect_shape(st, "b", b, nlead + 1, want, l3);
+    }
+    if (b->rank != nlead + 2) {
+        char got[160];
+        fx_format_shape(got, sizeof got, b->rank, b->dims);
+        return fx_fail(st, FX_EBADARG, "b: expected rank %d %s or rank %d %s, got rank %d shape %s",
+                       nlead + 1, l3, nlead + 2, l4, b->rank, got);
+    }
+    want[nlead] = b->dims[nlead];
+    want[nlead + 1] = dstate;
+    if (fx_expect_shape(st, "b", b, nlead + 2, want, l4))
+        return st->code;
+    int64_t g = b->dims[nlead];
+    if (g < 1 || dim % g != 0)
+        return fx_fail(st, FX_EBADARG, "b: expected a number of groups that divides dim %lld %s, got %lld",
+                       (long long)dim, l4, (long long)g);
+    *groups = g;
+    return FX_OK;
+}
+
+static int check_c(fx_status *st, const fx_tensor *c, const fx_tensor *b, const fx_tensor *x)
+{
+    if (fx_expect_same_device(st, "c", c, x->device, "x") || fx_expect_dtype(st, "c", c, x->dtype) ||
+        fx_expect_shape(st, "c", c, b->rank, b->dims, "(the shape of b)"))
+        return st->code;
+    return FX_OK;
+}
+
+/* d, dt_bias [dim] and z (x's shape) — the options forward and step share. */
+static int check_options(fx_status *st, const fx_ssm_inputs *in, int64_t dim, const char *z_layout)
+{
+    const fx_tensor *x = in->x;
+    int64_t ch[1] = {dim};
+    if ((in->d && expect_param(st, "d", in->d, x, 1, ch, LAYOUT_CH)) ||
+        (in->dt_bias && expect_param(st, "dt_bias", in->dt_bias, x, 1, ch, LAYOUT_CH)) ||
+        (in->z && expect_like_x(st, "z", in->z, x, x->rank, x->dims, z_layout)))
+        return st->code;
+    return FX_OK;
+}
+
+int fx_ssm_check_forward(const fx_ssm_inputs *in, fx_ssm_dims *n, fx_status *st)
+{
+    const fx_tensor *x = in->x;
+    memset(n, 0, sizeof *n);
+    if (fx_expect_float(st, "x", x, on_cpu(x)) || fx_expect_rank(st, "x", x, 3, LAYOUT_X) ||
+        expect_ssm(st, x->device, "selective_scan"))
+        return st->code;
+    n->batch = x->dims[0];
+    n->seqlen = x->dims[1];
+    n->dim = x->dims[2];
+    if (expect_like_x(st, "dt", in->dt, x, 3, x->dims, LAYOUT_X) ||
+        check_a(st, in->a, x, n->dim, &n->dstate) ||
+        check_b(st, in->b, x, 2, x->dims, n->dim, n->dstate, &n->groups) ||
+        check_c(st, in->c, in->b, x) || check_options(st, in, n->dim, LAYOUT_X))
+        return st->code;
+    int64_t state_dims[3] = {n->batch, n->dim, n->dstate};
+    if (in->h0 && expect_param(st, "h0", in->h0, x, 3, state_dims, LAYOUT_STATE))
+        return st->code;
+    return FX_OK;
+}
+
+fx_dtype fx_ssm_state_type(fx_dtype x_type) { return x_type == FX_F64 ? FX_F64 : FX_F32; }
+
+int fx_ssm_check_step(const fx_tensor *state, const fx_ssm_inputs *in, fx_ssm_dims *n,
+                      fx_status *st)
+{
+    const fx_tensor *x = in->x;
+    memset(n, 0, sizeof *n);
+    if (fx_expect_float(st, "x", x, on_cpu(x)) || fx_expect_rank(st, "x", x, 2, "[batch, dim]") ||
+        expect_ssm(st, x->device, "selective_scan_step"))
+        return st->code;
+    n->batch = x->dims[0];
+    n->seqlen = 1;
+    n->dim = x->dims[1];
+    if (expect_like_x(st, "dt", in->dt, x, 2, x->dims, "[batch, dim]") ||
+        check_a(st, in->a, x, n->dim, &n->dstate) ||
+        check_b(st, in->b, x, 1, x->dims, n->dim, n->dstate, &n->groups) ||
+        check_c(st, in->c, in->b, x) || check_options(st, in, n->dim, "[batch, dim]"))
+        return st->code;
+    int64_t state_dims[3] = {n->batch, n->dim, n->dstate};
+    if (fx_expect_same_device(st, "state", state, x->device, "x"))
+        return st->code;
+    if (state->dtype != FX_F32 && !(on_cpu(state) && state->dtype == FX_F64))
+        return fx_fail(st, FX_EBADARG, "state: expected type {f,32}%s, got %s",
+                       on_cpu(state) ? " or {f,64}" : "", fx_dtype_name(state->dtype));
+    return fx_expect_shape(st, "state", state, 3, state_dims, LAYOUT_STATE);
+}
+
+/* ---- forward ---- */
+
+static void ctx_keep(fx_tensor *dst, const fx_tensor *src)
+{
+    memset(dst, 0, sizeof *dst);
+    if (!src)
+        return;
+    *dst = *src;
+    fx_buffer_ref(src->buffer);
+}
+
+void fx_ssm_ctx_free(fx_ssm_ctx *ctx)
+{
+    if (!ctx)
+        return;
+    fx_tensor *all[] = {&ctx->x, &ctx->dt, &ctx->a, &ctx->b, &ctx->c, &ctx->d,
+                        &ctx->z, &ctx->dt_bias, &ctx->h0, &ctx->saved};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        fx_tensor_release(all[i]);
+    free(ctx);
+}
+
+size_t fx_ssm_ctx_saved_bytes(const fx_ssm_ctx *ctx) { return ctx->saved.nbytes; }
+
+/* A new context holding references to the inputs and, when the backend
+ * saves states, room for them. */
+static int ctx_new(const fx_ssm_inputs *in, const fx_ssm_dims *n, fx_ssm_ctx **out, fx_status *st)
+{
+    fx_ssm_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return fx_fail(st, FX_ENOMEM, "out of host memory for a selective_scan context");
+    ctx->n = *n;
+    ctx->dt_softplus = in->dt_softplus;
+    ctx_keep(&ctx->x, in->x);
+    ctx_keep(&ctx->dt, in->dt);
+    ctx_keep(&ctx->a, in->a);
+    ctx_keep(&ctx->b, in->b);
+    ctx_keep(&ctx->c, in->c);
+    ctx_keep(&ctx->d, in->d);
+    ctx_keep(&ctx->z, in->z);
+    ctx_keep(&ctx->dt_bias, in->dt_bias);
+    ctx_keep(&ctx->h0, in->h0);
+    fx_device *dev = in->x->device;
+    int64_t every = ssm_ops(dev)->save_interval(n->dstate);
+    if (every > 0) {
+        int64_t chunks = (n->seqlen + every - 1) / every;
+        int64_t dims[4] = {n->batch, chunks > 1 ? chunks - 1 : 0, n->dim, n->dstate};
+        if (fx_tensor_alloc(dev, FX_F32, 4, dims, &ctx->saved, st) != FX_OK) {
+            fx_ssm_ctx_free(ctx);
+            return st->code;
+        }
+        ctx->save_every = every;
+    }
+    *out = ctx;
+    return FX_OK;
+}
+
+static const fx_tensor *opt(const fx_tensor *t) { return t && t->buffer ? t : NULL; }
+
+static void fwd_args_from_ctx(const fx_ssm_ctx *ctx, fx_ssm_fwd_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->n = ctx->n;
+    a->x = &ctx->x;
+    a->dt = &ctx->dt;
+    a->a = &ctx->a;
+    a->b = &ctx->b;
+    a->c = &ctx->c;
+    a->d = opt(&ctx->d);
+    a->z = opt(&ctx->z);
+    a->dt_bias = opt(&ctx->dt_bias);
+    a->h0 = opt(&ctx->h0);
+    a->dt_softplus = ctx->dt_softplus;
+    a->saved = ctx->save_every > 0 ? &ctx->saved : NULL;
+    a->save_every = ctx->save_every;
+}
+
+int fx_op_ssm_forward(const fx_ssm_inputs *in, bool return_state, fx_tensor *y,
+                      fx_tensor *state, fx_ssm_ctx **ctx_out, fx_status *st)
+{
+    fx_ssm_dims n;
+    memset(y, 0, sizeof *y);
+    memset(state, 0, sizeof *state);
+    if (ctx_out)
+        *ctx_out = NULL;
+    if (fx_ssm_check_forward(in, &n, st))
+        return st->code;
+    fx_device *dev = in->x->device;
+    fx_ssm_ctx *ctx = NULL;
+    int64_t state_dims[3] = {n.batch, n.dim, n.dstate};
+    if (fx_tensor_alloc(dev, in->x->dtype, 3, in->x->dims, y, st) ||
+        (return_state &&
+         fx_tensor_alloc(dev, fx_ssm_state_type(in->x->dtype), 3, state_dims, state, st)) ||
+        (ctx_out && ctx_new(in, &n, &ctx, st)))
+        goto fail;
+    fx_ssm_fwd_args args = {
+        .n = n, .x = in->x, .dt = in->dt, .a = in->a, .b = in->b, .c = in->c,
+        .d = in->d, .z = in->z, .dt_bias = in->dt_bias, .h0 = in->h0,
+        .dt_softplus = in->dt_softplus, .y = y, .state = return_state ? state : NULL,
+        .saved = ctx && ctx->save_every > 0 ? &ctx->saved : NULL,
+        .save_every = ctx ? ctx->save_every : 0,
+    };
+    if (ssm_ops(dev)->forward(dev->ordinal, &args, st) != FX_OK)
+        goto fail;
+    if (ctx_out)
+        *ctx_out = ctx;
+    return FX_OK;
+fail:
+    fx_tensor_release(y);
+    fx_tensor_release(state);
+    fx_ssm_ctx_free(ctx);
+    return st->code;
+}
+
+/* ---- backward ---- */
+
+void fx_ssm_grads_release(fx_ssm_grads *g)
+{
+    fx_tensor *all[] = {&g->x, &g->dt, &g->a, &g->b, &g->c, &g->d, &g->z, &g->dt_bias, &g->h0};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        fx_tensor_release(all[i]);
+}
+
+/* A gradient shaped and typed like `input`, or nothing when the input was
+ * not given. */
+static int alloc_grad(const fx_tensor *input, fx_tensor *grad, fx_status *st)
+{
+    memset(grad, 0, sizeof *grad);
+    if (!input->buffer)
+        return FX_OK;
+    return fx_tensor_alloc(input->device, input->dtype, input->rank, input->dims, grad, st);
+}
+
+static int alloc_grads(const fx_ssm_ctx *ctx, fx_ssm_grads *g, fx_status *st)
+{
+    memset(g, 0, sizeof *g);
+    if (alloc_grad(&ctx->x, &g->x, st) || alloc_grad(&ctx->dt, &g->dt, st) ||
+        alloc_grad(&ctx->a, &g->a, st) || alloc_grad(&ctx->b, &g->b, st) ||
+        alloc_grad(&ctx->c, &g->c, st) || alloc_grad(&ctx->d, &g->d, st) ||
+        alloc_grad(&ctx->z, &g->z, st) || alloc_grad(&ctx->dt_bias, &g->dt_bias, st) ||
+        alloc_grad(&ctx->h0, &g->h0, st)) {
+        fx_ssm_grads_release(g);
+        return st->code;
+    }
+    return FX_OK;
+}
+
+int fx_op_ssm_backward(const fx_ssm_ctx *ctx, const fx_tensor *dy, const fx_tensor *dstate,
+                       fx_ssm_grads *grads, fx_status *st)
+{
+    const fx_tensor *x = &ctx->x;
+    int64_t state_dims[3] = {ctx->n.batch, ctx->n.dim, ctx->n.dstate};
+    memset(grads, 0, sizeof *grads);
+    if (expect_ssm(st, x->device, "selective_scan_backward") ||
+        expect_like_x(st, "dy", dy, x, 3, x->dims, LAYOUT_X) ||
+        (dstate && expect_param(st, "dstate", dstate, x, 3, state_dims, LAYOUT_STATE)) ||
+        alloc_grads(ctx, grads, st))
+        return st->code;
+    fx_ssm_bwd_args args;
+    memset(&args, 0, sizeof args);
+    fwd_args_from_ctx(ctx, &args.fwd);
+    args.dy = dy;
+    args.dstate = dstate;
+    args.dx = &grads->x;
+    args.ddt = &grads->dt;
+    args.da = &grads->a;
+    args.db = &grads->b;
+    args.dc = &grads->c;
+    args.dd = opt(&grads->d);
+    args.dz = opt(&grads->z);
+    args.ddt_bias = opt(&grads->dt_bias);
+    args.dh0 = opt(&grads->h0);
+    fx_device *dev = x->device;
+    if (ssm_ops(dev)->backward(dev->ordinal, &args, st) != FX_OK) {
+        fx_ssm_grads_release(grads);
+        return st->code;
+    }
+    return FX_OK;
+}
+
+/* ---- step ---- */
+
+int fx_op_ssm_step(const fx_tensor *state, const fx_ssm_inputs *in, fx_tensor *y,
+                   fx_status *st)
+{
+    fx_ssm_dims n;
+    memset(y, 0, sizeof *y);
+    if (fx_ssm_check_step(state, in, &n, st))
+        return st->code;
+    fx_device *dev = in->x->device;
+    if (fx_tensor_alloc(dev, in->x->dtype, 2, in->x->dims, y, st))
+        return st->code;
+    fx_ssm_step_args args = {
+        .n = n, .state = state, .x = in->x, .dt = in->dt, .a = in->a, .b = in->b, .c = in->c,
+        .d = in->d, .z = in->z, .dt_bias = in->dt_bias, .dt_softplus = in->dt_softplus, .y = y,
+    };
+    if (ssm_ops(dev)->step(dev->ordinal, &args, st) != FX_OK)
+        fx_tensor_release(y);
+    return st->code;
+}

@@ -1,0 +1,312 @@
+/* The CPU selective scan: the reference every other backend is tested
+ * against. Every input type is read into f64 and all arithmetic is f64;
+ * the code follows the equations in include/fusex_ssm.h as directly as it
+ * can, with OpenMP over independent (batch, channel) blocks.
+ *
+ * The backward saves nothing in the forward: per channel it reruns the
+ * forward keeping the state entering every CHECKPOINT steps, then walks the
+ * chunks backwards, recomputing each chunk's states and running the adjoint
+ * recurrence through them. Its scratch is O((seqlen / CHECKPOINT +
+ * CHECKPOINT) * dstate) per channel, never [batch, seqlen, dim, dstate]. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "cpu/cpu.h"
+#include "fusex_ssm.h"
+
+#define CHANNEL_BLOCK 64 /* channels per forward task: amortises reading b, c rows */
+#define CHECKPOINT 64    /* steps between the backward's recomputed checkpoints */
+
+static double load(const fx_tensor *t, int64_t i) { return fx_load_f64(t->data, t->dtype, i); }
+static void store(const fx_tensor *t, int64_t i, double v) { fx_store_f64(t->data, t->dtype, i, v); }
+static double load_or(const fx_tensor *t, int64_t i, double dflt) { return t ? load(t, i) : dflt; }
+
+static double sigmoid(double u) { return 1.0 / (1.0 + exp(-u)); }
+
+/* softplus with PyTorch's threshold: the identity above 20. */
+static double softplus(double u) { return u > 20.0 ? u : log1p(exp(u)); }
+static double softplus_grad(double u) { return u > 20.0 ? 1.0 : sigmoid(u); }
+
+static double silu(double z) { return z * sigmoid(z); }
+static double silu_grad(double z)
+{
+    double s = sigmoid(z);
+    return s * (1.0 + z * (1.0 - s));
+}
+
+/* Index of element (b, t, d) of a [batch, seqlen, dim] tensor, and of row
+ * (b, t, g) of b and c. */
+static int64_t at_btd(const fx_ssm_dims *n, int64_t b, int64_t t, int64_t d)
+{
+    return (b * n->seqlen + t) * n->dim + d;
+}
+static int64_t at_btg(const fx_ssm_dims *n, int64_t b, int64_t t, int64_t g)
+{
+    return ((b * n->seqlen + t) * n->groups + g) * n->dstate;
+}
+
+typedef struct channel_step {
+    double x, u, delta; /* input, dt (+ bias), softplus(u) or u */
+} channel_step;
+
+static channel_step load_step(const fx_tensor *x, const fx_tensor *dt, const fx_tensor *dt_bias,
+                              bool softplus_on, int64_t i, int64_t d)
+{
+    channel_step s;
+    s.x = load(x, i);
+    s.u = load(dt, i) + load_or(dt_bias, d, 0.0);
+    s.delta = softplus_on ? softplus(s.u) : s.u;
+    return s;
+}
+
+/* ---- forward ---- */
+
+/* Channels [d0, d1) of batch b, for every step. */
+static void forward_block(const fx_ssm_fwd_args *a, int64_t b, int64_t d0, int64_t d1)
+{
+    const fx_ssm_dims *n = &a->n;
+    int64_t N = n->dstate, G = n->groups, cpg = n->dim / G, nch = d1 - d0;
+    double *h = malloc(sizeof(double) * (size_t)(2 * nch * N + 2 * G * N));
+    double *A = h + nch * N, *brow = A + nch * N, *crow = brow + G * N;
+    for (int64_t d = d0; d < d1; d++)
+        for (int64_t k = 0; k < N; k++) {
+            A[(d - d0) * N + k] = load(a->a, d * N + k);
+            h[(d - d0) * N + k] = load_or(a->h0, (b * n->dim + d) * N + k, 0.0);
+        }
+    for (int64_t t = 0; t < n->seqlen; t++) {
+        for (int64_t k = 0; k < G * N; k++) {
+            brow[k] = load(a->b, at_btg(n, b, t, 0) + k);
+            crow[k] = load(a->c, at_btg(n, b, t, 0) + k);
+        }
+        for (int64_t d = d0; d < d1; d++) {
+            int64_t i = at_btd(n, b, t, d);
+            channel_step s = load_step(a->x, a->dt, a->dt_bias, a->dt_softplus, i, d);
+            const double *bg = brow + (d / cpg) * N, *cg = crow + (d / cpg) * N;
+            double *hd = h + (d - d0) * N, y = 0.0;
+            for (int64_t k = 0; k < N; k++) {
+                hd[k] = exp(s.delta * A[(d - d0) * N + k]) * hd[k] + s.delta * bg[k] * s.x;
+                y += cg[k] * hd[k];
+            }
+            y += load_or(a->d, d, 0.0) * s.x;
+            if (a->z)
+                y *= silu(load(a->z, i));
+            store(a->y, i, y);
+        }
+    }
+    if (a->state)
+        for (int64_t d = d0; d < d1; d++)
+            for (int64_t k = 0; k < N; k++)
+                store(a->state, (b * n->dim + d) * N + k, h[(d - d0) * N + k]);
+    free(h);
+}
+
+static int cpu_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
+{
+    (void)dev;
+    (void)st;
+    const fx_ssm_dims *n = &a->n;
+    int64_t blocks = (n->dim + CHANNEL_BLOCK - 1) / CHANNEL_BLOCK, tasks = n->batch * blocks;
+    int64_t work = n->batch * n->seqlen * n->dim * n->dstate;
+#pragma omp parallel for schedule(dynamic) if (work > FX_CPU_PARALLEL_MIN)
+    for (int64_t task = 0; task < tasks; task++) {
+        int64_t b = task / blocks, d0 = (task % blocks) * CHANNEL_BLOCK;
+        int64_t d1 = d0 + CHANNEL_BLOCK < n->dim ? d0 + CHANNEL_BLOCK : n->dim;
+        forward_block(a, b, d0, d1);
+    }
+    return FX_OK;
+}
+
+/* ---- backward ---- */
+
+/* Sums over batch the backward accumulates per batch element first, so
+ * that tasks never share a location. */
+typedef struct partial_sums {
+    double *da;      /* [batch, dim, dstate] */
+    double *dd;      /* [batch, dim] */
+    double *ddt_bias; /* [batch, dim] */
+} partial_sums;
+
+/* One channel's backward. bl, cl: this (batch, group)'s rows of b and c as
+ * f64 [seqlen, dstate]; dbl, dcl: their gradients, summed over the group's
+ * channels. ckpt: (chunks + 1) * dstate scratch, hs: (CHECKPOINT + 1) *
+ * dstate, g: dstate. */
+static void backward_channel(const fx_ssm_bwd_args *a, int64_t b, int64_t d, const double *bl,
+                             const double *cl, double *dbl, double *dcl, double *ckpt, double *hs,
+                             double *gs, const partial_sums *ps)
+{
+    const fx_ssm_fwd_args *f = &a->fwd;
+    const fx_ssm_dims *n = &f->n;
+    int64_t N = n->dstate, L = n->seqlen, sd = (b * n->dim + d) * N;
+    double Dd = load_or(f->d, d, 0.0);
+    double *A = hs + (CHECKPOINT + 1) * N; /* N more doubles after hs */
+    for (int64_t k = 0; k < N; k++) {
+        A[k] = load(f->a, d * N + k);
+        ckpt[k] = load_or(f->h0, sd + k, 0.0);
+        gs[k] = load_or(a->dstate, sd + k, 0.0);
+    }
+    /* The state entering every chunk. */
+    int64_t chunks = (L + CHECKPOINT - 1) / CHECKPOINT;
+    for (int64_t t = 0; t < L; t++) {
+        int64_t c = t / CHECKPOINT;
+        double *from = ckpt + c * N, *to = ckpt + (c + 1) * N;
+        if (t % CHECKPOINT == 0)
+            memcpy(to, from, sizeof(double) * (size_t)N);
+        channel_step s = load_step(f->x, f->dt, f->dt_bias, f->dt_softplus, at_btd(n, b, t, d), d);
+        for (int64_t k = 0; k < N; k++)
+            to[k] = exp(s.delta * A[k]) * to[k] + s.delta * bl[t * N + k] * s.x;
+    }
+    double dd_sum = 0.0, dbias_sum = 0.0;
+    for (int64_t c = chunks - 1; c >= 0; c--) {
+        int64_t t0 = c * CHECKPOINT, t1 = t0 + CHECKPOINT < L ? t0 + CHECKPOINT : L;
+        /* hs[s] = the state after step t0 + s - 1 (hs[0] enters the chunk). */
+        memcpy(hs, ckpt + c * N, sizeof(double) * (size_t)N);
+        for (int64_t t = t0; t < t1; t++) {
+            channel_step s = load_step(f->x, f->dt, f->dt_bias, f->dt_softplus, at_btd(n, b, t, d), d);
+            const double *prev = hs + (t - t0) * N;
+            double *next = hs + (t - t0 + 1) * N;
+            for (int64_t k = 0; k < N; k++)
+                next[k] = exp(s.delta * A[k]) * prev[k] + s.delta * bl[t * N + k] * s.x;
+        }
+        for (int64_t t = t1 - 1; t >= t0; t--) {
+            int64_t i = at_btd(n, b, t, d);
+            channel_step s = load_step(f->x, f->dt, f->dt_bias, f->dt_softplus, i, d);
+            const double *prev = hs + (t - t0) * N, *cur = prev + N;
+            const double *bt = bl + t * N, *ct = cl + t * N;
+            double dy = load(a->dy, i), dyp = dy;
+            if (f->z) {
+                double z = load(f->z, i), ypre = Dd * s.x;
+                for (int64_t k = 0; k < N; k++)
+                    ypre += ct[k] * cur[k];
+                dyp = dy * silu(z);
+                store(a->dz, i, dy * ypre * silu_grad(z));
+            }
+            double ddelta = 0.0, dx = Dd * dyp;
+            for (int64_t k = 0; k < N; k++) {
+                double decay = exp(s.delta * A[k]);
+                double g = ct[k] * dyp + gs[k]; /* dL/dh_t */
+                dcl[t * N + k] += dyp * cur[k];
+                ddelta += g * (A[k] * decay * prev[k] + bt[k] * s.x);
+                ps->da[sd + k] += g * s.delta * decay * prev[k];
+                dbl[t * N + k] += g * s.delta * s.x;
+                dx += g * s.delta * bt[k];
+                gs[k] = decay * g; /* dL/dh_{t-1} through h_t */
+            }
+            double ddt = ddelta * (f->dt_softplus ? softplus_grad(s.u) : 1.0);
+            store(a->dx, i, dx);
+            store(a->ddt, i, ddt);
+            dd_sum += dyp * s.x;
+            dbias_sum += ddt;
+        }
+    }
+    ps->dd[b * n->dim + d] = dd_sum;
+    ps->ddt_bias[b * n->dim + d] = dbias_sum;
+    if (a->dh0)
+        for (int64_t k = 0; k < N; k++)
+            store(a->dh0, sd + k, gs[k]);
+}
+
+/* Batch b, group g: owns the rows of db and dc of (b, g). */
+static void backward_group(const fx_ssm_bwd_args *a, int64_t b, int64_t g, const partial_sums *ps)
+{
+    const fx_ssm_fwd_args *f = &a->fwd;
+    const fx_ssm_dims *n = &f->n;
+    int64_t N = n->dstate, L = n->seqlen, cpg = n->dim / n->groups;
+    int64_t chunks = (L + CHECKPOINT - 1) / CHECKPOINT;
+    size_t rows = (size_t)(L * N);
+    double *bl = calloc(4 * rows + (size_t)((chunks + 1) * N + (CHECKPOINT + 2) * N + N) + 1,
+                        sizeof(double));
+    double *cl = bl + rows, *dbl = cl + rows, *dcl = dbl + rows, *ckpt = dcl + rows;
+    double *gs = ckpt + (chunks + 1) * N, *hs = gs + N;
+    for (int64_t t = 0; t < L; t++)
+        for (int64_t k = 0; k < N; k++) {
+            bl[t * N + k] = load(f->b, at_btg(n, b, t, g) + k);
+            cl[t * N + k] = load(f->c, at_btg(n, b, t, g) + k);
+        }
+    for (int64_t d = g * cpg; d < (g + 1) * cpg; d++)
+        backward_channel(a, b, d, bl, cl, dbl, dcl, ckpt, hs, gs, ps);
+    for (int64_t t = 0; t < L; t++)
+        for (int64_t k = 0; k < N; k++) {
+            store(a->db, at_btg(n, b, t, g) + k, dbl[t * N + k]);
+            store(a->dc, at_btg(n, b, t, g) + k, dcl[t * N + k]);
+        }
+    free(bl);
+}
+
+static int cpu_ssm_backward(int dev, const fx_ssm_bwd_args *a, fx_status *st)
+{
+    (void)dev;
+    const fx_ssm_dims *n = &a->fwd.n;
+    int64_t B = n->batch, D = n->dim, N = n->dstate, tasks = B * n->groups;
+    partial_sums ps;
+    ps.da = calloc((size_t)(B * D * N + 2 * B * D) + 1, sizeof(double));
+    if (!ps.da)
+        return fx_fail(st, FX_ENOMEM, "out of host memory for selective_scan_backward sums");
+    ps.dd = ps.da + B * D * N;
+    ps.ddt_bias = ps.dd + B * D;
+    int64_t work = B * n->seqlen * D * N;
+#pragma omp parallel for schedule(dynamic) if (work > FX_CPU_PARALLEL_MIN)
+    for (int64_t task = 0; task < tasks; task++)
+        backward_group(a, task / n->groups, task % n->groups, &ps);
+    for (int64_t i = 0; i < D * N; i++) {
+        double sum = 0.0;
+        for (int64_t b = 0; b < B; b++)
+            sum += ps.da[b * D * N + i];
+        store(a->da, i, sum);
+    }
+    for (int64_t d = 0; d < D; d++) {
+        double dd = 0.0, dbias = 0.0;
+        for (int64_t b = 0; b < B; b++) {
+            dd += ps.dd[b * D + d];
+            dbias += ps.ddt_bias[b * D + d];
+        }
+        if (a->dd)
+            store(a->dd, d, dd);
+        if (a->ddt_bias)
+            store(a->ddt_bias, d, dbias);
+    }
+    free(ps.da);
+    return FX_OK;
+}
+
+/* ---- step ---- */
+
+static int cpu_ssm_step(int dev, const fx_ssm_step_args *a, fx_status *st)
+{
+    (void)dev;
+    (void)st;
+    const fx_ssm_dims *n = &a->n;
+    int64_t N = n->dstate, D = n->dim, cpg = D / n->groups, channels = n->batch * D;
+#pragma omp parallel for if (channels * N > FX_CPU_PARALLEL_MIN)
+    for (int64_t i = 0; i < channels; i++) {
+        int64_t b = i / D, d = i % D, row = (b * n->groups + d / cpg) * N;
+        channel_step s = load_step(a->x, a->dt, a->dt_bias, a->dt_softplus, i, d);
+        double y = load_or(a->d, d, 0.0) * s.x;
+        for (int64_t k = 0; k < N; k++) {
+            double h = load(a->state, i * N + k);
+            h = exp(s.delta * load(a->a, d * N + k)) * h + s.delta * load(a->b, row + k) * s.x;
+            store(a->state, i * N + k, h);
+            y += load(a->c, row + k) * h;
+        }
+        if (a->z)
+            y *= silu(load(a->z, i));
+        store(a->y, i, y);
+    }
+    return FX_OK;
+}
+
+static int64_t cpu_save_interval(int64_t dstate)
+{
+    (void)dstate;
+    return 0; /* the backward recomputes from h0: the context holds only the inputs */
+}
+
+const struct fx_ssm_ops fx_cpu_ssm_ops = {
+    .forward = cpu_ssm_forward,
+    .backward = cpu_ssm_backward,
+    .step = cpu_ssm_step,
+    .save_interval = cpu_save_interval,
+    .max_dstate = 0,
+};
