@@ -22,7 +22,11 @@
          convert/2, add/2, subtract/2, multiply/2, scale/2, reshape/2, size/1,
          byte_size/1]).
 
+-export([selective_scan/6, selective_scan_backward/2, selective_scan_backward/3,
+         selective_scan_step/7]).
+
 -export_type([tensor/0, type/0, shape/0, device/0, device_info/0]).
+-export_type([scan_opts/0, scan_step_opts/0, scan_ctx/0, scan_grads/0]).
 
 -type tensor() :: reference().
 %% A handle to a tensor resident on a device.
@@ -202,3 +206,106 @@ scale(T, Factor) -> ?NIF:scale(T, Factor).
 %% shares T's memory: writes through one (in-place ops) show in the other.
 -spec reshape(tensor(), shape()) -> tensor().
 reshape(T, Shape) -> ?NIF:reshape(T, Shape).
+
+%% ---- selective scan (Mamba S6) ----
+
+-type scan_opts() :: #{d => tensor(), z => tensor(), dt_bias => tensor(),
+                       dt_softplus => boolean(), h0 => tensor(), return_state => boolean(),
+                       save_for_backward => boolean()}.
+%% Options of {@link selective_scan/6}; all default to absent / `false'.
+-type scan_step_opts() :: #{d => tensor(), z => tensor(), dt_bias => tensor(),
+                            dt_softplus => boolean()}.
+%% Options of {@link selective_scan_step/7}.
+-opaque scan_ctx() :: reference().
+%% What a forward with `save_for_backward' keeps for
+%% {@link selective_scan_backward/3}.
+-type scan_grads() :: #{x := tensor(), dt := tensor(), a := tensor(), b := tensor(),
+                        c := tensor(), d => tensor(), z => tensor(), dt_bias => tensor(),
+                        h0 => tensor()}.
+%% One gradient per input given to the forward, with the input's shape and
+%% type.
+
+%% @doc The selective scan of Mamba (S6), fused: the state stays on chip
+%% for the whole sequence and never goes to memory.
+%%
+%% Layout (row-major, as in Nx): `X', `Dt' `[batch, seqlen, dim]'; `A'
+%% `[dim, dstate]'; `B', `C' `[batch, seqlen, dstate]', or `[batch, seqlen,
+%% groups, dstate]' where channel `d' reads group `d div (dim div groups)'
+%% (groups must divide dim). Per batch element, channel `d' and state `n':
+%% ```
+%% delta_t  = softplus(dt_t + dt_bias)     (bias and softplus only when given / asked)
+%% h_t[d,n] = exp(delta_t[d] * a[d,n]) * h_{t-1}[d,n] + delta_t[d] * b_t[n] * x_t[d]
+%% y_t[d]   = sum_n c_t[n] * h_t[d,n] + d[d] * x_t[d]
+%% y_t[d]  *= silu(z_t[d])                 (when z is given)
+%% '''
+%% with `h_{-1} = h0' (zeros when not given).
+%%
+%% Options: `d' `[dim]' (skip), `z' `[batch, seqlen, dim]' (gate),
+%% `dt_bias' `[dim]', `dt_softplus' (boolean; softplus uses PyTorch's
+%% threshold: the identity above 20), `h0' `[batch, dim, dstate]',
+%% `return_state' (also return the final state `[batch, dim, dstate]'),
+%% `save_for_backward' (also return a context for
+%% {@link selective_scan_backward/3}).
+%%
+%% Types: `X', `Dt', `B', `C', `z' share one type, `{f,32}', `{bf,16}' or
+%% `{f,16}' (also `{f,64}' on `cpu'); `Y' has that type. `A', `d',
+%% `dt_bias', `h0' may each be any of those float types. Arithmetic is f32
+%% on CUDA (f64 on the CPU, the reference). The final state is `{f,32}'
+%% (`{f,64}' for `{f,64}' inputs) whatever the input type: a state carried
+%% from call to call should not be rounded to 16 bits at every call.
+%%
+%% Results: `Y'; `{Y, State}' with `return_state'; `{Y, Ctx}' with
+%% `save_for_backward'; `{Y, State, Ctx}' with both.
+%%
+%% Memory kept for the backward: the context holds references to the input
+%% tensors (their memory stays alive while the context does, even after
+%% {@link free/1}; do not modify them in place, e.g. with
+%% {@link selective_scan_step/7}, before the backward) plus, on CUDA, the
+%% f32 state entering every chunk of `K' steps: `batch * (ceil(seqlen / K)
+%% - 1) * dim * dstate * 4' bytes, with `K = 32' (`K = 16' when `dstate =<
+%% 8', `K = 8' when `dstate =< 4'). For `dstate = 16' that is 2 bytes per
+%% element of `x'. The CPU keeps no states: its backward recomputes from
+%% `h0'. Nothing of size `[batch, seqlen, dim, dstate]' is ever held.
+-spec selective_scan(X :: tensor(), Dt :: tensor(), A :: tensor(), B :: tensor(),
+                     C :: tensor(), scan_opts()) ->
+          tensor() | {tensor(), tensor()} | {tensor(), scan_ctx()} |
+          {tensor(), tensor(), scan_ctx()}.
+selective_scan(X, Dt, A, B, C, Opts) -> ?NIF:selective_scan(X, Dt, A, B, C, Opts).
+
+%% @equiv selective_scan_backward(Dy, Ctx, #{})
+-spec selective_scan_backward(tensor(), scan_ctx()) -> scan_grads().
+selective_scan_backward(Dy, Ctx) -> selective_scan_backward(Dy, Ctx, #{}).
+
+%% @doc The gradients of a {@link selective_scan/6} that ran with
+%% `save_for_backward', given `Dy' (the gradient of `Y': its shape and
+%% type) and, optionally, `dstate' (the gradient of the final state,
+%% `[batch, dim, dstate]', any float type).
+%%
+%% The map has exactly the keys of the inputs the forward was given: `x',
+%% `dt', `a', `b', `c' always, `d', `z', `dt_bias', `h0' when given. Each
+%% gradient has its input's shape and type (accumulated in f32 on CUDA, in
+%% f64 on the CPU): `a', `d', `dt_bias' are summed over batch and time, `b'
+%% and `c' over the channels of their group.
+%%
+%% The backward recomputes the states inside each saved chunk (CUDA) or
+%% from `h0' (CPU) and runs the adjoint recurrence backwards in time. Its
+%% scratch on CUDA is f32 sums for the gradients of `a', `b', `c', `d',
+%% `dt_bias' (`(dim * dstate + 2 * dim + 2 * batch * seqlen * groups *
+%% dstate) * 4' bytes); on the CPU `O(batch * dim * dstate)' plus small
+%% per-task buffers. A context can serve more than one backward.
+-spec selective_scan_backward(tensor(), scan_ctx(), #{dstate => tensor()}) -> scan_grads().
+selective_scan_backward(Dy, Ctx, Opts) -> ?NIF:selective_scan_backward(Dy, Ctx, Opts).
+
+%% @doc One time step of {@link selective_scan/6}, for inference one frame
+%% at a time: `X', `Dt' `[batch, dim]'; `A' `[dim, dstate]'; `B', `C'
+%% `[batch, dstate]' or `[batch, groups, dstate]'; options `d', `z'
+%% (`[batch, dim]'), `dt_bias', `dt_softplus' as in the scan. Returns `Y'
+%% `[batch, dim]' and updates `State' `[batch, dim, dstate]' in place (its
+%% memory, so every view of it too). `State' must be `{f,32}' (or `{f,64}'
+%% on `cpu'): the recurrence runs for as long as the stream does, and a
+%% 16-bit state would lose its slow modes to rounding. On CUDA a step is
+%% one kernel launch and allocates only `Y'.
+-spec selective_scan_step(State :: tensor(), X :: tensor(), Dt :: tensor(), A :: tensor(),
+                          B :: tensor(), C :: tensor(), scan_step_opts()) -> tensor().
+selective_scan_step(State, X, Dt, A, B, C, Opts) ->
+    ?NIF:selective_scan_step(State, X, Dt, A, B, C, Opts).

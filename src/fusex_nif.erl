@@ -7,6 +7,7 @@
          nop/0, dirty_nop/0, tensor/4, zeros/3, to_binary/1, copy/2, synchronize/1,
          convert/2, binary_op/3, scale/2, event_new/1, event_record/1,
          event_elapsed_us/2, busy_wait/2, priv_dir/0]).
+-export([selective_scan/6, selective_scan_backward/3, selective_scan_step/7]).
 
 -on_load(init/0).
 
@@ -49,3 +50,6 @@ event_new(_Device) -> ?NOT_LOADED.
 event_record(_Event) -> ?NOT_LOADED.
 event_elapsed_us(_Start, _Stop) -> ?NOT_LOADED.
 busy_wait(_Device, _Us) -> ?NOT_LOADED.
+selective_scan(_X, _Dt, _A, _B, _C, _Opts) -> ?NOT_LOADED.
+selective_scan_backward(_Dy, _Ctx, _Opts) -> ?NOT_LOADED.
+selective_scan_step(_State, _X, _Dt, _A, _B, _C, _Opts) -> ?NOT_LOADED.

@@ -53,4 +53,14 @@ FX_ENTRY(nif_busy_wait);
     {"event_elapsed_us", 2, nif_event_elapsed_entry, 0},             \
     {"busy_wait", 2, nif_busy_wait_entry, 0}
 
+/* ssm_nif.c */
+FX_ENTRY(nif_selective_scan);
+FX_ENTRY(nif_selective_scan_backward);
+FX_ENTRY(nif_selective_scan_step);
+
+#define FX_SSM_NIFS                                                          \
+    {"selective_scan", 6, nif_selective_scan_entry, 0},                      \
+    {"selective_scan_backward", 3, nif_selective_scan_backward_entry, 0},    \
+    {"selective_scan_step", 7, nif_selective_scan_step_entry, 0}
+
 #endif
