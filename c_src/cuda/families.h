@@ -13,7 +13,9 @@ int fx_cuda_binary(int dev, fx_binop op, const fx_tensor *a, const fx_tensor *b,
 int fx_cuda_scale(int dev, const fx_tensor *src, double factor, const fx_tensor *dst,
                   fx_status *st);
 
-#define FX_CUDA_SSM_OPS NULL
+// ssm.cu
+extern const struct fx_ssm_ops fx_cuda_ssm_ops;
+#define FX_CUDA_SSM_OPS (&fx_cuda_ssm_ops)
 #define FX_CUDA_LINREC_OPS NULL
 #define FX_CUDA_OPTIM_OPS NULL
 

@@ -1,0 +1,125 @@
+// The selective scan's launchers and the family's ops table (the kernels
+// and their design notes are in ssm_kernels.cuh).
+#include "cuda/families.h"
+#include "cuda/ssm_kernels.cuh"
+
+namespace fx_ssm {
+namespace {
+
+int cuda_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d || check_dims(a->n, "selective_scan", st))
+        return st->code;
+    return fx_dispatch_float(a->x->dtype, [&](auto *tag) {
+        typedef typename std::remove_pointer<decltype(tag)>::type T;
+        return with_cfg(a->n.dstate, [&](auto cfg) {
+            typedef decltype(cfg) C;
+            ScanParams p = scan_params<C>(a);
+            p.y = a->y->data;
+            p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
+            if (check_saved(a, C::SAVE, st))
+                return st->code;
+            int64_t grid = grid_of(p);
+            if (grid == 0)
+                return (int)FX_OK;
+            ssm_fwd_kernel<T, C><<<(unsigned)grid, kThreads, FwdSmem<C>::BYTES, d->stream>>>(p);
+            return fx_cuda_launched(d, "selective_scan forward kernel", st);
+        });
+    });
+}
+
+int cuda_ssm_step(int dev, const fx_ssm_step_args *a, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d || check_dims(a->n, "selective_scan_step", st))
+        return st->code;
+    return fx_dispatch_float(a->x->dtype, [&](auto *tag) {
+        typedef typename std::remove_pointer<decltype(tag)>::type T;
+        return with_cfg(a->n.dstate, [&](auto cfg) {
+            typedef decltype(cfg) C;
+            const StepParams p = step_params(a);
+            const int64_t grid = step_grid<C>(p);
+            if (grid == 0)
+                return (int)FX_OK;
+            ssm_step_kernel<T, C><<<(unsigned)grid, kThreads, 0, d->stream>>>(p);
+            return fx_cuda_launched(d, "selective_scan_step kernel", st);
+        });
+    });
+}
+
+int convert_out(fx_cuda_device *d, const float *src, int64_t n, const fx_tensor *dst, fx_status *st)
+{
+    if (!dst || n == 0)
+        return FX_OK;
+    ssm_convert_kernel<<<fx_cuda_grid(d, n, 256), 256, 0, d->stream>>>(src, n, dst->data, (int)dst->dtype);
+    return fx_cuda_launched(d, "selective_scan_backward convert kernel", st);
+}
+
+template <typename T, class C>
+int launch_backward(fx_cuda_device *d, const fx_ssm_bwd_args *a, float *scratch, const BwdScratch &sz,
+                    fx_status *st)
+{
+    const BwdParams bp = bwd_params<C>(a, scratch, sz);
+    const int64_t grid = grid_of(bp.f);
+    if (grid > 0) {
+        const size_t smem = BwdSmem<C>::BYTES;
+        FX_CUDA_TRY(d, cudaFuncSetAttribute(ssm_bwd_kernel<T, C>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                    "cudaFuncSetAttribute (selective_scan_backward)", st);
+        ssm_bwd_kernel<T, C><<<(unsigned)grid, kThreads, smem, d->stream>>>(bp);
+        if (fx_cuda_launched(d, "selective_scan_backward kernel", st))
+            return st->code;
+    }
+    if (convert_out(d, bp.acc_db, sz.n_bc, a->db, st) || convert_out(d, bp.acc_dc, sz.n_bc, a->dc, st) ||
+        convert_out(d, bp.acc_da, sz.n_a, a->da, st) || convert_out(d, bp.acc_dd, sz.n_d, a->dd, st) ||
+        convert_out(d, bp.acc_dbias, sz.n_d, a->ddt_bias, st))
+        return st->code;
+    return FX_OK;
+}
+
+int cuda_ssm_backward(int dev, const fx_ssm_bwd_args *a, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d || check_dims(a->fwd.n, "selective_scan_backward", st))
+        return st->code;
+    const BwdScratch sz(a->fwd.n);
+    const size_t bytes = sizeof(float) * (size_t)sz.total;
+    float *scratch = nullptr;
+    if (bytes > 0) {
+        FX_CUDA_TRY(d, cudaMallocAsync((void **)&scratch, bytes, d->stream),
+                    "cudaMallocAsync (selective_scan_backward sums)", st);
+        cudaError_t err = cudaMemsetAsync(scratch, 0, bytes, d->stream);
+        if (err != cudaSuccess) {
+            (void)cudaFreeAsync(scratch, d->stream);
+            return fx_cuda_fail(d, err, "cudaMemsetAsync (selective_scan_backward sums)", st);
+        }
+    }
+    int rc = fx_dispatch_float(a->fwd.x->dtype, [&](auto *tag) {
+        typedef typename std::remove_pointer<decltype(tag)>::type T;
+        return with_cfg(a->fwd.n.dstate, [&](auto cfg) {
+            typedef decltype(cfg) C;
+            if (check_saved(&a->fwd, C::SAVE, st))
+                return st->code;
+            return launch_backward<T, C>(d, a, scratch, sz, st);
+        });
+    });
+    if (scratch) // stream-ordered: released after the kernels that use it
+        (void)cudaFreeAsync(scratch, d->stream);
+    return rc;
+}
+
+int64_t cuda_save_interval(int64_t dstate)
+{
+    return with_cfg(dstate < kMaxDstate ? dstate : kMaxDstate,
+                    [](auto cfg) -> int64_t { return decltype(cfg)::SAVE; });
+}
+
+} // namespace
+} // namespace fx_ssm
+
+using namespace fx_ssm;
+
+const struct fx_ssm_ops fx_cuda_ssm_ops = {
+    cuda_ssm_forward, cuda_ssm_backward, cuda_ssm_step, cuda_save_interval, kMaxDstate,
+};
