@@ -16,6 +16,10 @@ WARN       := -Wall -Wextra -Werror
 CFLAGS     ?= -O3 -g
 CFLAGS     += -std=c11 -D_GNU_SOURCE -fPIC -fopenmp $(WARN) -Iinclude -Ic_src
 LDLIBS     := -fopenmp -ldl -lpthread -lm
+# glibc's vector maths (x86-64): the CPU selective scan's exp loop uses it.
+ifeq ($(shell uname -m),x86_64)
+LDLIBS     += -lmvec
+endif
 
 CORE_SRC   := $(wildcard c_src/core/*.c) $(wildcard c_src/cpu/*.c)
 NIF_SRC    := $(wildcard c_src/nif/*.c)

@@ -17,6 +17,15 @@
 #include "cpu/cpu.h"
 #include "fusex_ssm.h"
 
+#if defined(__x86_64__) && defined(__GLIBC__)
+/* glibc's libmvec has vector versions of exp as accurate as the scalar one
+ * (< 4 ulp): declaring exp simd lets the forward's decay loop compute two
+ * at a time, ~3x faster than one call each (exp is most of the forward's
+ * time on the CPU). The Makefile links libmvec on x86-64. */
+#pragma omp declare simd notinbranch
+double exp(double);
+#endif
+
 #define CHANNEL_BLOCK 64 /* channels per forward task: amortises reading b, c rows */
 #define CHECKPOINT 64    /* steps between the backward's recomputed checkpoints */
 
@@ -69,8 +78,8 @@ static void forward_block(const fx_ssm_fwd_args *a, int64_t b, int64_t d0, int64
 {
     const fx_ssm_dims *n = &a->n;
     int64_t N = n->dstate, G = n->groups, cpg = n->dim / G, nch = d1 - d0;
-    double *h = malloc(sizeof(double) * (size_t)(2 * nch * N + 2 * G * N));
-    double *A = h + nch * N, *brow = A + nch * N, *crow = brow + G * N;
+    double *h = malloc(sizeof(double) * (size_t)(2 * nch * N + 2 * G * N + N));
+    double *A = h + nch * N, *brow = A + nch * N, *crow = brow + G * N, *decay = crow + G * N;
     for (int64_t d = d0; d < d1; d++)
         for (int64_t k = 0; k < N; k++) {
             A[(d - d0) * N + k] = load(a->a, d * N + k);
@@ -85,9 +94,12 @@ static void forward_block(const fx_ssm_fwd_args *a, int64_t b, int64_t d0, int64
             int64_t i = at_btd(n, b, t, d);
             channel_step s = load_step(a->x, a->dt, a->dt_bias, a->dt_softplus, i, d);
             const double *bg = brow + (d / cpg) * N, *cg = crow + (d / cpg) * N;
-            double *hd = h + (d - d0) * N, y = 0.0;
+            double *hd = h + (d - d0) * N, *Ad = A + (d - d0) * N, y = 0.0;
+#pragma omp simd
+            for (int64_t k = 0; k < N; k++)
+                decay[k] = exp(s.delta * Ad[k]);
             for (int64_t k = 0; k < N; k++) {
-                hd[k] = exp(s.delta * A[(d - d0) * N + k]) * hd[k] + s.delta * bg[k] * s.x;
+                hd[k] = decay[k] * hd[k] + s.delta * bg[k] * s.x;
                 y += cg[k] * hd[k];
             }
             y += load_or(a->d, d, 0.0) * s.x;

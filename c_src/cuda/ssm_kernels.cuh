@@ -517,7 +517,10 @@ template <class C> struct BwdSmem {
     // b/c partial gradients [2][R][CH][PSTRIDE]; rows padded against bank conflicts
     static constexpr int PSTRIDE = C::NPAD + (C::LANES == 1 ? 0 : C::LANES == 2 ? 4 : 8);
     static constexpr int PART = HSUB + C::NSUB * C::NPL * kThreads;
-    static constexpr int TOTAL = PART + 2 * C::R * C::CH * PSTRIDE;
+    // per thread, f64: the sums over time of the a gradient (NPL), d and dt_bias
+    static constexpr int SUMS = PART + 2 * C::R * C::CH * PSTRIDE;
+    static constexpr int NSUMS = C::NPL + 2;
+    static constexpr int TOTAL = SUMS + 2 * kThreads * NSUMS;
     static constexpr size_t BYTES = sizeof(float) * TOTAL;
 };
 
@@ -661,18 +664,22 @@ __global__ void __launch_bounds__(kThreads, 3) ssm_bwd_kernel(const BwdParams bp
     const Tile tile = tile_of(p, CH);
     const ScanLane<C> lane(tile);
     const int c = lane.c, q = lane.q;
-    float a2[NPL], gs[NPL], acc_a[NPL];
+    // Sums over time: f32 within a chunk, then f64 (in this thread's slot of
+    // shared memory: touched once per chunk, not worth registers), so that
+    // their rounding grows with the chunk length rather than the sequence's.
+    double *sums = reinterpret_cast<double *>(sm + S::SUMS) + threadIdx.x * S::NSUMS;
+    for (int i = 0; i < S::NSUMS; i++)
+        sums[i] = 0.0;
+    float a2[NPL], gs[NPL];
     load_a<C>(p, lane, a2, kLog2e);
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
-        acc_a[i] = 0.0f;
         int n = lane.n(i);
         // dL/dh entering the last step from after it: the final state's gradient
         gs[i] = lane.ok && n < p.dstate && bp.dstate
                     ? load_any(bp.dstate, bp.dstate_type, at_state(p, tile.b, lane.d) + n) : 0.0f;
     }
     const float dskip = lane.ok && p.d ? load_any(p.d, p.d_type, lane.d) : 0.0f;
-    float acc_d = 0.0f, acc_bias = 0.0f;
 
     const int chunks = (p.seqlen + C::SAVE - 1) / C::SAVE;
     for (int k = chunks - 1; k >= 0; k--) {
@@ -680,6 +687,11 @@ __global__ void __launch_bounds__(kThreads, 3) ssm_bwd_kernel(const BwdParams bp
         __syncthreads(); // the previous chunk's gradients are stored
         bwd_stage<T, C>(bp, tile, t0, sm);
         __syncthreads();
+
+        float acc_a[NPL], acc_d = 0.0f, acc_bias = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NPL; i++)
+            acc_a[i] = 0.0f;
 
         // Pass 1: the state entering each sub-chunk.
         float h[NPL];
@@ -784,6 +796,11 @@ __global__ void __launch_bounds__(kThreads, 3) ssm_bwd_kernel(const BwdParams bp
         }
         // The last reduction's barrier ordered every s_dx/s_ddt/s_dz write.
         bwd_store<T, C>(bp, tile, t0, sm);
+#pragma unroll
+        for (int i = 0; i < NPL; i++)
+            sums[i] += acc_a[i];
+        sums[NPL] += acc_d;
+        sums[NPL + 1] += acc_bias;
     }
 
     if (lane.ok) {
@@ -792,15 +809,15 @@ __global__ void __launch_bounds__(kThreads, 3) ssm_bwd_kernel(const BwdParams bp
             int n = lane.n(i);
             if (n >= p.dstate)
                 continue;
-            atomicAdd(bp.acc_da + (int64_t)lane.d * p.dstate + n, acc_a[i]);
+            atomicAdd(bp.acc_da + (int64_t)lane.d * p.dstate + n, (float)sums[i]);
             if (bp.dh0) // after step 0, gs is dL/dh0
                 store_any(bp.dh0, bp.dh0_type, at_state(p, tile.b, lane.d) + n, gs[i]);
         }
         if (q == 0) {
             if (p.d)
-                atomicAdd(bp.acc_dd + lane.d, acc_d);
+                atomicAdd(bp.acc_dd + lane.d, (float)sums[NPL]);
             if (p.dt_bias)
-                atomicAdd(bp.acc_dbias + lane.d, acc_bias);
+                atomicAdd(bp.acc_dbias + lane.d, (float)sums[NPL + 1]);
         }
     }
 }
