@@ -41,7 +41,8 @@ NVCCFLAGS  += -std=c++17 $(NVCC_GENCODE) -Iinclude -Ic_src --expt-relaxed-conste
 NIF_SO     := priv/fusex_nif.so
 CUDA_SO    := $(if $(NVCC),priv/fusex_cuda.so)
 
-.PHONY: all nif deps erl test test-c test-erl test-ex test-gpu sanitize bench demo docs clean
+.PHONY: all nif deps erl test test-c test-erl test-ex test-gpu sanitize bench demo docs clean \
+        test-emu-ssm
 
 all: nif erl
 
@@ -82,6 +83,43 @@ $(BUILD)/fusex_check: $(CTEST_OBJ) $(BUILD)/libfusex_core.a
 test-c: nif $(BUILD)/fusex_check
 	FUSEX_PRIV=priv $(BUILD)/fusex_check
 
+# The selective scan's CUDA kernels run on the CPU under the ssm Check
+# suite's CUDA branch (tools/ssm_emu: a fiber per CUDA thread), so their
+# logic is checked where there is no GPU. Needs the CUDA headers, not a GPU.
+CUDA_INC   := $(if $(NVCC),$(abspath $(dir $(NVCC))../include))
+SSM_EMU_OBJ := $(BUILD)/ssm_emu/emu.o $(BUILD)/ssm_emu/ssm_emu.o $(BUILD)/ssm_emu/main.o \
+               $(BUILD)/ssm_emu/test_ssm.o $(BUILD)/ssm_emu/testutil.o
+EMU_CXXFLAGS := -std=c++17 -O2 -g $(WARN) -Wno-unknown-pragmas -I$(CUDA_INC) -Itools/ssm_emu \
+                -Iinclude -Ic_src
+
+$(BUILD)/ssm_emu/%.o: tools/ssm_emu/%.cc tools/ssm_emu/emu.h $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+
+$(BUILD)/ssm_emu/main.o: tools/ssm_emu/main.c test/c/testutil.h $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itest/c -c $< -o $@
+
+$(BUILD)/ssm_emu/test_ssm.o: test/c/test_ssm.c test/c/testutil.h $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itest/c -Dfx_test_device=emu_test_device -c $< -o $@
+
+$(BUILD)/ssm_emu/testutil.o: test/c/testutil.c test/c/testutil.h $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itest/c -c $< -o $@
+
+$(BUILD)/ssm_emu/ssm_emu: $(SSM_EMU_OBJ) $(BUILD)/libfusex_core.a
+	$(CXX) -o $@ $(SSM_EMU_OBJ) $(BUILD)/libfusex_core.a -lcheck -lsubunit -lrt $(LDLIBS)
+
+# FUSEX_QUICK=1 for a short run; the whole sweep takes a minute or two.
+test-emu-ssm:
+ifneq ($(NVCC),)
+	$(MAKE) $(BUILD)/ssm_emu/ssm_emu
+	$(BUILD)/ssm_emu/ssm_emu
+else
+	@echo "test-emu-ssm: skipped (nvcc and the CUDA headers not found)"
+endif
+
 test-erl: all
 	$(REBAR3) eunit
 	$(REBAR3) ct --readable=compact
@@ -91,7 +129,7 @@ test-ex:
 
 test: deps
 	$(MAKE) all
-	$(MAKE) test-c test-erl test-ex
+	$(MAKE) test-c test-emu-ssm test-erl test-ex
 
 # The same suites, forced onto CUDA; fails where there is no GPU.
 test-gpu: all $(BUILD)/fusex_check

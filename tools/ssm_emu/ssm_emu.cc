@@ -1,0 +1,120 @@
+// The CUDA backend's selective scan launchers (c_src/cuda/ssm.cu), mirrored
+// for the emulation: the same kernels and parameter builders on host
+// memory, one block at a time.
+#include "emu.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <type_traits>
+
+#include "cuda/ssm_kernels.cuh"
+
+namespace fx_ssm {
+alignas(16) float smem[1 << 16]; // what block_smem() returns
+}
+
+using namespace fx_ssm;
+
+namespace {
+
+void launch(int64_t grid, size_t smem_bytes, const std::function<void()> &kernel)
+{
+    if (smem_bytes > sizeof smem) {
+        fprintf(stderr, "emu: %zu bytes of shared memory asked\n", smem_bytes);
+        abort();
+    }
+    emu::grid_dim = dim3((unsigned)grid, 1, 1);
+    for (int64_t b = 0; b < grid; b++) {
+        for (float &v : smem)
+            v = NAN;
+        emu::run_block((unsigned)b, kThreads, kernel);
+    }
+}
+
+template <typename F> int with_type(fx_dtype t, F &&body)
+{
+    switch (t) {
+    case FX_F32: return body((float *)nullptr);
+    case FX_BF16: return body((__nv_bfloat16 *)nullptr);
+    case FX_F16: return body((__half *)nullptr);
+    default: return FX_EINTERNAL;
+    }
+}
+
+int emu_forward(int, const fx_ssm_fwd_args *a, fx_status *st)
+{
+    if (check_dims(a->n, "selective_scan", st))
+        return st->code;
+    return with_type(a->x->dtype, [&](auto *tag) {
+        typedef typename std::remove_pointer<decltype(tag)>::type T;
+        return with_cfg(a->n.dstate, [&](auto cfg) {
+            typedef decltype(cfg) C;
+            ScanParams p = scan_params<C>(a);
+            p.y = a->y->data;
+            p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
+            if (check_saved(a, C::SAVE, st))
+                return st->code;
+            launch(grid_of(p), FwdSmem<C>::BYTES, [&] { ssm_fwd_kernel<T, C>(p); });
+            return (int)FX_OK;
+        });
+    });
+}
+
+int emu_step(int, const fx_ssm_step_args *a, fx_status *st)
+{
+    if (check_dims(a->n, "selective_scan_step", st))
+        return st->code;
+    return with_type(a->x->dtype, [&](auto *tag) {
+        typedef typename std::remove_pointer<decltype(tag)>::type T;
+        return with_cfg(a->n.dstate, [&](auto cfg) {
+            typedef decltype(cfg) C;
+            const StepParams p = step_params(a);
+            launch(step_grid<C>(p), 0, [&] { ssm_step_kernel<T, C>(p); });
+            return (int)FX_OK;
+        });
+    });
+}
+
+void convert_out(const float *src, int64_t n, const fx_tensor *dst)
+{
+    for (int64_t i = 0; dst && i < n; i++)
+        store_any(dst->data, dst->dtype, i, src[i]);
+}
+
+int emu_backward(int, const fx_ssm_bwd_args *a, fx_status *st)
+{
+    if (check_dims(a->fwd.n, "selective_scan_backward", st))
+        return st->code;
+    const BwdScratch sz(a->fwd.n);
+    float *scratch = static_cast<float *>(calloc((size_t)sz.total + 1, sizeof(float)));
+    int rc = with_type(a->fwd.x->dtype, [&](auto *tag) {
+        typedef typename std::remove_pointer<decltype(tag)>::type T;
+        return with_cfg(a->fwd.n.dstate, [&](auto cfg) {
+            typedef decltype(cfg) C;
+            if (check_saved(&a->fwd, C::SAVE, st))
+                return st->code;
+            const BwdParams bp = bwd_params<C>(a, scratch, sz);
+            launch(grid_of(bp.f), BwdSmem<C>::BYTES, [&] { ssm_bwd_kernel<T, C>(bp); });
+            convert_out(bp.acc_db, sz.n_bc, a->db);
+            convert_out(bp.acc_dc, sz.n_bc, a->dc);
+            convert_out(bp.acc_da, sz.n_a, a->da);
+            convert_out(bp.acc_dd, sz.n_d, a->dd);
+            convert_out(bp.acc_dbias, sz.n_d, a->ddt_bias);
+            return (int)FX_OK;
+        });
+    });
+    free(scratch);
+    return rc;
+}
+
+int64_t emu_save_interval(int64_t dstate)
+{
+    return with_cfg(dstate < kMaxDstate ? dstate : kMaxDstate,
+                    [](auto cfg) -> int64_t { return decltype(cfg)::SAVE; });
+}
+
+} // namespace
+
+extern "C" const struct fx_ssm_ops fx_emu_ssm_ops = {
+    emu_forward, emu_backward, emu_step, emu_save_interval, kMaxDstate,
+};
