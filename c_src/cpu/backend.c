@@ -229,5 +229,5 @@ const fx_backend fx_cpu_backend = {
     .scale = cpu_scale,
     .ssm = NULL,
     .linrec = NULL,
-    .optim = NULL,
+    .optim = &fx_cpu_optim_ops,
 };
