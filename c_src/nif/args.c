@@ -130,6 +130,24 @@ int fx_arg_tensor(fx_call *c, ERL_NIF_TERM term, const char *name, fx_tensor *ou
     return fx_call_hold(c, out);
 }
 
+/* Turns "name: ..." into "name[i]: ...". Formatting the element's name
+ * only when it failed keeps a list of hundreds of tensors cheap to parse. */
+static int name_item(fx_call *c, const char *name, unsigned i)
+{
+    char *msg = c->st.msg;
+    size_t len = strlen(name), msglen = strlen(msg);
+    if (strncmp(msg, name, len) != 0 || msg[len] != ':')
+        return c->st.code;
+    char index[16];
+    size_t k = (size_t)snprintf(index, sizeof index, "[%u]", i);
+    if (msglen + k >= sizeof c->st.msg) /* cut the end to fit */
+        msglen = sizeof c->st.msg - 1 - k;
+    memmove(msg + len + k, msg + len, msglen - len);
+    memcpy(msg + len, index, k);
+    msg[msglen + k] = '\0';
+    return c->st.code;
+}
+
 int fx_arg_tensor_list(fx_call *c, ERL_NIF_TERM term, const char *name, fx_tensor **out,
                        unsigned *count)
 {
@@ -144,12 +162,9 @@ int fx_arg_tensor_list(fx_call *c, ERL_NIF_TERM term, const char *name, fx_tenso
         return c->st.code;
     *out = items;
     ERL_NIF_TERM head, tail = term;
-    char item_name[96];
-    for (unsigned i = 0; enif_get_list_cell(c->env, tail, &head, &tail); i++) {
-        snprintf(item_name, sizeof item_name, "%s[%u]", name, i);
-        if (fx_arg_tensor(c, head, item_name, &items[i]) != FX_OK)
-            return c->st.code;
-    }
+    for (unsigned i = 0; enif_get_list_cell(c->env, tail, &head, &tail); i++)
+        if (fx_arg_tensor(c, head, name, &items[i]) != FX_OK)
+            return name_item(c, name, i);
     return FX_OK;
 }
 
