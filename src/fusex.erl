@@ -21,8 +21,11 @@
          shape/1, type/1, device/1, copy/2, free/1, synchronize/1, memory/0, memory/1,
          convert/2, add/2, subtract/2, multiply/2, scale/2, reshape/2, size/1,
          byte_size/1]).
+-export([adamw_init/2, adamw_step/4, sgd_init/2, sgd_step/4, optimizer_info/1]).
 
 -export_type([tensor/0, type/0, shape/0, device/0, device_info/0]).
+-export_type([optimizer/0, adamw_opts/0, adamw_hyper/0, sgd_opts/0, sgd_hyper/0,
+              optimizer_info/0]).
 
 -type tensor() :: reference().
 %% A handle to a tensor resident on a device.
@@ -202,3 +205,140 @@ scale(T, Factor) -> ?NIF:scale(T, Factor).
 %% shares T's memory: writes through one (in-place ops) show in the other.
 -spec reshape(tensor(), shape()) -> tensor().
 reshape(T, Shape) -> ?NIF:reshape(T, Shape).
+
+%% ---- optimizers ----
+
+-type optimizer() :: #{optimizer := adamw | sgd, ref := reference(), device := device(),
+                       step := tensor(), grad_norm := tensor(), skipped := tensor(),
+                       master := [tensor()], exp_avg => [tensor()], exp_avg_sq => [tensor()],
+                       max_exp_avg_sq => [tensor()], momentum_buffer => [tensor()]}.
+%% An optimizer state. Every tensor in it lives on the parameters' device
+%% and is updated in place by each step; read them with {@link to_binary/1}
+%% like any tensor. `step' ({s,64}, shape {}) counts the steps taken (a
+%% skipped step does not count); `grad_norm' ({f,32}, {}) is the last
+%% step's global gradient norm, -1 when that step computed none; `skipped'
+%% ({u,8}, {}) is 1 when the last step was skipped. `master' holds the f32
+%% master copies of 16-bit parameters (else `[]'). AdamW keeps `exp_avg',
+%% `exp_avg_sq' and, with amsgrad, `max_exp_avg_sq' (else `[]'); SGD keeps
+%% `momentum_buffer' (`[]' without momentum). All f32, one per parameter.
+%% `ref' is the state's device table; the map is the whole state: a step
+%% returns it unchanged (the tensors in it changed in place).
+
+-type adamw_hyper() :: #{lr => number(), beta1 => number(), beta2 => number(),
+                         eps => number(), weight_decay => number(), maximize => boolean(),
+                         amsgrad => boolean(), max_grad_norm => number() | none,
+                         skip_nonfinite => boolean()}.
+%% AdamW hyperparameters; defaults as torch.optim.AdamW: `lr' 1.0e-3,
+%% `beta1' 0.9, `beta2' 0.999, `eps' 1.0e-8, `weight_decay' 1.0e-2
+%% (decoupled), `maximize' false, `amsgrad' false; `max_grad_norm' none
+%% (no clipping), `skip_nonfinite' false.
+
+-type adamw_opts() :: #{lr => number(), beta1 => number(), beta2 => number(),
+                        eps => number(), weight_decay => number(), maximize => boolean(),
+                        amsgrad => boolean(), max_grad_norm => number() | none,
+                        skip_nonfinite => boolean(), master_weights => boolean()}.
+%% {@link adamw_hyper()} (the defaults of every step) and `master_weights'.
+
+-type sgd_hyper() :: #{lr => number(), momentum => number(), dampening => number(),
+                       nesterov => boolean(), weight_decay => number(),
+                       maximize => boolean(), max_grad_norm => number() | none,
+                       skip_nonfinite => boolean()}.
+%% SGD hyperparameters; defaults as torch.optim.SGD: `lr' 1.0e-3,
+%% `momentum' 0, `dampening' 0, `nesterov' false, `weight_decay' 0,
+%% `maximize' false; `max_grad_norm' none, `skip_nonfinite' false.
+
+-type sgd_opts() :: #{lr => number(), momentum => number(), dampening => number(),
+                      nesterov => boolean(), weight_decay => number(),
+                      maximize => boolean(), max_grad_norm => number() | none,
+                      skip_nonfinite => boolean(), master_weights => boolean()}.
+%% {@link sgd_hyper()} (the defaults of every step) and `master_weights'.
+
+-type optimizer_info() :: #{step := non_neg_integer(), skipped := boolean(),
+                            grad_norm := float() | infinity | nan | undefined}.
+
+%% @doc A new AdamW state for `Params' (a non-empty list of tensors on one
+%% device, all of one type). Allocates, on that device, the first and
+%% second moments (f32, zeroed), `max_exp_avg_sq' with `amsgrad => true',
+%% and the step count (0). Parameters are f32; {bf,16} or {f,16}
+%% parameters need `master_weights => true', which keeps an f32 master copy
+%% of each (made from the parameters now): steps update the master and
+%% write the parameter rounded from it. (`master_weights' has no effect on
+%% f32 parameters.)
+%%
+%% `Opts' are the hyperparameters every {@link adamw_step/4} starts from
+%% (see {@link adamw_hyper()}); `amsgrad' is fixed here. The formulas are in
+%% docs/OPTIMIZERS.md. Bad options raise `{badarg, Msg}' naming the
+%% option, e.g. `<<"beta1: expected a number in [0, 1), got 1.5">>'.
+-spec adamw_init([tensor()], adamw_opts()) -> optimizer().
+adamw_init(Params, Opts) -> optimizer_init(adamw, Params, Opts).
+
+%% @doc One AdamW step over every parameter, in place, exactly as
+%% torch.optim.AdamW: `Params' are the tensors given to
+%% {@link adamw_init/2} (same count, shapes and type; the same tensors in
+%% practice), `Grads' one gradient per parameter, of its shape, all f32 or
+%% all {bf,16} (or {f,16}). `Hyper' overrides the state's defaults for this
+%% step (a learning-rate schedule passes `#{lr => Lr}').
+%%
+%% With `max_grad_norm => N' the gradients are scaled by
+%% min(1, N / (Norm + 1.0e-6)), Norm the L2 norm of all gradients together
+%% (torch.nn.utils.clip_grad_norm_); the gradients themselves are not
+%% written. With `skip_nonfinite => true' a step whose gradients hold any
+%% Inf or NaN changes nothing: parameters, master copies, moments and the
+%% step count keep every byte.
+%%
+%% On a GPU the call only enqueues work (one kernel launch; two with
+%% clipping or the non-finite check) and never waits for the device: the
+%% step count, the norm, the clip factor and the skip verdict stay on the
+%% device. Read them with {@link optimizer_info/1}, which waits. Returns
+%% the state (the same map: its tensors changed in place).
+-spec adamw_step(optimizer(), [tensor()], [tensor()], adamw_hyper()) -> optimizer().
+adamw_step(State, Params, Grads, Hyper) -> optimizer_step(adamw, State, Params, Grads, Hyper).
+
+%% @doc A new SGD state for `Params': momentum buffers (f32, one per
+%% parameter) when `momentum' is above 0, the step count, and f32 master
+%% copies for {bf,16}/{f,16} parameters with `master_weights => true', as
+%% {@link adamw_init/2}. `Opts': the defaults of every step (see
+%% {@link sgd_hyper()}).
+-spec sgd_init([tensor()], sgd_opts()) -> optimizer().
+sgd_init(Params, Opts) -> optimizer_init(sgd, Params, Opts).
+
+%% @doc One SGD step (momentum, dampening, Nesterov, weight decay, as
+%% torch.optim.SGD), with the clipping and non-finite skip of
+%% {@link adamw_step/4} and the same rules for `Params' and `Grads'. The
+%% momentum buffer starts as the first (non-skipped) step's gradient. A
+%% state made with momentum 0 holds no buffers and refuses a step with
+%% momentum.
+-spec sgd_step(optimizer(), [tensor()], [tensor()], sgd_hyper()) -> optimizer().
+sgd_step(State, Params, Grads, Hyper) -> optimizer_step(sgd, State, Params, Grads, Hyper).
+
+%% @doc What the last step left on the device: the step count, the global
+%% gradient norm (`undefined' when that step computed none: no clipping
+%% and no non-finite check; `infinity' or `nan' when a gradient held one),
+%% and whether it was skipped. Waits for the queued work on the state's
+%% device; a training loop that does not call it never waits.
+-spec optimizer_info(optimizer()) -> optimizer_info().
+optimizer_info(#{optimizer := _, step := Step, grad_norm := Norm, skipped := Skipped}) ->
+    <<Count:64/signed-native>> = to_binary(Step),
+    <<Flag:8>> = to_binary(Skipped),
+    #{step => Count, skipped => Flag =:= 1, grad_norm => norm_value(to_binary(Norm))};
+optimizer_info(Other) ->
+    erlang:error({badarg, not_a_state(<<"adamw_init/2 or sgd_init/2">>, Other)}).
+
+norm_value(<<Norm:32/float-native>>) when Norm < 0 -> undefined;
+norm_value(<<Norm:32/float-native>>) -> Norm;
+norm_value(<<Bits:32/native>>) when Bits band 16#7FFFFF =:= 0 -> infinity;
+norm_value(_) -> nan.
+
+optimizer_init(Kind, Params, Opts) ->
+    {Ref, Tensors} = ?NIF:optim_init(Kind, Params, Opts),
+    Tensors#{optimizer => Kind, ref => Ref, device => device(hd(Params))}.
+
+optimizer_step(Kind, State = #{optimizer := _, ref := Ref}, Params, Grads, Hyper) ->
+    ok = ?NIF:optim_step(Kind, Ref, Params, Grads, Hyper),
+    State;
+optimizer_step(Kind, Other, _Params, _Grads, _Hyper) ->
+    erlang:error({badarg, not_a_state([atom_to_list(Kind), "_init/2"], Other)}).
+
+not_a_state(From, Got) ->
+    iolist_to_binary(io_lib:format("state: expected an optimizer state from ~s, got ~0tP",
+                                   [From, Got, 10])).

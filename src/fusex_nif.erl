@@ -7,6 +7,7 @@
          nop/0, dirty_nop/0, tensor/4, zeros/3, to_binary/1, copy/2, synchronize/1,
          convert/2, binary_op/3, scale/2, event_new/1, event_record/1,
          event_elapsed_us/2, busy_wait/2, priv_dir/0]).
+-export([optim_init/3, optim_step/5]).
 
 -on_load(init/0).
 
@@ -49,3 +50,5 @@ event_new(_Device) -> ?NOT_LOADED.
 event_record(_Event) -> ?NOT_LOADED.
 event_elapsed_us(_Start, _Stop) -> ?NOT_LOADED.
 busy_wait(_Device, _Us) -> ?NOT_LOADED.
+optim_init(_Kind, _Params, _Opts) -> ?NOT_LOADED.
+optim_step(_Kind, _State, _Params, _Grads, _Hyper) -> ?NOT_LOADED.

@@ -368,7 +368,25 @@ static int check_kind_options(const fx_optim_state *s, const fx_optim_hyper *h, 
     return FX_OK;
 }
 
-static int check_step_param(const fx_optim_state *s, const fx_tensor *p, unsigned i, fx_status *st)
+static bool same_shape(const fx_tensor *t, const fx_tensor *like)
+{
+    if (t->rank != like->rank)
+        return false;
+    for (int d = 0; d < t->rank; d++)
+        if (t->dims[d] != like->dims[d])
+            return false;
+    return true;
+}
+
+/* The checks run for every tensor of every step, so the cheap comparison
+ * comes first and the message (names, layouts) is formatted only for the
+ * tensor that fails. */
+static bool param_ok(const fx_optim_state *s, const fx_tensor *p, unsigned i)
+{
+    return p->device == s->device && p->dtype == s->param_dtype && same_shape(p, &s->shapes[i]);
+}
+
+static int fail_param(const fx_optim_state *s, const fx_tensor *p, unsigned i, fx_status *st)
 {
     char name[32];
     item_name(name, sizeof name, "params", i);
@@ -383,8 +401,16 @@ static int check_step_param(const fx_optim_state *s, const fx_tensor *p, unsigne
     return fx_expect_shape(st, name, p, s->shapes[i].rank, s->shapes[i].dims, layout);
 }
 
-static int check_step_grad(const fx_optim_state *s, const fx_tensor *g, const fx_tensor *g0,
-                           const fx_tensor *p, unsigned i, fx_status *st)
+static bool grad_ok(const fx_optim_state *s, const fx_tensor *g, const fx_tensor *g0,
+                    const fx_tensor *p)
+{
+    fx_dtype t = g->dtype;
+    return g->device == s->device && (t == FX_F32 || t == FX_BF16 || t == FX_F16) &&
+           t == g0->dtype && same_shape(g, p);
+}
+
+static int fail_grad(const fx_optim_state *s, const fx_tensor *g, const fx_tensor *g0,
+                     const fx_tensor *p, unsigned i, fx_status *st)
 {
     char name[32], layout[48];
     item_name(name, sizeof name, "grads", i);
@@ -410,10 +436,12 @@ static int check_step_lists(const fx_optim_state *s, const fx_tensor *params, un
     if (ng != np)
         return fx_fail(st, FX_EBADARG, "grads: expected a list of %u tensors (one per param), got %u",
                        np, ng);
-    for (unsigned i = 0; i < np; i++)
-        if (check_step_param(s, &params[i], i, st) ||
-            check_step_grad(s, &grads[i], &grads[0], &params[i], i, st))
-            return st->code;
+    for (unsigned i = 0; i < np; i++) {
+        if (!param_ok(s, &params[i], i))
+            return fail_param(s, &params[i], i, st);
+        if (!grad_ok(s, &grads[i], &grads[0], &params[i]))
+            return fail_grad(s, &grads[i], &grads[0], &params[i], i, st);
+    }
     return FX_OK;
 }
 

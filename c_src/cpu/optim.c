@@ -34,6 +34,15 @@ static const fx_optim_slot *chunk_range(const fx_optim_args *a, int64_t k, int64
     return slot;
 }
 
+/* Below this much work a parallel region costs more than the loop. */
+static bool worth_threads(const fx_optim_args *a)
+{
+    int64_t total = 0;
+    for (uint32_t i = 0; i < a->ntensors; i++)
+        total += a->slots[i].numel;
+    return total > FX_CPU_PARALLEL_MIN;
+}
+
 /* ---- the norm pass: sum of squares and the non-finite check ---- */
 
 /* Per-chunk partial sums added in chunk order, so the norm does not depend
@@ -45,7 +54,7 @@ static int norm_pass(const fx_optim_args *a, double *sumsq, bool *bad, fx_status
     if (!partial)
         return fx_fail(st, FX_ENOMEM, "out of host memory for %lld partial sums", (long long)n);
     int any_bad = 0;
-#pragma omp parallel for schedule(dynamic, 1) reduction(| : any_bad) if (n > 1)
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : any_bad) if (worth_threads(a))
     for (int64_t k = 0; k < n; k++) {
         int64_t begin, end;
         const fx_optim_slot *slot = chunk_range(a, k, &begin, &end);
@@ -189,7 +198,7 @@ static int cpu_optim_step(int dev, const fx_optim_args *a, fx_status *st)
     adamw_coeffs ka = adamw_coeffs_for(&a->hyper, t);
     sgd_coeffs ks = sgd_coeffs_for(&a->hyper, t);
     int64_t n = a->nchunks;
-#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (worth_threads(a))
     for (int64_t k = 0; k < n; k++)
         update_chunk(a, k, clip, &ka, &ks);
     *a->step = t;

@@ -53,4 +53,12 @@ FX_ENTRY(nif_busy_wait);
     {"event_elapsed_us", 2, nif_event_elapsed_entry, 0},             \
     {"busy_wait", 2, nif_busy_wait_entry, 0}
 
+/* optim_nif.c */
+FX_ENTRY(nif_optim_init);
+FX_ENTRY(nif_optim_step);
+
+#define FX_OPTIM_NIFS                                                \
+    {"optim_init", 3, nif_optim_init_entry, 0},                      \
+    {"optim_step", 5, nif_optim_step_entry, 0}
+
 #endif
