@@ -306,9 +306,10 @@ static int alloc_tensor_state(fx_optim_state *s, const fx_tensor *p, unsigned i,
 static int alloc_scalars(fx_optim_state *s, fx_status *st)
 {
     float no_norm = -1.0f;
-    if (fx_op_zeros(s->device, FX_S64, 0, NULL, &s->step, st) ||
-        fx_op_from_host(s->device, FX_F32, 0, NULL, &no_norm, sizeof no_norm, &s->grad_norm, st) ||
-        fx_op_zeros(s->device, FX_U8, 0, NULL, &s->skipped, st))
+    const int64_t scalar[1] = {0}; /* rank 0: no dims are read */
+    if (fx_op_zeros(s->device, FX_S64, 0, scalar, &s->step, st) ||
+        fx_op_from_host(s->device, FX_F32, 0, scalar, &no_norm, sizeof no_norm, &s->grad_norm, st) ||
+        fx_op_zeros(s->device, FX_U8, 0, scalar, &s->skipped, st))
         return st->code;
     return FX_OK;
 }

@@ -15,6 +15,8 @@ int fx_cuda_scale(int dev, const fx_tensor *src, double factor, const fx_tensor 
 
 #define FX_CUDA_SSM_OPS NULL
 #define FX_CUDA_LINREC_OPS NULL
-#define FX_CUDA_OPTIM_OPS NULL
+// optim.cu
+extern const struct fx_optim_ops fx_cuda_optim_ops;
+#define FX_CUDA_OPTIM_OPS (&fx_cuda_optim_ops)
 
 #endif
