@@ -49,13 +49,18 @@ deps:
 erl: nif
 	$(REBAR3) compile
 
+# V=1 shows the full command lines.
+Q := $(if $(V),,@)
+
 $(BUILD)/%.o: %.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -I$(ERTS_INC) -c $< -o $@
+	@$(if $(Q),echo "  CC    $<")
+	$(Q)$(CC) $(CFLAGS) -I$(ERTS_INC) -c $< -o $@
 
 $(BUILD)/%.o: %.cu $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	@$(if $(Q),echo "  NVCC  $<")
+	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 $(BUILD)/libfusex_core.a: $(CORE_OBJ)
 	ar rcs $@ $^
