@@ -105,6 +105,13 @@ defmodule Fusex.Op do
 
   defp in_place_ref(%Fusex.Tensor{ref: ref, device: device}, _name, device), do: ref
 
+  # a list or map of parameters updated in place (optimizers)
+  defp in_place_ref(list, name, device) when is_list(list),
+    do: list |> Enum.with_index() |> Enum.map(fn {v, i} -> in_place_ref(v, "#{name}[#{i}]", device) end)
+
+  defp in_place_ref(map, name, device) when is_map(map) and not is_struct(map),
+    do: Map.new(map, fn {k, v} -> {k, in_place_ref(v, "#{name}.#{k}", device)} end)
+
   defp in_place_ref(%Fusex.Tensor{device: other}, name, device) do
     raise ArgumentError,
           "#{name}: expected a tensor on #{label(device)} (updated in place), got one on #{label(other)}"

@@ -149,6 +149,11 @@ defmodule FusexTest do
 
       # on its device, the handle itself is passed
       assert %FT{} = Fusex.Op.run(:add, [a: a, b: a], [], in_place: [:a])
+
+      # lists and maps of handles (optimizer parameters) are checked item by item
+      assert_raise ArgumentError, ~r/^a\[1\]: expected a %Fusex.Tensor\{\}/, fn ->
+        Fusex.Op.run(:add, [a: [a, 2.0], b: a], [], in_place: [:a])
+      end
     end
 
     test "op options become the Erlang options map, tensors converted" do
