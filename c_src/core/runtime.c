@@ -245,6 +245,10 @@ fx_addr_kind fx_registry_find(fx_device *dev, uintptr_t addr, fx_buffer **owner,
             if (ref_unless_dying(b)) {
                 *owner = b;
                 kind = FX_ADDR_LIVE;
+            } else { /* being freed right now: as good as freed */
+                freed->base = (uintptr_t)b->ptr;
+                freed->nbytes = b->nbytes;
+                kind = FX_ADDR_FREED;
             }
             break;
         }
