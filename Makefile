@@ -37,7 +37,7 @@ NVCCFLAGS  += -std=c++17 $(NVCC_GENCODE) -Iinclude -Ic_src --expt-relaxed-conste
 NIF_SO     := priv/fusex_nif.so
 CUDA_SO    := $(if $(NVCC),priv/fusex_cuda.so)
 
-.PHONY: all nif deps erl test test-c test-erl test-ex test-gpu sanitize bench demo docs clean
+.PHONY: all nif deps erl test test-c test-erl test-ex test-gpu test-ipc sanitize bench demo docs clean
 
 all: nif erl
 
@@ -98,6 +98,12 @@ test: deps
 test-gpu: all $(BUILD)/fusex_check
 	FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 $(MAKE) test-c test-erl test-ex
 	$(MAKE) sanitize
+
+# The cross-process CUDA IPC test against PyTorch alone (also part of
+# test-gpu through test-erl); skipped with the reason where there is no GPU
+# or no torch.
+test-ipc: all
+	FUSEX_DEVICE=cuda $(REBAR3) ct --suite=fusex_ipc_SUITE --readable=compact
 
 # compute-sanitizer over the C kernel tests on the GPU (memcheck, racecheck).
 sanitize: nif $(BUILD)/fusex_check

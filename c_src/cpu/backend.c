@@ -242,4 +242,13 @@ const fx_backend fx_cpu_backend = {
     .ssm = NULL,
     .linrec = NULL,
     .optim = NULL,
+    /* Local pointers are host addresses; host memory has no IPC handle
+     * here and nothing to check a foreign address against. */
+    .alloc_exportable = NULL,
+    .release_exportable = NULL,
+    .ipc_export = NULL,
+    .ipc_open = NULL,
+    .ipc_close = NULL,
+    .device_synchronize = cpu_synchronize,
+    .pointer_check = NULL,
 };

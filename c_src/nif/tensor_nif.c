@@ -176,10 +176,13 @@ static ERL_NIF_TERM nif_tensor(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv
     int64_t dims[FX_MAX_RANK];
     fx_device *dev;
     fx_tensor out = {0};
+    bool ipc;
     fx_call_init(&c, env);
     if (!fx_arg_binary(&c, argv[0], "data", &data) && !fx_arg_dtype(&c, argv[1], "type", &dtype) &&
-        !fx_arg_shape(&c, argv[2], "shape", &rank, dims) && !fx_arg_device(&c, argv[3], "device", &dev))
-        fx_op_from_host(dev, dtype, rank, dims, data.data, data.size, &out, &c.st);
+        !fx_arg_shape(&c, argv[2], "shape", &rank, dims) && !fx_arg_device(&c, argv[3], "device", &dev) &&
+        !fx_arg_bool(&c, argv[4], "ipc", &ipc))
+        fx_op_from_host_flags(dev, dtype, rank, dims, data.data, data.size,
+                              ipc ? FX_ALLOC_IPC : FX_ALLOC_DEFAULT, &out, &c.st);
     return fx_call_return_tensor(&c, &out);
 }
 
@@ -193,10 +196,11 @@ static ERL_NIF_TERM nif_zeros(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     int64_t dims[FX_MAX_RANK];
     fx_device *dev;
     fx_tensor out = {0};
+    bool ipc;
     fx_call_init(&c, env);
     if (!fx_arg_dtype(&c, argv[0], "type", &dtype) && !fx_arg_shape(&c, argv[1], "shape", &rank, dims) &&
-        !fx_arg_device(&c, argv[2], "device", &dev))
-        fx_op_zeros(dev, dtype, rank, dims, &out, &c.st);
+        !fx_arg_device(&c, argv[2], "device", &dev) && !fx_arg_bool(&c, argv[3], "ipc", &ipc))
+        fx_op_zeros_flags(dev, dtype, rank, dims, ipc ? FX_ALLOC_IPC : FX_ALLOC_DEFAULT, &out, &c.st);
     return fx_call_return_tensor(&c, &out);
 }
 
@@ -228,9 +232,11 @@ static ERL_NIF_TERM nif_copy(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
     fx_call c;
     fx_tensor t, out = {0};
     fx_device *dev;
+    bool ipc;
     fx_call_init(&c, env);
-    if (!fx_arg_tensor(&c, argv[0], "tensor", &t) && !fx_arg_device(&c, argv[1], "device", &dev))
-        fx_op_copy_to(&t, dev, &out, &c.st);
+    if (!fx_arg_tensor(&c, argv[0], "tensor", &t) && !fx_arg_device(&c, argv[1], "device", &dev) &&
+        !fx_arg_bool(&c, argv[2], "ipc", &ipc))
+        fx_op_copy_to_flags(&t, dev, ipc ? FX_ALLOC_IPC : FX_ALLOC_DEFAULT, &out, &c.st);
     return fx_call_return_tensor(&c, &out);
 }
 
