@@ -32,12 +32,12 @@ NVCC_GENCODE := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)
                 -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
 NVCCFLAGS  ?= -O3 -lineinfo
 NVCCFLAGS  += -std=c++17 $(NVCC_GENCODE) -Iinclude -Ic_src --expt-relaxed-constexpr \
-              -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror -Werror all-warnings
+              -Xcompiler -fPIC,-fvisibility=hidden,-fopenmp,-Wall,-Wextra,-Werror -Werror all-warnings
 
 NIF_SO     := priv/fusex_nif.so
 CUDA_SO    := $(if $(NVCC),priv/fusex_cuda.so)
 
-.PHONY: all nif deps erl test test-c test-erl test-ex test-gpu sanitize bench demo docs clean
+.PHONY: all nif deps erl test test-c test-erl test-ex test-gpu test-ipc sanitize bench demo docs clean
 
 all: nif erl
 
@@ -49,13 +49,18 @@ deps:
 erl: nif
 	$(REBAR3) compile
 
+# V=1 shows the full command lines.
+Q := $(if $(V),,@)
+
 $(BUILD)/%.o: %.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -I$(ERTS_INC) -c $< -o $@
+	@$(if $(Q),echo "  CC    $<")
+	$(Q)$(CC) $(CFLAGS) -I$(ERTS_INC) -c $< -o $@
 
 $(BUILD)/%.o: %.cu $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	@$(if $(Q),echo "  NVCC  $<")
+	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 $(BUILD)/libfusex_core.a: $(CORE_OBJ)
 	ar rcs $@ $^
@@ -67,7 +72,7 @@ $(NIF_SO): $(NIF_OBJ) $(BUILD)/libfusex_core.a
 # Static cudart: the backend needs only the driver (libcuda.so.1) at run time.
 priv/fusex_cuda.so: $(CUDA_OBJ)
 	@mkdir -p priv
-	$(NVCC) -shared $(NVCC_GENCODE) -cudart static -o $@ $^
+	$(NVCC) -shared $(NVCC_GENCODE) -cudart static -o $@ $^ -lgomp
 
 # ---- tests ----
 
@@ -93,6 +98,12 @@ test: deps
 test-gpu: all $(BUILD)/fusex_check
 	FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 $(MAKE) test-c test-erl test-ex
 	$(MAKE) sanitize
+
+# The cross-process CUDA IPC test against PyTorch alone (also part of
+# test-gpu through test-erl); skipped with the reason where there is no GPU
+# or no torch.
+test-ipc: all
+	FUSEX_DEVICE=cuda $(REBAR3) ct --suite=fusex_ipc_SUITE --readable=compact
 
 # compute-sanitizer over the C kernel tests on the GPU (memcheck, racecheck).
 sanitize: nif $(BUILD)/fusex_check

@@ -20,10 +20,11 @@
 -export([devices/0, default_device/0, tensor/3, tensor/4, zeros/2, zeros/3, to_binary/1,
          shape/1, type/1, device/1, copy/2, free/1, synchronize/1, memory/0, memory/1,
          convert/2, add/2, subtract/2, multiply/2, scale/2, reshape/2, size/1,
-         byte_size/1]).
--export([adamw_init/2, adamw_step/4, sgd_init/2, sgd_step/4, optimizer_info/1]).
+         byte_size/1, copy/3, to_pointer/2, to_pointer/3, from_pointer/4, copy_into/2]).
 
--export_type([tensor/0, type/0, shape/0, device/0, device_info/0]).
+-export_type([tensor/0, type/0, shape/0, device/0, device_info/0, pointer/0,
+              alloc_opts/0]).
+-export([adamw_init/2, adamw_step/4, sgd_init/2, sgd_step/4, optimizer_info/1]).
 -export_type([optimizer/0, adamw_opts/0, adamw_hyper/0, sgd_opts/0, sgd_hyper/0,
               optimizer_info/0]).
 
@@ -38,6 +39,18 @@
 -type device_info() :: #{id := device(), kind := cpu | cuda, name := binary(),
                          memory_total := non_neg_integer(),
                          memory_free := non_neg_integer(), atom() => term()}.
+
+-type pointer() :: {local, Address :: non_neg_integer()}
+                 | {local, Address :: non_neg_integer(), ByteSize :: non_neg_integer()}
+                 | {ipc, Handle :: <<_:512>>}
+                 | {ipc, Handle :: <<_:512>>, ByteSize :: non_neg_integer()}.
+%% Memory named for another library: a local address (a host address on
+%% `cpu', a device address on CUDA) or a 64-byte CUDA IPC handle
+%% (`cudaIpcMemHandle_t'), optionally with the region's size in bytes.
+-type alloc_opts() :: #{device => device(), ipc => boolean()}.
+%% `ipc => true': allocate plain `cudaMalloc' memory that
+%% {@link to_pointer/3} can export as an IPC handle (CUDA only; default
+%% false: the device's stream-ordered pool, which has no IPC handles).
 
 -define(NIF, fusex_nif).
 
@@ -98,25 +111,33 @@ tensor(Data, Type, Shape) -> tensor(Data, Type, Shape, #{}).
 %% @doc A tensor holding `Data' (row-major, native-endian, exactly the bytes
 %% the shape needs) on `device' (default: {@link default_device/0}). On a
 %% GPU the call returns once the bytes are staged; the copy completes in
-%% stream order.
--spec tensor(binary(), type(), shape(), #{device => device()}) -> tensor().
+%% stream order. `ipc => true': see {@link alloc_opts()}.
+-spec tensor(binary(), type(), shape(), alloc_opts()) -> tensor().
 tensor(Data, Type, Shape, Opts) ->
-    ?NIF:tensor(Data, Type, Shape, opt_device(Opts)).
+    {Device, Ipc} = alloc_opts(Opts),
+    ?NIF:tensor(Data, Type, Shape, Device, Ipc).
 
 %% @equiv zeros(Type, Shape, #{})
 -spec zeros(type(), shape()) -> tensor().
 zeros(Type, Shape) -> zeros(Type, Shape, #{}).
 
 %% @doc A zero-filled tensor on `device' (default: {@link default_device/0}).
--spec zeros(type(), shape(), #{device => device()}) -> tensor().
-zeros(Type, Shape, Opts) -> ?NIF:zeros(Type, Shape, opt_device(Opts)).
+%% `ipc => true': see {@link alloc_opts()}.
+-spec zeros(type(), shape(), alloc_opts()) -> tensor().
+zeros(Type, Shape, Opts) ->
+    {Device, Ipc} = alloc_opts(Opts),
+    ?NIF:zeros(Type, Shape, Device, Ipc).
 
-opt_device(Opts) when is_map(Opts) ->
-    case maps:keys(Opts) -- [device] of
-        [] -> maps:get(device, Opts, default_device());
-        Unknown -> erlang:error({badarg, unknown_opts(Unknown, [device])})
+alloc_opts(Opts) ->
+    check_opts(Opts, [device, ipc]),
+    {maps:get(device, Opts, default_device()), maps:get(ipc, Opts, false)}.
+
+check_opts(Opts, Allowed) when is_map(Opts) ->
+    case maps:keys(Opts) -- Allowed of
+        [] -> ok;
+        Unknown -> erlang:error({badarg, unknown_opts(Unknown, Allowed)})
     end;
-opt_device(Opts) ->
+check_opts(Opts, _) ->
     erlang:error({badarg, iolist_to_binary(io_lib:format("opts: expected a map, got ~0tP",
                                                          [Opts, 10]))}).
 
@@ -153,9 +174,17 @@ byte_size(T) ->
 
 tuple_product(Shape) -> lists:foldl(fun(D, Acc) -> D * Acc end, 1, tuple_to_list(Shape)).
 
-%% @doc A copy of the tensor on `Device' (which may be its own device).
+%% @equiv copy(T, Device, #{})
 -spec copy(tensor(), device()) -> tensor().
-copy(T, Device) -> ?NIF:copy(T, Device).
+copy(T, Device) -> copy(T, Device, #{}).
+
+%% @doc A copy of the tensor on `Device' (which may be its own device).
+%% `ipc => true' makes the copy exportable by {@link to_pointer/3} as an
+%% IPC handle (see {@link alloc_opts()}).
+-spec copy(tensor(), device(), #{ipc => boolean()}) -> tensor().
+copy(T, Device, Opts) ->
+    check_opts(Opts, [ipc]),
+    ?NIF:copy(T, Device, maps:get(ipc, Opts, false)).
 
 %% @doc Releases the tensor's device memory now instead of at garbage
 %% collection. Idempotent; any later use of the handle raises
@@ -206,6 +235,69 @@ scale(T, Factor) -> ?NIF:scale(T, Factor).
 -spec reshape(tensor(), shape()) -> tensor().
 reshape(T, Shape) -> ?NIF:reshape(T, Shape).
 
+%% @equiv to_pointer(T, Kind, #{})
+-spec to_pointer(tensor(), local | ipc) ->
+          {local, non_neg_integer(), non_neg_integer()} | {ipc, <<_:512>>, non_neg_integer()}.
+to_pointer(T, Kind) -> to_pointer(T, Kind, #{}).
+
+%% @doc The tensor's memory, for another library or process, with its size
+%% in bytes: `{local, Address, ByteSize}' (the address of the first element:
+%% a host address on `cpu', a device address on CUDA; what EXLA's
+%% `Nx.from_pointer/5' takes as `kind: :local') or `{ipc, Handle,
+%% ByteSize}' (a 64-byte `cudaIpcMemHandle_t' of the tensor's own
+%% allocation, so the importer maps it at offset 0; needs a tensor
+%% allocated with `ipc => true').
+%%
+%% The memory stays fusex's: keep the tensor alive while others use it.
+%% With `sync => true' (the default) the call first waits for the work
+%% fusex has queued on the device, so a reader on another stream or in
+%% another process sees final values. Memory whose address was handed out
+%% is returned to the allocator only after a device-wide synchronize, so a
+%% reader in this process that is still running is not raced.
+-spec to_pointer(tensor(), local | ipc, #{sync => boolean()}) ->
+          {local, non_neg_integer(), non_neg_integer()} | {ipc, <<_:512>>, non_neg_integer()}.
+to_pointer(T, Kind, Opts) ->
+    check_opts(Opts, [sync]),
+    ?NIF:to_pointer(T, Kind, maps:get(sync, Opts, true)).
+
+%% @doc A tensor over memory someone else owns: a borrowed view that fusex
+%% never frees. Ops read and write it in place. Options:
+%% <ul>
+%% <li>`device' (default {@link default_device/0}): the device the memory
+%% belongs to.</li>
+%% <li>`sync' (default `true'): before the call returns, the whole device
+%% is synchronized (`cudaDeviceSynchronize'), so work that other libraries
+%% of this node (EXLA, ...) queued on their own streams is complete before
+%% fusex first touches the memory. Pass `false' only when you have ordered
+%% that work yourself. Work of another process is not covered: the exporter
+%% must have finished writing before it sent the handle.</li>
+%% <li>`offset' (ipc only, default 0): the byte offset of the tensor within
+%% the allocation the handle names (an IPC handle always names a whole
+%% allocation; PyTorch reports a storage's offset beside its handle).</li>
+%% </ul>
+%% Checks: a null address, one not aligned to the element size, or a
+%% region smaller than the shape needs (when the pointer carries a size)
+%% raise `badarg'. A local address inside a live fusex tensor must fit
+%% inside it, and the view then keeps that memory alive; an address inside
+%% memory fusex has freed is refused as a use-after-free. Foreign CUDA
+%% addresses are checked to be memory of that device and, as far as the
+%% driver reports, to hold the region. Foreign host addresses cannot be
+%% checked beyond null and alignment. An IPC mapping is closed when the
+%% view is freed or collected. See docs/INTEROP.md.
+-spec from_pointer(pointer(), type(), shape(),
+                   #{device => device(), sync => boolean(), offset => non_neg_integer()}) ->
+          tensor().
+from_pointer(Pointer, Type, Shape, Opts) ->
+    check_opts(Opts, [device, sync, offset]),
+    ?NIF:from_pointer(Pointer, Type, Shape, maps:get(device, Opts, default_device()),
+                      maps:get(sync, Opts, true), maps:get(offset, Opts, 0)).
+
+%% @doc Copies `Src' into `Dst' in place (same device, type and shape). The
+%% way a result reaches memory fusex does not own: a view made by
+%% {@link from_pointer/4} of another library's tensor. Stream-ordered like
+%% every op; {@link synchronize/1} before another library reads `Dst'.
+-spec copy_into(tensor(), tensor()) -> ok.
+copy_into(Src, Dst) -> ?NIF:copy_into(Src, Dst).
 %% ---- optimizers ----
 
 -type optimizer() :: #{optimizer := adamw | sgd, ref := reference(), device := device(),

@@ -4,9 +4,10 @@
 -module(fusex_nif).
 
 -export([devices/0, shape/1, type/1, device/1, free/1, is_live/1, memory/1, reshape/2,
-         nop/0, dirty_nop/0, tensor/4, zeros/3, to_binary/1, copy/2, synchronize/1,
+         nop/0, dirty_nop/0, tensor/5, zeros/4, to_binary/1, copy/3, synchronize/1,
          convert/2, binary_op/3, scale/2, event_new/1, event_record/1,
-         event_elapsed_us/2, busy_wait/2, priv_dir/0]).
+         event_elapsed_us/2, busy_wait/2, priv_dir/0, to_pointer/3, from_pointer/6,
+         copy_into/2]).
 -export([optim_init/3, optim_step/5]).
 
 -on_load(init/0).
@@ -38,10 +39,10 @@ memory(_Device) -> ?NOT_LOADED.
 reshape(_T, _Shape) -> ?NOT_LOADED.
 nop() -> ?NOT_LOADED.
 dirty_nop() -> ?NOT_LOADED.
-tensor(_Data, _Type, _Shape, _Device) -> ?NOT_LOADED.
-zeros(_Type, _Shape, _Device) -> ?NOT_LOADED.
+tensor(_Data, _Type, _Shape, _Device, _Ipc) -> ?NOT_LOADED.
+zeros(_Type, _Shape, _Device, _Ipc) -> ?NOT_LOADED.
 to_binary(_T) -> ?NOT_LOADED.
-copy(_T, _Device) -> ?NOT_LOADED.
+copy(_T, _Device, _Ipc) -> ?NOT_LOADED.
 synchronize(_TensorOrDevice) -> ?NOT_LOADED.
 convert(_T, _Type) -> ?NOT_LOADED.
 binary_op(_Op, _A, _B) -> ?NOT_LOADED.
@@ -50,5 +51,8 @@ event_new(_Device) -> ?NOT_LOADED.
 event_record(_Event) -> ?NOT_LOADED.
 event_elapsed_us(_Start, _Stop) -> ?NOT_LOADED.
 busy_wait(_Device, _Us) -> ?NOT_LOADED.
+to_pointer(_T, _Kind, _Sync) -> ?NOT_LOADED.
+from_pointer(_Pointer, _Type, _Shape, _Device, _Sync, _Offset) -> ?NOT_LOADED.
+copy_into(_Src, _Dst) -> ?NOT_LOADED.
 optim_init(_Kind, _Params, _Opts) -> ?NOT_LOADED.
 optim_step(_Kind, _State, _Params, _Grads, _Hyper) -> ?NOT_LOADED.

@@ -2,7 +2,7 @@
 %% data, encoding values of every type, and rel-L2 comparison.
 -module(fusex_test_util).
 
--export([device/0, seed/0, uniform/3, normal/1, encode/2, decode/2, tensor/3, tensor/4,
+-export([settled_memory/1, device/0, seed/0, uniform/3, normal/1, encode/2, decode/2, tensor/3, tensor/4,
          values/1, rel_l2/2, assert_close/3, poisoned/2, poisoned/3]).
 
 %% The device the suites run on: the default device (FUSEX_DEVICE), which
@@ -89,4 +89,19 @@ assert_close(Got, Want, Tol) ->
     case rel_l2(Got, Want) of
         Err when is_float(Err), Err =< Tol -> ok;
         Err -> error({not_close, #{rel_l2 => Err, tolerance => Tol}})
+    end.
+
+%% The device's memory counters once no destructor is pending: garbage
+%% collect, then read until two readings 10 ms apart agree (tensors of
+%% exited processes are destroyed asynchronously).
+settled_memory(Device) -> settled_memory(Device, fusex:memory(Device), 100).
+
+settled_memory(_Device, Last, 0) -> Last;
+settled_memory(Device, Last, Tries) ->
+    erlang:garbage_collect(),
+    ok = fusex:synchronize(Device),
+    timer:sleep(10),
+    case fusex:memory(Device) of
+        Now when Now =:= Last -> Now;
+        Now -> settled_memory(Device, Now, Tries - 1)
     end.

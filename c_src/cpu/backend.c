@@ -17,6 +17,8 @@ static int cpu_init(fx_status *st)
     return FX_OK;
 }
 
+static void cpu_shutdown(void) {}
+
 static int cpu_device_count(void) { return 1; }
 
 static int cpu_device_info(int dev, fx_device_info *info, fx_status *st)
@@ -68,6 +70,14 @@ static int cpu_synchronize(int dev, fx_status *st)
 {
     (void)dev;
     (void)st;
+    return FX_OK;
+}
+
+static int cpu_is_idle(int dev, int *idle, fx_status *st)
+{
+    (void)dev;
+    (void)st;
+    *idle = 1; /* CPU work is synchronous */
     return FX_OK;
 }
 
@@ -210,6 +220,7 @@ const fx_backend fx_cpu_backend = {
     .struct_size = sizeof(fx_backend),
     .name = "cpu",
     .init = cpu_init,
+    .shutdown = cpu_shutdown,
     .device_count = cpu_device_count,
     .device_info = cpu_device_info,
     .alloc = cpu_alloc,
@@ -219,6 +230,7 @@ const fx_backend fx_cpu_backend = {
     .copy = cpu_memcpy,
     .fill_zero = cpu_fill_zero,
     .synchronize = cpu_synchronize,
+    .is_idle = cpu_is_idle,
     .event_create = cpu_event_create,
     .event_destroy = cpu_event_destroy,
     .event_record = cpu_event_record,
@@ -230,4 +242,13 @@ const fx_backend fx_cpu_backend = {
     .ssm = NULL,
     .linrec = NULL,
     .optim = &fx_cpu_optim_ops,
+    /* Local pointers are host addresses; host memory has no IPC handle
+     * here and nothing to check a foreign address against. */
+    .alloc_exportable = NULL,
+    .release_exportable = NULL,
+    .ipc_export = NULL,
+    .ipc_open = NULL,
+    .ipc_close = NULL,
+    .device_synchronize = cpu_synchronize,
+    .pointer_check = NULL,
 };

@@ -172,6 +172,7 @@ ERL_NIF_TERM fx_make_tensor(fx_call *c, fx_tensor *t)
 {
     fx_handle *h = enif_alloc_resource(fx_tensor_type, sizeof *h);
     if (!h) {
+        fx_tensor_release(t);
         fx_fail(&c->st, FX_ENOMEM, "out of host memory for a tensor handle");
         return enif_make_badarg(c->env);
     }
@@ -179,6 +180,15 @@ ERL_NIF_TERM fx_make_tensor(fx_call *c, fx_tensor *t)
     ERL_NIF_TERM term = enif_make_resource(c->env, h);
     enif_release_resource(h);
     return term;
+}
+
+ERL_NIF_TERM fx_call_return_tensor(fx_call *c, fx_tensor *out)
+{
+    if (c->st.code != FX_OK) {
+        fx_tensor_release(out);
+        return fx_call_finish(c, 0);
+    }
+    return fx_call_finish(c, fx_make_tensor(c, out));
 }
 
 /* ---- scalars and descriptors ---- */

@@ -40,10 +40,10 @@ FX_ENTRY(nif_busy_wait);
     {"reshape", 2, nif_reshape, 0},                                  \
     {"nop", 0, nif_nop, 0},                                          \
     {"dirty_nop", 0, nif_nop, ERL_NIF_DIRTY_JOB_IO_BOUND},           \
-    {"tensor", 4, nif_tensor_entry, 0},                              \
-    {"zeros", 3, nif_zeros_entry, 0},                                \
+    {"tensor", 5, nif_tensor_entry, 0},                              \
+    {"zeros", 4, nif_zeros_entry, 0},                                \
     {"to_binary", 1, nif_to_binary_entry, 0},                        \
-    {"copy", 2, nif_copy_entry, 0},                                  \
+    {"copy", 3, nif_copy_entry, 0},                                  \
     {"synchronize", 1, nif_synchronize_entry, 0},                    \
     {"convert", 2, nif_convert_entry, 0},                            \
     {"binary_op", 3, nif_binary_entry, 0},                           \
@@ -52,6 +52,16 @@ FX_ENTRY(nif_busy_wait);
     {"event_record", 1, nif_event_record_entry, 0},                  \
     {"event_elapsed_us", 2, nif_event_elapsed_entry, 0},             \
     {"busy_wait", 2, nif_busy_wait_entry, 0}
+
+/* pointer_nif.c */
+FX_ENTRY(nif_to_pointer);
+FX_ENTRY(nif_from_pointer);
+FX_ENTRY(nif_copy_into);
+
+#define FX_POINTER_NIFS                                              \
+    {"to_pointer", 3, nif_to_pointer_entry, 0},                      \
+    {"from_pointer", 6, nif_from_pointer_entry, 0},                  \
+    {"copy_into", 2, nif_copy_into_entry, 0}
 
 /* optim_nif.c */
 FX_ENTRY(nif_optim_init);

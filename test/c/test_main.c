@@ -24,11 +24,13 @@ int main(void)
     SRunner *sr = srunner_create(fx_suite_dtype());
     srunner_add_suite(sr, fx_suite_runtime());
     srunner_add_suite(sr, fx_suite_ops());
+    srunner_add_suite(sr, fx_suite_pointer());
     srunner_add_suite(sr, fx_suite_optim());
     if (dev->kind == FX_DEVICE_CUDA)
         srunner_set_fork_status(sr, CK_NOFORK);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
+    fx_runtime_shutdown();
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One call on the GPU machine does a whole pass: build, the test suites
+# forced onto CUDA, compute-sanitizer, benchmarks. Logs go under $OUT (at
+# most 8 files come back). Steps can be picked: tools/gpu-run.sh build test-c bench
+set -uo pipefail
+OUT=${OUT:-/tmp/fusex-out}
+mkdir -p "$OUT"
+export PATH=/usr/local/cuda/bin:/usr/lib/erlang/bin:$PATH
+export FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1
+steps=${*:-build test-c test-erl test-ex sanitize bench}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,clocks.mem \
+    --format=csv > "$OUT/gpu.txt" 2>&1
+echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown) $(date -u +%FT%TZ)" >> "$OUT/gpu.txt"
+cat "$OUT/gpu.txt"
+
+failed=0
+step() {
+    local name=$1; shift
+    local start=$SECONDS
+    "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "== $name: rc=$rc in $((SECONDS - start))s"
+    tail -n "${TAIL:-12}" "$OUT/$name.log"
+    [ $rc -eq 0 ] || failed=1
+}
+
+for s in $steps; do
+    case $s in
+    build) step build make -j16 all build/fusex_check ;;
+    test-c) step test-c make test-c ;;
+    test-erl) step test-erl make test-erl
+              [ -f rebar3.crashdump ] && cp rebar3.crashdump "$OUT/rebar3.crashdump" ;;
+    test-ex) step test-ex make test-ex ;;
+    sanitize) step sanitize make sanitize ;;
+    bench) step bench make bench BENCH_ARGS="--device cuda --out $OUT/bench.md ${BENCH_ARGS:-}" ;;
+    *) echo "unknown step $s"; failed=1 ;;
+    esac
+done
+exit $failed
