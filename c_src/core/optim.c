@@ -432,11 +432,11 @@ static int check_step_lists(const fx_optim_state *s, const fx_tensor *params, un
                             const fx_tensor *grads, unsigned ng, fx_status *st)
 {
     if (np != s->n)
-        return fx_fail(st, FX_EBADARG, "params: expected a list of %u tensors (as given to %s), got %u",
-                       s->n, fx_optim_init_name(s->kind), np);
+        return fx_fail(st, FX_EBADARG, "params: expected a list of %u %s (as given to %s), got %u",
+                       s->n, s->n == 1 ? "tensor" : "tensors", fx_optim_init_name(s->kind), np);
     if (ng != np)
-        return fx_fail(st, FX_EBADARG, "grads: expected a list of %u tensors (one per param), got %u",
-                       np, ng);
+        return fx_fail(st, FX_EBADARG, "grads: expected a list of %u %s (one per param), got %u", np,
+                       np == 1 ? "tensor" : "tensors", ng);
     for (unsigned i = 0; i < np; i++) {
         if (!param_ok(s, &params[i], i))
             return fail_param(s, &params[i], i, st);
