@@ -85,6 +85,8 @@ typedef struct fx_optim_args {
     fx_dtype grad_dtype;  /* f32, bf16 or f16 */
     uint32_t ntensors;
     int64_t nchunks;      /* 0 when every tensor is empty: the step still counts */
+    int64_t blocks;       /* blocks per pass, 1..fx_optim_blocks(nchunks); fewer than
+                           * nchunks means each block strides over several chunks */
     /* Whether the norm pass runs: clip or skip_nonfinite. Without it the
      * step reports no norm (grad_norm = -1) and never skips. */
     bool prepass;

@@ -206,6 +206,7 @@ static int plan_table(fx_optim_state *s, const fx_tensor *params, fx_status *st)
                        "params: expected at most %lld elements in all, got %lld chunks of %d",
                        (long long)INT32_MAX * FX_OPTIM_CHUNK, (long long)total, FX_OPTIM_CHUNK);
     s->nchunks = total;
+    s->max_blocks = FX_OPTIM_MAX_BLOCKS;
     s->chunk_tensor = malloc(sizeof *s->chunk_tensor * (size_t)(total ? total : 1));
     if (!s->chunk_tensor)
         return fx_fail(st, FX_ENOMEM, "out of host memory for %lld work items", (long long)total);
@@ -505,6 +506,9 @@ static void fill_args(const fx_optim_state *s, const fx_optim_hyper *h, fx_dtype
     a->grad_dtype = grad_dtype;
     a->ntensors = s->n;
     a->nchunks = s->nchunks;
+    a->blocks = fx_optim_blocks(s->nchunks);
+    if (a->blocks > s->max_blocks)
+        a->blocks = s->max_blocks > 0 ? s->max_blocks : 1;
     a->prepass = h->clip || h->skip_nonfinite;
     a->slots = s->host_slots;
     a->chunk_tensor = s->chunk_tensor;

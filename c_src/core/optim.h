@@ -25,6 +25,7 @@ typedef struct fx_optim_state {
     fx_optim_hyper defaults; /* the init options: each step starts from these */
     uint32_t n;             /* parameter tensors */
     int64_t nchunks;
+    int64_t max_blocks;     /* FX_OPTIM_MAX_BLOCKS; tests lower it to exercise striding */
 
     fx_tensor *shapes;      /* params' rank and dims at init (no buffers) */
     /* Per tensor, each array n long; unused ones hold zeroed tensors. */

@@ -399,7 +399,7 @@ static int cuda_optim_step(int dev, const fx_optim_args *a, fx_status *st)
     fx_cuda_device *d = fx_cuda_enter(dev, st);
     if (!d)
         return st->code;
-    unsigned blocks = (unsigned)fx_optim_blocks(a->nchunks);
+    unsigned blocks = (unsigned)a->blocks;
     int rc = FX_OK;
     if (a->prepass)
         rc = fx_dispatch_float(a->grad_dtype, [&](auto *g_tag) {

@@ -732,6 +732,63 @@ START_TEST(many_tensors)
 }
 END_TEST
 
+/* More chunks than blocks: each block strides over several chunks (what
+ * a model above FX_OPTIM_MAX_BLOCKS chunks, ~268M params, does), in both
+ * passes, against the CPU backend. */
+START_TEST(blocks_stride_over_chunks)
+{
+    fx_device *dev = fx_test_device(), *cpu = fx_cpu_device();
+    int64_t sizes[3] = {3 * FX_OPTIM_CHUNK + 5, 7, 2 * FX_OPTIM_CHUNK};
+    for (int kind = 0; kind < 2; kind++)
+        for (int64_t blocks = 1; blocks <= 4; blocks++) {
+            fx_tensor p[3], pc[3], g[3], gc[3];
+            for (int i = 0; i < 3; i++) {
+                double *v = malloc(sizeof(double) * (size_t)sizes[i]);
+                fx_fill_uniform(v, sizes[i], -1, 1);
+                fx_test_tensor(dev, FX_F32, 1, &sizes[i], v, &p[i]);
+                fx_test_tensor(cpu, FX_F32, 1, &sizes[i], v, &pc[i]);
+                free(v);
+            }
+            fx_optim_config cfg = {fx_optim_default_hyper((fx_optim_kind)kind), false};
+            cfg.defaults.momentum = 0.9;
+            cfg.defaults.clip = true;
+            cfg.defaults.max_grad_norm = 5;
+            fx_optim_state *s = init_ok((fx_optim_kind)kind, p, 3, &cfg);
+            fx_optim_state *sc = init_ok((fx_optim_kind)kind, pc, 3, &cfg);
+            ck_assert_int_eq(s->nchunks, 7);
+            s->max_blocks = blocks;
+            for (int step = 0; step < 3; step++) {
+                for (int i = 0; i < 3; i++) {
+                    double *v = malloc(sizeof(double) * (size_t)sizes[i]);
+                    for (int64_t j = 0; j < sizes[i]; j++)
+                        v[j] = fx_rand_normal() * 0.1;
+                    fx_test_tensor(dev, FX_F32, 1, &sizes[i], v, &g[i]);
+                    fx_test_tensor(cpu, FX_F32, 1, &sizes[i], v, &gc[i]);
+                    free(v);
+                }
+                step_ok(s, p, g, 3, &cfg.defaults);
+                step_ok(sc, pc, gc, 3, &cfg.defaults);
+                ck_assert_msg(fabs(read_norm(s) - read_norm(sc)) <= 1e-6 * read_norm(sc),
+                              "norm %.9g vs cpu %.9g with %lld blocks", read_norm(s), read_norm(sc),
+                              (long long)blocks);
+                release_list(g, 3);
+                release_list(gc, 3);
+            }
+            for (int i = 0; i < 3; i++) {
+                double *got = fx_test_read(&p[i]), *want = fx_test_read(&pc[i]);
+                fx_assert_close(got, want, sizes[i], 1e-6);
+                free(got);
+                free(want);
+            }
+            ck_assert_int_eq(read_step(s), 3);
+            fx_optim_state_free(s);
+            fx_optim_state_free(sc);
+            release_list(p, 3);
+            release_list(pc, 3);
+        }
+}
+END_TEST
+
 /* ---- skip on non-finite gradients: not one byte changes ---- */
 
 typedef struct snapshot {
@@ -1196,6 +1253,7 @@ Suite *fx_suite_optim(void)
     tcase_add_test(edges, nonfinite_without_skip_propagates);
     tcase_add_test(edges, reported_norm_matches);
     tcase_add_test(edges, misaligned_tensors);
+    tcase_add_test(edges, blocks_stride_over_chunks);
     tcase_add_test(edges, empty_tensors_still_count);
     tcase_add_test(edges, init_validation);
     tcase_add_test(edges, hyper_validation);
