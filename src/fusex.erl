@@ -354,8 +354,9 @@ copy_into(Src, Dst) -> ?NIF:copy_into(Src, Dst).
 %% and the step count (0). Parameters are f32; {bf,16} or {f,16}
 %% parameters need `master_weights => true', which keeps an f32 master copy
 %% of each (made from the parameters now): steps update the master and
-%% write the parameter rounded from it. (`master_weights' has no effect on
-%% f32 parameters.)
+%% write the parameter rounded from it; the master is the truth from then on
+%% (a value written into the parameter otherwise is overwritten by the next
+%% step). `master_weights' has no effect on f32 parameters.
 %%
 %% `Opts' are the hyperparameters every {@link adamw_step/4} starts from
 %% (see {@link adamw_hyper()}); `amsgrad' is fixed here. The formulas are in
