@@ -62,21 +62,41 @@ defmodule Fusex.Optim do
   alias Fusex.Op
 
   def init(fun, params, opts),
-    do: Op.run(fun, [params: params], keywords(opts), erl_opts: true, in_place: [:params])
+    do:
+      Op.run(fun, [params: params], device_of(params) ++ keywords(opts),
+        erl_opts: true,
+        in_place: [:params]
+      )
 
   # The Erlang step returns the state it was given (its tensors changed in
   # place), so the result is not delivered again: that would wrap every
   # handle anew, or, with Nx gradients, copy the state off the device.
   def step(fun, state, params, grads, hyper) do
-    _ = Op.run(fun, [state: state, params: params, grads: grads], [resident: true] ++ keywords(hyper),
-          erl_opts: true,
-          in_place: [:params]
-        )
+    opts = [resident: true] ++ device_of(params) ++ keywords(hyper)
+
+    _ =
+      Op.run(fun, [state: state, params: params, grads: grads], opts,
+        erl_opts: true,
+        in_place: [:params]
+      )
 
     state
   end
 
-  def info(state), do: Op.run(:optimizer_info, [state: state], [])
+  # Reads the state's own tensors where they are (no conversion, no copy).
+  def info(state) when is_map(state),
+    do: Fusex.Erl.call(:optimizer_info, [Map.new(state, fn {k, v} -> {k, unwrap(v)} end)])
+
+  def info(other), do: Fusex.Erl.call(:optimizer_info, [other])
+
+  defp unwrap(%Fusex.Tensor{ref: ref}), do: ref
+  defp unwrap(list) when is_list(list), do: Enum.map(list, &unwrap/1)
+  defp unwrap(other), do: other
+
+  # Op.run finds the device in top-level tensor arguments only; the
+  # parameters come as a list.
+  defp device_of([%Fusex.Tensor{device: device} | _]), do: [device: device]
+  defp device_of(_), do: []
 
   defp keywords(opts) when is_map(opts), do: Enum.to_list(opts)
   defp keywords(opts), do: opts

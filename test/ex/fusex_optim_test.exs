@@ -16,7 +16,9 @@ defmodule FusexOptimTest do
     grads = for _ <- 1..3, do: Enum.map(sizes, &random/1)
     params = Enum.zip(values, sizes) |> Enum.map(fn {v, n} -> handle(v, {n}) end)
     erl_params = Enum.zip(values, sizes) |> Enum.map(fn {v, n} -> handle(v, {n}).ref end)
-    {params, erl_params, for(gs <- grads, do: Enum.zip(gs, sizes) |> Enum.map(fn {g, n} -> handle(g, {n}) end))}
+
+    {params, erl_params,
+     for(gs <- grads, do: Enum.zip(gs, sizes) |> Enum.map(fn {g, n} -> handle(g, {n}) end))}
   end
 
   for {mod, erl_init, erl_step, opts} <- [
@@ -53,6 +55,13 @@ defmodule FusexOptimTest do
     end
 
     state = Fusex.SGD.init(params, %{momentum: 0.5})
+    assert %{step: 0, skipped: false, grad_norm: :undefined} = Fusex.SGD.info(state)
+
+    assert_raise ArgumentError,
+                 ~r/^state: expected an optimizer state from adamw_init\/2 or sgd_init\/2/,
+                 fn ->
+                   Fusex.AdamW.info(:nothing)
+                 end
 
     assert_raise ArgumentError, "grads: expected a list of 1 tensor (one per param), got 2", fn ->
       Fusex.SGD.step(state, params, grads ++ grads)
