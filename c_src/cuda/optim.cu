@@ -192,8 +192,11 @@ template <typename G> __global__ void __launch_bounds__(OPTIM_THREADS) norm_kern
 {
     double sum = 0;
     bool bad = false;
-    for (int64_t chunk = blockIdx.x; chunk < a.nchunks; chunk += gridDim.x) {
-        span s = chunk_span(a, chunk);
+    // Backwards through the work list: the gradients read last are the
+    // list's first chunks, which the update pass reads first, while they
+    // are still in L2.
+    for (int64_t k = blockIdx.x; k < a.nchunks; k += gridDim.x) {
+        span s = chunk_span(a, a.nchunks - 1 - k);
         sum_squares(static_cast<const G *>(s.slot->grad) + s.begin, s.len, sum, bad);
     }
     sum = block_sum(sum);
