@@ -7,6 +7,8 @@
          nop/0, dirty_nop/0, tensor/4, zeros/3, to_binary/1, copy/2, synchronize/1,
          convert/2, binary_op/3, scale/2, event_new/1, event_record/1,
          event_elapsed_us/2, busy_wait/2, priv_dir/0]).
+-export([linear_scan/3, mingru/3, minlstm/4, liquid/4, linrec_backward/4,
+         linear_scan_step/4, mingru_step/4, minlstm_step/5, liquid_step/5]).
 
 -on_load(init/0).
 
@@ -49,3 +51,12 @@ event_new(_Device) -> ?NOT_LOADED.
 event_record(_Event) -> ?NOT_LOADED.
 event_elapsed_us(_Start, _Stop) -> ?NOT_LOADED.
 busy_wait(_Device, _Us) -> ?NOT_LOADED.
+linear_scan(_A, _B, _Opts) -> ?NOT_LOADED.
+mingru(_ZLogits, _Cand, _Opts) -> ?NOT_LOADED.
+minlstm(_FLogits, _ILogits, _Cand, _Opts) -> ?NOT_LOADED.
+liquid(_FLogits, _Tau, _A, _Opts) -> ?NOT_LOADED.
+linrec_backward(_Op, _Dh, _Ctx, _Opts) -> ?NOT_LOADED.
+linear_scan_step(_State, _A, _B, _Opts) -> ?NOT_LOADED.
+mingru_step(_State, _ZLogits, _Cand, _Opts) -> ?NOT_LOADED.
+minlstm_step(_State, _FLogits, _ILogits, _Cand, _Opts) -> ?NOT_LOADED.
+liquid_step(_State, _FLogits, _Tau, _A, _Opts) -> ?NOT_LOADED.

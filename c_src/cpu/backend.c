@@ -228,6 +228,6 @@ const fx_backend fx_cpu_backend = {
     .binary = cpu_binary,
     .scale = cpu_scale,
     .ssm = NULL,
-    .linrec = NULL,
+    .linrec = &fx_cpu_linrec_ops,
     .optim = NULL,
 };

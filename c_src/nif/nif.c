@@ -80,6 +80,7 @@ ERL_NIF_TERM fx_schedule_dirty(ErlNifEnv *env, const char *name, fx_nif_fn *fn, 
 
 static ErlNifFunc nif_funcs[] = {
     FX_TENSOR_NIFS,
+    FX_LINREC_NIFS,
 };
 
 ERL_NIF_INIT(fusex_nif, nif_funcs, on_load, NULL, on_upgrade, NULL)
