@@ -24,6 +24,7 @@ int main(void)
     SRunner *sr = srunner_create(fx_suite_dtype());
     srunner_add_suite(sr, fx_suite_runtime());
     srunner_add_suite(sr, fx_suite_ops());
+    srunner_add_suite(sr, fx_suite_linrec());
     if (dev->kind == FX_DEVICE_CUDA)
         srunner_set_fork_status(sr, CK_NOFORK);
     srunner_run_all(sr, CK_NORMAL);
