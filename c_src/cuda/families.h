@@ -14,7 +14,9 @@ int fx_cuda_scale(int dev, const fx_tensor *src, double factor, const fx_tensor 
                   fx_status *st);
 
 #define FX_CUDA_SSM_OPS NULL
-#define FX_CUDA_LINREC_OPS NULL
+// linrec.cu
+extern const struct fx_linrec_ops fx_cuda_linrec_ops;
+#define FX_CUDA_LINREC_OPS (&fx_cuda_linrec_ops)
 #define FX_CUDA_OPTIM_OPS NULL
 
 #endif
