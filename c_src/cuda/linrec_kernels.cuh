@@ -471,12 +471,14 @@ struct plan {
 // is even; one otherwise. Time tiles of up to kMaxWarps warps * `steps`;
 // fewer, shorter tiles when that leaves the GPU idle. Tests shrink the
 // tiles with max_tile_steps to reach the look-back on small inputs.
+// `force_vec` (tools/cuda_emu only): 1 or 2 channels per lane whatever the
+// dtype.
 inline plan make_plan(const fx_cuda_device *d, const fx_linrec_problem *p, int elements,
-                      int max_tile_steps)
+                      int max_tile_steps, int force_vec = 0)
 {
     plan pl;
     bool half = p->dtype == FX_BF16 || p->dtype == FX_F16;
-    pl.vec = half && p->hidden % 2 == 0 ? 2 : 1;
+    pl.vec = force_vec ? force_vec : half && p->hidden % 2 == 0 ? 2 : 1;
     const int capacity = elements / pl.vec; // the kernel's steps per thread
     pl.htiles = (p->hidden + 32 * pl.vec - 1) / (32 * pl.vec);
     pl.ctiles = p->batch * pl.htiles;

@@ -77,16 +77,17 @@ struct lr_case {
     int kind;
     int64_t B, L, H;
     int reverse, cand_g, h0, dstate, dt_tensor, max_tile, concurrent;
+    int vec; // channels per lane: 1, or 2 as for bf16/f16 (hidden even)
 };
 
 std::string describe(const lr_case &c)
 {
     char text[256];
-    snprintf(text, sizeof text, "%s B%lld L%lld H%lld%s%s%s%s%s tile=%d blocks=%d",
+    snprintf(text, sizeof text, "%s B%lld L%lld H%lld%s%s%s%s%s tile=%d blocks=%d vec=%d",
              (const char *[]){"linear_scan", "mingru", "minlstm", "liquid"}[c.kind], (long long)c.B,
              (long long)c.L, (long long)c.H, c.reverse ? " reverse" : "", c.cand_g ? " g" : "",
              c.h0 ? " h0" : "", c.dstate ? " dstate" : "", c.dt_tensor ? " dt=tensor" : "", c.max_tile,
-             c.concurrent);
+             c.concurrent, c.vec);
     return text;
 }
 
@@ -96,12 +97,12 @@ std::vector<char> scratch;
 uint32_t epoch;
 int failures;
 
-void prepare(fxscan::tiling &t)
+void prepare(fxscan::tiling &t, int width)
 {
-    size_t need = lookback_bytes(t, 32);
+    size_t need = lookback_bytes(t, width);
     if (need > scratch.size())
         scratch.assign(need, 0);
-    carve_lookback(scratch.data(), 32, ++epoch, t);
+    carve_lookback(scratch.data(), width, ++epoch, t);
 }
 
 void check_ticket(const fxscan::tiling &t, const lr_case &c)
@@ -116,27 +117,35 @@ void check_ticket(const fxscan::tiling &t, const lr_case &c)
 template <int KIND> void emu_forward(const fx_linrec_fwd_args *a, const lr_case &c)
 {
     fx_cuda_device d = {132};
-    plan pl = make_plan(&d, &a->p, kFwdSteps, a->max_tile_steps);
+    plan pl = make_plan(&d, &a->p, kFwdSteps, a->max_tile_steps, c.vec);
     fxscan::tiling t = make_tiling(&a->p, pl, a->p.reverse);
     const fwd_params prm = make_fwd_params(a);
     if (t.ttiles > 1)
-        prepare(t);
-    emu_launch((unsigned)(t.ctiles * t.ttiles), 32 * t.warps, c.concurrent,
-               [&] { forward_kernel<KIND, float, 1, kFwdSteps>(prm, t); });
+        prepare(t, 32 * pl.vec);
+    emu_launch((unsigned)(t.ctiles * t.ttiles), 32 * t.warps, c.concurrent, [&] {
+        if (pl.vec == 2)
+            forward_kernel<KIND, float, 2, kFwdSteps / 2>(prm, t);
+        else
+            forward_kernel<KIND, float, 1, kFwdSteps>(prm, t);
+    });
     check_ticket(t, c);
 }
 
 template <int KIND> void emu_backward(const fx_linrec_bwd_args *a, const lr_case &c)
 {
     fx_cuda_device d = {132};
-    plan pl = make_plan(&d, &a->p, kBwdSteps, a->max_tile_steps);
+    plan pl = make_plan(&d, &a->p, kBwdSteps, a->max_tile_steps, c.vec);
     fxscan::tiling t = make_tiling(&a->p, pl, !a->p.reverse);
     std::vector<float> sums((size_t)sum_count(a), 0.f);
     const bwd_params prm = make_bwd_params(a, KIND == FX_LINREC_LIQUID ? sums.data() : nullptr);
     if (t.ttiles > 1)
-        prepare(t);
-    emu_launch((unsigned)(t.ctiles * t.ttiles), 32 * t.warps, c.concurrent,
-               [&] { backward_kernel<KIND, float, 1, kBwdSteps>(prm, t); });
+        prepare(t, 32 * pl.vec);
+    emu_launch((unsigned)(t.ctiles * t.ttiles), 32 * t.warps, c.concurrent, [&] {
+        if (pl.vec == 2)
+            backward_kernel<KIND, float, 2, kBwdSteps / 2>(prm, t);
+        else
+            backward_kernel<KIND, float, 1, kBwdSteps>(prm, t);
+    });
     check_ticket(t, c);
     if (KIND == FX_LINREC_LIQUID) {
         emu_launch(2, 64, 2, [&] { write_sums<float>(prm.sum_tau, (float *)a->dtau->data, a->p.hidden); });
@@ -310,16 +319,18 @@ int main(int argc, char **argv)
     rng.seed(seed);
     printf("linrec kernels in the CUDA emulator, seed %llu\n", seed);
     emu_set_jitter(3);
-    const int64_t shapes[][3] = {{1, 1, 1},  {1, 2, 33}, {2, 5, 7},   {3, 17, 31}, {1, 31, 64},
-                                 {2, 64, 65}, {1, 97, 2}, {1, 130, 40}, {2, 300, 3}, {1, 520, 33}};
+    const int64_t shapes[][3] = {{1, 1, 1},   {1, 2, 34},  {2, 5, 7},    {3, 17, 30},
+                                 {1, 31, 64}, {2, 64, 66}, {1, 97, 2},   {1, 130, 40},
+                                 {2, 300, 3}, {1, 520, 34}, {2, 45, 130}, {1, 7, 66}};
     const int tiles[] = {0, 1, 2, 3, 5, 17, 40};
     const int nshapes = sizeof shapes / sizeof shapes[0], ntiles = sizeof tiles / sizeof tiles[0];
     int runs = 0;
-    if (getenv("EMU_CASE")) { // kind,B,L,H,reverse,g,h0,dstate,dt,tile,blocks
+    if (getenv("EMU_CASE")) { // kind,B,L,H,reverse,g,h0,dstate,dt,tile,blocks[,vec]
         lr_case c = {};
-        sscanf(getenv("EMU_CASE"), "%d,%lld,%lld,%lld,%d,%d,%d,%d,%d,%d,%d", &c.kind,
+        c.vec = 1;
+        sscanf(getenv("EMU_CASE"), "%d,%lld,%lld,%lld,%d,%d,%d,%d,%d,%d,%d,%d", &c.kind,
                (long long *)&c.B, (long long *)&c.L, (long long *)&c.H, &c.reverse, &c.cand_g, &c.h0,
-               &c.dstate, &c.dt_tensor, &c.max_tile, &c.concurrent);
+               &c.dstate, &c.dt_tensor, &c.max_tile, &c.concurrent, &c.vec);
         run_case(c);
         printf("%s: %d failures\n", describe(c).c_str(), failures);
         return failures ? 1 : 0;
@@ -338,6 +349,7 @@ int main(int argc, char **argv)
         c.dt_tensor = (i / 4) % 2;
         c.max_tile = tiles[(i * 5 + i / 7) % ntiles];
         c.concurrent = 1 + (i % 4);
+        c.vec = c.H % 2 == 0 && (i / 2) % 3 == 0 ? 2 : 1;
         run_case(c);
         runs++;
     }
