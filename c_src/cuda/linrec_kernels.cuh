@@ -225,6 +225,8 @@ __global__ void __launch_bounds__(32 * fxscan::kMaxWarps, 2)
         }
         dt[c] = ok ? load_dt<KIND, T>(p.in, at.b * L + row0 + (t.flip ? -c : c)) : 0.f;
     }
+    float peek_h[V];
+    const bool peeked = fxscan::peek<V>(t, at.ct, at.tt, peek_h);
 
     affine m[C][V], mine[V];
 #pragma unroll
@@ -248,7 +250,7 @@ __global__ void __launch_bounds__(32 * fxscan::kMaxWarps, 2)
         init[v] = at.tt == 0 && at.warp == 0 && at.live && p.h0
                       ? fxscan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v)
                       : 0.f;
-    fxscan::scan_tile<V>(t, at.ct, at.tt, mine, init, sm, hv);
+    fxscan::scan_tile<V>(t, at.ct, at.tt, mine, init, peeked, peek_h, sm, hv);
 
 #pragma unroll
     for (int c = 0; c < C; c++) {
@@ -330,6 +332,8 @@ __global__ void __launch_bounds__(32 * fxscan::kMaxWarps, 2)
         }
         dt[c] = ok ? load_dt<KIND, T>(p.in, at.b * L + row0 + (t.flip ? -c : c)) : 0.f;
     }
+    float peek_u[V];
+    const bool peeked = fxscan::peek<V>(t, at.ct, at.tt, peek_u);
 
     // The adjoint's map per step: u -> a * (dh + u).
     float a[C][V];
@@ -355,7 +359,7 @@ __global__ void __launch_bounds__(32 * fxscan::kMaxWarps, 2)
         init[v] = at.tt == 0 && at.warp == 0 && at.live && p.dstate
                       ? fxscan::load_state<T>(p.dstate, p.dstate_f32, at.b * H + at.h + v)
                       : 0.f;
-    fxscan::scan_tile<V>(t, at.ct, at.tt, mine, init, sm, u);
+    fxscan::scan_tile<V>(t, at.ct, at.tt, mine, init, peeked, peek_u, sm, u);
 
     float sum_tau[V] = {}, sum_lam[V] = {};
 #pragma unroll

@@ -13,7 +13,9 @@
 // maps through shared memory; the tile's carry-in comes from h0 (first time
 // tile) or from the tiles before it:
 //
-// Look-back (more than one time tile). Tiles take tickets from a global
+// Look-back (more than one time tile). Warp 0 first peeks at the previous
+// tile's status while the tile's own loads are in flight; if its inclusive
+// state is there, that is the carry. Otherwise: tiles take tickets from a global
 // counter in the order they start, time tile by time tile, so every tile
 // a block waits for belongs to a block that is already running. A tile
 // publishes its aggregate map as soon as its data is in, then looks back
@@ -149,20 +151,50 @@ __device__ __forceinline__ void publish(const lookback &lb, int64_t slot, uint32
         store_release(lb.flags + slot, (lb.epoch << 2) | kind);
 }
 
+// Called by warp 0 as soon as the tile's loads are issued: reads the
+// previous tile's status while the data is on its way. When that tile's
+// inclusive state is already there (the usual case when many channel tiles
+// run side by side), the look-back costs nothing more. Other warps, the
+// first time tile and single-tile launches get false.
+template <int V>
+__device__ __forceinline__ bool peek(const tiling &t, int64_t ct, int64_t tt, float (&h)[V])
+{
+    if (tt == 0 || (threadIdx.x >> 5) != 0)
+        return false;
+    const int lane = threadIdx.x & 31;
+    const int64_t js = ct * t.ttiles + tt - 1;
+    uint32_t f = load_acquire(t.lb.flags + js);
+    if (__reduce_min_sync(0xffffffffu, (f >> 2) == t.lb.epoch ? (f & 3u) : kEmpty) != kInclusive)
+        return false;
+#pragma unroll
+    for (int v = 0; v < V; v++)
+        h[v] = __ldcg(t.lb.incl + js * (32 * V) + lane * V + v);
+    return true;
+}
+
 // Called by every thread of the block with the map of its own steps
-// (`mine`) and, for the first time tile, the state before the sequence
-// (`init`, read by warp 0 only). Leaves in `hin` the state before the
-// thread's first step.
+// (`mine`), for the first time tile the state before the sequence (`init`,
+// read by warp 0 only), and what peek() returned. Leaves in `hin` the state
+// before the thread's first step.
 template <int V>
 __device__ __forceinline__ void scan_tile(const tiling &t, int64_t ct, int64_t tt,
                                           const affine (&mine)[V], const float (&init)[V],
-                                          smem<V> &sm, float (&hin)[V])
+                                          bool peeked, const float (&peek_h)[V], smem<V> &sm,
+                                          float (&hin)[V])
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = t.warps;
 #pragma unroll
     for (int v = 0; v < V; v++) {
         sm.xa[warp][lane * V + v] = mine[v].a;
         sm.xb[warp][lane * V + v] = mine[v].b;
+    }
+    if (tt > 0 && warp == 0) { // the carry, if the previous tile's state is known
+        if (lane == 0)
+            sm.found = peeked;
+        if (peeked)
+#pragma unroll
+            for (int v = 0; v < V; v++)
+                sm.carry[lane * V + v] = peek_h[v];
     }
     __syncthreads();
 
@@ -200,7 +232,7 @@ __device__ __forceinline__ void scan_tile(const tiling &t, int64_t ct, int64_t t
             if (chained)
                 publish<V>(t.lb, slot, kInclusive, incl, incl);
         }
-    } else {
+    } else if (!sm.found) {
         affine running[V];
 #pragma unroll
         for (int v = 0; v < V; v++)
@@ -275,13 +307,13 @@ __device__ __forceinline__ void scan_tile(const tiling &t, int64_t ct, int64_t t
             if (sm.used == 0)
                 __nanosleep(64);
         }
-        if (warp == 0 && tt + 1 < t.ttiles) {
-            float incl[V];
+    }
+    if (tt > 0 && warp == 0 && tt + 1 < t.ttiles) {
+        float incl[V];
 #pragma unroll
-            for (int v = 0; v < V; v++)
-                incl[v] = apply(total[v], sm.carry[lane * V + v]);
-            publish<V>(t.lb, slot, kInclusive, incl, incl);
-        }
+        for (int v = 0; v < V; v++)
+            incl[v] = apply(total[v], sm.carry[lane * V + v]);
+        publish<V>(t.lb, slot, kInclusive, incl, incl);
     }
     __syncthreads();
 #pragma unroll
