@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(32 * fxscan::kMaxWarps, 2)
 {
     constexpr int N = nseq<KIND>();
     FXSCAN_SHARED(fxscan::smem<V>, sm);
-    const place at = locate<V>(t, fxscan::next_tile<V>(t, sm));
+    const place at = locate<V>(t, blockIdx.x);
     const int64_t L = t.seqlen, H = t.hidden;
     const int64_t row0 = t.flip ? L - 1 - at.p0 : at.p0;
     const int64_t off0 = (at.b * L + row0) * H + at.h, stride = t.flip ? -H : H;
@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(32 * fxscan::kMaxWarps, 2)
 {
     constexpr int N = nseq<KIND>();
     FXSCAN_SHARED(fxscan::smem<V>, sm);
-    const place at = locate<V>(t, fxscan::next_tile<V>(t, sm));
+    const place at = locate<V>(t, blockIdx.x);
     const int64_t L = t.seqlen, H = t.hidden;
     // Backward step p is forward step L-1-p; t.flip = !reverse maps it to its row.
     const int64_t row0 = t.flip ? L - 1 - at.p0 : at.p0;
@@ -590,25 +590,24 @@ inline step_params make_step_params(const fx_linrec_step_args *a)
     return prm;
 }
 
-// The look-back scratch of a launch: a ticket counter, then flags and
-// three value arrays, each 256-byte aligned.
+// The look-back scratch of a launch: flags, then three value arrays, each
+// 256-byte aligned.
 constexpr size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 inline size_t lookback_bytes(const fxscan::tiling &t, int width)
 {
     const size_t tiles = (size_t)(t.ctiles * t.ttiles);
-    return 256 + align256(tiles * sizeof(uint32_t)) + 3 * align256(tiles * width * sizeof(float));
+    return align256(tiles * sizeof(uint32_t)) + 3 * align256(tiles * width * sizeof(float));
 }
 
 inline void carve_lookback(char *base, int width, uint32_t epoch, fxscan::tiling &t)
 {
     const size_t tiles = (size_t)(t.ctiles * t.ttiles);
     const size_t flags = align256(tiles * sizeof(uint32_t)), values = align256(tiles * width * sizeof(float));
-    t.lb.ticket = (unsigned *)base;
-    t.lb.flags = (uint32_t *)(base + 256);
-    t.lb.agg_a = (float *)(base + 256 + flags);
-    t.lb.agg_b = (float *)(base + 256 + flags + values);
-    t.lb.incl = (float *)(base + 256 + flags + 2 * values);
+    t.lb.flags = (uint32_t *)base;
+    t.lb.agg_a = (float *)(base + flags);
+    t.lb.agg_b = (float *)(base + flags + values);
+    t.lb.incl = (float *)(base + flags + 2 * values);
     t.lb.epoch = epoch;
 }
 

@@ -13,18 +13,19 @@
 // maps through shared memory; the tile's carry-in comes from h0 (first time
 // tile) or from the tiles before it:
 //
-// Look-back (more than one time tile). Warp 0 first peeks at the previous
+// Look-back (more than one time tile). Tiles are numbered time tile by
+// time tile (all channel tiles of time tile 0 first) and block i scans tile
+// i: blocks are dispatched in increasing index order (as CUB's single-pass
+// scan also assumes), so every tile a block waits for belongs to a block
+// that is already running or done. Warp 0 first peeks at the previous
 // tile's status while the tile's own loads are in flight; if its inclusive
-// state is there, that is the carry. Otherwise: tiles take tickets from a global
-// counter in the order they start, time tile by time tile, so every tile
-// a block waits for belongs to a block that is already running. A tile
-// publishes its aggregate map as soon as its data is in, then looks back
-// over the previous tiles kReads * warps at a time (each warp reads
-// kReads tiles' statuses): aggregates compose into a running map until a tile with its
-// inclusive state (the h after its last step) is found. It then publishes
-// its own inclusive state. Statuses live in a per-device scratch buffer
-// tagged with a per-launch epoch, so nothing has to be cleared between
-// launches.
+// state (the h after its last step) is there, that is the carry. Otherwise
+// the tile publishes its aggregate map and looks back over the previous
+// tiles kReads * warps at a time (each warp reads kReads tiles' statuses):
+// aggregates compose into a running map until a tile with its inclusive
+// state is found. It then publishes its own inclusive state. Statuses live
+// in a per-device scratch buffer tagged with a per-launch epoch, so nothing
+// has to be cleared between launches.
 //
 // Everything is f32: 16-bit inputs are widened on load.
 #ifndef FX_CUDA_SCAN_CUH
@@ -68,7 +69,6 @@ enum : uint32_t { kEmpty = 0, kAggregate = 1, kInclusive = 2 };
 struct lookback {
     uint32_t *flags;             // [tiles]: epoch << 2 | kind
     float *agg_a, *agg_b, *incl; // [tiles][32 * V]
-    unsigned *ticket;            // tickets handed out so far (reset by the last)
     uint32_t epoch;              // 1 .. 2^30 - 1, new for every launch
 };
 
@@ -88,7 +88,6 @@ template <int V> struct smem {
     float wa[kReads * kMaxWarps][32 * V], wb[kReads * kMaxWarps][32 * V]; // look-back window
     float carry[32 * V]; // the tile's carry-in
     uint32_t wkind[kReads * kMaxWarps];
-    int64_t tile;
     int used, found;
 };
 
@@ -110,23 +109,6 @@ __device__ __forceinline__ void store_release(uint32_t *p, uint32_t v)
 #else
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 #endif
-}
-
-// The tile this block scans: its ticket when tiles wait for each other,
-// else its block index.
-template <int V> __device__ __forceinline__ int64_t next_tile(const tiling &t, smem<V> &sm)
-{
-    if (t.ttiles == 1)
-        return blockIdx.x;
-    if (threadIdx.x == 0) {
-        unsigned total = (unsigned)(t.ctiles * t.ttiles);
-        unsigned k = atomicAdd(t.lb.ticket, 1u);
-        if (k == total - 1) // the last ticket: leave the counter at 0 for the next launch
-            atomicExch(t.lb.ticket, 0u);
-        sm.tile = k;
-    }
-    __syncthreads();
-    return sm.tile;
 }
 
 // Warp 0 publishes a status: values first, then (after a fence) the flag.
