@@ -16,6 +16,9 @@ int fx_cuda_scale(int dev, const fx_tensor *src, double factor, const fx_tensor 
 #define FX_CUDA_SSM_OPS NULL
 // linrec.cu
 extern const struct fx_linrec_ops fx_cuda_linrec_ops;
+// Frees the look-back scratch of every device once their work is done; for
+// orderly exits (the backend's shutdown).
+void fx_cuda_linrec_shutdown(void);
 #define FX_CUDA_LINREC_OPS (&fx_cuda_linrec_ops)
 #define FX_CUDA_OPTIM_OPS NULL
 

@@ -204,3 +204,21 @@ int cuda_step(int dev, const fx_linrec_step_args *a, fx_status *st)
 } // namespace
 
 const struct fx_linrec_ops fx_cuda_linrec_ops = {cuda_forward, cuda_backward, cuda_step};
+
+void fx_cuda_linrec_shutdown(void)
+{
+    for (int dev = 0; dev < FX_CUDA_MAX_DEVICES; dev++) {
+        lookback_scratch &s = scratch[dev];
+        std::lock_guard<std::mutex> held(s.lock);
+        if (!s.base)
+            continue;
+        fx_status st;
+        fx_status_clear(&st);
+        if (fx_cuda_device *d = fx_cuda_enter(dev, &st)) {
+            (void)cudaFreeAsync(s.base, d->stream); // after the work that used it
+            (void)cudaStreamSynchronize(d->stream);
+        }
+        s.base = nullptr;
+        s.bytes = 0;
+    }
+}
