@@ -163,7 +163,7 @@ __device__ __forceinline__ float load_dt(const op_params &in, int64_t index)
         return 0.f;
 }
 
-// Where thread's tile and steps are.
+// Where a thread's tile, channels and steps are.
 struct place {
     int64_t tt, ct, b, h, p0;
     int lane, warp;

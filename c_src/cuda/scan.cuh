@@ -2,7 +2,7 @@
 // sequence, for [batch, seqlen, hidden] tensors scanned along seqlen,
 // independently per (batch, hidden) channel. Written once, used by every op
 // whose step is "compute (a, b) elementwise from the inputs, then scan"
-// (c_src/cuda/linrec.cu: the four forwards, and their backwards, whose
+// (c_src/cuda/linrec_kernels.cuh: the four forwards, and their backwards, whose
 // adjoint is again such a scan run from the other end).
 //
 // Tiling. A block owns one tile: 32*V consecutive channels of one batch row
