@@ -37,7 +37,7 @@ NVCCFLAGS  += -std=c++17 $(NVCC_GENCODE) -Iinclude -Ic_src --expt-relaxed-conste
 NIF_SO     := priv/fusex_nif.so
 CUDA_SO    := $(if $(NVCC),priv/fusex_cuda.so)
 
-.PHONY: all nif deps erl test test-c test-erl test-ex test-gpu test-ipc sanitize bench demo docs clean
+.PHONY: all nif deps erl test test-c test-erl test-ex test-emu test-gpu test-ipc sanitize bench demo docs clean
 
 all: nif erl
 
@@ -83,6 +83,17 @@ $(BUILD)/fusex_check: $(CTEST_OBJ) $(BUILD)/libfusex_core.a
 test-c: nif $(BUILD)/fusex_check
 	FUSEX_PRIV=priv $(BUILD)/fusex_check
 
+# The linrec CUDA kernels run on the CPU by tools/cuda_emu (a thread per
+# CUDA thread) against the CPU reference: their tiling and look-back are
+# checked where there is no GPU.
+EMU_SRC := tools/cuda_emu/emu.cc tools/cuda_emu/linrec_emu.cc
+$(BUILD)/linrec_emu: $(EMU_SRC) $(wildcard tools/cuda_emu/*.h tools/cuda_emu/cuda/*.cuh) $(HEADERS) $(BUILD)/libfusex_core.a
+	$(CXX) -std=c++17 -O1 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -Itools/cuda_emu -Iinclude -Ic_src \
+	  $(EMU_SRC) $(BUILD)/libfusex_core.a $(LDLIBS) -o $@
+
+test-emu: $(BUILD)/linrec_emu
+	$(BUILD)/linrec_emu $${FUSEX_SEED:-$$(date +%s)} 32
+
 test-erl: all
 	$(REBAR3) eunit
 	$(REBAR3) ct --readable=compact
@@ -92,7 +103,7 @@ test-ex:
 
 test: deps
 	$(MAKE) all
-	$(MAKE) test-c test-erl test-ex
+	$(MAKE) test-c test-emu test-erl test-ex
 
 # The same suites, forced onto CUDA; fails where there is no GPU.
 test-gpu: all $(BUILD)/fusex_check

@@ -28,6 +28,15 @@
 -export_type([optimizer/0, adamw_opts/0, adamw_hyper/0, sgd_opts/0, sgd_hyper/0,
               optimizer_info/0]).
 
+%% Linear recurrences (see docs/LINREC.md).
+-export([linear_scan/2, linear_scan/3, mingru/2, mingru/3, minlstm/3, minlstm/4, liquid/3,
+         liquid/4, linear_scan_backward/2, linear_scan_backward/3, mingru_backward/2,
+         mingru_backward/3, minlstm_backward/2, minlstm_backward/3, liquid_backward/2,
+         liquid_backward/3, linear_scan_step/3, linear_scan_step/4, mingru_step/3,
+         mingru_step/4, minlstm_step/4, minlstm_step/5, liquid_step/4, liquid_step/5]).
+-export_type([ctx/0, scan_opts/0, gated_opts/0, liquid_opts/0, scan_result/0,
+              backward_opts/0, gradients/0]).
+
 -type tensor() :: reference().
 %% A handle to a tensor resident on a device.
 -type type() :: {f, 32} | {f, 64} | {bf, 16} | {f, 16} | {s, 32} | {s, 64} | {u, 8}.
@@ -435,3 +444,163 @@ optimizer_step(Kind, Other, _Params, _Grads, _Hyper) ->
 not_a_state(From, Got) ->
     iolist_to_binary(io_lib:format("state: expected an optimizer state from ~s, got ~0tP",
                                    [From, Got, 10])).
+
+%% ---- linear recurrences ----
+%%
+%% Sequences are `[batch, seqlen, hidden]', states and h0 `[batch, hidden]'.
+%% Every op is one fused scan: the per-step coefficients (a_t, b_t) of
+%% h_t = a_t * h_{t-1} + b_t are computed from the inputs inside the kernel.
+%% Inputs may be {f,32}, {bf,16} or {f,16} ({f,64} too on cpu), all of one
+%% type; maths runs in f32 (f64 on cpu for f64 inputs). H comes back in the
+%% inputs' type; the final state in {f,32} ({f,64} for f64 inputs), so a
+%% sequence split in pieces and carried through `h0' gives the same result
+%% as one call. `h0' and a step's state may be of the inputs' type or of the
+%% state type.
+
+-type ctx() :: reference().
+%% What `save_for_backward' keeps for the backward: references to the
+%% inputs, h0 and the output H (no copies) and the options.
+-type scan_opts() :: #{h0 => tensor(), return_state => boolean(), reverse => boolean(),
+                       save_for_backward => boolean()}.
+%% `h0' (default zeros): the state before the first step. `return_state':
+%% also return the final state. `reverse': scan from the last step to the
+%% first (the final state is then the one after t = 0). `save_for_backward':
+%% also return a context for the op's `_backward'.
+-type gated_opts() :: #{h0 => tensor(), return_state => boolean(), reverse => boolean(),
+                        save_for_backward => boolean(),
+                        candidate_activation => identity | g}.
+%% As {@type scan_opts()}, and `candidate_activation => g' to use
+%% g(cand) (x + 0.5 for x >= 0, sigmoid(x) below) as the candidate.
+-type liquid_opts() :: #{h0 => tensor(), return_state => boolean(), reverse => boolean(),
+                         save_for_backward => boolean(), dt => number() | tensor()}.
+%% As {@type scan_opts()}, and `dt': the step size, a positive number
+%% (default 1.0) or a tensor `[batch, seqlen, 1]'.
+-type scan_result() :: tensor() | {tensor(), tensor()} | {tensor(), ctx()}
+                     | {tensor(), tensor(), ctx()}.
+%% `H', `{H, State}' with `return_state', `{H, Ctx}' with
+%% `save_for_backward', `{H, State, Ctx}' with both.
+-type backward_opts() :: #{dstate => tensor()}.
+%% `dstate': the gradient of the final state (default zeros).
+-type gradients() :: #{atom() => tensor()}.
+%% One gradient per input given to the forward, keyed by the input's name,
+%% each of its input's shape and type.
+
+%% @equiv linear_scan(A, B, #{})
+-spec linear_scan(tensor(), tensor()) -> scan_result().
+linear_scan(A, B) -> linear_scan(A, B, #{}).
+
+%% @doc The generic linear scan h_t = a_t * h_{t-1} + b_t over
+%% `[batch, seqlen, hidden]' tensors `A' and `B'.
+-spec linear_scan(tensor(), tensor(), scan_opts()) -> scan_result().
+linear_scan(A, B, Opts) -> ?NIF:linear_scan(A, B, Opts).
+
+%% @equiv mingru(ZLogits, Cand, #{})
+-spec mingru(tensor(), tensor()) -> scan_result().
+mingru(ZLogits, Cand) -> mingru(ZLogits, Cand, #{}).
+
+%% @doc MinGRU: z = sigmoid(z_logits), h_t = (1 - z_t) * h_{t-1} + z_t * c_t,
+%% with c = cand (or g(cand), see {@type gated_opts()}).
+-spec mingru(tensor(), tensor(), gated_opts()) -> scan_result().
+mingru(ZLogits, Cand, Opts) -> ?NIF:mingru(ZLogits, Cand, Opts).
+
+%% @equiv minlstm(FLogits, ILogits, Cand, #{})
+-spec minlstm(tensor(), tensor(), tensor()) -> scan_result().
+minlstm(FLogits, ILogits, Cand) -> minlstm(FLogits, ILogits, Cand, #{}).
+
+%% @doc MinLSTM: f = sigmoid(f_logits), i = sigmoid(i_logits), normalised
+%% f' = f/(f+i), i' = i/(f+i); h_t = f'_t * h_{t-1} + i'_t * c_t (c as in
+%% {@link mingru/3}). The gates are computed in a form that stays finite for
+%% any logits.
+-spec minlstm(tensor(), tensor(), tensor(), gated_opts()) -> scan_result().
+minlstm(FLogits, ILogits, Cand, Opts) -> ?NIF:minlstm(FLogits, ILogits, Cand, Opts).
+
+%% @equiv liquid(FLogits, Tau, A, #{})
+-spec liquid(tensor(), tensor(), tensor()) -> scan_result().
+liquid(FLogits, Tau, A) -> liquid(FLogits, Tau, A, #{}).
+
+%% @doc Liquid time-constant cell, one fused semi-implicit Euler step per
+%% frame: f = sigmoid(f_logits),
+%% h_t = (h_{t-1} + dt * f_t * A) / (1 + dt * (1/tau + f_t)), with `Tau'
+%% and `A' of shape `[hidden]'. Tau must be positive (its values are not
+%% inspected: a zero or negative tau gives infinities, not an error).
+-spec liquid(tensor(), tensor(), tensor(), liquid_opts()) -> scan_result().
+liquid(FLogits, Tau, A, Opts) -> ?NIF:liquid(FLogits, Tau, A, Opts).
+
+%% @equiv linear_scan_backward(Dh, Ctx, #{})
+-spec linear_scan_backward(tensor(), ctx()) -> gradients().
+linear_scan_backward(Dh, Ctx) -> linear_scan_backward(Dh, Ctx, #{}).
+
+%% @doc Gradients of {@link linear_scan/3} from `Dh' (the gradient of H)
+%% and the context it saved: `#{a, b}', and `h0' if one was given.
+-spec linear_scan_backward(tensor(), ctx(), backward_opts()) -> gradients().
+linear_scan_backward(Dh, Ctx, Opts) -> ?NIF:linrec_backward(linear_scan, Dh, Ctx, Opts).
+
+%% @equiv mingru_backward(Dh, Ctx, #{})
+-spec mingru_backward(tensor(), ctx()) -> gradients().
+mingru_backward(Dh, Ctx) -> mingru_backward(Dh, Ctx, #{}).
+
+%% @doc Gradients of {@link mingru/3}: `#{z_logits, cand}', and `h0' if one
+%% was given.
+-spec mingru_backward(tensor(), ctx(), backward_opts()) -> gradients().
+mingru_backward(Dh, Ctx, Opts) -> ?NIF:linrec_backward(mingru, Dh, Ctx, Opts).
+
+%% @equiv minlstm_backward(Dh, Ctx, #{})
+-spec minlstm_backward(tensor(), ctx()) -> gradients().
+minlstm_backward(Dh, Ctx) -> minlstm_backward(Dh, Ctx, #{}).
+
+%% @doc Gradients of {@link minlstm/4}: `#{f_logits, i_logits, cand}', and
+%% `h0' if one was given.
+-spec minlstm_backward(tensor(), ctx(), backward_opts()) -> gradients().
+minlstm_backward(Dh, Ctx, Opts) -> ?NIF:linrec_backward(minlstm, Dh, Ctx, Opts).
+
+%% @equiv liquid_backward(Dh, Ctx, #{})
+-spec liquid_backward(tensor(), ctx()) -> gradients().
+liquid_backward(Dh, Ctx) -> liquid_backward(Dh, Ctx, #{}).
+
+%% @doc Gradients of {@link liquid/4}: `#{f_logits, tau, a}', `dt' when dt
+%% was a tensor, and `h0' if one was given. The tau, a and dt gradients are
+%% sums (over batch and time, or over hidden) accumulated with atomics on
+%% CUDA, so their last bits may vary from run to run.
+-spec liquid_backward(tensor(), ctx(), backward_opts()) -> gradients().
+liquid_backward(Dh, Ctx, Opts) -> ?NIF:linrec_backward(liquid, Dh, Ctx, Opts).
+
+%% @equiv linear_scan_step(State, A, B, #{})
+-spec linear_scan_step(tensor(), tensor(), tensor()) -> tensor().
+linear_scan_step(State, A, B) -> linear_scan_step(State, A, B, #{}).
+
+%% @doc One frame of {@link linear_scan/3}: `A' and `B' are `[batch, hidden]';
+%% `State' (`[batch, hidden]', the inputs' type or the state type) is
+%% updated in place to the new h, which is also returned (in the inputs'
+%% type). No options yet; the map is there for symmetry with the others.
+-spec linear_scan_step(tensor(), tensor(), tensor(), #{}) -> tensor().
+linear_scan_step(State, A, B, Opts) -> ?NIF:linear_scan_step(State, A, B, Opts).
+
+%% @equiv mingru_step(State, ZLogits, Cand, #{})
+-spec mingru_step(tensor(), tensor(), tensor()) -> tensor().
+mingru_step(State, ZLogits, Cand) -> mingru_step(State, ZLogits, Cand, #{}).
+
+%% @doc One frame of {@link mingru/3}, `State' updated in place (see
+%% {@link linear_scan_step/4}). Option: `candidate_activation'.
+-spec mingru_step(tensor(), tensor(), tensor(), #{candidate_activation => identity | g}) -> tensor().
+mingru_step(State, ZLogits, Cand, Opts) -> ?NIF:mingru_step(State, ZLogits, Cand, Opts).
+
+%% @equiv minlstm_step(State, FLogits, ILogits, Cand, #{})
+-spec minlstm_step(tensor(), tensor(), tensor(), tensor()) -> tensor().
+minlstm_step(State, FLogits, ILogits, Cand) -> minlstm_step(State, FLogits, ILogits, Cand, #{}).
+
+%% @doc One frame of {@link minlstm/4}, `State' updated in place (see
+%% {@link linear_scan_step/4}). Option: `candidate_activation'.
+-spec minlstm_step(tensor(), tensor(), tensor(), tensor(),
+                   #{candidate_activation => identity | g}) -> tensor().
+minlstm_step(State, FLogits, ILogits, Cand, Opts) ->
+    ?NIF:minlstm_step(State, FLogits, ILogits, Cand, Opts).
+
+%% @equiv liquid_step(State, FLogits, Tau, A, #{})
+-spec liquid_step(tensor(), tensor(), tensor(), tensor()) -> tensor().
+liquid_step(State, FLogits, Tau, A) -> liquid_step(State, FLogits, Tau, A, #{}).
+
+%% @doc One frame of {@link liquid/4}, `State' updated in place (see
+%% {@link linear_scan_step/4}). Option: `dt', a positive number (default
+%% 1.0) or a tensor `[batch, 1]'.
+-spec liquid_step(tensor(), tensor(), tensor(), tensor(), #{dt => number() | tensor()}) -> tensor().
+liquid_step(State, FLogits, Tau, A, Opts) -> ?NIF:liquid_step(State, FLogits, Tau, A, Opts).

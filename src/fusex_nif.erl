@@ -9,6 +9,8 @@
          event_elapsed_us/2, busy_wait/2, priv_dir/0, to_pointer/3, from_pointer/6,
          copy_into/2]).
 -export([optim_init/3, optim_step/5]).
+-export([linear_scan/3, mingru/3, minlstm/4, liquid/4, linrec_backward/4,
+         linear_scan_step/4, mingru_step/4, minlstm_step/5, liquid_step/5]).
 
 -on_load(init/0).
 
@@ -56,3 +58,12 @@ from_pointer(_Pointer, _Type, _Shape, _Device, _Sync, _Offset) -> ?NOT_LOADED.
 copy_into(_Src, _Dst) -> ?NOT_LOADED.
 optim_init(_Kind, _Params, _Opts) -> ?NOT_LOADED.
 optim_step(_Kind, _State, _Params, _Grads, _Hyper) -> ?NOT_LOADED.
+linear_scan(_A, _B, _Opts) -> ?NOT_LOADED.
+mingru(_ZLogits, _Cand, _Opts) -> ?NOT_LOADED.
+minlstm(_FLogits, _ILogits, _Cand, _Opts) -> ?NOT_LOADED.
+liquid(_FLogits, _Tau, _A, _Opts) -> ?NOT_LOADED.
+linrec_backward(_Op, _Dh, _Ctx, _Opts) -> ?NOT_LOADED.
+linear_scan_step(_State, _A, _B, _Opts) -> ?NOT_LOADED.
+mingru_step(_State, _ZLogits, _Cand, _Opts) -> ?NOT_LOADED.
+minlstm_step(_State, _FLogits, _ILogits, _Cand, _Opts) -> ?NOT_LOADED.
+liquid_step(_State, _FLogits, _Tau, _A, _Opts) -> ?NOT_LOADED.

@@ -240,7 +240,7 @@ const fx_backend fx_cpu_backend = {
     .binary = cpu_binary,
     .scale = cpu_scale,
     .ssm = NULL,
-    .linrec = NULL,
+    .linrec = &fx_cpu_linrec_ops,
     .optim = &fx_cpu_optim_ops,
     /* Local pointers are host addresses; host memory has no IPC handle
      * here and nothing to check a foreign address against. */

@@ -237,6 +237,7 @@ static int cuda_init(fx_status *st)
 
 static void cuda_shutdown(void)
 {
+    fx_cuda_linrec_shutdown();
     for (int i = 0; i < device_total; i++) {
         fx_status st;
         fx_status_clear(&st);

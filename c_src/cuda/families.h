@@ -25,7 +25,12 @@ int fx_cuda_device_synchronize(int dev, fx_status *st);
 int fx_cuda_pointer_check(int dev, const void *ptr, size_t nbytes, fx_status *st);
 
 #define FX_CUDA_SSM_OPS NULL
-#define FX_CUDA_LINREC_OPS NULL
+// linrec.cu
+extern const struct fx_linrec_ops fx_cuda_linrec_ops;
+// Frees the look-back scratch of every device once their work is done; for
+// orderly exits (the backend's shutdown).
+void fx_cuda_linrec_shutdown(void);
+#define FX_CUDA_LINREC_OPS (&fx_cuda_linrec_ops)
 // optim.cu
 extern const struct fx_optim_ops fx_cuda_optim_ops;
 #define FX_CUDA_OPTIM_OPS (&fx_cuda_optim_ops)

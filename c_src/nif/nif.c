@@ -82,6 +82,7 @@ static ErlNifFunc nif_funcs[] = {
     FX_TENSOR_NIFS,
     FX_POINTER_NIFS,
     FX_OPTIM_NIFS,
+    FX_LINREC_NIFS,
 };
 
 ERL_NIF_INIT(fusex_nif, nif_funcs, on_load, NULL, on_upgrade, NULL)

@@ -71,4 +71,26 @@ FX_ENTRY(nif_optim_step);
     {"optim_init", 3, nif_optim_init_entry, 0},                      \
     {"optim_step", 5, nif_optim_step_entry, 0}
 
+/* linrec_nif.c */
+FX_ENTRY(nif_linear_scan);
+FX_ENTRY(nif_mingru);
+FX_ENTRY(nif_minlstm);
+FX_ENTRY(nif_liquid);
+FX_ENTRY(nif_linrec_backward);
+FX_ENTRY(nif_linear_scan_step);
+FX_ENTRY(nif_mingru_step);
+FX_ENTRY(nif_minlstm_step);
+FX_ENTRY(nif_liquid_step);
+
+#define FX_LINREC_NIFS                                               \
+    {"linear_scan", 3, nif_linear_scan_entry, 0},                    \
+    {"mingru", 3, nif_mingru_entry, 0},                              \
+    {"minlstm", 4, nif_minlstm_entry, 0},                            \
+    {"liquid", 4, nif_liquid_entry, 0},                              \
+    {"linrec_backward", 4, nif_linrec_backward_entry, 0},            \
+    {"linear_scan_step", 4, nif_linear_scan_step_entry, 0},          \
+    {"mingru_step", 4, nif_mingru_step_entry, 0},                    \
+    {"minlstm_step", 5, nif_minlstm_step_entry, 0},                  \
+    {"liquid_step", 5, nif_liquid_step_entry, 0}
+
 #endif

@@ -26,6 +26,7 @@ int main(void)
     srunner_add_suite(sr, fx_suite_ops());
     srunner_add_suite(sr, fx_suite_pointer());
     srunner_add_suite(sr, fx_suite_optim());
+    srunner_add_suite(sr, fx_suite_linrec());
     if (dev->kind == FX_DEVICE_CUDA)
         srunner_set_fork_status(sr, CK_NOFORK);
     srunner_run_all(sr, CK_NORMAL);

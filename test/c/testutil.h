@@ -48,5 +48,6 @@ Suite *fx_suite_runtime(void);
 Suite *fx_suite_ops(void);
 Suite *fx_suite_pointer(void);
 Suite *fx_suite_optim(void);
+Suite *fx_suite_linrec(void);
 
 #endif
