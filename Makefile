@@ -41,7 +41,7 @@ NVCCFLAGS  += -std=c++17 $(NVCC_GENCODE) -Iinclude -Ic_src --expt-relaxed-conste
 NIF_SO     := priv/fusex_nif.so
 CUDA_SO    := $(if $(NVCC),priv/fusex_cuda.so)
 
-.PHONY: all nif deps erl test test-c test-erl test-ex test-gpu sanitize bench demo docs clean \
+.PHONY: all nif deps erl test test-c test-erl test-ex test-emu test-gpu test-ipc sanitize bench demo docs clean \
         test-emu-ssm
 
 all: nif erl
@@ -54,13 +54,18 @@ deps:
 erl: nif
 	$(REBAR3) compile
 
+# V=1 shows the full command lines.
+Q := $(if $(V),,@)
+
 $(BUILD)/%.o: %.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -I$(ERTS_INC) -c $< -o $@
+	@$(if $(Q),echo "  CC    $<")
+	$(Q)$(CC) $(CFLAGS) -I$(ERTS_INC) -c $< -o $@
 
 $(BUILD)/%.o: %.cu $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	@$(if $(Q),echo "  NVCC  $<")
+	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 $(BUILD)/libfusex_core.a: $(CORE_OBJ)
 	ar rcs $@ $^
@@ -82,6 +87,17 @@ $(BUILD)/fusex_check: $(CTEST_OBJ) $(BUILD)/libfusex_core.a
 # FUSEX_PRIV tells the C tests where the CUDA backend is.
 test-c: nif $(BUILD)/fusex_check
 	FUSEX_PRIV=priv $(BUILD)/fusex_check
+
+# The linrec CUDA kernels run on the CPU by tools/cuda_emu (a thread per
+# CUDA thread) against the CPU reference: their tiling and look-back are
+# checked where there is no GPU.
+EMU_SRC := tools/cuda_emu/emu.cc tools/cuda_emu/linrec_emu.cc
+$(BUILD)/linrec_emu: $(EMU_SRC) $(wildcard tools/cuda_emu/*.h tools/cuda_emu/cuda/*.cuh) $(HEADERS) $(BUILD)/libfusex_core.a
+	$(CXX) -std=c++17 -O1 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -Itools/cuda_emu -Iinclude -Ic_src \
+	  $(EMU_SRC) $(BUILD)/libfusex_core.a $(LDLIBS) -o $@
+
+test-emu: $(BUILD)/linrec_emu
+	$(BUILD)/linrec_emu $${FUSEX_SEED:-$$(date +%s)} 32
 
 # The selective scan's CUDA kernels run on the CPU under the ssm Check
 # suite's CUDA branch (tools/ssm_emu: a fiber per CUDA thread), so their
@@ -129,12 +145,18 @@ test-ex:
 
 test: deps
 	$(MAKE) all
-	$(MAKE) test-c test-emu-ssm test-erl test-ex
+	$(MAKE) test-c test-emu test-emu-ssm test-erl test-ex
 
 # The same suites, forced onto CUDA; fails where there is no GPU.
 test-gpu: all $(BUILD)/fusex_check
 	FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 $(MAKE) test-c test-erl test-ex
 	$(MAKE) sanitize
+
+# The cross-process CUDA IPC test against PyTorch alone (also part of
+# test-gpu through test-erl); skipped with the reason where there is no GPU
+# or no torch.
+test-ipc: all
+	FUSEX_DEVICE=cuda $(REBAR3) ct --suite=fusex_ipc_SUITE --readable=compact
 
 # compute-sanitizer over the C kernel tests on the GPU (memcheck, racecheck).
 sanitize: nif $(BUILD)/fusex_check

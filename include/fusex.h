@@ -24,9 +24,13 @@ extern "C" {
 
 /* Bumped whenever fx_backend or an argument struct changes layout. The core
  * refuses a backend whose version or struct size differs from its own. */
-#define FX_ABI_VERSION 1
+#define FX_ABI_VERSION 2
 
 #define FX_MAX_RANK 8
+
+/* The size of a CUDA IPC handle (cudaIpcMemHandle_t), as EXLA and PyTorch
+ * exchange it. */
+#define FX_IPC_HANDLE_SIZE 64
 
 typedef enum fx_dtype {
     FX_F32 = 0,
@@ -170,6 +174,33 @@ typedef struct fx_backend {
     const struct fx_ssm_ops *ssm;
     const struct fx_linrec_ops *linrec;
     const struct fx_optim_ops *optim;
+
+    /* ---- pointer interop (fusex:to_pointer/from_pointer); see
+     * docs/INTEROP.md. Any of these may be NULL where the device has no
+     * such thing; the core then refuses the request with a clear error. ---- */
+
+    /* Memory another process can map: plain cudaMalloc memory, not the
+     * stream-ordered pool (whose blocks have no legacy IPC handle).
+     * `release_exportable` waits for all work on the device first. */
+    int (*alloc_exportable)(int dev, size_t nbytes, void **ptr, fx_status *st);
+    void (*release_exportable)(int dev, void *ptr);
+    /* The IPC handle of an exportable allocation (its base address). */
+    int (*ipc_export)(int dev, void *ptr, unsigned char handle[FX_IPC_HANDLE_SIZE],
+                      fx_status *st);
+    /* Maps another process's allocation; `*ptr` is its base and `*nbytes`
+     * its size when the driver says (else 0). Undone by `ipc_close`. */
+    int (*ipc_open)(int dev, const unsigned char handle[FX_IPC_HANDLE_SIZE], void **ptr,
+                    size_t *nbytes, fx_status *st);
+    void (*ipc_close)(int dev, void *ptr);
+    /* Waits for all work on the whole device, every stream of every library
+     * in this process: how an imported pointer is ordered after foreign
+     * work that fusex cannot see, and how memory handed out is kept until
+     * foreign readers are done. */
+    int (*device_synchronize)(int dev, fx_status *st);
+    /* Checks a foreign address before fusex uses it: that it is memory of
+     * this device and, where the driver says, that `nbytes` from it lie in
+     * one allocation. NULL: nothing can be checked (host memory). */
+    int (*pointer_check)(int dev, const void *ptr, size_t nbytes, fx_status *st);
 } fx_backend;
 
 /* The one symbol priv/fusex_cuda.so exports. */

@@ -20,13 +20,28 @@
 -export([devices/0, default_device/0, tensor/3, tensor/4, zeros/2, zeros/3, to_binary/1,
          shape/1, type/1, device/1, copy/2, free/1, synchronize/1, memory/0, memory/1,
          convert/2, add/2, subtract/2, multiply/2, scale/2, reshape/2, size/1,
-         byte_size/1]).
+         byte_size/1, copy/3, to_pointer/2, to_pointer/3, from_pointer/4, copy_into/2]).
 
+-export_type([tensor/0, type/0, shape/0, device/0, device_info/0, pointer/0,
+              alloc_opts/0]).
+-export([adamw_init/2, adamw_step/4, sgd_init/2, sgd_step/4, optimizer_info/1]).
+-export_type([optimizer/0, adamw_opts/0, adamw_hyper/0, sgd_opts/0, sgd_hyper/0,
+              optimizer_info/0]).
+
+%% Linear recurrences (see docs/LINREC.md).
+-export([linear_scan/2, linear_scan/3, mingru/2, mingru/3, minlstm/3, minlstm/4, liquid/3,
+         liquid/4, linear_scan_backward/2, linear_scan_backward/3, mingru_backward/2,
+         mingru_backward/3, minlstm_backward/2, minlstm_backward/3, liquid_backward/2,
+         liquid_backward/3, linear_scan_step/3, linear_scan_step/4, mingru_step/3,
+         mingru_step/4, minlstm_step/4, minlstm_step/5, liquid_step/4, liquid_step/5]).
+-export_type([ctx/0, scan_opts/0, gated_opts/0, liquid_opts/0, scan_result/0,
+              backward_opts/0, gradients/0]).
+
+%% Selective scan (Mamba S6, see docs/SSM.md).
 -export([selective_scan/6, selective_scan_backward/2, selective_scan_backward/3,
          selective_scan_step/7]).
-
--export_type([tensor/0, type/0, shape/0, device/0, device_info/0]).
--export_type([scan_opts/0, scan_step_opts/0, scan_ctx/0, scan_grads/0]).
+-export_type([selective_scan_opts/0, selective_scan_step_opts/0, selective_scan_ctx/0,
+              selective_scan_grads/0]).
 
 -type tensor() :: reference().
 %% A handle to a tensor resident on a device.
@@ -39,6 +54,18 @@
 -type device_info() :: #{id := device(), kind := cpu | cuda, name := binary(),
                          memory_total := non_neg_integer(),
                          memory_free := non_neg_integer(), atom() => term()}.
+
+-type pointer() :: {local, Address :: non_neg_integer()}
+                 | {local, Address :: non_neg_integer(), ByteSize :: non_neg_integer()}
+                 | {ipc, Handle :: <<_:512>>}
+                 | {ipc, Handle :: <<_:512>>, ByteSize :: non_neg_integer()}.
+%% Memory named for another library: a local address (a host address on
+%% `cpu', a device address on CUDA) or a 64-byte CUDA IPC handle
+%% (`cudaIpcMemHandle_t'), optionally with the region's size in bytes.
+-type alloc_opts() :: #{device => device(), ipc => boolean()}.
+%% `ipc => true': allocate plain `cudaMalloc' memory that
+%% {@link to_pointer/3} can export as an IPC handle (CUDA only; default
+%% false: the device's stream-ordered pool, which has no IPC handles).
 
 -define(NIF, fusex_nif).
 
@@ -99,25 +126,33 @@ tensor(Data, Type, Shape) -> tensor(Data, Type, Shape, #{}).
 %% @doc A tensor holding `Data' (row-major, native-endian, exactly the bytes
 %% the shape needs) on `device' (default: {@link default_device/0}). On a
 %% GPU the call returns once the bytes are staged; the copy completes in
-%% stream order.
--spec tensor(binary(), type(), shape(), #{device => device()}) -> tensor().
+%% stream order. `ipc => true': see {@link alloc_opts()}.
+-spec tensor(binary(), type(), shape(), alloc_opts()) -> tensor().
 tensor(Data, Type, Shape, Opts) ->
-    ?NIF:tensor(Data, Type, Shape, opt_device(Opts)).
+    {Device, Ipc} = alloc_opts(Opts),
+    ?NIF:tensor(Data, Type, Shape, Device, Ipc).
 
 %% @equiv zeros(Type, Shape, #{})
 -spec zeros(type(), shape()) -> tensor().
 zeros(Type, Shape) -> zeros(Type, Shape, #{}).
 
 %% @doc A zero-filled tensor on `device' (default: {@link default_device/0}).
--spec zeros(type(), shape(), #{device => device()}) -> tensor().
-zeros(Type, Shape, Opts) -> ?NIF:zeros(Type, Shape, opt_device(Opts)).
+%% `ipc => true': see {@link alloc_opts()}.
+-spec zeros(type(), shape(), alloc_opts()) -> tensor().
+zeros(Type, Shape, Opts) ->
+    {Device, Ipc} = alloc_opts(Opts),
+    ?NIF:zeros(Type, Shape, Device, Ipc).
 
-opt_device(Opts) when is_map(Opts) ->
-    case maps:keys(Opts) -- [device] of
-        [] -> maps:get(device, Opts, default_device());
-        Unknown -> erlang:error({badarg, unknown_opts(Unknown, [device])})
+alloc_opts(Opts) ->
+    check_opts(Opts, [device, ipc]),
+    {maps:get(device, Opts, default_device()), maps:get(ipc, Opts, false)}.
+
+check_opts(Opts, Allowed) when is_map(Opts) ->
+    case maps:keys(Opts) -- Allowed of
+        [] -> ok;
+        Unknown -> erlang:error({badarg, unknown_opts(Unknown, Allowed)})
     end;
-opt_device(Opts) ->
+check_opts(Opts, _) ->
     erlang:error({badarg, iolist_to_binary(io_lib:format("opts: expected a map, got ~0tP",
                                                          [Opts, 10]))}).
 
@@ -154,9 +189,17 @@ byte_size(T) ->
 
 tuple_product(Shape) -> lists:foldl(fun(D, Acc) -> D * Acc end, 1, tuple_to_list(Shape)).
 
-%% @doc A copy of the tensor on `Device' (which may be its own device).
+%% @equiv copy(T, Device, #{})
 -spec copy(tensor(), device()) -> tensor().
-copy(T, Device) -> ?NIF:copy(T, Device).
+copy(T, Device) -> copy(T, Device, #{}).
+
+%% @doc A copy of the tensor on `Device' (which may be its own device).
+%% `ipc => true' makes the copy exportable by {@link to_pointer/3} as an
+%% IPC handle (see {@link alloc_opts()}).
+-spec copy(tensor(), device(), #{ipc => boolean()}) -> tensor().
+copy(T, Device, Opts) ->
+    check_opts(Opts, [ipc]),
+    ?NIF:copy(T, Device, maps:get(ipc, Opts, false)).
 
 %% @doc Releases the tensor's device memory now instead of at garbage
 %% collection. Idempotent; any later use of the handle raises
@@ -207,19 +250,380 @@ scale(T, Factor) -> ?NIF:scale(T, Factor).
 -spec reshape(tensor(), shape()) -> tensor().
 reshape(T, Shape) -> ?NIF:reshape(T, Shape).
 
+%% @equiv to_pointer(T, Kind, #{})
+-spec to_pointer(tensor(), local | ipc) ->
+          {local, non_neg_integer(), non_neg_integer()} | {ipc, <<_:512>>, non_neg_integer()}.
+to_pointer(T, Kind) -> to_pointer(T, Kind, #{}).
+
+%% @doc The tensor's memory, for another library or process, with its size
+%% in bytes: `{local, Address, ByteSize}' (the address of the first element:
+%% a host address on `cpu', a device address on CUDA; what EXLA's
+%% `Nx.from_pointer/5' takes as `kind: :local') or `{ipc, Handle,
+%% ByteSize}' (a 64-byte `cudaIpcMemHandle_t' of the tensor's own
+%% allocation, so the importer maps it at offset 0; needs a tensor
+%% allocated with `ipc => true').
+%%
+%% The memory stays fusex's: keep the tensor alive while others use it.
+%% With `sync => true' (the default) the call first waits for the work
+%% fusex has queued on the device, so a reader on another stream or in
+%% another process sees final values. Memory whose address was handed out
+%% is returned to the allocator only after a device-wide synchronize, so a
+%% reader in this process that is still running is not raced.
+-spec to_pointer(tensor(), local | ipc, #{sync => boolean()}) ->
+          {local, non_neg_integer(), non_neg_integer()} | {ipc, <<_:512>>, non_neg_integer()}.
+to_pointer(T, Kind, Opts) ->
+    check_opts(Opts, [sync]),
+    ?NIF:to_pointer(T, Kind, maps:get(sync, Opts, true)).
+
+%% @doc A tensor over memory someone else owns: a borrowed view that fusex
+%% never frees. Ops read and write it in place. Options:
+%% <ul>
+%% <li>`device' (default {@link default_device/0}): the device the memory
+%% belongs to.</li>
+%% <li>`sync' (default `true'): before the call returns, the whole device
+%% is synchronized (`cudaDeviceSynchronize'), so work that other libraries
+%% of this node (EXLA, ...) queued on their own streams is complete before
+%% fusex first touches the memory. Pass `false' only when you have ordered
+%% that work yourself. Work of another process is not covered: the exporter
+%% must have finished writing before it sent the handle.</li>
+%% <li>`offset' (ipc only, default 0): the byte offset of the tensor within
+%% the allocation the handle names (an IPC handle always names a whole
+%% allocation; PyTorch reports a storage's offset beside its handle).</li>
+%% </ul>
+%% Checks: a null address, one not aligned to the element size, or a
+%% region smaller than the shape needs (when the pointer carries a size)
+%% raise `badarg'. A local address inside a live fusex tensor must fit
+%% inside it, and the view then keeps that memory alive; an address inside
+%% memory fusex has freed is refused as a use-after-free. Foreign CUDA
+%% addresses are checked to be memory of that device and, as far as the
+%% driver reports, to hold the region. Foreign host addresses cannot be
+%% checked beyond null and alignment. An IPC mapping is closed when the
+%% view is freed or collected. See docs/INTEROP.md.
+-spec from_pointer(pointer(), type(), shape(),
+                   #{device => device(), sync => boolean(), offset => non_neg_integer()}) ->
+          tensor().
+from_pointer(Pointer, Type, Shape, Opts) ->
+    check_opts(Opts, [device, sync, offset]),
+    ?NIF:from_pointer(Pointer, Type, Shape, maps:get(device, Opts, default_device()),
+                      maps:get(sync, Opts, true), maps:get(offset, Opts, 0)).
+
+%% @doc Copies `Src' into `Dst' in place (same device, type and shape). The
+%% way a result reaches memory fusex does not own: a view made by
+%% {@link from_pointer/4} of another library's tensor. Stream-ordered like
+%% every op; {@link synchronize/1} before another library reads `Dst'.
+-spec copy_into(tensor(), tensor()) -> ok.
+copy_into(Src, Dst) -> ?NIF:copy_into(Src, Dst).
+%% ---- optimizers ----
+
+-type optimizer() :: #{optimizer := adamw | sgd, ref := reference(), device := device(),
+                       step := tensor(), grad_norm := tensor(), skipped := tensor(),
+                       master := [tensor()], exp_avg => [tensor()], exp_avg_sq => [tensor()],
+                       max_exp_avg_sq => [tensor()], momentum_buffer => [tensor()]}.
+%% An optimizer state. Every tensor in it lives on the parameters' device
+%% and is updated in place by each step; read them with {@link to_binary/1}
+%% like any tensor. `step' ({s,64}, shape {}) counts the steps taken (a
+%% skipped step does not count); `grad_norm' ({f,32}, {}) is the last
+%% step's global gradient norm, -1 when that step computed none; `skipped'
+%% ({u,8}, {}) is 1 when the last step was skipped. `master' holds the f32
+%% master copies of 16-bit parameters (else `[]'). AdamW keeps `exp_avg',
+%% `exp_avg_sq' and, with amsgrad, `max_exp_avg_sq' (else `[]'); SGD keeps
+%% `momentum_buffer' (`[]' without momentum). All f32, one per parameter.
+%% `ref' is the state's device table; the map is the whole state: a step
+%% returns it unchanged (the tensors in it changed in place).
+
+-type adamw_hyper() :: #{lr => number(), beta1 => number(), beta2 => number(),
+                         eps => number(), weight_decay => number(), maximize => boolean(),
+                         amsgrad => boolean(), max_grad_norm => number() | none,
+                         skip_nonfinite => boolean()}.
+%% AdamW hyperparameters; defaults as torch.optim.AdamW: `lr' 1.0e-3,
+%% `beta1' 0.9, `beta2' 0.999, `eps' 1.0e-8, `weight_decay' 1.0e-2
+%% (decoupled), `maximize' false, `amsgrad' false; `max_grad_norm' none
+%% (no clipping), `skip_nonfinite' false.
+
+-type adamw_opts() :: #{lr => number(), beta1 => number(), beta2 => number(),
+                        eps => number(), weight_decay => number(), maximize => boolean(),
+                        amsgrad => boolean(), max_grad_norm => number() | none,
+                        skip_nonfinite => boolean(), master_weights => boolean()}.
+%% {@link adamw_hyper()} (the defaults of every step) and `master_weights'.
+
+-type sgd_hyper() :: #{lr => number(), momentum => number(), dampening => number(),
+                       nesterov => boolean(), weight_decay => number(),
+                       maximize => boolean(), max_grad_norm => number() | none,
+                       skip_nonfinite => boolean()}.
+%% SGD hyperparameters; defaults as torch.optim.SGD: `lr' 1.0e-3,
+%% `momentum' 0, `dampening' 0, `nesterov' false, `weight_decay' 0,
+%% `maximize' false; `max_grad_norm' none, `skip_nonfinite' false.
+
+-type sgd_opts() :: #{lr => number(), momentum => number(), dampening => number(),
+                      nesterov => boolean(), weight_decay => number(),
+                      maximize => boolean(), max_grad_norm => number() | none,
+                      skip_nonfinite => boolean(), master_weights => boolean()}.
+%% {@link sgd_hyper()} (the defaults of every step) and `master_weights'.
+
+-type optimizer_info() :: #{step := non_neg_integer(), skipped := boolean(),
+                            grad_norm := float() | infinity | nan | undefined}.
+
+%% @doc A new AdamW state for `Params' (a non-empty list of tensors on one
+%% device, all of one type). Allocates, on that device, the first and
+%% second moments (f32, zeroed), `max_exp_avg_sq' with `amsgrad => true',
+%% and the step count (0). Parameters are f32; {bf,16} or {f,16}
+%% parameters need `master_weights => true', which keeps an f32 master copy
+%% of each (made from the parameters now): steps update the master and
+%% write the parameter rounded from it; the master is the truth from then on
+%% (a value written into the parameter otherwise is overwritten by the next
+%% step). `master_weights' has no effect on f32 parameters.
+%%
+%% `Opts' are the hyperparameters every {@link adamw_step/4} starts from
+%% (see {@link adamw_hyper()}); `amsgrad' is fixed here. The formulas are in
+%% docs/OPTIMIZERS.md. Bad options raise `{badarg, Msg}' naming the
+%% option, e.g. `<<"beta1: expected a number in [0, 1), got 1.5">>'.
+-spec adamw_init([tensor()], adamw_opts()) -> optimizer().
+adamw_init(Params, Opts) -> optimizer_init(adamw, Params, Opts).
+
+%% @doc One AdamW step over every parameter, in place, exactly as
+%% torch.optim.AdamW: `Params' are the tensors given to
+%% {@link adamw_init/2} (same count, shapes and type; the same tensors in
+%% practice), `Grads' one gradient per parameter, of its shape, all f32 or
+%% all {bf,16} (or {f,16}). `Hyper' overrides the state's defaults for this
+%% step (a learning-rate schedule passes `#{lr => Lr}').
+%%
+%% With `max_grad_norm => N' the gradients are scaled by
+%% min(1, N / (Norm + 1.0e-6)), Norm the L2 norm of all gradients together
+%% (torch.nn.utils.clip_grad_norm_); the gradients themselves are not
+%% written. With `skip_nonfinite => true' a step whose gradients hold any
+%% Inf or NaN changes nothing: parameters, master copies, moments and the
+%% step count keep every byte.
+%%
+%% On a GPU the call only enqueues work (one kernel launch; two with
+%% clipping or the non-finite check) and never waits for the device: the
+%% step count, the norm, the clip factor and the skip verdict stay on the
+%% device. Read them with {@link optimizer_info/1}, which waits. Returns
+%% the state (the same map: its tensors changed in place).
+-spec adamw_step(optimizer(), [tensor()], [tensor()], adamw_hyper()) -> optimizer().
+adamw_step(State, Params, Grads, Hyper) -> optimizer_step(adamw, State, Params, Grads, Hyper).
+
+%% @doc A new SGD state for `Params': momentum buffers (f32, one per
+%% parameter) when `momentum' is above 0, the step count, and f32 master
+%% copies for {bf,16}/{f,16} parameters with `master_weights => true', as
+%% {@link adamw_init/2}. `Opts': the defaults of every step (see
+%% {@link sgd_hyper()}).
+-spec sgd_init([tensor()], sgd_opts()) -> optimizer().
+sgd_init(Params, Opts) -> optimizer_init(sgd, Params, Opts).
+
+%% @doc One SGD step (momentum, dampening, Nesterov, weight decay, as
+%% torch.optim.SGD), with the clipping and non-finite skip of
+%% {@link adamw_step/4} and the same rules for `Params' and `Grads'. The
+%% momentum buffer starts as the first (non-skipped) step's gradient. A
+%% state made with momentum 0 holds no buffers and refuses a step with
+%% momentum.
+-spec sgd_step(optimizer(), [tensor()], [tensor()], sgd_hyper()) -> optimizer().
+sgd_step(State, Params, Grads, Hyper) -> optimizer_step(sgd, State, Params, Grads, Hyper).
+
+%% @doc What the last step left on the device: the step count, the global
+%% gradient norm (`undefined' when that step computed none: no clipping
+%% and no non-finite check; `infinity' or `nan' when a gradient held one),
+%% and whether it was skipped. Waits for the queued work on the state's
+%% device; a training loop that does not call it never waits.
+-spec optimizer_info(optimizer()) -> optimizer_info().
+optimizer_info(#{optimizer := _, step := Step, grad_norm := Norm, skipped := Skipped}) ->
+    <<Count:64/signed-native>> = to_binary(Step),
+    <<Flag:8>> = to_binary(Skipped),
+    #{step => Count, skipped => Flag =:= 1, grad_norm => norm_value(to_binary(Norm))};
+optimizer_info(Other) ->
+    erlang:error({badarg, not_a_state(<<"adamw_init/2 or sgd_init/2">>, Other)}).
+
+norm_value(<<Norm:32/float-native>>) when Norm < 0 -> undefined;
+norm_value(<<Norm:32/float-native>>) -> Norm;
+norm_value(<<Bits:32/native>>) when Bits band 16#7FFFFF =:= 0 -> infinity;
+norm_value(_) -> nan.
+
+optimizer_init(Kind, Params, Opts) ->
+    {Ref, Tensors} = ?NIF:optim_init(Kind, Params, Opts),
+    Tensors#{optimizer => Kind, ref => Ref, device => device(hd(Params))}.
+
+optimizer_step(Kind, State = #{optimizer := _, ref := Ref}, Params, Grads, Hyper) ->
+    ok = ?NIF:optim_step(Kind, Ref, Params, Grads, Hyper),
+    State;
+optimizer_step(Kind, Other, _Params, _Grads, _Hyper) ->
+    erlang:error({badarg, not_a_state([atom_to_list(Kind), "_init/2"], Other)}).
+
+not_a_state(From, Got) ->
+    iolist_to_binary(io_lib:format("state: expected an optimizer state from ~s, got ~0tP",
+                                   [From, Got, 10])).
+
+%% ---- linear recurrences ----
+%%
+%% Sequences are `[batch, seqlen, hidden]', states and h0 `[batch, hidden]'.
+%% Every op is one fused scan: the per-step coefficients (a_t, b_t) of
+%% h_t = a_t * h_{t-1} + b_t are computed from the inputs inside the kernel.
+%% Inputs may be {f,32}, {bf,16} or {f,16} ({f,64} too on cpu), all of one
+%% type; maths runs in f32 (f64 on cpu for f64 inputs). H comes back in the
+%% inputs' type; the final state in {f,32} ({f,64} for f64 inputs), so a
+%% sequence split in pieces and carried through `h0' gives the same result
+%% as one call. `h0' and a step's state may be of the inputs' type or of the
+%% state type.
+
+-type ctx() :: reference().
+%% What `save_for_backward' keeps for the backward: references to the
+%% inputs, h0 and the output H (no copies) and the options.
+-type scan_opts() :: #{h0 => tensor(), return_state => boolean(), reverse => boolean(),
+                       save_for_backward => boolean()}.
+%% `h0' (default zeros): the state before the first step. `return_state':
+%% also return the final state. `reverse': scan from the last step to the
+%% first (the final state is then the one after t = 0). `save_for_backward':
+%% also return a context for the op's `_backward'.
+-type gated_opts() :: #{h0 => tensor(), return_state => boolean(), reverse => boolean(),
+                        save_for_backward => boolean(),
+                        candidate_activation => identity | g}.
+%% As {@type scan_opts()}, and `candidate_activation => g' to use
+%% g(cand) (x + 0.5 for x >= 0, sigmoid(x) below) as the candidate.
+-type liquid_opts() :: #{h0 => tensor(), return_state => boolean(), reverse => boolean(),
+                         save_for_backward => boolean(), dt => number() | tensor()}.
+%% As {@type scan_opts()}, and `dt': the step size, a positive number
+%% (default 1.0) or a tensor `[batch, seqlen, 1]'.
+-type scan_result() :: tensor() | {tensor(), tensor()} | {tensor(), ctx()}
+                     | {tensor(), tensor(), ctx()}.
+%% `H', `{H, State}' with `return_state', `{H, Ctx}' with
+%% `save_for_backward', `{H, State, Ctx}' with both.
+-type backward_opts() :: #{dstate => tensor()}.
+%% `dstate': the gradient of the final state (default zeros).
+-type gradients() :: #{atom() => tensor()}.
+%% One gradient per input given to the forward, keyed by the input's name,
+%% each of its input's shape and type.
+
+%% @equiv linear_scan(A, B, #{})
+-spec linear_scan(tensor(), tensor()) -> scan_result().
+linear_scan(A, B) -> linear_scan(A, B, #{}).
+
+%% @doc The generic linear scan h_t = a_t * h_{t-1} + b_t over
+%% `[batch, seqlen, hidden]' tensors `A' and `B'.
+-spec linear_scan(tensor(), tensor(), scan_opts()) -> scan_result().
+linear_scan(A, B, Opts) -> ?NIF:linear_scan(A, B, Opts).
+
+%% @equiv mingru(ZLogits, Cand, #{})
+-spec mingru(tensor(), tensor()) -> scan_result().
+mingru(ZLogits, Cand) -> mingru(ZLogits, Cand, #{}).
+
+%% @doc MinGRU: z = sigmoid(z_logits), h_t = (1 - z_t) * h_{t-1} + z_t * c_t,
+%% with c = cand (or g(cand), see {@type gated_opts()}).
+-spec mingru(tensor(), tensor(), gated_opts()) -> scan_result().
+mingru(ZLogits, Cand, Opts) -> ?NIF:mingru(ZLogits, Cand, Opts).
+
+%% @equiv minlstm(FLogits, ILogits, Cand, #{})
+-spec minlstm(tensor(), tensor(), tensor()) -> scan_result().
+minlstm(FLogits, ILogits, Cand) -> minlstm(FLogits, ILogits, Cand, #{}).
+
+%% @doc MinLSTM: f = sigmoid(f_logits), i = sigmoid(i_logits), normalised
+%% f' = f/(f+i), i' = i/(f+i); h_t = f'_t * h_{t-1} + i'_t * c_t (c as in
+%% {@link mingru/3}). The gates are computed in a form that stays finite for
+%% any logits.
+-spec minlstm(tensor(), tensor(), tensor(), gated_opts()) -> scan_result().
+minlstm(FLogits, ILogits, Cand, Opts) -> ?NIF:minlstm(FLogits, ILogits, Cand, Opts).
+
+%% @equiv liquid(FLogits, Tau, A, #{})
+-spec liquid(tensor(), tensor(), tensor()) -> scan_result().
+liquid(FLogits, Tau, A) -> liquid(FLogits, Tau, A, #{}).
+
+%% @doc Liquid time-constant cell, one fused semi-implicit Euler step per
+%% frame: f = sigmoid(f_logits),
+%% h_t = (h_{t-1} + dt * f_t * A) / (1 + dt * (1/tau + f_t)), with `Tau'
+%% and `A' of shape `[hidden]'. Tau must be positive (its values are not
+%% inspected: a zero or negative tau gives infinities, not an error).
+-spec liquid(tensor(), tensor(), tensor(), liquid_opts()) -> scan_result().
+liquid(FLogits, Tau, A, Opts) -> ?NIF:liquid(FLogits, Tau, A, Opts).
+
+%% @equiv linear_scan_backward(Dh, Ctx, #{})
+-spec linear_scan_backward(tensor(), ctx()) -> gradients().
+linear_scan_backward(Dh, Ctx) -> linear_scan_backward(Dh, Ctx, #{}).
+
+%% @doc Gradients of {@link linear_scan/3} from `Dh' (the gradient of H)
+%% and the context it saved: `#{a, b}', and `h0' if one was given.
+-spec linear_scan_backward(tensor(), ctx(), backward_opts()) -> gradients().
+linear_scan_backward(Dh, Ctx, Opts) -> ?NIF:linrec_backward(linear_scan, Dh, Ctx, Opts).
+
+%% @equiv mingru_backward(Dh, Ctx, #{})
+-spec mingru_backward(tensor(), ctx()) -> gradients().
+mingru_backward(Dh, Ctx) -> mingru_backward(Dh, Ctx, #{}).
+
+%% @doc Gradients of {@link mingru/3}: `#{z_logits, cand}', and `h0' if one
+%% was given.
+-spec mingru_backward(tensor(), ctx(), backward_opts()) -> gradients().
+mingru_backward(Dh, Ctx, Opts) -> ?NIF:linrec_backward(mingru, Dh, Ctx, Opts).
+
+%% @equiv minlstm_backward(Dh, Ctx, #{})
+-spec minlstm_backward(tensor(), ctx()) -> gradients().
+minlstm_backward(Dh, Ctx) -> minlstm_backward(Dh, Ctx, #{}).
+
+%% @doc Gradients of {@link minlstm/4}: `#{f_logits, i_logits, cand}', and
+%% `h0' if one was given.
+-spec minlstm_backward(tensor(), ctx(), backward_opts()) -> gradients().
+minlstm_backward(Dh, Ctx, Opts) -> ?NIF:linrec_backward(minlstm, Dh, Ctx, Opts).
+
+%% @equiv liquid_backward(Dh, Ctx, #{})
+-spec liquid_backward(tensor(), ctx()) -> gradients().
+liquid_backward(Dh, Ctx) -> liquid_backward(Dh, Ctx, #{}).
+
+%% @doc Gradients of {@link liquid/4}: `#{f_logits, tau, a}', `dt' when dt
+%% was a tensor, and `h0' if one was given. The tau, a and dt gradients are
+%% sums (over batch and time, or over hidden) accumulated with atomics on
+%% CUDA, so their last bits may vary from run to run.
+-spec liquid_backward(tensor(), ctx(), backward_opts()) -> gradients().
+liquid_backward(Dh, Ctx, Opts) -> ?NIF:linrec_backward(liquid, Dh, Ctx, Opts).
+
+%% @equiv linear_scan_step(State, A, B, #{})
+-spec linear_scan_step(tensor(), tensor(), tensor()) -> tensor().
+linear_scan_step(State, A, B) -> linear_scan_step(State, A, B, #{}).
+
+%% @doc One frame of {@link linear_scan/3}: `A' and `B' are `[batch, hidden]';
+%% `State' (`[batch, hidden]', the inputs' type or the state type) is
+%% updated in place to the new h, which is also returned (in the inputs'
+%% type). No options yet; the map is there for symmetry with the others.
+-spec linear_scan_step(tensor(), tensor(), tensor(), #{}) -> tensor().
+linear_scan_step(State, A, B, Opts) -> ?NIF:linear_scan_step(State, A, B, Opts).
+
+%% @equiv mingru_step(State, ZLogits, Cand, #{})
+-spec mingru_step(tensor(), tensor(), tensor()) -> tensor().
+mingru_step(State, ZLogits, Cand) -> mingru_step(State, ZLogits, Cand, #{}).
+
+%% @doc One frame of {@link mingru/3}, `State' updated in place (see
+%% {@link linear_scan_step/4}). Option: `candidate_activation'.
+-spec mingru_step(tensor(), tensor(), tensor(), #{candidate_activation => identity | g}) -> tensor().
+mingru_step(State, ZLogits, Cand, Opts) -> ?NIF:mingru_step(State, ZLogits, Cand, Opts).
+
+%% @equiv minlstm_step(State, FLogits, ILogits, Cand, #{})
+-spec minlstm_step(tensor(), tensor(), tensor(), tensor()) -> tensor().
+minlstm_step(State, FLogits, ILogits, Cand) -> minlstm_step(State, FLogits, ILogits, Cand, #{}).
+
+%% @doc One frame of {@link minlstm/4}, `State' updated in place (see
+%% {@link linear_scan_step/4}). Option: `candidate_activation'.
+-spec minlstm_step(tensor(), tensor(), tensor(), tensor(),
+                   #{candidate_activation => identity | g}) -> tensor().
+minlstm_step(State, FLogits, ILogits, Cand, Opts) ->
+    ?NIF:minlstm_step(State, FLogits, ILogits, Cand, Opts).
+
+%% @equiv liquid_step(State, FLogits, Tau, A, #{})
+-spec liquid_step(tensor(), tensor(), tensor(), tensor()) -> tensor().
+liquid_step(State, FLogits, Tau, A) -> liquid_step(State, FLogits, Tau, A, #{}).
+
+%% @doc One frame of {@link liquid/4}, `State' updated in place (see
+%% {@link linear_scan_step/4}). Option: `dt', a positive number (default
+%% 1.0) or a tensor `[batch, 1]'.
+-spec liquid_step(tensor(), tensor(), tensor(), tensor(), #{dt => number() | tensor()}) -> tensor().
+liquid_step(State, FLogits, Tau, A, Opts) -> ?NIF:liquid_step(State, FLogits, Tau, A, Opts).
+
 %% ---- selective scan (Mamba S6) ----
 
--type scan_opts() :: #{d => tensor(), z => tensor(), dt_bias => tensor(),
+-type selective_scan_opts() :: #{d => tensor(), z => tensor(), dt_bias => tensor(),
                        dt_softplus => boolean(), h0 => tensor(), return_state => boolean(),
                        save_for_backward => boolean()}.
 %% Options of {@link selective_scan/6}; all default to absent / `false'.
--type scan_step_opts() :: #{d => tensor(), z => tensor(), dt_bias => tensor(),
+-type selective_scan_step_opts() :: #{d => tensor(), z => tensor(), dt_bias => tensor(),
                             dt_softplus => boolean()}.
 %% Options of {@link selective_scan_step/7}.
--opaque scan_ctx() :: reference().
+-opaque selective_scan_ctx() :: reference().
 %% What a forward with `save_for_backward' keeps for
 %% {@link selective_scan_backward/3}.
--type scan_grads() :: #{x := tensor(), dt := tensor(), a := tensor(), b := tensor(),
+-type selective_scan_grads() :: #{x := tensor(), dt := tensor(), a := tensor(), b := tensor(),
                         c := tensor(), d => tensor(), z => tensor(), dt_bias => tensor(),
                         h0 => tensor()}.
 %% One gradient per input given to the forward, with the input's shape and
@@ -267,13 +671,13 @@ reshape(T, Shape) -> ?NIF:reshape(T, Shape).
 %% element of `x'. The CPU keeps no states: its backward recomputes from
 %% `h0'. Nothing of size `[batch, seqlen, dim, dstate]' is ever held.
 -spec selective_scan(X :: tensor(), Dt :: tensor(), A :: tensor(), B :: tensor(),
-                     C :: tensor(), scan_opts()) ->
-          tensor() | {tensor(), tensor()} | {tensor(), scan_ctx()} |
-          {tensor(), tensor(), scan_ctx()}.
+                     C :: tensor(), selective_scan_opts()) ->
+          tensor() | {tensor(), tensor()} | {tensor(), selective_scan_ctx()} |
+          {tensor(), tensor(), selective_scan_ctx()}.
 selective_scan(X, Dt, A, B, C, Opts) -> ?NIF:selective_scan(X, Dt, A, B, C, Opts).
 
 %% @equiv selective_scan_backward(Dy, Ctx, #{})
--spec selective_scan_backward(tensor(), scan_ctx()) -> scan_grads().
+-spec selective_scan_backward(tensor(), selective_scan_ctx()) -> selective_scan_grads().
 selective_scan_backward(Dy, Ctx) -> selective_scan_backward(Dy, Ctx, #{}).
 
 %% @doc The gradients of a {@link selective_scan/6} that ran with
@@ -293,7 +697,8 @@ selective_scan_backward(Dy, Ctx) -> selective_scan_backward(Dy, Ctx, #{}).
 %% `dt_bias' (`(dim * dstate + 2 * dim + 2 * batch * seqlen * groups *
 %% dstate) * 4' bytes); on the CPU `O(batch * dim * dstate)' plus small
 %% per-task buffers. A context can serve more than one backward.
--spec selective_scan_backward(tensor(), scan_ctx(), #{dstate => tensor()}) -> scan_grads().
+-spec selective_scan_backward(tensor(), selective_scan_ctx(), #{dstate => tensor()}) ->
+          selective_scan_grads().
 selective_scan_backward(Dy, Ctx, Opts) -> ?NIF:selective_scan_backward(Dy, Ctx, Opts).
 
 %% @doc One time step of {@link selective_scan/6}, for inference one frame
@@ -306,6 +711,6 @@ selective_scan_backward(Dy, Ctx, Opts) -> ?NIF:selective_scan_backward(Dy, Ctx, 
 %% 16-bit state would lose its slow modes to rounding. On CUDA a step is
 %% one kernel launch and allocates only `Y'.
 -spec selective_scan_step(State :: tensor(), X :: tensor(), Dt :: tensor(), A :: tensor(),
-                          B :: tensor(), C :: tensor(), scan_step_opts()) -> tensor().
+                          B :: tensor(), C :: tensor(), selective_scan_step_opts()) -> tensor().
 selective_scan_step(State, X, Dt, A, B, C, Opts) ->
     ?NIF:selective_scan_step(State, X, Dt, A, B, C, Opts).

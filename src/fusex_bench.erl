@@ -33,7 +33,8 @@
 %% times N calls and divides (for calls of a few microseconds).
 -type row() :: #{atom() => term()}.
 
--define(CASE_MODULES, [fusex_bench_core, fusex_bench_ssm, fusex_bench_linrec, fusex_bench_optim]).
+-define(CASE_MODULES, [fusex_bench_core, fusex_bench_ssm, fusex_bench_linrec, fusex_bench_optim,
+                       fusex_bench_interop]).
 -define(SPIN_US, 200).
 
 %% @doc Entry point for `make bench' and bench/fusex_bench.escript.

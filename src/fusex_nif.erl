@@ -4,9 +4,13 @@
 -module(fusex_nif).
 
 -export([devices/0, shape/1, type/1, device/1, free/1, is_live/1, memory/1, reshape/2,
-         nop/0, dirty_nop/0, tensor/4, zeros/3, to_binary/1, copy/2, synchronize/1,
+         nop/0, dirty_nop/0, tensor/5, zeros/4, to_binary/1, copy/3, synchronize/1,
          convert/2, binary_op/3, scale/2, event_new/1, event_record/1,
-         event_elapsed_us/2, busy_wait/2, priv_dir/0]).
+         event_elapsed_us/2, busy_wait/2, priv_dir/0, to_pointer/3, from_pointer/6,
+         copy_into/2]).
+-export([optim_init/3, optim_step/5]).
+-export([linear_scan/3, mingru/3, minlstm/4, liquid/4, linrec_backward/4,
+         linear_scan_step/4, mingru_step/4, minlstm_step/5, liquid_step/5]).
 -export([selective_scan/6, selective_scan_backward/3, selective_scan_step/7]).
 
 -on_load(init/0).
@@ -38,10 +42,10 @@ memory(_Device) -> ?NOT_LOADED.
 reshape(_T, _Shape) -> ?NOT_LOADED.
 nop() -> ?NOT_LOADED.
 dirty_nop() -> ?NOT_LOADED.
-tensor(_Data, _Type, _Shape, _Device) -> ?NOT_LOADED.
-zeros(_Type, _Shape, _Device) -> ?NOT_LOADED.
+tensor(_Data, _Type, _Shape, _Device, _Ipc) -> ?NOT_LOADED.
+zeros(_Type, _Shape, _Device, _Ipc) -> ?NOT_LOADED.
 to_binary(_T) -> ?NOT_LOADED.
-copy(_T, _Device) -> ?NOT_LOADED.
+copy(_T, _Device, _Ipc) -> ?NOT_LOADED.
 synchronize(_TensorOrDevice) -> ?NOT_LOADED.
 convert(_T, _Type) -> ?NOT_LOADED.
 binary_op(_Op, _A, _B) -> ?NOT_LOADED.
@@ -50,6 +54,20 @@ event_new(_Device) -> ?NOT_LOADED.
 event_record(_Event) -> ?NOT_LOADED.
 event_elapsed_us(_Start, _Stop) -> ?NOT_LOADED.
 busy_wait(_Device, _Us) -> ?NOT_LOADED.
+to_pointer(_T, _Kind, _Sync) -> ?NOT_LOADED.
+from_pointer(_Pointer, _Type, _Shape, _Device, _Sync, _Offset) -> ?NOT_LOADED.
+copy_into(_Src, _Dst) -> ?NOT_LOADED.
+optim_init(_Kind, _Params, _Opts) -> ?NOT_LOADED.
+optim_step(_Kind, _State, _Params, _Grads, _Hyper) -> ?NOT_LOADED.
+linear_scan(_A, _B, _Opts) -> ?NOT_LOADED.
+mingru(_ZLogits, _Cand, _Opts) -> ?NOT_LOADED.
+minlstm(_FLogits, _ILogits, _Cand, _Opts) -> ?NOT_LOADED.
+liquid(_FLogits, _Tau, _A, _Opts) -> ?NOT_LOADED.
+linrec_backward(_Op, _Dh, _Ctx, _Opts) -> ?NOT_LOADED.
+linear_scan_step(_State, _A, _B, _Opts) -> ?NOT_LOADED.
+mingru_step(_State, _ZLogits, _Cand, _Opts) -> ?NOT_LOADED.
+minlstm_step(_State, _FLogits, _ILogits, _Cand, _Opts) -> ?NOT_LOADED.
+liquid_step(_State, _FLogits, _Tau, _A, _Opts) -> ?NOT_LOADED.
 selective_scan(_X, _Dt, _A, _B, _C, _Opts) -> ?NOT_LOADED.
 selective_scan_backward(_Dy, _Ctx, _Opts) -> ?NOT_LOADED.
 selective_scan_step(_State, _X, _Dt, _A, _B, _C, _Opts) -> ?NOT_LOADED.

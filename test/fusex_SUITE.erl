@@ -49,7 +49,15 @@ concurrent_processes(Config) ->
     Pids = [spawn_link(fun() -> Parent ! {self(), worker(Device, K)} end) || K <- lists:seq(1, 16)],
     Results = [receive {Pid, R} -> R after 120000 -> timeout end || Pid <- Pids],
     ?assertEqual(lists:duplicate(16, ok), Results),
+    wait_exited(Pids), % their heaps (and the tensors on them) go when they exit
     ?assertEqual(Before, baseline(Device)).
+
+wait_exited(Pids) ->
+    [begin
+         Ref = monitor(process, Pid),
+         receive {'DOWN', Ref, process, Pid, _} -> ok after 60000 -> error({still_alive, Pid}) end
+     end || Pid <- Pids],
+    ok.
 
 worker(Device, K) ->
     rand:seed(exsss, K),
@@ -81,6 +89,7 @@ free_while_in_use(Config) ->
     [ok = fusex:free(T) || T <- Shared],
     Outcomes = lists:append([receive {Pid, O} -> O after 120000 -> [timeout] end || Pid <- Users]),
     ?assertEqual([], [O || O <- Outcomes, O =/= ok, O =/= freed]),
+    wait_exited(Users),
     ?assertEqual(Before, baseline(Device)).
 
 use_all(Tensors, Xs) ->

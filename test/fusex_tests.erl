@@ -163,7 +163,7 @@ bad_input_test_() ->
           fun() -> fusex:zeros({f, 32}, {1}, #{device => tpu}) end},
          {{prefix, <<"device: expected an available device, got {cuda,99}">>},
           fun() -> fusex:zeros({f, 32}, {1}, #{device => {cuda, 99}}) end},
-         {<<"opts: expected only the options [device], got [devise]">>,
+         {<<"opts: expected only the options [device,ipc], got [devise]">>,
           fun() -> fusex:zeros({f, 32}, {1}, #{devise => cpu}) end},
          {<<"opts: expected a map, got [cpu]">>, fun() -> fusex:zeros({f, 32}, {1}, [cpu]) end},
          {<<"factor: expected a number, got two">>, fun() -> fusex:scale(Good, two) end},

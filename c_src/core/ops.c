@@ -8,6 +8,13 @@
 int fx_op_from_host(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
                     const void *data, size_t datalen, fx_tensor *out, fx_status *st)
 {
+    return fx_op_from_host_flags(dev, dtype, rank, dims, data, datalen, FX_ALLOC_DEFAULT, out, st);
+}
+
+int fx_op_from_host_flags(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                          const void *data, size_t datalen, unsigned flags, fx_tensor *out,
+                          fx_status *st)
+{
     int64_t numel;
     size_t nbytes;
     if (fx_shape_nbytes("shape", dtype, rank, dims, &numel, &nbytes, st) != FX_OK)
@@ -18,7 +25,7 @@ int fx_op_from_host(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dim
         return fx_fail(st, FX_EBADARG, "data: expected %zu bytes (shape %s of %s), got %zu bytes",
                        nbytes, shape, fx_dtype_name(dtype), datalen);
     }
-    if (fx_tensor_alloc(dev, dtype, rank, dims, out, st) != FX_OK)
+    if (fx_tensor_alloc_flags(dev, dtype, rank, dims, flags, out, st) != FX_OK)
         return st->code;
     if (nbytes > 0 && dev->backend->upload(dev->ordinal, out->data, data, nbytes, st) != FX_OK) {
         fx_tensor_release(out);
@@ -30,7 +37,13 @@ int fx_op_from_host(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dim
 int fx_op_zeros(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims, fx_tensor *out,
                 fx_status *st)
 {
-    if (fx_tensor_alloc(dev, dtype, rank, dims, out, st) != FX_OK)
+    return fx_op_zeros_flags(dev, dtype, rank, dims, FX_ALLOC_DEFAULT, out, st);
+}
+
+int fx_op_zeros_flags(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                      unsigned flags, fx_tensor *out, fx_status *st)
+{
+    if (fx_tensor_alloc_flags(dev, dtype, rank, dims, flags, out, st) != FX_OK)
         return st->code;
     if (out->nbytes > 0 &&
         dev->backend->fill_zero(dev->ordinal, out->data, out->nbytes, st) != FX_OK) {
@@ -49,7 +62,13 @@ int fx_op_to_host(const fx_tensor *t, void *dst, fx_status *st)
 
 int fx_op_copy_to(const fx_tensor *t, fx_device *dev, fx_tensor *out, fx_status *st)
 {
-    if (fx_tensor_alloc(dev, t->dtype, t->rank, t->dims, out, st) != FX_OK)
+    return fx_op_copy_to_flags(t, dev, FX_ALLOC_DEFAULT, out, st);
+}
+
+int fx_op_copy_to_flags(const fx_tensor *t, fx_device *dev, unsigned flags, fx_tensor *out,
+                        fx_status *st)
+{
+    if (fx_tensor_alloc_flags(dev, t->dtype, t->rank, t->dims, flags, out, st) != FX_OK)
         return st->code;
     if (t->nbytes == 0)
         return FX_OK;
@@ -125,6 +144,18 @@ int fx_op_reshape(const fx_tensor *t, int rank, const int64_t *dims, fx_tensor *
     memcpy(out->dims, dims, sizeof(int64_t) * (size_t)rank);
     fx_buffer_ref(t->buffer);
     return FX_OK;
+}
+
+int fx_op_copy_into(const fx_tensor *src, const fx_tensor *dst, fx_status *st)
+{
+    fx_device *dev = src->device;
+    if (fx_expect_same_device(st, "dst", dst, dev, "src") ||
+        fx_expect_dtype(st, "dst", dst, src->dtype) ||
+        fx_expect_shape(st, "dst", dst, src->rank, src->dims, "(the shape of src)"))
+        return st->code;
+    if (src->nbytes == 0 || src->data == dst->data)
+        return FX_OK;
+    return dev->backend->copy(dev->ordinal, dst->data, src->data, src->nbytes, st);
 }
 
 int fx_op_synchronize(fx_device *dev, fx_status *st)

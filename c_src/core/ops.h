@@ -22,5 +22,18 @@ int fx_op_scale(const fx_tensor *t, double factor, fx_tensor *out, fx_status *st
 int fx_op_reshape(const fx_tensor *t, int rank, const int64_t *dims, fx_tensor *out,
                   fx_status *st);
 int fx_op_synchronize(fx_device *dev, fx_status *st);
+/* Copies src's elements into dst in place (same device, type and shape):
+ * how a result reaches memory fusex does not own (a from_pointer view). */
+int fx_op_copy_into(const fx_tensor *src, const fx_tensor *dst, fx_status *st);
+
+/* The same creation ops with allocation flags (FX_ALLOC_IPC: memory with a
+ * CUDA IPC handle; see runtime.h). */
+int fx_op_from_host_flags(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                          const void *data, size_t datalen, unsigned flags, fx_tensor *out,
+                          fx_status *st);
+int fx_op_zeros_flags(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                      unsigned flags, fx_tensor *out, fx_status *st);
+int fx_op_copy_to_flags(const fx_tensor *t, fx_device *dev, unsigned flags, fx_tensor *out,
+                        fx_status *st);
 
 #endif

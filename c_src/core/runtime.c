@@ -31,6 +31,9 @@ static void add_device(const fx_backend *backend, fx_device_kind kind, int ordin
     atomic_init(&dev->allocated, 0);
     atomic_init(&dev->peak, 0);
     atomic_init(&dev->live_tensors, 0);
+    pthread_mutex_init(&dev->registry_lock, NULL);
+    dev->registry_head = NULL;
+    dev->freed_next = 0;
 }
 
 static int backend_compatible(const fx_backend *b)
@@ -201,19 +204,128 @@ static void count_alloc(fx_device *dev, long long nbytes)
     }
 }
 
+/* ---- the registry of live allocations ---- */
+
+static void registry_add(fx_buffer *buf)
+{
+    fx_device *dev = buf->device;
+    pthread_mutex_lock(&dev->registry_lock);
+    buf->reg_prev = NULL;
+    buf->reg_next = dev->registry_head;
+    if (dev->registry_head)
+        dev->registry_head->reg_prev = buf;
+    dev->registry_head = buf;
+    pthread_mutex_unlock(&dev->registry_lock);
+}
+
+static void registry_remove(fx_buffer *buf)
+{
+    fx_device *dev = buf->device;
+    pthread_mutex_lock(&dev->registry_lock);
+    if (buf->reg_prev)
+        buf->reg_prev->reg_next = buf->reg_next;
+    else
+        dev->registry_head = buf->reg_next;
+    if (buf->reg_next)
+        buf->reg_next->reg_prev = buf->reg_prev;
+    fx_freed_range *slot = &dev->freed[dev->freed_next++ % FX_FREED_RING];
+    slot->base = (uintptr_t)buf->ptr;
+    slot->nbytes = buf->nbytes;
+    pthread_mutex_unlock(&dev->registry_lock);
+}
+
+static int contains(uintptr_t base, size_t nbytes, uintptr_t addr)
+{
+    return addr >= base && addr - base < nbytes;
+}
+
+/* A reference to a buffer whose count may be dropping to zero on another
+ * thread (it is then waiting for the registry lock to unlink itself). */
+static int ref_unless_dying(fx_buffer *buf)
+{
+    int refs = atomic_load(&buf->refs);
+    while (refs > 0)
+        if (atomic_compare_exchange_weak(&buf->refs, &refs, refs + 1))
+            return 1;
+    return 0;
+}
+
+fx_addr_kind fx_registry_find(fx_device *dev, uintptr_t addr, fx_buffer **owner,
+                              fx_freed_range *freed)
+{
+    fx_addr_kind kind = FX_ADDR_FOREIGN;
+    *owner = NULL;
+    pthread_mutex_lock(&dev->registry_lock);
+    for (fx_buffer *b = dev->registry_head; b; b = b->reg_next)
+        if (contains((uintptr_t)b->ptr, b->nbytes, addr)) {
+            if (ref_unless_dying(b)) {
+                *owner = b;
+                kind = FX_ADDR_LIVE;
+            } else { /* being freed right now: as good as freed */
+                freed->base = (uintptr_t)b->ptr;
+                freed->nbytes = b->nbytes;
+                kind = FX_ADDR_FREED;
+            }
+            break;
+        }
+    /* Newest first: the most recent free of a range is the one that counts. */
+    for (unsigned i = 0; kind == FX_ADDR_FOREIGN && i < FX_FREED_RING; i++) {
+        fx_freed_range *r = &dev->freed[(dev->freed_next - 1 - i) % FX_FREED_RING];
+        if (r->nbytes && contains(r->base, r->nbytes, addr)) {
+            *freed = *r;
+            kind = FX_ADDR_FREED;
+        }
+    }
+    pthread_mutex_unlock(&dev->registry_lock);
+    return kind;
+}
+
+/* ---- buffers ---- */
+
 int fx_buffer_new(fx_device *dev, size_t nbytes, fx_buffer **out, fx_status *st)
 {
+    return fx_buffer_new_flags(dev, nbytes, FX_ALLOC_DEFAULT, out, st);
+}
+
+static int alloc_exportable(fx_device *dev, size_t nbytes, void **ptr, fx_status *st)
+{
+    const fx_backend *b = dev->backend;
+    if (!b->alloc_exportable)
+        return fx_fail(st, FX_EBADARG,
+                       "ipc: expected a CUDA device (IPC handles are CUDA memory), got %s; "
+                       "use local pointers on %s",
+                       dev->label, dev->label);
+    return b->alloc_exportable(dev->ordinal, nbytes, ptr, st);
+}
+
+int fx_buffer_new_flags(fx_device *dev, size_t nbytes, unsigned flags, fx_buffer **out,
+                        fx_status *st)
+{
+    bool exportable = (flags & FX_ALLOC_IPC) != 0;
+    if (exportable && !dev->backend->alloc_exportable)
+        return alloc_exportable(dev, nbytes, NULL, st); /* the refusal */
     fx_buffer *buf = calloc(1, sizeof *buf);
     if (!buf)
         return fx_fail(st, FX_ENOMEM, "out of host memory for a buffer record");
-    if (nbytes > 0 && dev->backend->alloc(dev->ordinal, nbytes, &buf->ptr, st) != FX_OK) {
+    /* An exportable buffer is allocated even when empty: it is its own
+     * allocation, so it has a handle. */
+    int rc = FX_OK;
+    if (exportable)
+        rc = alloc_exportable(dev, nbytes ? nbytes : 1, &buf->ptr, st);
+    else if (nbytes > 0)
+        rc = dev->backend->alloc(dev->ordinal, nbytes, &buf->ptr, st);
+    if (rc != FX_OK) {
         free(buf);
         return st->code;
     }
     atomic_init(&buf->refs, 1);
+    atomic_init(&buf->exported, false);
     buf->device = dev;
     buf->nbytes = nbytes;
+    buf->exportable = exportable;
     count_alloc(dev, (long long)nbytes);
+    if (buf->ptr)
+        registry_add(buf);
     *out = buf;
     return FX_OK;
 }
@@ -229,12 +341,36 @@ fx_buffer *fx_buffer_borrow(fx_device *dev, void *ptr, size_t nbytes,
     buf->ptr = ptr;
     buf->nbytes = nbytes;
     buf->borrowed = true;
+    atomic_init(&buf->exported, false);
     buf->on_release = on_release;
     buf->release_arg = arg;
     return buf;
 }
 
 void fx_buffer_ref(fx_buffer *buf) { atomic_fetch_add(&buf->refs, 1); }
+
+void fx_buffer_mark_exported(fx_buffer *buf) { atomic_store(&buf->exported, true); }
+
+static void release_memory(fx_buffer *buf)
+{
+    fx_device *dev = buf->device;
+    const fx_backend *b = dev->backend;
+    if (!buf->ptr)
+        return;
+    registry_remove(buf);
+    if (buf->exportable) {
+        b->release_exportable(dev->ordinal, buf->ptr);
+        return;
+    }
+    /* A foreign stream may still read memory whose address left fusex: the
+     * stream-ordered free below is ordered only after fusex's own stream. */
+    if (atomic_load(&buf->exported) && b->device_synchronize) {
+        fx_status st;
+        fx_status_clear(&st);
+        (void)b->device_synchronize(dev->ordinal, &st); /* a lost device frees anyway */
+    }
+    b->release(dev->ordinal, buf->ptr);
+}
 
 void fx_buffer_unref(fx_buffer *buf)
 {
@@ -244,8 +380,7 @@ void fx_buffer_unref(fx_buffer *buf)
         if (buf->on_release)
             buf->on_release(buf->release_arg);
     } else {
-        if (buf->ptr)
-            buf->device->backend->release(buf->device->ordinal, buf->ptr);
+        release_memory(buf);
         atomic_fetch_sub(&buf->device->allocated, (long long)buf->nbytes);
     }
     free(buf);
@@ -256,10 +391,16 @@ void fx_buffer_unref(fx_buffer *buf)
 int fx_tensor_alloc(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
                     fx_tensor *t, fx_status *st)
 {
+    return fx_tensor_alloc_flags(dev, dtype, rank, dims, FX_ALLOC_DEFAULT, t, st);
+}
+
+int fx_tensor_alloc_flags(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                          unsigned flags, fx_tensor *t, fx_status *st)
+{
     memset(t, 0, sizeof *t);
     if (fx_shape_nbytes("shape", dtype, rank, dims, &t->numel, &t->nbytes, st) != FX_OK)
         return st->code;
-    if (fx_buffer_new(dev, t->nbytes, &t->buffer, st) != FX_OK)
+    if (fx_buffer_new_flags(dev, t->nbytes, flags, &t->buffer, st) != FX_OK)
         return st->code;
     t->dtype = dtype;
     t->rank = rank;

@@ -3,12 +3,24 @@
 #ifndef FX_RUNTIME_H
 #define FX_RUNTIME_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 
 #include "fusex.h"
 
 typedef enum fx_device_kind { FX_DEVICE_CPU = 0, FX_DEVICE_CUDA = 1 } fx_device_kind;
+
+struct fx_buffer;
+
+/* Freed allocations remembered per device, so that importing an address
+ * inside one is refused as a use-after-free (see fx_registry_find). */
+#define FX_FREED_RING 2048
+
+typedef struct fx_freed_range {
+    uintptr_t base;
+    size_t nbytes;
+} fx_freed_range;
 
 typedef struct fx_device {
     fx_device_kind kind;
@@ -18,6 +30,14 @@ typedef struct fx_device {
     atomic_llong allocated;    /* bytes of fusex-owned buffers */
     atomic_llong peak;
     atomic_llong live_tensors; /* handles not yet freed or collected */
+    /* The registry of live fusex allocations on this device: an intrusive
+     * list of buffers (O(1) insert and remove under one uncontended mutex;
+     * lookups, done only by from_pointer, scan it), and a ring of the most
+     * recently freed ranges. */
+    pthread_mutex_t registry_lock;
+    struct fx_buffer *registry_head;
+    fx_freed_range freed[FX_FREED_RING];
+    unsigned freed_next;
 } fx_device;
 
 /* Loads the CPU backend and, when priv_dir holds fusex_cuda.so and a driver
@@ -45,15 +65,37 @@ typedef struct fx_buffer {
     void *ptr;
     size_t nbytes;
     bool borrowed;
+    bool exportable;      /* plain cudaMalloc memory (ipc => true): has an IPC handle */
+    atomic_bool exported; /* its address was handed out by to_pointer */
     void (*on_release)(void *arg);
     void *release_arg;
+    struct fx_buffer *reg_prev, *reg_next; /* the device's registry list */
 } fx_buffer;
 
+/* Allocation flags: FX_ALLOC_IPC asks for memory another process can map
+ * (the backend's alloc_exportable); refused where the device has none. */
+enum { FX_ALLOC_DEFAULT = 0, FX_ALLOC_IPC = 1 };
+
 int fx_buffer_new(fx_device *dev, size_t nbytes, fx_buffer **out, fx_status *st);
+int fx_buffer_new_flags(fx_device *dev, size_t nbytes, unsigned flags, fx_buffer **out,
+                        fx_status *st);
 fx_buffer *fx_buffer_borrow(fx_device *dev, void *ptr, size_t nbytes,
                             void (*on_release)(void *), void *arg);
 void fx_buffer_ref(fx_buffer *buf);
 void fx_buffer_unref(fx_buffer *buf);
+/* Marks memory whose address left fusex (to_pointer): before it goes back
+ * to the allocator the whole device is synchronized, so a foreign stream
+ * still reading it is done first. */
+void fx_buffer_mark_exported(fx_buffer *buf);
+
+/* Where does `addr` lie on `dev`? FX_ADDR_LIVE: inside a live fusex
+ * allocation, returned in *owner with a reference the caller drops;
+ * FX_ADDR_FREED: inside one of the last FX_FREED_RING allocations fusex
+ * freed (and not reused since), returned in *freed; FX_ADDR_FOREIGN:
+ * neither (memory fusex never allocated, or freed too long ago). */
+typedef enum fx_addr_kind { FX_ADDR_FOREIGN = 0, FX_ADDR_LIVE, FX_ADDR_FREED } fx_addr_kind;
+fx_addr_kind fx_registry_find(fx_device *dev, uintptr_t addr, fx_buffer **owner,
+                              fx_freed_range *freed);
 
 /* Shape maths with overflow checks; `arg` names the argument in errors. */
 int fx_shape_numel(const char *arg, int rank, const int64_t *dims, int64_t *numel,
@@ -67,6 +109,8 @@ void fx_format_shape(char *out, size_t outlen, int rank, const int64_t *dims);
  * by `t`) on `dev`. */
 int fx_tensor_alloc(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
                     fx_tensor *t, fx_status *st);
+int fx_tensor_alloc_flags(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                          unsigned flags, fx_tensor *t, fx_status *st);
 /* Drops the buffer reference a tensor holds; safe on a zeroed struct. */
 void fx_tensor_release(fx_tensor *t);
 

@@ -240,6 +240,15 @@ const fx_backend fx_cpu_backend = {
     .binary = cpu_binary,
     .scale = cpu_scale,
     .ssm = &fx_cpu_ssm_ops,
-    .linrec = NULL,
-    .optim = NULL,
+    .linrec = &fx_cpu_linrec_ops,
+    .optim = &fx_cpu_optim_ops,
+    /* Local pointers are host addresses; host memory has no IPC handle
+     * here and nothing to check a foreign address against. */
+    .alloc_exportable = NULL,
+    .release_exportable = NULL,
+    .ipc_export = NULL,
+    .ipc_open = NULL,
+    .ipc_close = NULL,
+    .device_synchronize = cpu_synchronize,
+    .pointer_check = NULL,
 };

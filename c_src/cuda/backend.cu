@@ -237,6 +237,7 @@ static int cuda_init(fx_status *st)
 
 static void cuda_shutdown(void)
 {
+    fx_cuda_linrec_shutdown();
     for (int i = 0; i < device_total; i++) {
         fx_status st;
         fx_status_clear(&st);
@@ -432,6 +433,13 @@ static const fx_backend cuda_backend = {
     FX_CUDA_SSM_OPS,
     FX_CUDA_LINREC_OPS,
     FX_CUDA_OPTIM_OPS,
+    fx_cuda_alloc_exportable,
+    fx_cuda_release_exportable,
+    fx_cuda_ipc_export,
+    fx_cuda_ipc_open,
+    fx_cuda_ipc_close,
+    fx_cuda_device_synchronize,
+    fx_cuda_pointer_check,
 };
 
 extern "C" __attribute__((visibility("default"))) const fx_backend *fusex_cuda_backend(void)

@@ -130,6 +130,24 @@ int fx_arg_tensor(fx_call *c, ERL_NIF_TERM term, const char *name, fx_tensor *ou
     return fx_call_hold(c, out);
 }
 
+/* Turns "name: ..." into "name[i]: ...". Formatting the element's name
+ * only when it failed keeps a list of hundreds of tensors cheap to parse. */
+static int name_item(fx_call *c, const char *name, unsigned i)
+{
+    char *msg = c->st.msg;
+    size_t len = strlen(name), msglen = strlen(msg);
+    if (strncmp(msg, name, len) != 0 || msg[len] != ':')
+        return c->st.code;
+    char index[16];
+    size_t k = (size_t)snprintf(index, sizeof index, "[%u]", i);
+    if (msglen + k >= sizeof c->st.msg) /* cut the end to fit */
+        msglen = sizeof c->st.msg - 1 - k;
+    memmove(msg + len + k, msg + len, msglen - len);
+    memcpy(msg + len, index, k);
+    msg[msglen + k] = '\0';
+    return c->st.code;
+}
+
 int fx_arg_tensor_list(fx_call *c, ERL_NIF_TERM term, const char *name, fx_tensor **out,
                        unsigned *count)
 {
@@ -144,12 +162,9 @@ int fx_arg_tensor_list(fx_call *c, ERL_NIF_TERM term, const char *name, fx_tenso
         return c->st.code;
     *out = items;
     ERL_NIF_TERM head, tail = term;
-    char item_name[96];
-    for (unsigned i = 0; enif_get_list_cell(c->env, tail, &head, &tail); i++) {
-        snprintf(item_name, sizeof item_name, "%s[%u]", name, i);
-        if (fx_arg_tensor(c, head, item_name, &items[i]) != FX_OK)
-            return c->st.code;
-    }
+    for (unsigned i = 0; enif_get_list_cell(c->env, tail, &head, &tail); i++)
+        if (fx_arg_tensor(c, head, name, &items[i]) != FX_OK)
+            return name_item(c, name, i);
     return FX_OK;
 }
 
@@ -157,6 +172,7 @@ ERL_NIF_TERM fx_make_tensor(fx_call *c, fx_tensor *t)
 {
     fx_handle *h = enif_alloc_resource(fx_tensor_type, sizeof *h);
     if (!h) {
+        fx_tensor_release(t);
         fx_fail(&c->st, FX_ENOMEM, "out of host memory for a tensor handle");
         return enif_make_badarg(c->env);
     }
@@ -164,6 +180,15 @@ ERL_NIF_TERM fx_make_tensor(fx_call *c, fx_tensor *t)
     ERL_NIF_TERM term = enif_make_resource(c->env, h);
     enif_release_resource(h);
     return term;
+}
+
+ERL_NIF_TERM fx_call_return_tensor(fx_call *c, fx_tensor *out)
+{
+    if (c->st.code != FX_OK) {
+        fx_tensor_release(out);
+        return fx_call_finish(c, 0);
+    }
+    return fx_call_finish(c, fx_make_tensor(c, out));
 }
 
 /* ---- scalars and descriptors ---- */

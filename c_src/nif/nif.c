@@ -80,6 +80,9 @@ ERL_NIF_TERM fx_schedule_dirty(ErlNifEnv *env, const char *name, fx_nif_fn *fn, 
 
 static ErlNifFunc nif_funcs[] = {
     FX_TENSOR_NIFS,
+    FX_POINTER_NIFS,
+    FX_OPTIM_NIFS,
+    FX_LINREC_NIFS,
     FX_SSM_NIFS,
 };
 

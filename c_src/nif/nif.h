@@ -65,7 +65,13 @@ bool fx_opt_term(fx_call *c, ERL_NIF_TERM opts, const char *key, ERL_NIF_TERM *v
 
 /* ---- results ---- */
 ERL_NIF_TERM fx_atom(ErlNifEnv *env, const char *name);
+/* Wraps `t` (its buffer reference moves into the new handle; released if
+ * the handle cannot be made). */
 ERL_NIF_TERM fx_make_tensor(fx_call *c, fx_tensor *t);
+/* Ends a call whose result is the single new tensor `out`: the tensor, or
+ * the call's error (then `out`, if it was made, is released). `out` must
+ * start zeroed. */
+ERL_NIF_TERM fx_call_return_tensor(fx_call *c, fx_tensor *out);
 ERL_NIF_TERM fx_make_device(ErlNifEnv *env, const fx_device *dev);
 ERL_NIF_TERM fx_make_string(ErlNifEnv *env, const char *s);
 /* Writes the term, cut to fit, for "got ..." in error messages. */

@@ -40,10 +40,10 @@ FX_ENTRY(nif_busy_wait);
     {"reshape", 2, nif_reshape, 0},                                  \
     {"nop", 0, nif_nop, 0},                                          \
     {"dirty_nop", 0, nif_nop, ERL_NIF_DIRTY_JOB_IO_BOUND},           \
-    {"tensor", 4, nif_tensor_entry, 0},                              \
-    {"zeros", 3, nif_zeros_entry, 0},                                \
+    {"tensor", 5, nif_tensor_entry, 0},                              \
+    {"zeros", 4, nif_zeros_entry, 0},                                \
     {"to_binary", 1, nif_to_binary_entry, 0},                        \
-    {"copy", 2, nif_copy_entry, 0},                                  \
+    {"copy", 3, nif_copy_entry, 0},                                  \
     {"synchronize", 1, nif_synchronize_entry, 0},                    \
     {"convert", 2, nif_convert_entry, 0},                            \
     {"binary_op", 3, nif_binary_entry, 0},                           \
@@ -52,6 +52,46 @@ FX_ENTRY(nif_busy_wait);
     {"event_record", 1, nif_event_record_entry, 0},                  \
     {"event_elapsed_us", 2, nif_event_elapsed_entry, 0},             \
     {"busy_wait", 2, nif_busy_wait_entry, 0}
+
+/* pointer_nif.c */
+FX_ENTRY(nif_to_pointer);
+FX_ENTRY(nif_from_pointer);
+FX_ENTRY(nif_copy_into);
+
+#define FX_POINTER_NIFS                                              \
+    {"to_pointer", 3, nif_to_pointer_entry, 0},                      \
+    {"from_pointer", 6, nif_from_pointer_entry, 0},                  \
+    {"copy_into", 2, nif_copy_into_entry, 0}
+
+/* optim_nif.c */
+FX_ENTRY(nif_optim_init);
+FX_ENTRY(nif_optim_step);
+
+#define FX_OPTIM_NIFS                                                \
+    {"optim_init", 3, nif_optim_init_entry, 0},                      \
+    {"optim_step", 5, nif_optim_step_entry, 0}
+
+/* linrec_nif.c */
+FX_ENTRY(nif_linear_scan);
+FX_ENTRY(nif_mingru);
+FX_ENTRY(nif_minlstm);
+FX_ENTRY(nif_liquid);
+FX_ENTRY(nif_linrec_backward);
+FX_ENTRY(nif_linear_scan_step);
+FX_ENTRY(nif_mingru_step);
+FX_ENTRY(nif_minlstm_step);
+FX_ENTRY(nif_liquid_step);
+
+#define FX_LINREC_NIFS                                               \
+    {"linear_scan", 3, nif_linear_scan_entry, 0},                    \
+    {"mingru", 3, nif_mingru_entry, 0},                              \
+    {"minlstm", 4, nif_minlstm_entry, 0},                            \
+    {"liquid", 4, nif_liquid_entry, 0},                              \
+    {"linrec_backward", 4, nif_linrec_backward_entry, 0},            \
+    {"linear_scan_step", 4, nif_linear_scan_step_entry, 0},          \
+    {"mingru_step", 4, nif_mingru_step_entry, 0},                    \
+    {"minlstm_step", 5, nif_minlstm_step_entry, 0},                  \
+    {"liquid_step", 5, nif_liquid_step_entry, 0}
 
 /* ssm_nif.c */
 FX_ENTRY(nif_selective_scan);

@@ -70,37 +70,38 @@ ERL_NIF_TERM nif_devices(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
     return fx_call_finish(&c, list);
 }
 
-ERL_NIF_TERM nif_shape(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+/* shape/1, type/1, device/1: one live tensor in, one description out. */
+static ERL_NIF_TERM describe(ErlNifEnv *env, ERL_NIF_TERM arg,
+                             ERL_NIF_TERM (*what)(ErlNifEnv *, const fx_tensor *))
 {
-    (void)argc;
     fx_call c;
     fx_tensor t;
     fx_call_init(&c, env);
-    if (fx_arg_tensor(&c, argv[0], "tensor", &t))
+    if (fx_arg_tensor(&c, arg, "tensor", &t))
         return fx_call_finish(&c, 0);
-    return fx_call_finish(&c, make_shape(env, t.rank, t.dims));
+    return fx_call_finish(&c, what(env, &t));
+}
+
+static ERL_NIF_TERM shape_of(ErlNifEnv *env, const fx_tensor *t) { return make_shape(env, t->rank, t->dims); }
+static ERL_NIF_TERM type_of(ErlNifEnv *env, const fx_tensor *t) { return make_dtype(env, t->dtype); }
+static ERL_NIF_TERM device_of(ErlNifEnv *env, const fx_tensor *t) { return fx_make_device(env, t->device); }
+
+ERL_NIF_TERM nif_shape(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    return describe(env, argv[0], shape_of);
 }
 
 ERL_NIF_TERM nif_type(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
-    fx_call c;
-    fx_tensor t;
-    fx_call_init(&c, env);
-    if (fx_arg_tensor(&c, argv[0], "tensor", &t))
-        return fx_call_finish(&c, 0);
-    return fx_call_finish(&c, make_dtype(env, t.dtype));
+    return describe(env, argv[0], type_of);
 }
 
 ERL_NIF_TERM nif_device(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
-    fx_call c;
-    fx_tensor t;
-    fx_call_init(&c, env);
-    if (fx_arg_tensor(&c, argv[0], "tensor", &t))
-        return fx_call_finish(&c, 0);
-    return fx_call_finish(&c, fx_make_device(env, t.device));
+    return describe(env, argv[0], device_of);
 }
 
 ERL_NIF_TERM nif_free(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
@@ -150,10 +151,9 @@ ERL_NIF_TERM nif_reshape(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
     int rank;
     int64_t dims[FX_MAX_RANK];
     fx_call_init(&c, env);
-    if (fx_arg_tensor(&c, argv[0], "tensor", &t) || fx_arg_shape(&c, argv[1], "shape", &rank, dims) ||
-        fx_op_reshape(&t, rank, dims, &out, &c.st) || fx_call_hold(&c, &out))
-        return fx_call_finish(&c, 0);
-    return fx_call_finish(&c, fx_make_tensor(&c, &out));
+    if (!fx_arg_tensor(&c, argv[0], "tensor", &t) && !fx_arg_shape(&c, argv[1], "shape", &rank, dims))
+        fx_op_reshape(&t, rank, dims, &out, &c.st);
+    return fx_call_return_tensor(&c, &out);
 }
 
 ERL_NIF_TERM nif_nop(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
@@ -176,14 +176,14 @@ static ERL_NIF_TERM nif_tensor(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv
     int64_t dims[FX_MAX_RANK];
     fx_device *dev;
     fx_tensor out = {0};
+    bool ipc;
     fx_call_init(&c, env);
-    if (fx_arg_binary(&c, argv[0], "data", &data) || fx_arg_dtype(&c, argv[1], "type", &dtype) ||
-        fx_arg_shape(&c, argv[2], "shape", &rank, dims) ||
-        fx_arg_device(&c, argv[3], "device", &dev) ||
-        fx_op_from_host(dev, dtype, rank, dims, data.data, data.size, &out, &c.st) ||
-        fx_call_hold(&c, &out))
-        return fx_call_finish(&c, 0);
-    return fx_call_finish(&c, fx_make_tensor(&c, &out));
+    if (!fx_arg_binary(&c, argv[0], "data", &data) && !fx_arg_dtype(&c, argv[1], "type", &dtype) &&
+        !fx_arg_shape(&c, argv[2], "shape", &rank, dims) && !fx_arg_device(&c, argv[3], "device", &dev) &&
+        !fx_arg_bool(&c, argv[4], "ipc", &ipc))
+        fx_op_from_host_flags(dev, dtype, rank, dims, data.data, data.size,
+                              ipc ? FX_ALLOC_IPC : FX_ALLOC_DEFAULT, &out, &c.st);
+    return fx_call_return_tensor(&c, &out);
 }
 
 FX_DIRTY_NIF(nif_zeros)
@@ -196,12 +196,12 @@ static ERL_NIF_TERM nif_zeros(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     int64_t dims[FX_MAX_RANK];
     fx_device *dev;
     fx_tensor out = {0};
+    bool ipc;
     fx_call_init(&c, env);
-    if (fx_arg_dtype(&c, argv[0], "type", &dtype) || fx_arg_shape(&c, argv[1], "shape", &rank, dims) ||
-        fx_arg_device(&c, argv[2], "device", &dev) ||
-        fx_op_zeros(dev, dtype, rank, dims, &out, &c.st) || fx_call_hold(&c, &out))
-        return fx_call_finish(&c, 0);
-    return fx_call_finish(&c, fx_make_tensor(&c, &out));
+    if (!fx_arg_dtype(&c, argv[0], "type", &dtype) && !fx_arg_shape(&c, argv[1], "shape", &rank, dims) &&
+        !fx_arg_device(&c, argv[2], "device", &dev) && !fx_arg_bool(&c, argv[3], "ipc", &ipc))
+        fx_op_zeros_flags(dev, dtype, rank, dims, ipc ? FX_ALLOC_IPC : FX_ALLOC_DEFAULT, &out, &c.st);
+    return fx_call_return_tensor(&c, &out);
 }
 
 FX_DIRTY_NIF(nif_to_binary)
@@ -232,11 +232,12 @@ static ERL_NIF_TERM nif_copy(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]
     fx_call c;
     fx_tensor t, out = {0};
     fx_device *dev;
+    bool ipc;
     fx_call_init(&c, env);
-    if (fx_arg_tensor(&c, argv[0], "tensor", &t) || fx_arg_device(&c, argv[1], "device", &dev) ||
-        fx_op_copy_to(&t, dev, &out, &c.st) || fx_call_hold(&c, &out))
-        return fx_call_finish(&c, 0);
-    return fx_call_finish(&c, fx_make_tensor(&c, &out));
+    if (!fx_arg_tensor(&c, argv[0], "tensor", &t) && !fx_arg_device(&c, argv[1], "device", &dev) &&
+        !fx_arg_bool(&c, argv[2], "ipc", &ipc))
+        fx_op_copy_to_flags(&t, dev, ipc ? FX_ALLOC_IPC : FX_ALLOC_DEFAULT, &out, &c.st);
+    return fx_call_return_tensor(&c, &out);
 }
 
 /* A tensor or a device; a freed tensor still names its device. */
@@ -292,10 +293,9 @@ static ERL_NIF_TERM nif_convert(ErlNifEnv *env, int argc, const ERL_NIF_TERM arg
     fx_tensor t, out = {0};
     fx_dtype dtype;
     fx_call_init(&c, env);
-    if (fx_arg_tensor(&c, argv[0], "tensor", &t) || fx_arg_dtype(&c, argv[1], "type", &dtype) ||
-        fx_op_cast(&t, dtype, &out, &c.st) || fx_call_hold(&c, &out))
-        return fx_call_finish(&c, 0);
-    return fx_call_finish(&c, fx_make_tensor(&c, &out));
+    if (!fx_arg_tensor(&c, argv[0], "tensor", &t) && !fx_arg_dtype(&c, argv[1], "type", &dtype))
+        fx_op_cast(&t, dtype, &out, &c.st);
+    return fx_call_return_tensor(&c, &out);
 }
 
 FX_DIRTY_NIF(nif_binary)
@@ -316,10 +316,9 @@ static ERL_NIF_TERM nif_binary(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv
         fx_fail(&c.st, FX_EBADARG, "op: expected add, subtract or multiply");
         return fx_call_finish(&c, 0);
     }
-    if (fx_arg_tensor(&c, argv[1], "a", &a) || fx_arg_tensor(&c, argv[2], "b", &b) ||
-        fx_op_binary(op, &a, &b, &out, &c.st) || fx_call_hold(&c, &out))
-        return fx_call_finish(&c, 0);
-    return fx_call_finish(&c, fx_make_tensor(&c, &out));
+    if (!fx_arg_tensor(&c, argv[1], "a", &a) && !fx_arg_tensor(&c, argv[2], "b", &b))
+        fx_op_binary(op, &a, &b, &out, &c.st);
+    return fx_call_return_tensor(&c, &out);
 }
 
 FX_DIRTY_NIF(nif_scale)
@@ -330,10 +329,9 @@ static ERL_NIF_TERM nif_scale(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     fx_tensor t, out = {0};
     double factor;
     fx_call_init(&c, env);
-    if (fx_arg_tensor(&c, argv[0], "tensor", &t) || fx_arg_double(&c, argv[1], "factor", &factor) ||
-        fx_op_scale(&t, factor, &out, &c.st) || fx_call_hold(&c, &out))
-        return fx_call_finish(&c, 0);
-    return fx_call_finish(&c, fx_make_tensor(&c, &out));
+    if (!fx_arg_tensor(&c, argv[0], "tensor", &t) && !fx_arg_double(&c, argv[1], "factor", &factor))
+        fx_op_scale(&t, factor, &out, &c.st);
+    return fx_call_return_tensor(&c, &out);
 }
 
 /* ---- timing hooks for bench/: device events and a busy-wait ---- */

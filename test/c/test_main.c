@@ -24,6 +24,9 @@ int main(void)
     SRunner *sr = srunner_create(fx_suite_dtype());
     srunner_add_suite(sr, fx_suite_runtime());
     srunner_add_suite(sr, fx_suite_ops());
+    srunner_add_suite(sr, fx_suite_pointer());
+    srunner_add_suite(sr, fx_suite_optim());
+    srunner_add_suite(sr, fx_suite_linrec());
     srunner_add_suite(sr, fx_suite_ssm());
     if (dev->kind == FX_DEVICE_CUDA)
         srunner_set_fork_status(sr, CK_NOFORK);

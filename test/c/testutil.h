@@ -46,6 +46,9 @@ double fx_rel_l2(const double *a, const double *b, int64_t n);
 Suite *fx_suite_dtype(void);
 Suite *fx_suite_runtime(void);
 Suite *fx_suite_ops(void);
+Suite *fx_suite_pointer(void);
+Suite *fx_suite_optim(void);
+Suite *fx_suite_linrec(void);
 Suite *fx_suite_ssm(void);
 
 #endif

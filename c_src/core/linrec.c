@@ -1,0 +1,323 @@
+#include "core/linrec.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "core/check.h"
+#include "core/dtype.h"
+
+static const struct {
+    const char *op;
+    int nseq;
+    const char *seq[FX_LINREC_MAX_SEQ];
+} kinds[FX_LINREC_KIND_COUNT] = {
+    [FX_LINREC_SCAN] = {"linear_scan", 2, {"a", "b"}},
+    [FX_LINREC_MINGRU] = {"mingru", 2, {"z_logits", "cand"}},
+    [FX_LINREC_MINLSTM] = {"minlstm", 3, {"f_logits", "i_logits", "cand"}},
+    [FX_LINREC_LIQUID] = {"liquid", 1, {"f_logits"}},
+};
+
+const char *fx_linrec_op_name(int kind)
+{
+    return kind >= 0 && kind < FX_LINREC_KIND_COUNT ? kinds[kind].op : "?";
+}
+
+int fx_linrec_nseq(int kind)
+{
+    return kind >= 0 && kind < FX_LINREC_KIND_COUNT ? kinds[kind].nseq : 0;
+}
+
+const char *fx_linrec_seq_name(int kind, int i)
+{
+    return i >= 0 && i < fx_linrec_nseq(kind) ? kinds[kind].seq[i] : "?";
+}
+
+/* h0, a step's state and dstate: the sequence dtype or the state dtype. */
+static int expect_state_type(fx_status *st, const char *arg, const fx_tensor *t, fx_dtype dtype)
+{
+    fx_dtype state = fx_linrec_state_dtype(dtype);
+    if (t->dtype == dtype || t->dtype == state)
+        return FX_OK;
+    if (state == dtype)
+        return fx_expect_dtype(st, arg, t, dtype);
+    return fx_fail(st, FX_EBADARG, "%s: expected type %s or %s, got %s", arg, fx_dtype_name(dtype),
+                   fx_dtype_name(state), fx_dtype_name(t->dtype));
+}
+
+static int expect_state_tensor(fx_status *st, const char *arg, const fx_tensor *t,
+                               const fx_linrec_problem *p, const char *ref_arg)
+{
+    int64_t dims[2] = {p->batch, p->hidden};
+    if (fx_expect_same_device(st, arg, t, p->seq[0]->device, ref_arg) ||
+        expect_state_type(st, arg, t, p->dtype) ||
+        fx_expect_shape(st, arg, t, 2, dims, "([batch, hidden])"))
+        return st->code;
+    return FX_OK;
+}
+
+static int expect_like(fx_status *st, const char *arg, const fx_tensor *t, const fx_tensor *ref,
+                       const char *ref_arg, int rank, const int64_t *dims, const char *layout)
+{
+    if (fx_expect_same_device(st, arg, t, ref->device, ref_arg) ||
+        fx_expect_dtype(st, arg, t, ref->dtype) || fx_expect_shape(st, arg, t, rank, dims, layout))
+        return st->code;
+    return FX_OK;
+}
+
+/* Checks the inputs of a forward (frame = 0) or a step (frame = 1) and
+ * fills in nseq, dims and dtype. */
+static int check_problem(fx_linrec_problem *p, int frame, fx_status *st)
+{
+    int kind = p->kind;
+    if (kind < 0 || kind >= FX_LINREC_KIND_COUNT)
+        return fx_fail(st, FX_EINTERNAL, "linrec: unknown op kind %d", kind);
+    p->nseq = kinds[kind].nseq;
+    const fx_tensor *first = p->seq[0];
+    const char *first_name = kinds[kind].seq[0];
+    const char *layout = frame ? "[batch, hidden]" : "[batch, seqlen, hidden]";
+    int rank = frame ? 2 : 3;
+    if (fx_expect_float(st, first_name, first, first->device->kind == FX_DEVICE_CPU) ||
+        fx_expect_rank(st, first_name, first, rank, layout))
+        return st->code;
+    p->dtype = first->dtype;
+    p->batch = first->dims[0];
+    p->seqlen = frame ? 1 : first->dims[1];
+    p->hidden = first->dims[rank - 1];
+
+    char same[96];
+    snprintf(same, sizeof same, "(%s, as %s)", layout, first_name);
+    for (int i = 1; i < p->nseq; i++)
+        if (expect_like(st, kinds[kind].seq[i], p->seq[i], first, first_name, rank, first->dims, same))
+            return st->code;
+    if (kind != FX_LINREC_LIQUID)
+        return FX_OK;
+
+    int64_t hidden[1] = {p->hidden};
+    if (expect_like(st, "tau", p->tau, first, first_name, 1, hidden, "([hidden])") ||
+        expect_like(st, "a", p->lam, first, first_name, 1, hidden, "([hidden])"))
+        return st->code;
+    if (p->dt) {
+        int64_t dt_dims[3] = {p->batch, frame ? 1 : p->seqlen, 1};
+        if (frame)
+            return expect_like(st, "dt", p->dt, first, first_name, 2, dt_dims, "([batch, 1])");
+        return expect_like(st, "dt", p->dt, first, first_name, 3, dt_dims, "([batch, seqlen, 1])");
+    }
+    return FX_OK;
+}
+
+static const struct fx_linrec_ops *device_ops(const fx_device *dev)
+{
+    return dev->backend->linrec;
+}
+
+static int expect_impl(fx_status *st, const fx_device *dev, const void *fn, int kind,
+                       const char *suffix)
+{
+    char what[64];
+    snprintf(what, sizeof what, "fusex:%s%s", fx_linrec_op_name(kind), suffix);
+    return fx_expect_op(st, dev, fn, what);
+}
+
+static int fill_zero(const fx_tensor *t, fx_status *st)
+{
+    if (!t->data || t->nbytes == 0)
+        return FX_OK;
+    return t->device->backend->fill_zero(t->device->ordinal, t->data, t->nbytes, st);
+}
+
+/* dst = src converted to dst's dtype (same shape), or zeros if src is NULL. */
+static int convert_into(const fx_tensor *src, const fx_tensor *dst, fx_status *st)
+{
+    if (!src)
+        return fill_zero(dst, st);
+    if (dst->numel == 0)
+        return FX_OK;
+    fx_device *dev = dst->device;
+    return dev->backend->cast(dev->ordinal, src, dst, st);
+}
+
+/* Outputs the caller allocated: on the inputs' device, with the layout
+ * the op writes. */
+static int expect_output(fx_status *st, const char *arg, const fx_tensor *t, const fx_device *dev,
+                         fx_dtype dtype, int rank, const int64_t *dims, const char *layout)
+{
+    if (fx_expect_same_device(st, arg, t, dev, "the inputs") || fx_expect_dtype(st, arg, t, dtype) ||
+        fx_expect_shape(st, arg, t, rank, dims, layout))
+        return st->code;
+    return FX_OK;
+}
+
+int fx_op_linrec_forward_into(fx_linrec_problem *p, const fx_tensor *h0, int max_tile_steps,
+                              const fx_tensor *h, const fx_tensor *state, fx_status *st)
+{
+    if (check_problem(p, 0, st))
+        return st->code;
+    fx_device *dev = p->seq[0]->device;
+    const struct fx_linrec_ops *ops = device_ops(dev);
+    int64_t hdims[3] = {p->batch, p->seqlen, p->hidden}, sdims[2] = {p->batch, p->hidden};
+    if (expect_impl(st, dev, (const void *)(ops ? ops->forward : NULL), p->kind, "") ||
+        (h0 && expect_state_tensor(st, "h0", h0, p, kinds[p->kind].seq[0])) ||
+        expect_output(st, "h", h, dev, p->dtype, 3, hdims, "([batch, seqlen, hidden])") ||
+        (state && expect_output(st, "state", state, dev, fx_linrec_state_dtype(p->dtype), 2,
+                                sdims, "([batch, hidden])")))
+        return st->code;
+    if (p->batch * p->hidden == 0)
+        return FX_OK;
+    if (p->seqlen == 0) /* nothing to scan: the state is h0 */
+        return state ? convert_into(h0, state, st) : FX_OK;
+    fx_linrec_fwd_args args = {.p = *p, .h0 = h0, .h = h, .state = state,
+                               .max_tile_steps = max_tile_steps};
+    return ops->forward(dev->ordinal, &args, st);
+}
+
+int fx_op_linrec_forward(fx_linrec_problem *p, const fx_tensor *h0, bool want_state,
+                         int max_tile_steps, fx_tensor *h, fx_tensor *state, fx_status *st)
+{
+    memset(h, 0, sizeof *h);
+    memset(state, 0, sizeof *state);
+    if (check_problem(p, 0, st))
+        return st->code;
+    fx_device *dev = p->seq[0]->device;
+    int64_t hdims[3] = {p->batch, p->seqlen, p->hidden}, sdims[2] = {p->batch, p->hidden};
+    if (fx_tensor_alloc(dev, p->dtype, 3, hdims, h, st) ||
+        (want_state &&
+         fx_tensor_alloc(dev, fx_linrec_state_dtype(p->dtype), 2, sdims, state, st)) ||
+        fx_op_linrec_forward_into(p, h0, max_tile_steps, h, want_state ? state : NULL, st)) {
+        fx_tensor_release(h);
+        fx_tensor_release(state);
+    }
+    return st->code;
+}
+
+void fx_linrec_grads_release(fx_linrec_grads *g)
+{
+    for (int i = 0; i < FX_LINREC_MAX_SEQ; i++)
+        fx_tensor_release(&g->seq[i]);
+    fx_tensor_release(&g->tau);
+    fx_tensor_release(&g->lam);
+    fx_tensor_release(&g->dt);
+    fx_tensor_release(&g->h0);
+}
+
+static int alloc_like(const fx_tensor *t, fx_tensor *out, fx_status *st)
+{
+    return fx_tensor_alloc(t->device, t->dtype, t->rank, t->dims, out, st);
+}
+
+int fx_linrec_grads_alloc(const fx_linrec_problem *p, const fx_tensor *h0, fx_linrec_grads *g,
+                          fx_status *st)
+{
+    memset(g, 0, sizeof *g);
+    int rc = FX_OK;
+    for (int i = 0; i < p->nseq && rc == FX_OK; i++)
+        rc = alloc_like(p->seq[i], &g->seq[i], st);
+    if (rc == FX_OK && p->kind == FX_LINREC_LIQUID)
+        rc = alloc_like(p->tau, &g->tau, st) || alloc_like(p->lam, &g->lam, st) ||
+             (p->dt && alloc_like(p->dt, &g->dt, st));
+    if (rc == FX_OK && h0)
+        rc = alloc_like(h0, &g->h0, st);
+    if (rc != FX_OK)
+        fx_linrec_grads_release(g);
+    return st->code;
+}
+
+static const fx_tensor *present(const fx_tensor *t) { return t->buffer ? t : NULL; }
+
+/* Each gradient the caller passed must be there exactly when its input is,
+ * and look like it. */
+static int expect_grad(fx_status *st, const char *arg, const fx_tensor *grad,
+                       const fx_tensor *input)
+{
+    if (!input != !present(grad))
+        return fx_fail(st, FX_EBADARG, "%s: expected a gradient tensor %s", arg,
+                       input ? "(its input was given)" : "only where its input was given");
+    if (!input)
+        return FX_OK;
+    if (fx_expect_same_device(st, arg, grad, input->device, "its input") ||
+        fx_expect_dtype(st, arg, grad, input->dtype) ||
+        fx_expect_shape(st, arg, grad, input->rank, input->dims, "(the shape of its input)"))
+        return st->code;
+    return FX_OK;
+}
+
+static int expect_grads(fx_status *st, const fx_linrec_problem *p, const fx_tensor *h0,
+                        const fx_linrec_grads *g)
+{
+    int liquid = p->kind == FX_LINREC_LIQUID;
+    for (int i = 0; i < FX_LINREC_MAX_SEQ; i++)
+        if (expect_grad(st, i < p->nseq ? kinds[p->kind].seq[i] : "?", &g->seq[i],
+                        i < p->nseq ? p->seq[i] : NULL))
+            return st->code;
+    if (expect_grad(st, "tau", &g->tau, liquid ? p->tau : NULL) ||
+        expect_grad(st, "a", &g->lam, liquid ? p->lam : NULL) ||
+        expect_grad(st, "dt", &g->dt, liquid ? p->dt : NULL) || expect_grad(st, "h0", &g->h0, h0))
+        return st->code;
+    return FX_OK;
+}
+
+int fx_op_linrec_backward_into(const fx_linrec_problem *p, const fx_tensor *h0,
+                               const fx_tensor *h, const fx_tensor *dh, const fx_tensor *dstate,
+                               int max_tile_steps, const fx_linrec_grads *g, fx_status *st)
+{
+    fx_device *dev = h->device;
+    const struct fx_linrec_ops *ops = device_ops(dev);
+    int64_t hdims[3] = {p->batch, p->seqlen, p->hidden};
+    if (expect_impl(st, dev, (const void *)(ops ? ops->backward : NULL), p->kind, "_backward") ||
+        fx_expect_same_device(st, "dh", dh, dev, "the saved context") ||
+        fx_expect_dtype(st, "dh", dh, p->dtype) ||
+        fx_expect_shape(st, "dh", dh, 3, hdims, "([batch, seqlen, hidden], as the forward's output)") ||
+        (dstate && expect_state_tensor(st, "dstate", dstate, p, "the saved context")) ||
+        expect_grads(st, p, h0, g))
+        return st->code;
+    if (p->batch * p->hidden == 0 || p->seqlen == 0) {
+        /* Nothing was scanned: tau and a get zeros, h0 went straight to
+         * the state so dh0 is dstate. */
+        if (fill_zero(&g->tau, st) || fill_zero(&g->lam, st))
+            return st->code;
+        return h0 && p->batch * p->hidden > 0 ? convert_into(dstate, &g->h0, st) : FX_OK;
+    }
+    fx_linrec_bwd_args args = {.p = *p, .h0 = h0, .h = h, .dh = dh, .dstate = dstate,
+                               .dtau = present(&g->tau), .dlam = present(&g->lam),
+                               .ddt = present(&g->dt), .dh0 = present(&g->h0),
+                               .max_tile_steps = max_tile_steps};
+    for (int i = 0; i < p->nseq; i++)
+        args.dseq[i] = &g->seq[i];
+    return ops->backward(dev->ordinal, &args, st);
+}
+
+int fx_op_linrec_backward(const fx_linrec_problem *p, const fx_tensor *h0, const fx_tensor *h,
+                          const fx_tensor *dh, const fx_tensor *dstate, int max_tile_steps,
+                          fx_linrec_grads *g, fx_status *st)
+{
+    memset(g, 0, sizeof *g);
+    /* Check the caller's tensors before allocating anything. */
+    fx_device *dev = h->device;
+    if (fx_expect_same_device(st, "dh", dh, dev, "the saved context") ||
+        (dstate && fx_expect_same_device(st, "dstate", dstate, dev, "the saved context")))
+        return st->code;
+    if (fx_linrec_grads_alloc(p, h0, g, st) ||
+        fx_op_linrec_backward_into(p, h0, h, dh, dstate, max_tile_steps, g, st))
+        fx_linrec_grads_release(g);
+    return st->code;
+}
+
+int fx_op_linrec_step(fx_linrec_problem *p, const fx_tensor *state, fx_tensor *h, fx_status *st)
+{
+    memset(h, 0, sizeof *h);
+    if (check_problem(p, 1, st))
+        return st->code;
+    fx_device *dev = p->seq[0]->device;
+    const struct fx_linrec_ops *ops = device_ops(dev);
+    if (expect_impl(st, dev, (const void *)(ops ? ops->step : NULL), p->kind, "_step") ||
+        expect_state_tensor(st, "state", state, p, kinds[p->kind].seq[0]))
+        return st->code;
+    int64_t dims[2] = {p->batch, p->hidden};
+    if (fx_tensor_alloc(dev, p->dtype, 2, dims, h, st))
+        return st->code;
+    if (p->batch * p->hidden == 0)
+        return FX_OK;
+    fx_linrec_step_args args = {.p = *p, .state = state, .h = h};
+    if (ops->step(dev->ordinal, &args, st) != FX_OK)
+        fx_tensor_release(h);
+    return st->code;
+}

@@ -1,0 +1,224 @@
+// Linear recurrences on CUDA, host side: the look-back scratch, launches
+// and dispatch over op and dtype. The kernels and the maths are in
+// cuda/linrec_kernels.cuh; the shared scan in cuda/scan.cuh.
+#include <mutex>
+#include <type_traits>
+
+#include "cuda/common.cuh"
+#include "cuda/families.h"
+#include "cuda/linrec_kernels.cuh"
+
+using namespace fxlinrec;
+
+namespace {
+
+// The look-back statuses of one device, shared by every launch on its
+// stream (launches run one after another there). Grown on demand; the
+// epoch tells this launch's statuses from older ones.
+struct lookback_scratch {
+    std::mutex lock;
+    char *base = nullptr;
+    size_t bytes = 0;
+    uint32_t epoch = 0;
+};
+
+lookback_scratch scratch[FX_CUDA_MAX_DEVICES];
+
+// With scratch[dev].lock held: room for this launch's statuses, a fresh
+// epoch, and the pointers in t.lb.
+static int prepare_lookback(fx_cuda_device *d, int dev, fxscan::tiling &t, int width,
+                            fx_status *st)
+{
+    lookback_scratch &s = scratch[dev];
+    const size_t need = lookback_bytes(t, width);
+    bool clear = false;
+    if (need > s.bytes) {
+        size_t grow = need + need / 2;
+        if (s.base)
+            FX_CUDA_TRY(d, cudaFreeAsync(s.base, d->stream), "cudaFreeAsync (linrec scratch)", st);
+        s.base = nullptr;
+        s.bytes = 0;
+        FX_CUDA_TRY(d, cudaMallocAsync((void **)&s.base, grow, d->stream), "cudaMallocAsync (linrec scratch)", st);
+        s.bytes = grow;
+        clear = true;
+    }
+    if (++s.epoch >= (1u << 30)) { // wrapped: old tags could match again
+        s.epoch = 1;
+        clear = true;
+    }
+    if (clear)
+        FX_CUDA_TRY(d, cudaMemsetAsync(s.base, 0, s.bytes, d->stream), "cudaMemsetAsync (linrec scratch)", st);
+    carve_lookback(s.base, width, s.epoch, t);
+    return FX_OK;
+}
+
+// Launches `kernel` over the plan's tiles, with the look-back scratch
+// prepared (and its lock held through the launch) when tiles chain.
+template <typename Kernel, typename Params>
+static int launch_tiles(fx_cuda_device *d, int dev, Kernel kernel, const Params &prm,
+                        fxscan::tiling &t, int width, const char *what, fx_status *st)
+{
+    const int64_t tiles = t.ctiles * t.ttiles;
+    if (tiles > 0x7fffffff)
+        return fx_fail(st, FX_EBADARG, "%s: %lld tiles is more than one launch can take", what,
+                       (long long)tiles);
+    if (t.ttiles == 1) {
+        kernel<<<(unsigned)tiles, 32 * t.warps, 0, d->stream>>>(prm, t);
+        return fx_cuda_launched(d, what, st);
+    }
+    std::lock_guard<std::mutex> held(scratch[dev].lock);
+    if (prepare_lookback(d, dev, t, width, st))
+        return st->code;
+    kernel<<<(unsigned)tiles, 32 * t.warps, 0, d->stream>>>(prm, t);
+    return fx_cuda_launched(d, what, st);
+}
+
+template <int KIND, typename T>
+static int forward_as(fx_cuda_device *d, int dev, const fx_linrec_fwd_args *a, fx_status *st)
+{
+    const fx_linrec_problem *p = &a->p;
+    plan pl = make_plan(d, p, kFwdSteps, a->max_tile_steps);
+    fxscan::tiling t = make_tiling(p, pl, p->reverse);
+    const fwd_params prm = make_fwd_params(a);
+    if constexpr (sizeof(T) == 2) {
+        if (pl.vec == 2)
+            return launch_tiles(d, dev, forward_kernel<KIND, T, 2, kFwdSteps / 2>, prm, t, 64,
+                                "linrec forward kernel", st);
+    }
+    return launch_tiles(d, dev, forward_kernel<KIND, T, 1, kFwdSteps>, prm, t, 32,
+                        "linrec forward kernel", st);
+}
+
+template <int KIND, typename T>
+static int backward_as(fx_cuda_device *d, int dev, const fx_linrec_bwd_args *a, fx_status *st)
+{
+    const fx_linrec_problem *p = &a->p;
+    plan pl = make_plan(d, p, kBwdSteps, a->max_tile_steps);
+    fxscan::tiling t = make_tiling(p, pl, !p->reverse);
+    // Liquid's sums: f32 accumulators, zeroed, written out after the scan.
+    float *sums = nullptr;
+    const int64_t nsum = sum_count(a);
+    if (KIND == FX_LINREC_LIQUID) {
+        FX_CUDA_TRY(d, cudaMallocAsync((void **)&sums, nsum * sizeof(float), d->stream),
+                    "cudaMallocAsync (liquid sums)", st);
+        cudaError_t err = cudaMemsetAsync(sums, 0, nsum * sizeof(float), d->stream);
+        if (err != cudaSuccess) {
+            (void)cudaFreeAsync(sums, d->stream);
+            return fx_cuda_fail(d, err, "cudaMemsetAsync (liquid sums)", st);
+        }
+    }
+    const bwd_params prm = make_bwd_params(a, sums);
+    int rc;
+    if constexpr (sizeof(T) == 2) {
+        if (pl.vec == 2)
+            rc = launch_tiles(d, dev, backward_kernel<KIND, T, 2, kBwdSteps / 2>, prm, t, 64,
+                              "linrec backward kernel", st);
+        else
+            rc = launch_tiles(d, dev, backward_kernel<KIND, T, 1, kBwdSteps>, prm, t, 32,
+                              "linrec backward kernel", st);
+    } else {
+        rc = launch_tiles(d, dev, backward_kernel<KIND, T, 1, kBwdSteps>, prm, t, 32,
+                          "linrec backward kernel", st);
+    }
+    if (sums) {
+        if (rc == FX_OK) {
+            write_sums<T><<<fx_cuda_grid(d, p->hidden, 256), 256, 0, d->stream>>>(
+                prm.sum_tau, (T *)a->dtau->data, p->hidden);
+            write_sums<T><<<fx_cuda_grid(d, p->hidden, 256), 256, 0, d->stream>>>(
+                prm.sum_lam, (T *)a->dlam->data, p->hidden);
+            if (a->ddt)
+                write_sums<T><<<fx_cuda_grid(d, p->batch * p->seqlen, 256), 256, 0, d->stream>>>(
+                    prm.sum_dt, (T *)a->ddt->data, p->batch * p->seqlen);
+            rc = fx_cuda_launched(d, "liquid sums kernel", st);
+        }
+        (void)cudaFreeAsync(sums, d->stream);
+    }
+    return rc;
+}
+
+template <int KIND, typename T>
+static int step_as(fx_cuda_device *d, const fx_linrec_step_args *a, fx_status *st)
+{
+    const step_params prm = make_step_params(a);
+    const int64_t n = a->p.batch * a->p.hidden;
+    step_kernel<KIND, T><<<fx_cuda_grid(d, n, 256), 256, 0, d->stream>>>(prm);
+    return fx_cuda_launched(d, "linrec step kernel", st);
+}
+
+// Calls body(std::integral_constant<int, KIND>{}, (T *)0).
+template <typename F> static int dispatch(const fx_linrec_problem *p, F &&body)
+{
+    return fx_dispatch_float(p->dtype, [&](auto *tag) {
+        switch (p->kind) {
+        case FX_LINREC_SCAN: return body(std::integral_constant<int, FX_LINREC_SCAN>{}, tag);
+        case FX_LINREC_MINGRU: return body(std::integral_constant<int, FX_LINREC_MINGRU>{}, tag);
+        case FX_LINREC_MINLSTM: return body(std::integral_constant<int, FX_LINREC_MINLSTM>{}, tag);
+        case FX_LINREC_LIQUID: return body(std::integral_constant<int, FX_LINREC_LIQUID>{}, tag);
+        default: return (int)FX_EINTERNAL;
+        }
+    });
+}
+
+int cuda_forward(int dev, const fx_linrec_fwd_args *a, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    int rc = dispatch(&a->p, [&](auto kind, auto *tag) {
+        typedef typename std::remove_pointer<decltype(tag)>::type T;
+        return forward_as<decltype(kind)::value, T>(d, dev, a, st);
+    });
+    return rc == FX_EINTERNAL && st->code == FX_OK
+               ? fx_fail(st, FX_EINTERNAL, "linrec forward: no kernel for op %d, %d", a->p.kind, a->p.dtype)
+               : rc;
+}
+
+int cuda_backward(int dev, const fx_linrec_bwd_args *a, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    int rc = dispatch(&a->p, [&](auto kind, auto *tag) {
+        typedef typename std::remove_pointer<decltype(tag)>::type T;
+        return backward_as<decltype(kind)::value, T>(d, dev, a, st);
+    });
+    return rc == FX_EINTERNAL && st->code == FX_OK
+               ? fx_fail(st, FX_EINTERNAL, "linrec backward: no kernel for op %d, %d", a->p.kind, a->p.dtype)
+               : rc;
+}
+
+int cuda_step(int dev, const fx_linrec_step_args *a, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    int rc = dispatch(&a->p, [&](auto kind, auto *tag) {
+        typedef typename std::remove_pointer<decltype(tag)>::type T;
+        return step_as<decltype(kind)::value, T>(d, a, st);
+    });
+    return rc == FX_EINTERNAL && st->code == FX_OK
+               ? fx_fail(st, FX_EINTERNAL, "linrec step: no kernel for op %d, %d", a->p.kind, a->p.dtype)
+               : rc;
+}
+
+} // namespace
+
+const struct fx_linrec_ops fx_cuda_linrec_ops = {cuda_forward, cuda_backward, cuda_step};
+
+void fx_cuda_linrec_shutdown(void)
+{
+    for (int dev = 0; dev < FX_CUDA_MAX_DEVICES; dev++) {
+        lookback_scratch &s = scratch[dev];
+        std::lock_guard<std::mutex> held(s.lock);
+        if (!s.base)
+            continue;
+        fx_status st;
+        fx_status_clear(&st);
+        if (fx_cuda_device *d = fx_cuda_enter(dev, &st)) {
+            (void)cudaFreeAsync(s.base, d->stream); // after the work that used it
+            (void)cudaStreamSynchronize(d->stream);
+        }
+        s.base = nullptr;
+        s.bytes = 0;
+    }
+}

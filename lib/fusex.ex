@@ -1,0 +1,79 @@
+defmodule Fusex do
+  @moduledoc """
+  fusex from Elixir: fused kernels for recurrent and state-space models on
+  tensors that stay on the GPU, called with Nx tensors on any backend.
+
+  Every function takes Nx tensors (any backend) or `%Fusex.Tensor{}`
+  handles and returns:
+
+    * Nx tensors by default, when any tensor argument was an Nx tensor:
+      back on the library of the inputs without a copy when they came in as
+      zero-copy views (see "Zero copy"), else copied through a binary to
+      the backend of the first Nx argument (or `:backend`);
+    * `%Fusex.Tensor{}` handles that stay on the device with
+      `resident: true`, or when every tensor argument was a handle.
+
+  Common options: `:device` (`:cpu`, `:cuda`, `{:cuda, n}`; default: the
+  device of the first handle, else the CUDA device an EXLA argument lives
+  on, else `default_device/0`), `:resident`, `:backend`. Types are Nx's
+  (`{:f, 32}`, `{:bf, 16}`, `{:f, 16}`, `{:f, 64}` on cpu, `{:s, 32}`,
+  `{:s, 64}`, `{:u, 8}`); shapes and option names are those of the Erlang
+  API (`:fusex`), whose docs describe each op.
+
+  Errors raise `ArgumentError` with the Erlang API's message (it names the
+  argument, what was expected and what came), `Fusex.CudaError` for CUDA
+  failures.
+
+  ## Zero copy
+
+  An Nx tensor on EXLA's CUDA client, on the device the op runs on, enters
+  fusex as a borrowed view of EXLA's memory (`:fusex.from_pointer/4` with
+  `sync: true`: the GPU is synchronized first, so EXLA's pending work on
+  its own streams is complete), and results go back to EXLA as views of
+  fusex's memory (`Nx.from_pointer/5` over `:fusex.to_pointer/3`, after
+  fusex's stream is synchronized). A result view keeps its fusex memory
+  alive as long as the Nx tensor lives. Any other tensor is copied through
+  a binary. EXLA preallocates most of the GPU by default: give fusex room
+  with the client's `:memory_fraction` (or `preallocate: false`).
+
+  Nx is optional: without it, everything works on `%Fusex.Tensor{}`
+  handles (`Fusex.Tensor.from_binary/4`, `Fusex.Tensor.to_binary/1`).
+  """
+
+  alias Fusex.Op
+
+  @typedoc "An Nx tensor or a resident handle."
+  @type tensor :: Fusex.Tensor.t() | struct()
+
+  @doc "The devices this node can use, CPU first (see `:fusex.devices/0`)."
+  def devices, do: :fusex.devices()
+
+  @doc """
+  The device ops use when none is given: `config :fusex, default_device:`,
+  else `FUSEX_DEVICE`, else the first CUDA device, else `:cpu`.
+  """
+  def default_device, do: Fusex.Tensor.normalize_device(:fusex.default_device())
+
+  @doc "Memory held by fusex tensors on `device`: allocated, peak, live tensors."
+  def memory(device \\ default_device()), do: Fusex.Erl.call(:memory, [device])
+
+  @doc "Waits for all work fusex queued on a device (or a handle's device)."
+  def synchronize(%Fusex.Tensor{ref: ref}), do: Fusex.Erl.call(:synchronize, [ref])
+  def synchronize(device), do: Fusex.Erl.call(:synchronize, [device])
+
+  @doc "Elementwise `a + b` (same shape and type)."
+  def add(a, b, opts \\ []), do: Op.run(:add, [a: a, b: b], opts)
+
+  @doc "Elementwise `a - b` (same shape and type)."
+  def subtract(a, b, opts \\ []), do: Op.run(:subtract, [a: a, b: b], opts)
+
+  @doc "Elementwise `a * b` (same shape and type)."
+  def multiply(a, b, opts \\ []), do: Op.run(:multiply, [a: a, b: b], opts)
+
+  @doc "`tensor * factor` for a float tensor (f32 arithmetic; f64 on cpu)."
+  def scale(tensor, factor, opts \\ []),
+    do: Op.run(:scale, [tensor: tensor, factor: factor], opts)
+
+  @doc "The tensor converted to `type` (round to nearest even; integers saturate)."
+  def convert(tensor, type, opts \\ []), do: Op.run(:convert, [tensor: tensor, type: type], opts)
+end

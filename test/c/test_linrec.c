@@ -1,0 +1,999 @@
+/* Linear recurrences (generic scan, MinGRU, MinLSTM, Liquid): hand-computed
+ * cases, CPU gradients against central finite differences in f64, the
+ * scan's identities (reverse = flipped input, split with carried state =
+ * one call, steps = one call) on the device under test, and on CUDA every
+ * forward and backward against the CPU over awkward shapes, through both
+ * the single-tile path and the multi-tile (look-back) path. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/linrec.h"
+#include "core/ops.h"
+#include "testutil.h"
+
+/* ---- a test case: what to run and on what ---- */
+
+typedef struct lr_case {
+    int kind;
+    int64_t B, L, H;
+    fx_dtype dtype;
+    int reverse, cand_g;
+    int h0;        /* 0: none, 1: of the sequence dtype, 2: of the state dtype */
+    int dstate;    /* backward: 0 none, 1 sequence dtype, 2 state dtype */
+    int dt_tensor; /* liquid: dt as a [batch, seqlen, 1] tensor */
+    double dt_value;
+    int max_tile; /* fx_linrec_*_args.max_tile_steps */
+} lr_case;
+
+static const char *kind_name(int kind) { return fx_linrec_op_name(kind); }
+
+static const char *describe(const lr_case *c)
+{
+    static char text[256];
+    snprintf(text, sizeof text, "%s B%lld L%lld H%lld %s%s%s h0=%d dstate=%d%s tile=%d",
+             kind_name(c->kind), (long long)c->B, (long long)c->L, (long long)c->H,
+             fx_dtype_name(c->dtype), c->reverse ? " reverse" : "", c->cand_g ? " g" : "", c->h0,
+             c->dstate, c->kind == FX_LINREC_LIQUID ? (c->dt_tensor ? " dt=tensor" : " dt=scalar") : "",
+             c->max_tile);
+    return text;
+}
+
+static double tolerance(fx_dtype t)
+{
+    return t == FX_F64 ? 1e-12 : t == FX_F32 ? 1e-5 : 1e-2;
+}
+
+static fx_dtype state_type(const lr_case *c) { return fx_linrec_state_dtype(c->dtype); }
+static fx_dtype h0_type(const lr_case *c) { return c->h0 == 2 ? state_type(c) : c->dtype; }
+static fx_dtype dstate_type(const lr_case *c) { return c->dstate == 2 ? state_type(c) : c->dtype; }
+
+/* ---- host inputs, f64 ---- */
+
+typedef struct lr_host {
+    double *seq[FX_LINREC_MAX_SEQ], *tau, *lam, *dt, *h0;
+} lr_host;
+
+static int64_t seq_len(const lr_case *c) { return c->B * c->L * c->H; }
+
+static double *alloc_values(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(double)); }
+
+/* Inputs in the ranges the ops see in practice: the generic scan's a in
+ * [0.9, 1) keeps a long memory, so carries travel across many tiles. */
+static void fill_seq(const lr_case *c, int k, double *v, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        int is_cand = (c->kind == FX_LINREC_MINGRU && k == 1) || (c->kind == FX_LINREC_MINLSTM && k == 2);
+        if (c->kind == FX_LINREC_SCAN)
+            v[i] = k == 0 ? fx_rand_uniform(0.9, 1.0) : fx_rand_uniform(-1, 1);
+        else if (is_cand)
+            v[i] = fx_rand_uniform(-2, 2);
+        else
+            v[i] = 2.0 * fx_rand_normal();
+    }
+}
+
+static void host_random(const lr_case *c, lr_host *x)
+{
+    memset(x, 0, sizeof *x);
+    int64_t n = seq_len(c);
+    for (int k = 0; k < fx_linrec_nseq(c->kind); k++) {
+        x->seq[k] = alloc_values(n);
+        fill_seq(c, k, x->seq[k], n);
+    }
+    if (c->kind == FX_LINREC_LIQUID) {
+        x->tau = alloc_values(c->H);
+        x->lam = alloc_values(c->H);
+        fx_fill_uniform(x->tau, c->H, 0.5, 3.0);
+        fx_fill_uniform(x->lam, c->H, -2, 2);
+        if (c->dt_tensor) {
+            x->dt = alloc_values(c->B * c->L);
+            fx_fill_uniform(x->dt, c->B * c->L, 0.05, 1.0);
+        }
+    }
+    if (c->h0) {
+        x->h0 = alloc_values(c->B * c->H);
+        fx_fill_uniform(x->h0, c->B * c->H, -1, 1);
+    }
+}
+
+static void host_free(lr_host *x)
+{
+    for (int k = 0; k < FX_LINREC_MAX_SEQ; k++)
+        free(x->seq[k]);
+    free(x->tau);
+    free(x->lam);
+    free(x->dt);
+    free(x->h0);
+}
+
+/* ---- device tensors for a case ---- */
+
+typedef struct lr_dev {
+    fx_tensor seq[FX_LINREC_MAX_SEQ], tau, lam, dt, h0;
+    fx_linrec_problem p;
+} lr_dev;
+
+static void dev_make(fx_device *dev, const lr_case *c, const lr_host *x, lr_dev *d)
+{
+    memset(d, 0, sizeof *d);
+    int64_t sdims[3] = {c->B, c->L, c->H}, hdims[1] = {c->H}, tdims[3] = {c->B, c->L, 1},
+            bdims[2] = {c->B, c->H};
+    d->p.kind = c->kind;
+    for (int k = 0; k < fx_linrec_nseq(c->kind); k++) {
+        fx_test_tensor(dev, c->dtype, 3, sdims, x->seq[k], &d->seq[k]);
+        d->p.seq[k] = &d->seq[k];
+    }
+    if (c->kind == FX_LINREC_LIQUID) {
+        fx_test_tensor(dev, c->dtype, 1, hdims, x->tau, &d->tau);
+        fx_test_tensor(dev, c->dtype, 1, hdims, x->lam, &d->lam);
+        d->p.tau = &d->tau;
+        d->p.lam = &d->lam;
+        if (c->dt_tensor) {
+            fx_test_tensor(dev, c->dtype, 3, tdims, x->dt, &d->dt);
+            d->p.dt = &d->dt;
+        }
+        d->p.dt_value = c->dt_value;
+    }
+    if (c->h0)
+        fx_test_tensor(dev, h0_type(c), 2, bdims, x->h0, &d->h0);
+    d->p.candidate_g = c->cand_g;
+    d->p.reverse = c->reverse;
+}
+
+static void dev_release(lr_dev *d)
+{
+    for (int k = 0; k < FX_LINREC_MAX_SEQ; k++)
+        fx_tensor_release(&d->seq[k]);
+    fx_tensor_release(&d->tau);
+    fx_tensor_release(&d->lam);
+    fx_tensor_release(&d->dt);
+    fx_tensor_release(&d->h0);
+}
+
+/* Overwrites every byte with 0xFF (NaN in every float type). */
+static void poison(const fx_tensor *t)
+{
+    if (!t->buffer || t->nbytes == 0)
+        return;
+    void *ones = malloc(t->nbytes);
+    memset(ones, 0xff, t->nbytes);
+    fx_status st;
+    fx_status_clear(&st);
+    t->device->backend->upload(t->device->ordinal, t->data, ones, t->nbytes, &st);
+    free(ones);
+    FX_CK_OK(st);
+}
+
+/* ---- runs ---- */
+
+typedef struct lr_fwd {
+    double *h, *state;
+} lr_fwd;
+
+static void fwd_free(lr_fwd *f)
+{
+    free(f->h);
+    free(f->state);
+}
+
+/* Forward of `c` on `dev` into poisoned outputs; h and state as f64. */
+static void run_forward(fx_device *dev, const lr_case *c, const lr_host *x, lr_fwd *out)
+{
+    lr_dev d;
+    dev_make(dev, c, x, &d);
+    int64_t hdims[3] = {c->B, c->L, c->H}, sdims[2] = {c->B, c->H};
+    fx_tensor h, s;
+    fx_test_poisoned(dev, c->dtype, 3, hdims, &h);
+    fx_test_poisoned(dev, state_type(c), 2, sdims, &s);
+    fx_status st;
+    fx_status_clear(&st);
+    fx_op_linrec_forward_into(&d.p, c->h0 ? &d.h0 : NULL, c->max_tile, &h, &s, &st);
+    ck_assert_msg(st.code == FX_OK, "%s: %s", describe(c), st.msg);
+    out->h = fx_test_read(&h);
+    out->state = fx_test_read(&s);
+    fx_tensor_release(&h);
+    fx_tensor_release(&s);
+    dev_release(&d);
+}
+
+typedef struct lr_bwd {
+    double *seq[FX_LINREC_MAX_SEQ], *tau, *lam, *dt, *h0;
+} lr_bwd;
+
+static void bwd_free(lr_bwd *b)
+{
+    for (int k = 0; k < FX_LINREC_MAX_SEQ; k++)
+        free(b->seq[k]);
+    free(b->tau);
+    free(b->lam);
+    free(b->dt);
+    free(b->h0);
+}
+
+static double *read_if(const fx_tensor *t) { return t->buffer ? fx_test_read(t) : NULL; }
+
+/* Forward then backward of `c` on `dev`, the gradients into poisoned
+ * tensors. `dh` has the sequence's size; `dstate` B*H values (used when
+ * c->dstate). */
+static void run_backward(fx_device *dev, const lr_case *c, const lr_host *x, const double *dh,
+                         const double *dstate, lr_bwd *out)
+{
+    lr_dev d;
+    dev_make(dev, c, x, &d);
+    int64_t hdims[3] = {c->B, c->L, c->H}, sdims[2] = {c->B, c->H};
+    fx_tensor h, tdh, tds = {0};
+    fx_status st;
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_tensor_alloc(dev, c->dtype, 3, hdims, &h, &st), FX_OK);
+    fx_op_linrec_forward_into(&d.p, c->h0 ? &d.h0 : NULL, c->max_tile, &h, NULL, &st);
+    ck_assert_msg(st.code == FX_OK, "%s: %s", describe(c), st.msg);
+    fx_test_tensor(dev, c->dtype, 3, hdims, dh, &tdh);
+    if (c->dstate)
+        fx_test_tensor(dev, dstate_type(c), 2, sdims, dstate, &tds);
+    fx_linrec_grads g;
+    ck_assert_int_eq(fx_linrec_grads_alloc(&d.p, c->h0 ? &d.h0 : NULL, &g, &st), FX_OK);
+    for (int k = 0; k < FX_LINREC_MAX_SEQ; k++)
+        poison(&g.seq[k]);
+    poison(&g.tau);
+    poison(&g.lam);
+    poison(&g.dt);
+    poison(&g.h0);
+    fx_op_linrec_backward_into(&d.p, c->h0 ? &d.h0 : NULL, &h, &tdh, c->dstate ? &tds : NULL,
+                               c->max_tile, &g, &st);
+    ck_assert_msg(st.code == FX_OK, "%s: %s", describe(c), st.msg);
+    for (int k = 0; k < FX_LINREC_MAX_SEQ; k++)
+        out->seq[k] = read_if(&g.seq[k]);
+    out->tau = read_if(&g.tau);
+    out->lam = read_if(&g.lam);
+    out->dt = read_if(&g.dt);
+    out->h0 = read_if(&g.h0);
+    fx_linrec_grads_release(&g);
+    fx_tensor_release(&h);
+    fx_tensor_release(&tdh);
+    fx_tensor_release(&tds);
+    dev_release(&d);
+}
+
+static void expect_close(const char *what, const lr_case *c, const double *got,
+                         const double *want, int64_t n, double tol)
+{
+    double err = fx_rel_l2(got, want, n);
+    ck_assert_msg(err <= tol, "%s of %s: rel-L2 %.3g > %.3g (FUSEX_SEED=%llu)", what, describe(c),
+                  err, tol, (unsigned long long)fx_test_seed());
+}
+
+static void expect_grads_close(const lr_case *c, const lr_bwd *got, const lr_bwd *want, double tol)
+{
+    for (int k = 0; k < fx_linrec_nseq(c->kind); k++)
+        expect_close(fx_linrec_seq_name(c->kind, k), c, got->seq[k], want->seq[k], seq_len(c), tol);
+    if (c->kind == FX_LINREC_LIQUID) {
+        expect_close("dtau", c, got->tau, want->tau, c->H, tol);
+        expect_close("da", c, got->lam, want->lam, c->H, tol);
+        if (c->dt_tensor)
+            expect_close("ddt", c, got->dt, want->dt, c->B * c->L, tol);
+    }
+    if (c->h0)
+        expect_close("dh0", c, got->h0, want->h0, c->B * c->H, tol);
+}
+
+/* ---- hand-computed cases ---- */
+
+static fx_dtype exact_type(fx_device *dev) { return dev->kind == FX_DEVICE_CPU ? FX_F64 : FX_F32; }
+
+typedef struct hand_case {
+    const char *name;
+    lr_case c;
+    double seq[3][6], tau[2], lam[2], h0[2];
+    double want_h[6], want_state[2];
+} hand_case;
+
+START_TEST(hand_computed_cases)
+{
+    fx_device *dev = fx_test_device();
+    fx_dtype t = exact_type(dev);
+    const double s2 = 0.11920292202211755; /* sigmoid(-2) */
+    const hand_case cases[] = {
+        /* h = [2,1] -> (a=[.5,2], b=[1,0]) [2,2] -> (a=[.5,-1], b=[1,1]) [2,-1] -> (a=[2,0], b=[0,3]) [4,3] */
+        {"scan with h0", {FX_LINREC_SCAN, 1, 3, 2, t, 0, 0, 1, 0, 0, 0, 0},
+         {{0.5, 2, 0.5, -1, 2, 0}, {1, 0, 1, 1, 0, 3}}, {0}, {0}, {2, 1},
+         {2, 2, 2, -1, 4, 3}, {4, 3}},
+        /* from the end: row 2 -> [0,3], row 1 -> [1,-2], row 0 -> [1.5,-4] */
+        {"scan reversed", {FX_LINREC_SCAN, 1, 3, 2, t, 1, 0, 0, 0, 0, 0, 0},
+         {{0.5, 2, 0.5, -1, 2, 0}, {1, 0, 1, 1, 0, 3}}, {0}, {0}, {0},
+         {1.5, -4, 1, -2, 0, 3}, {1.5, -4}},
+        /* z = 1/2: h = h/2 + c/2 over c = 2, -2, 4 */
+        {"mingru", {FX_LINREC_MINGRU, 1, 3, 1, t, 0, 0, 0, 0, 0, 0, 0},
+         {{0, 0, 0}, {2, -2, 4}}, {0}, {0}, {0}, {1, -0.5, 1.75}, {1.75}},
+        /* g(2) = 2.5, g(-2) = sigmoid(-2), g(4) = 4.5 */
+        {"mingru g", {FX_LINREC_MINGRU, 1, 3, 1, t, 0, 1, 0, 0, 0, 0, 0},
+         {{0, 0, 0}, {2, -2, 4}}, {0}, {0}, {0},
+         {1.25, 0.625 + s2 / 2, (0.625 + s2 / 2) / 2 + 2.25}, {(0.625 + s2 / 2) / 2 + 2.25}},
+        /* sigmoid(ln 3) = 3/4, sigmoid(-ln 3) = 1/4: f' = 3/4, i' = 1/4 */
+        {"minlstm", {FX_LINREC_MINLSTM, 1, 2, 1, t, 0, 0, 0, 0, 0, 0, 0},
+         {{log(3.0), log(3.0)}, {-log(3.0), -log(3.0)}, {4, 8}}, {0}, {0}, {0},
+         {1, 2.75}, {2.75}},
+        /* equal logits: f' = i' = 1/2 whatever their size */
+        {"minlstm equal gates", {FX_LINREC_MINLSTM, 1, 2, 1, t, 0, 0, 1, 0, 0, 0, 0},
+         {{-120, 30}, {-120, 30}, {2, 6}}, {0}, {0}, {1}, {1.5, 3.75}, {3.75}},
+        /* f = 1/2, tau = 1, A = 2, dt = 1: den = 5/2, a = 2/5, b = 2/5 */
+        {"liquid", {FX_LINREC_LIQUID, 1, 2, 1, t, 0, 0, 1, 0, 0, 1.0, 0},
+         {{0, 0}}, {1}, {2}, {1}, {0.8, 0.72}, {0.72}},
+        /* dt = 1/2: den = 7/4, a = 4/7, b = 2/7 */
+        {"liquid dt 0.5", {FX_LINREC_LIQUID, 1, 2, 1, t, 0, 0, 1, 0, 0, 0.5, 0},
+         {{0, 0}}, {1}, {2}, {1}, {6.0 / 7, 24.0 / 49 + 2.0 / 7}, {24.0 / 49 + 2.0 / 7}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const hand_case *hc = &cases[i];
+        lr_host x = {0};
+        for (int k = 0; k < fx_linrec_nseq(hc->c.kind); k++)
+            x.seq[k] = (double *)hc->seq[k];
+        x.tau = (double *)hc->tau;
+        x.lam = (double *)hc->lam;
+        x.h0 = hc->c.h0 ? (double *)hc->h0 : NULL;
+        lr_fwd f;
+        run_forward(dev, &hc->c, &x, &f);
+        double tol = t == FX_F64 ? 1e-14 : 1e-6;
+        expect_close(hc->name, &hc->c, f.h, hc->want_h, seq_len(&hc->c), tol);
+        expect_close(hc->name, &hc->c, f.state, hc->want_state, hc->c.B * hc->c.H, tol);
+        fwd_free(&f);
+    }
+}
+END_TEST
+
+/* Liquid with dt as a tensor: dt = [1, 1/2] over two steps gives the two
+ * hand cases above chained. */
+START_TEST(hand_computed_liquid_dt_tensor)
+{
+    fx_device *dev = fx_test_device();
+    lr_case c = {FX_LINREC_LIQUID, 1, 2, 1, exact_type(dev), 0, 0, 1, 0, 1, 0, 0};
+    double f[2] = {0, 0}, tau[1] = {1}, lam[1] = {2}, h0[1] = {1}, dt[2] = {1, 0.5};
+    lr_host x = {{f}, tau, lam, dt, h0};
+    lr_fwd out;
+    run_forward(dev, &c, &x, &out);
+    double want[2] = {0.8, 0.8 * 4.0 / 7 + 2.0 / 7};
+    expect_close("h", &c, out.h, want, 2, c.dtype == FX_F64 ? 1e-14 : 1e-6);
+    fwd_free(&out);
+}
+END_TEST
+
+/* ---- gradients vs central differences (CPU, f64) ---- */
+
+/* The loss sum(wh .* H) + sum(ws .* state), computed from a forward. */
+static double loss_of(fx_device *cpu, const lr_case *c, const lr_host *x, const double *wh,
+                      const double *ws)
+{
+    lr_fwd f;
+    run_forward(cpu, c, x, &f);
+    double loss = 0;
+    for (int64_t i = 0; i < seq_len(c); i++)
+        loss += wh[i] * f.h[i];
+    if (ws)
+        for (int64_t i = 0; i < c->B * c->H; i++)
+            loss += ws[i] * f.state[i];
+    fwd_free(&f);
+    return loss;
+}
+
+static void fd_check(fx_device *cpu, const lr_case *c, lr_host *x, double *values, int64_t n,
+                     const double *analytic, const double *wh, const double *ws, const char *what)
+{
+    const double eps = 1e-5;
+    double *numeric = alloc_values(n);
+    for (int64_t i = 0; i < n; i++) {
+        double keep = values[i];
+        values[i] = keep + eps;
+        double up = loss_of(cpu, c, x, wh, ws);
+        values[i] = keep - eps;
+        double down = loss_of(cpu, c, x, wh, ws);
+        values[i] = keep;
+        numeric[i] = (up - down) / (2 * eps);
+    }
+    double err = fx_rel_l2(analytic, numeric, n);
+    ck_assert_msg(err <= 1e-6, "d%s of %s: rel-L2 %.3g against finite differences (FUSEX_SEED=%llu)",
+                  what, describe(c), err, (unsigned long long)fx_test_seed());
+    free(numeric);
+}
+
+static void gradient_case(const lr_case *c)
+{
+    fx_device *cpu = fx_cpu_device();
+    lr_host x;
+    host_random(c, &x);
+    int64_t n = seq_len(c), nb = c->B * c->H;
+    double *wh = alloc_values(n), *ws = alloc_values(nb);
+    fx_fill_uniform(wh, n, -1, 1);
+    fx_fill_uniform(ws, nb, -1, 1);
+    lr_bwd g;
+    run_backward(cpu, c, &x, wh, ws, &g);
+    const double *state_w = c->dstate ? ws : NULL;
+    for (int k = 0; k < fx_linrec_nseq(c->kind); k++)
+        fd_check(cpu, c, &x, x.seq[k], n, g.seq[k], wh, state_w, fx_linrec_seq_name(c->kind, k));
+    if (c->kind == FX_LINREC_LIQUID) {
+        fd_check(cpu, c, &x, x.tau, c->H, g.tau, wh, state_w, "tau");
+        fd_check(cpu, c, &x, x.lam, c->H, g.lam, wh, state_w, "a");
+        if (c->dt_tensor)
+            fd_check(cpu, c, &x, x.dt, c->B * c->L, g.dt, wh, state_w, "dt");
+    }
+    if (c->h0)
+        fd_check(cpu, c, &x, x.h0, nb, g.h0, wh, state_w, "h0");
+    bwd_free(&g);
+    free(wh);
+    free(ws);
+    host_free(&x);
+}
+
+START_TEST(gradients_match_finite_differences)
+{
+    for (int kind = 0; kind < FX_LINREC_KIND_COUNT; kind++)
+        for (int variant = 0; variant < 4; variant++) {
+            lr_case c = {kind, 2, 5, 3, FX_F64, variant & 1, 0, 0, 0, 0, 0.7, 0};
+            int extra = variant >> 1; /* candidate g, or dt as a tensor */
+            c.cand_g = extra && (kind == FX_LINREC_MINGRU || kind == FX_LINREC_MINLSTM);
+            c.dt_tensor = extra && kind == FX_LINREC_LIQUID;
+            c.h0 = variant == 1 || variant == 2 ? 1 : 0;
+            c.dstate = variant >= 2 ? 2 : 0;
+            gradient_case(&c);
+        }
+}
+END_TEST
+
+/* ---- identities on the device under test ---- */
+
+static void flip_time(const lr_case *c, const double *in, double *out, int64_t width)
+{
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t t = 0; t < c->L; t++)
+            memcpy(out + (b * c->L + (c->L - 1 - t)) * width, in + (b * c->L + t) * width,
+                   sizeof(double) * (size_t)width);
+}
+
+static void flip_inputs(const lr_case *c, const lr_host *x, lr_host *flipped)
+{
+    *flipped = *x;
+    for (int k = 0; k < fx_linrec_nseq(c->kind); k++) {
+        flipped->seq[k] = alloc_values(seq_len(c));
+        flip_time(c, x->seq[k], flipped->seq[k], c->H);
+    }
+    if (x->dt) {
+        flipped->dt = alloc_values(c->B * c->L);
+        flip_time(c, x->dt, flipped->dt, 1);
+    }
+}
+
+static void free_flipped(const lr_case *c, lr_host *flipped)
+{
+    for (int k = 0; k < fx_linrec_nseq(c->kind); k++)
+        free(flipped->seq[k]);
+    free(flipped->dt);
+}
+
+static lr_case identity_case(int kind, int i, fx_device *dev)
+{
+    static const fx_dtype gpu_types[] = {FX_F32, FX_BF16, FX_F16};
+    fx_dtype t = dev->kind == FX_DEVICE_CPU ? (i % 2 ? FX_F32 : FX_F64) : gpu_types[i % 3];
+    lr_case c = {kind, 1 + i % 3, 9 + 13 * i, 5 + 19 * i, t, 0, i % 2, 1 + i % 2, 2, i % 2,
+                 0.4, 0};
+    if (dev->kind != FX_DEVICE_CPU)
+        c.max_tile = (int[]){0, 1, 6, 40}[i % 4];
+    return c;
+}
+
+START_TEST(reverse_is_the_scan_of_the_flipped_input)
+{
+    fx_device *dev = fx_test_device();
+    for (int kind = 0; kind < FX_LINREC_KIND_COUNT; kind++)
+        for (int i = 0; i < 4; i++) {
+            lr_case c = identity_case(kind, i, dev), fc;
+            lr_host x, fx_in;
+            host_random(&c, &x);
+            flip_inputs(&c, &x, &fx_in);
+            c.reverse = 1;
+            fc = c;
+            fc.reverse = 0;
+            lr_fwd r, f;
+            run_forward(dev, &c, &x, &r);
+            run_forward(dev, &fc, &fx_in, &f);
+            double *back = alloc_values(seq_len(&c));
+            flip_time(&c, f.h, back, c.H);
+            expect_close("h", &c, r.h, back, seq_len(&c), 1e-6);
+            expect_close("state", &c, r.state, f.state, c.B * c.H, 1e-6);
+
+            /* backward: the gradients of the flipped run, flipped back */
+            double *dh = alloc_values(seq_len(&c)), *fdh = alloc_values(seq_len(&c));
+            double *ds = alloc_values(c.B * c.H);
+            fx_fill_uniform(dh, seq_len(&c), -1, 1);
+            fx_fill_uniform(ds, c.B * c.H, -1, 1);
+            flip_time(&c, dh, fdh, c.H);
+            lr_bwd gr, gf;
+            run_backward(dev, &c, &x, dh, ds, &gr);
+            run_backward(dev, &fc, &fx_in, fdh, ds, &gf);
+            for (int k = 0; k < fx_linrec_nseq(kind); k++) {
+                flip_time(&c, gf.seq[k], back, c.H);
+                memcpy(gf.seq[k], back, sizeof(double) * (size_t)seq_len(&c));
+            }
+            if (gf.dt) {
+                flip_time(&c, gf.dt, back, 1);
+                memcpy(gf.dt, back, sizeof(double) * (size_t)(c.B * c.L));
+            }
+            /* tau and a are sums over time: the order changes, so do the last bits */
+            expect_grads_close(&c, &gr, &gf, c.dtype == FX_F64 ? 1e-12 : 1e-5);
+            bwd_free(&gr);
+            bwd_free(&gf);
+            free(dh);
+            free(fdh);
+            free(ds);
+            free(back);
+            fwd_free(&r);
+            fwd_free(&f);
+            free_flipped(&c, &fx_in);
+            host_free(&x);
+        }
+}
+END_TEST
+
+/* The rows [from, from + len) of a [B, L, width] array. */
+static double *time_slice(const lr_case *c, const double *v, int64_t from, int64_t len, int64_t width)
+{
+    double *out = alloc_values(c->B * len * width);
+    for (int64_t b = 0; b < c->B; b++)
+        memcpy(out + b * len * width, v + (b * c->L + from) * width, sizeof(double) * (size_t)(len * width));
+    return out;
+}
+
+static void slice_inputs(const lr_case *c, const lr_host *x, int64_t from, int64_t len, lr_host *part)
+{
+    *part = *x;
+    for (int k = 0; k < fx_linrec_nseq(c->kind); k++)
+        part->seq[k] = time_slice(c, x->seq[k], from, len, c->H);
+    part->dt = x->dt ? time_slice(c, x->dt, from, len, 1) : NULL;
+}
+
+static void free_slice(const lr_case *c, lr_host *part)
+{
+    for (int k = 0; k < fx_linrec_nseq(c->kind); k++)
+        free(part->seq[k]);
+    free(part->dt);
+}
+
+/* Runs the sequence in two calls, the second starting from the first's
+ * state (for reverse, the first call takes the later rows), and the
+ * backward the same way with dh0 of the second call as dstate of the
+ * first; both must equal one call. */
+START_TEST(split_with_carried_state_is_one_call)
+{
+    fx_device *dev = fx_test_device();
+    for (int kind = 0; kind < FX_LINREC_KIND_COUNT; kind++)
+        for (int i = 0; i < 4; i++) {
+            lr_case c = identity_case(kind, i, dev);
+            c.reverse = i >= 2;
+            c.h0 = 1 + i % 2;
+            c.dstate = 2;
+            c.L = c.L < 2 ? 2 : c.L;
+            lr_host x;
+            host_random(&c, &x);
+            int64_t cut = c.L / 3 + 1, rest = c.L - cut;
+            /* scan order: the first call covers `first` rows */
+            int64_t first_from = c.reverse ? rest : 0, first_len = c.reverse ? cut : cut;
+            int64_t second_from = c.reverse ? 0 : cut, second_len = rest;
+            lr_case c1 = c, c2 = c;
+            c1.L = first_len;
+            c2.L = second_len;
+            c2.h0 = 2; /* the carried state has the state dtype */
+            lr_host x1, x2;
+            slice_inputs(&c, &x, first_from, first_len, &x1);
+            slice_inputs(&c, &x, second_from, second_len, &x2);
+            lr_fwd whole, f1, f2;
+            run_forward(dev, &c, &x, &whole);
+            run_forward(dev, &c1, &x1, &f1);
+            x2.h0 = f1.state;
+            run_forward(dev, &c2, &x2, &f2);
+            double *joined = alloc_values(seq_len(&c));
+            for (int64_t b = 0; b < c.B; b++) {
+                memcpy(joined + (b * c.L + first_from) * c.H, f1.h + b * first_len * c.H,
+                       sizeof(double) * (size_t)(first_len * c.H));
+                memcpy(joined + (b * c.L + second_from) * c.H, f2.h + b * second_len * c.H,
+                       sizeof(double) * (size_t)(second_len * c.H));
+            }
+            double tol = tolerance(c.dtype);
+            expect_close("h", &c, joined, whole.h, seq_len(&c), tol);
+            expect_close("state", &c, f2.state, whole.state, c.B * c.H, tol);
+
+            /* backward in two calls */
+            double *dh = alloc_values(seq_len(&c)), *ds = alloc_values(c.B * c.H);
+            fx_fill_uniform(dh, seq_len(&c), -1, 1);
+            fx_fill_uniform(ds, c.B * c.H, -1, 1);
+            double *dh1 = time_slice(&c, dh, first_from, first_len, c.H);
+            double *dh2 = time_slice(&c, dh, second_from, second_len, c.H);
+            lr_bwd gw, g1, g2;
+            run_backward(dev, &c, &x, dh, ds, &gw);
+            run_backward(dev, &c2, &x2, dh2, ds, &g2);
+            run_backward(dev, &c1, &x1, dh1, g2.h0, &g1); /* g2.h0 has the state dtype */
+            expect_close("dh0", &c, g1.h0, gw.h0, c.B * c.H, tol);
+            for (int k = 0; k < fx_linrec_nseq(kind); k++) {
+                double *part = time_slice(&c, gw.seq[k], first_from, first_len, c.H);
+                expect_close("first part's dseq", &c1, g1.seq[k], part, c.B * first_len * c.H, tol);
+                free(part);
+                part = time_slice(&c, gw.seq[k], second_from, second_len, c.H);
+                expect_close("second part's dseq", &c2, g2.seq[k], part, c.B * second_len * c.H, tol);
+                free(part);
+            }
+            if (kind == FX_LINREC_LIQUID) {
+                double sum_tau[512], sum_lam[512];
+                ck_assert_int_le(c.H, 512);
+                for (int64_t h = 0; h < c.H; h++) {
+                    sum_tau[h] = g1.tau[h] + g2.tau[h];
+                    sum_lam[h] = g1.lam[h] + g2.lam[h];
+                }
+                expect_close("dtau", &c, sum_tau, gw.tau, c.H, tol);
+                expect_close("da", &c, sum_lam, gw.lam, c.H, tol);
+            }
+            bwd_free(&gw);
+            bwd_free(&g1);
+            bwd_free(&g2);
+            free(dh);
+            free(ds);
+            free(dh1);
+            free(dh2);
+            free(joined);
+            fwd_free(&whole);
+            fwd_free(&f1);
+            fwd_free(&f2);
+            free_slice(&c, &x1);
+            free_slice(&c, &x2);
+            host_free(&x);
+        }
+}
+END_TEST
+
+/* One step per frame, the state updated in place, equals one call. */
+static void steps_case(fx_device *dev, const lr_case *c, fx_dtype state_dtype)
+{
+    lr_host x;
+    host_random(c, &x);
+    lr_fwd whole;
+    run_forward(dev, c, &x, &whole);
+    int64_t bdims[2] = {c->B, c->H}, dtdims[2] = {c->B, 1}, hdims[1] = {c->H};
+    fx_tensor state, tau = {0}, lam = {0};
+    double *zeros = alloc_values(c->B * c->H);
+    fx_test_tensor(dev, state_dtype, 2, bdims, c->h0 ? x.h0 : zeros, &state);
+    if (c->kind == FX_LINREC_LIQUID) {
+        fx_test_tensor(dev, c->dtype, 1, hdims, x.tau, &tau);
+        fx_test_tensor(dev, c->dtype, 1, hdims, x.lam, &lam);
+    }
+    double *stepped = alloc_values(seq_len(c));
+    for (int64_t t = 0; t < c->L; t++) {
+        fx_linrec_problem p = {.kind = c->kind, .candidate_g = c->cand_g, .dt_value = c->dt_value};
+        fx_tensor frame[FX_LINREC_MAX_SEQ] = {{0}}, dt = {0}, h;
+        for (int k = 0; k < fx_linrec_nseq(c->kind); k++) {
+            double *v = time_slice(c, x.seq[k], t, 1, c->H);
+            fx_test_tensor(dev, c->dtype, 2, bdims, v, &frame[k]);
+            p.seq[k] = &frame[k];
+            free(v);
+        }
+        if (c->kind == FX_LINREC_LIQUID) {
+            p.tau = &tau;
+            p.lam = &lam;
+            if (c->dt_tensor) {
+                double *v = time_slice(c, x.dt, t, 1, 1);
+                fx_test_tensor(dev, c->dtype, 2, dtdims, v, &dt);
+                p.dt = &dt;
+                free(v);
+            }
+        }
+        fx_status st;
+        fx_status_clear(&st);
+        fx_op_linrec_step(&p, &state, &h, &st);
+        ck_assert_msg(st.code == FX_OK, "%s: %s", describe(c), st.msg);
+        double *got = fx_test_read(&h);
+        for (int64_t b = 0; b < c->B; b++)
+            memcpy(stepped + (b * c->L + t) * c->H, got + b * c->H, sizeof(double) * (size_t)c->H);
+        free(got);
+        fx_tensor_release(&h);
+        fx_tensor_release(&dt);
+        for (int k = 0; k < FX_LINREC_MAX_SEQ; k++)
+            fx_tensor_release(&frame[k]);
+    }
+    double tol = state_dtype == c->dtype && c->dtype != FX_F32 && c->dtype != FX_F64
+                     ? 3e-2 /* a 16-bit state rounds at every step */
+                     : tolerance(c->dtype);
+    expect_close("stepped h", c, stepped, whole.h, seq_len(c), tol);
+    double *final = fx_test_read(&state);
+    expect_close("stepped state", c, final, whole.state, c->B * c->H, tol);
+    free(final);
+    free(stepped);
+    free(zeros);
+    fwd_free(&whole);
+    fx_tensor_release(&state);
+    fx_tensor_release(&tau);
+    fx_tensor_release(&lam);
+    host_free(&x);
+}
+
+START_TEST(steps_are_one_call)
+{
+    fx_device *dev = fx_test_device();
+    for (int kind = 0; kind < FX_LINREC_KIND_COUNT; kind++)
+        for (int i = 0; i < 4; i++) {
+            lr_case c = identity_case(kind, i, dev);
+            c.L = 1 + i * 3;
+            c.reverse = 0;
+            steps_case(dev, &c, state_type(&c));
+            if (i == 1) { /* a state of the sequence dtype, short */
+                c.L = 3;
+                steps_case(dev, &c, c.dtype);
+            }
+        }
+}
+END_TEST
+
+/* ---- CUDA against the CPU ---- */
+
+typedef struct shape3 {
+    int64_t B, L, H;
+} shape3;
+
+/* Awkward shapes: 1, odd, primes, not multiples of 32, long. */
+static const shape3 sweep_shapes[] = {
+    {1, 1, 1},   {1, 2, 33},   {2, 5, 7},     {3, 17, 31},   {1, 31, 64},  {2, 64, 65},
+    {1, 97, 2},  {4, 127, 100}, {1, 257, 96}, {2, 300, 129}, {1, 1000, 32}, {1, 1031, 1},
+    {5, 33, 1027}, {1, 4097, 3}, {2, 2049, 64}, {1, 4097, 67},
+};
+
+static void compare_with_cpu(fx_device *dev, const lr_case *c)
+{
+    fx_device *cpu = fx_cpu_device();
+    lr_host x;
+    host_random(c, &x);
+    lr_fwd got, want;
+    run_forward(dev, c, &x, &got);
+    run_forward(cpu, c, &x, &want);
+    double tol = tolerance(c->dtype);
+    expect_close("h", c, got.h, want.h, seq_len(c), tol);
+    expect_close("state", c, got.state, want.state, c->B * c->H, tol);
+    double *dh = alloc_values(seq_len(c)), *ds = alloc_values(c->B * c->H);
+    fx_fill_uniform(dh, seq_len(c), -1, 1);
+    fx_fill_uniform(ds, c->B * c->H, -1, 1);
+    lr_bwd gg, gw;
+    run_backward(dev, c, &x, dh, ds, &gg);
+    run_backward(cpu, c, &x, dh, ds, &gw);
+    expect_grads_close(c, &gg, &gw, tol);
+    bwd_free(&gg);
+    bwd_free(&gw);
+    free(dh);
+    free(ds);
+    fwd_free(&got);
+    fwd_free(&want);
+    host_free(&x);
+}
+
+START_TEST(cuda_matches_cpu)
+{
+    fx_device *dev = fx_test_device();
+    if (dev->kind == FX_DEVICE_CPU)
+        return; /* the CPU is the reference: nothing to compare */
+    static const fx_dtype types[] = {FX_F32, FX_BF16, FX_F16};
+    static const int tiles[] = {0, 1, 5, 48};
+    int nshapes = (int)(sizeof sweep_shapes / sizeof sweep_shapes[0]);
+    int quick = fx_test_quick();
+    int runs = 0;
+    for (int s = 0; s < nshapes; s++) {
+        if (quick && s % 4 != 1)
+            continue;
+        for (int kind = 0; kind < FX_LINREC_KIND_COUNT; kind++)
+            for (int v = 0; v < (quick ? 2 : 4); v++) {
+                int mix = s + kind + v;
+                lr_case c = {kind, sweep_shapes[s].B, sweep_shapes[s].L, sweep_shapes[s].H,
+                             types[mix % 3], v & 1, (v >> 1) & 1, mix % 3, (mix + 1) % 3,
+                             (v >> 1) & 1, 0.3, tiles[(s + v) % 4]};
+                if (quick && c.L > 300)
+                    c.L = 300;
+                compare_with_cpu(dev, &c);
+                runs++;
+            }
+    }
+    ck_assert_int_gt(runs, 0);
+}
+END_TEST
+
+/* Large enough that the backend's own tiling uses several time tiles and
+ * many channel tiles, as in the benchmarks but smaller. */
+START_TEST(cuda_matches_cpu_auto_tiling)
+{
+    fx_device *dev = fx_test_device();
+    if (dev->kind == FX_DEVICE_CPU)
+        return;
+    const shape3 shapes[] = {{2, 3000, 256}, {1, 20000, 32}, {8, 600, 520}};
+    int n = fx_test_quick() ? 1 : 3;
+    for (int s = 0; s < n; s++)
+        for (int kind = 0; kind < FX_LINREC_KIND_COUNT; kind++) {
+            lr_case c = {kind, shapes[s].B, shapes[s].L, shapes[s].H, s == 1 ? FX_BF16 : FX_F32,
+                         s == 2, kind % 2, 1, 2, kind == FX_LINREC_LIQUID, 0.2, 0};
+            if (fx_test_quick())
+                c.L = 700;
+            compare_with_cpu(dev, &c);
+        }
+}
+END_TEST
+
+/* ---- validation ---- */
+
+#define EXPECT_BADARG(call, text)                                                   \
+    do {                                                                            \
+        fx_status st_;                                                              \
+        fx_status_clear(&st_);                                                      \
+        fx_tensor o1_ = {0}, o2_ = {0};                                             \
+        (void)o1_;                                                                  \
+        (void)o2_;                                                                  \
+        int rc_ = (call);                                                           \
+        ck_assert_msg(rc_ == FX_EBADARG, "expected a badarg for: %s", text);        \
+        ck_assert_str_eq(st_.msg, text);                                            \
+    } while (0)
+
+START_TEST(validation_messages)
+{
+    fx_device *dev = fx_test_device();
+    double v[256] = {0};
+    for (int i = 0; i < 256; i++)
+        v[i] = 0.25;
+    int64_t d3[3] = {2, 3, 4}, d3b[3] = {2, 3, 5}, d2[2] = {2, 4}, d2b[2] = {2, 5}, d1[1] = {4},
+            d1b[1] = {5}, dt3[3] = {2, 3, 1}, dt2[2] = {2, 1};
+    fx_tensor x, y, wrong_shape, ints, f16, r2, r2b, r1, r1b, t3, t2, st32;
+    fx_test_tensor(dev, FX_F32, 3, d3, v, &x);
+    fx_test_tensor(dev, FX_F32, 3, d3, v, &y);
+    fx_test_tensor(dev, FX_F32, 3, d3b, v, &wrong_shape);
+    fx_test_tensor(dev, FX_S32, 3, d3, v, &ints);
+    fx_test_tensor(dev, FX_F16, 3, d3, v, &f16);
+    fx_test_tensor(dev, FX_F32, 2, d2, v, &r2);
+    fx_test_tensor(dev, FX_F32, 2, d2b, v, &r2b);
+    fx_test_tensor(dev, FX_F32, 1, d1, v, &r1);
+    fx_test_tensor(dev, FX_F32, 1, d1b, v, &r1b);
+    fx_test_tensor(dev, FX_F32, 3, dt3, v, &t3);
+    fx_test_tensor(dev, FX_F32, 2, dt2, v, &t2);
+    fx_test_tensor(dev, FX_F16, 2, d2, v, &st32); /* an f16 state for f32 inputs */
+
+    fx_linrec_problem p;
+#define SCAN(a, b) (p = (fx_linrec_problem){.kind = FX_LINREC_SCAN, .seq = {(a), (b)}}, &p)
+#define GRU(z, c) (p = (fx_linrec_problem){.kind = FX_LINREC_MINGRU, .seq = {(z), (c)}}, &p)
+#define LSTM(f, i, c) (p = (fx_linrec_problem){.kind = FX_LINREC_MINLSTM, .seq = {(f), (i), (c)}}, &p)
+#define LIQ(F, TAU, A, DT) \
+    (p = (fx_linrec_problem){.kind = FX_LINREC_LIQUID, .seq = {(F)}, .tau = (TAU), .lam = (A), .dt = (DT), .dt_value = 1}, &p)
+
+    EXPECT_BADARG(fx_op_linrec_forward(SCAN(&ints, &y), NULL, false, 0, &o1_, &o2_, &st_),
+                  "a: expected a float type ({f,32}, {bf,16}, {f,16} or {f,64}), got {s,32}");
+    EXPECT_BADARG(fx_op_linrec_forward(SCAN(&r2, &y), NULL, false, 0, &o1_, &o2_, &st_),
+                  "a: expected rank 3 [batch, seqlen, hidden], got rank 2 shape {2,4}");
+    EXPECT_BADARG(fx_op_linrec_forward(SCAN(&x, &wrong_shape), NULL, false, 0, &o1_, &o2_, &st_),
+                  "b: expected shape {2,3,4} ([batch, seqlen, hidden], as a), got {2,3,5}");
+    EXPECT_BADARG(fx_op_linrec_forward(GRU(&x, &f16), NULL, false, 0, &o1_, &o2_, &st_),
+                  "cand: expected type {f,32}, got {f,16}");
+    EXPECT_BADARG(fx_op_linrec_forward(LSTM(&x, &y, &r2), NULL, false, 0, &o1_, &o2_, &st_),
+                  "cand: expected shape {2,3,4} ([batch, seqlen, hidden], as f_logits), got {2,4}");
+    EXPECT_BADARG(fx_op_linrec_forward(GRU(&x, &y), &r2b, false, 0, &o1_, &o2_, &st_),
+                  "h0: expected shape {2,4} ([batch, hidden]), got {2,5}");
+    EXPECT_BADARG(fx_op_linrec_forward(GRU(&x, &y), &st32, false, 0, &o1_, &o2_, &st_),
+                  "h0: expected type {f,32}, got {f,16}");
+    EXPECT_BADARG(fx_op_linrec_forward(GRU(&f16, &f16), &x, false, 0, &o1_, &o2_, &st_),
+                  "h0: expected shape {2,4} ([batch, hidden]), got {2,3,4}");
+    EXPECT_BADARG(fx_op_linrec_forward(LIQ(&x, &r1b, &r1, NULL), NULL, false, 0, &o1_, &o2_, &st_),
+                  "tau: expected shape {4} ([hidden]), got {5}");
+    EXPECT_BADARG(fx_op_linrec_forward(LIQ(&x, &r1, &r2, NULL), NULL, false, 0, &o1_, &o2_, &st_),
+                  "a: expected shape {4} ([hidden]), got {2,4}");
+    EXPECT_BADARG(fx_op_linrec_forward(LIQ(&x, &r1, &r1, &t2), NULL, false, 0, &o1_, &o2_, &st_),
+                  "dt: expected shape {2,3,1} ([batch, seqlen, 1]), got {2,1}");
+    EXPECT_BADARG(fx_op_linrec_step(LIQ(&r2, &r1, &r1, &t3), &r2, &o1_, &st_),
+                  "dt: expected shape {2,1} ([batch, 1]), got {2,3,1}");
+    EXPECT_BADARG(fx_op_linrec_step(GRU(&r2, &r2), &r2b, &o1_, &st_),
+                  "state: expected shape {2,4} ([batch, hidden]), got {2,5}");
+    EXPECT_BADARG(fx_op_linrec_step(GRU(&x, &x), &r2, &o1_, &st_),
+                  "z_logits: expected rank 2 [batch, hidden], got rank 3 shape {2,3,4}");
+
+    /* f16 inputs: h0 may be f16 or f32, nothing else */
+    fx_tensor f16_2, bf16_2;
+    fx_test_tensor(dev, FX_F16, 2, d2, v, &f16_2);
+    fx_test_tensor(dev, FX_BF16, 2, d2, v, &bf16_2);
+    EXPECT_BADARG(fx_op_linrec_forward(GRU(&f16, &f16), &bf16_2, false, 0, &o1_, &o2_, &st_),
+                  "h0: expected type {f,16} or {f,32}, got {bf,16}");
+
+    /* backward: dh and dstate */
+    fx_tensor h, fs;
+    fx_status st;
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_op_linrec_forward(GRU(&x, &y), NULL, true, 0, &h, &fs, &st), FX_OK);
+    fx_linrec_grads g;
+    fx_linrec_problem saved = p;
+    EXPECT_BADARG(fx_op_linrec_backward(&saved, NULL, &h, &wrong_shape, NULL, 0, &g, &st_),
+                  "dh: expected shape {2,3,4} ([batch, seqlen, hidden], as the forward's output), got {2,3,5}");
+    EXPECT_BADARG(fx_op_linrec_backward(&saved, NULL, &h, &f16, NULL, 0, &g, &st_),
+                  "dh: expected type {f,32}, got {f,16}");
+    EXPECT_BADARG(fx_op_linrec_backward(&saved, NULL, &h, &y, &r2b, 0, &g, &st_),
+                  "dstate: expected shape {2,4} ([batch, hidden]), got {2,5}");
+
+    if (dev->kind != FX_DEVICE_CPU) {
+        fx_tensor host, host64;
+        fx_test_tensor(fx_cpu_device(), FX_F32, 3, d3, v, &host);
+        fx_test_tensor(fx_cpu_device(), FX_F64, 3, d3, v, &host64);
+        EXPECT_BADARG(fx_op_linrec_forward(GRU(&x, &host), NULL, false, 0, &o1_, &o2_, &st_),
+                      "cand: expected a tensor on cuda:0 (where z_logits is), got one on cpu");
+        EXPECT_BADARG(fx_op_linrec_backward(&saved, NULL, &h, &host, NULL, 0, &g, &st_),
+                      "dh: expected a tensor on cuda:0 (where the saved context is), got one on cpu");
+        fx_tensor gpu64;
+        fx_op_copy_to(&host64, dev, &gpu64, &st);
+        FX_CK_OK(st);
+        EXPECT_BADARG(fx_op_linrec_forward(SCAN(&gpu64, &gpu64), NULL, false, 0, &o1_, &o2_, &st_),
+                      "a: expected type {f,32}, {bf,16} or {f,16} on cuda:0 ({f,64} runs on cpu only), got {f,64}");
+        fx_tensor_release(&gpu64);
+        fx_tensor_release(&host);
+        fx_tensor_release(&host64);
+    }
+    fx_tensor_release(&h);
+    fx_tensor_release(&fs);
+    fx_tensor *all[] = {&x, &y, &wrong_shape, &ints, &f16, &r2, &r2b, &r1, &r1b, &t3, &t2, &st32, &f16_2, &bf16_2};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        fx_tensor_release(all[i]);
+#undef SCAN
+#undef GRU
+#undef LSTM
+#undef LIQ
+}
+END_TEST
+
+/* seqlen 0: H is empty and the state is h0; its backward gives dh0 =
+ * dstate. batch 0 and hidden 0 give empty results. */
+START_TEST(empty_shapes)
+{
+    fx_device *dev = fx_test_device();
+    fx_dtype t = dev->kind == FX_DEVICE_CPU ? FX_F64 : FX_F32;
+    for (int kind = 0; kind < FX_LINREC_KIND_COUNT; kind++) {
+        lr_case c = {kind, 2, 0, 3, t, 0, 0, 2, 1, kind == FX_LINREC_LIQUID, 1.0, 0};
+        lr_host x;
+        host_random(&c, &x);
+        lr_fwd f;
+        run_forward(dev, &c, &x, &f);
+        expect_close("state", &c, f.state, x.h0, 6, 0);
+        double ds[6] = {1, -2, 3, -4, 5, -6};
+        lr_bwd g;
+        run_backward(dev, &c, &x, NULL, ds, &g);
+        expect_close("dh0", &c, g.h0, ds, 6, 0);
+        if (kind == FX_LINREC_LIQUID) {
+            double zeros[3] = {0, 0, 0};
+            expect_close("dtau", &c, g.tau, zeros, 3, 0);
+        }
+        bwd_free(&g);
+        fwd_free(&f);
+        host_free(&x);
+
+        const shape3 empties[] = {{0, 4, 3}, {2, 4, 0}};
+        for (int e = 0; e < 2; e++) {
+            lr_case ce = {kind, empties[e].B, empties[e].L, empties[e].H, t, 0, 0, 1, 1, 0, 1.0, 0};
+            host_random(&ce, &x);
+            run_forward(dev, &ce, &x, &f);
+            run_backward(dev, &ce, &x, NULL, NULL, &g);
+            bwd_free(&g);
+            fwd_free(&f);
+            host_free(&x);
+        }
+    }
+}
+END_TEST
+
+Suite *fx_suite_linrec(void)
+{
+    Suite *s = suite_create("linrec");
+    TCase *tc = tcase_create("linear recurrences");
+    tcase_set_timeout(tc, 900);
+    tcase_add_test(tc, hand_computed_cases);
+    tcase_add_test(tc, hand_computed_liquid_dt_tensor);
+    tcase_add_test(tc, gradients_match_finite_differences);
+    tcase_add_test(tc, reverse_is_the_scan_of_the_flipped_input);
+    tcase_add_test(tc, split_with_carried_state_is_one_call);
+    tcase_add_test(tc, steps_are_one_call);
+    tcase_add_test(tc, cuda_matches_cpu);
+    tcase_add_test(tc, cuda_matches_cpu_auto_tiling);
+    tcase_add_test(tc, validation_messages);
+    tcase_add_test(tc, empty_shapes);
+    suite_add_tcase(s, tc);
+    return s;
+}
