@@ -19,9 +19,10 @@
 
 #if defined(__x86_64__) && defined(__GLIBC__)
 /* glibc's libmvec has vector versions of exp as accurate as the scalar one
- * (< 4 ulp): declaring exp simd lets the forward's decay loop compute two
- * at a time, ~3x faster than one call each (exp is most of the forward's
- * time on the CPU). The Makefile links libmvec on x86-64. */
+ * (< 4 ulp): declaring exp simd lets the forward's exp loops compute two at
+ * a time, ~3x faster than one call each (exp is most of the forward's time
+ * on the CPU). The Makefile links libmvec on x86-64. (Only exp: other
+ * vector functions need a newer glibc than some machines have.) */
 #pragma omp declare simd notinbranch
 double exp(double);
 #endif
@@ -73,39 +74,60 @@ static channel_step load_step(const fx_tensor *x, const fx_tensor *dt, const fx_
 
 /* ---- forward ---- */
 
-/* Channels [d0, d1) of batch b, for every step. */
+/* Channels [d0, d1) of batch b, for every step. Per step: the b and c rows,
+ * then delta and the gate of every channel, then the states. The exps sit
+ * in loops of their own, which glibc's vector exp computes two at a time. */
 static void forward_block(const fx_ssm_fwd_args *a, int64_t b, int64_t d0, int64_t d1)
 {
     const fx_ssm_dims *n = &a->n;
     int64_t N = n->dstate, G = n->groups, cpg = n->dim / G, nch = d1 - d0;
-    double *h = malloc(sizeof(double) * (size_t)(2 * nch * N + 2 * G * N + N));
+    double *h = malloc(sizeof(double) * (size_t)(2 * nch * N + 2 * G * N + N + 6 * nch));
     double *A = h + nch * N, *brow = A + nch * N, *crow = brow + G * N, *decay = crow + G * N;
-    for (int64_t d = d0; d < d1; d++)
+    double *xs = decay + N, *us = xs + nch, *delta = us + nch, *zs = delta + nch;
+    double *gate = zs + nch, *bias = gate + nch;
+    for (int64_t d = d0; d < d1; d++) {
+        bias[d - d0] = load_or(a->dt_bias, d, 0.0);
         for (int64_t k = 0; k < N; k++) {
             A[(d - d0) * N + k] = load(a->a, d * N + k);
             h[(d - d0) * N + k] = load_or(a->h0, (b * n->dim + d) * N + k, 0.0);
         }
+    }
     for (int64_t t = 0; t < n->seqlen; t++) {
         for (int64_t k = 0; k < G * N; k++) {
             brow[k] = load(a->b, at_btg(n, b, t, 0) + k);
             crow[k] = load(a->c, at_btg(n, b, t, 0) + k);
         }
-        for (int64_t d = d0; d < d1; d++) {
-            int64_t i = at_btd(n, b, t, d);
-            channel_step s = load_step(a->x, a->dt, a->dt_bias, a->dt_softplus, i, d);
+        int64_t i0 = at_btd(n, b, t, d0);
+        for (int64_t c = 0; c < nch; c++) {
+            xs[c] = load(a->x, i0 + c);
+            us[c] = load(a->dt, i0 + c) + bias[c];
+            zs[c] = a->z ? load(a->z, i0 + c) : 0.0;
+        }
+        if (a->dt_softplus) { /* softplus(u) = log1p(exp(u)), u above 20 */
+#pragma omp simd
+            for (int64_t c = 0; c < nch; c++)
+                delta[c] = exp(us[c]);
+            for (int64_t c = 0; c < nch; c++)
+                delta[c] = us[c] > 20.0 ? us[c] : log1p(delta[c]);
+        } else {
+            memcpy(delta, us, sizeof(double) * (size_t)nch);
+        }
+#pragma omp simd
+        for (int64_t c = 0; c < nch; c++) /* silu(z) = z / (1 + exp(-z)) */
+            gate[c] = a->z ? zs[c] / (1.0 + exp(-zs[c])) : 1.0;
+        for (int64_t c = 0; c < nch; c++) {
+            int64_t d = d0 + c;
             const double *bg = brow + (d / cpg) * N, *cg = crow + (d / cpg) * N;
-            double *hd = h + (d - d0) * N, *Ad = A + (d - d0) * N, y = 0.0;
+            double *hd = h + c * N, *Ad = A + c * N, y = 0.0;
 #pragma omp simd
             for (int64_t k = 0; k < N; k++)
-                decay[k] = exp(s.delta * Ad[k]);
+                decay[k] = exp(delta[c] * Ad[k]);
             for (int64_t k = 0; k < N; k++) {
-                hd[k] = decay[k] * hd[k] + s.delta * bg[k] * s.x;
+                hd[k] = decay[k] * hd[k] + delta[c] * bg[k] * xs[c];
                 y += cg[k] * hd[k];
             }
-            y += load_or(a->d, d, 0.0) * s.x;
-            if (a->z)
-                y *= silu(load(a->z, i));
-            store(a->y, i, y);
+            y += load_or(a->d, d, 0.0) * xs[c];
+            store(a->y, i0 + c, y * gate[c]);
         }
     }
     if (a->state)
