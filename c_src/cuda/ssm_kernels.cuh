@@ -103,11 +103,13 @@ __device__ __forceinline__ float fast_exp2(float x)
 #endif
 }
 
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+// Fast division (reciprocal on the SFU, ~2 ulp): once per (step, channel).
+// For z below ~-88 the denominator is inf and the result 0, as it should be.
+__device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
 // PyTorch's softplus: the identity above 20.
 __device__ __forceinline__ float softplus(float u) { return u > 20.0f ? u : log1pf(__expf(u)); }
 __device__ __forceinline__ float softplus_grad(float u) { return u > 20.0f ? 1.0f : sigmoid(u); }
-__device__ __forceinline__ float silu(float z) { return z * sigmoid(z); }
+__device__ __forceinline__ float silu(float z) { return __fdividef(z, 1.0f + __expf(-z)); }
 __device__ __forceinline__ float silu_grad(float z)
 {
     float s = sigmoid(z);

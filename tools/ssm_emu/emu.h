@@ -48,5 +48,6 @@ inline float atomicAdd(float *p, float v)
     return old;
 }
 inline float __expf(float x) { return expf(x); }
+inline float __fdividef(float x, float y) { return x / y; }
 
 #endif
