@@ -28,11 +28,43 @@ double exp(double);
 #endif
 
 #define CHANNEL_BLOCK 64 /* channels per forward task: amortises reading b, c rows */
+/* The forward runs on one core below this many state-steps (~5 ms of one
+ * core): a fork-join waits a whole time slice whenever the OS preempts one
+ * of its threads, which on a busy 2-core machine turned 0.65 ms into 8 ms. */
+#define FORWARD_PARALLEL_MIN ((int64_t)1 << 21)
 #define CHECKPOINT 64    /* steps between the backward's recomputed checkpoints */
 
 static double load(const fx_tensor *t, int64_t i) { return fx_load_f64(t->data, t->dtype, i); }
 static void store(const fx_tensor *t, int64_t i, double v) { fx_store_f64(t->data, t->dtype, i, v); }
 static double load_or(const fx_tensor *t, int64_t i, double dflt) { return t ? load(t, i) : dflt; }
+
+/* Elements [i0, i0 + n) as f64: one type dispatch per run, not per element. */
+static void load_run(const fx_tensor *t, int64_t i0, int64_t n, double *out)
+{
+    switch (t->dtype) {
+    case FX_F32:
+        for (int64_t i = 0; i < n; i++)
+            out[i] = ((const float *)t->data)[i0 + i];
+        break;
+    case FX_F64:
+        memcpy(out, (const double *)t->data + i0, sizeof(double) * (size_t)n);
+        break;
+    default:
+        for (int64_t i = 0; i < n; i++)
+            out[i] = load(t, i0 + i);
+    }
+}
+
+static void store_run(const fx_tensor *t, int64_t i0, int64_t n, const double *v)
+{
+    if (t->dtype == FX_F32) {
+        for (int64_t i = 0; i < n; i++)
+            ((float *)t->data)[i0 + i] = (float)v[i];
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        store(t, i0 + i, v[i]);
+}
 
 static double sigmoid(double u) { return 1.0 / (1.0 + exp(-u)); }
 
@@ -77,32 +109,35 @@ static channel_step load_step(const fx_tensor *x, const fx_tensor *dt, const fx_
 /* Channels [d0, d1) of batch b, for every step. Per step: the b and c rows,
  * then delta and the gate of every channel, then the states. The exps sit
  * in loops of their own, which glibc's vector exp computes two at a time. */
+/* An AVX2 build of it where the CPU has AVX2 (picked at load time): four
+ * exps per vector call. */
+#if defined(__x86_64__) && defined(__GLIBC__)
+__attribute__((target_clones("avx2", "default")))
+#endif
 static void forward_block(const fx_ssm_fwd_args *a, int64_t b, int64_t d0, int64_t d1)
 {
     const fx_ssm_dims *n = &a->n;
     int64_t N = n->dstate, G = n->groups, cpg = n->dim / G, nch = d1 - d0;
-    double *h = malloc(sizeof(double) * (size_t)(2 * nch * N + 2 * G * N + N + 6 * nch));
+    double *h = malloc(sizeof(double) * (size_t)(2 * nch * N + 2 * G * N + N + 8 * nch));
     double *A = h + nch * N, *brow = A + nch * N, *crow = brow + G * N, *decay = crow + G * N;
     double *xs = decay + N, *us = xs + nch, *delta = us + nch, *zs = delta + nch;
-    double *gate = zs + nch, *bias = gate + nch;
+    double *gate = zs + nch, *bias = gate + nch, *dskip = bias + nch, *ys = dskip + nch;
     for (int64_t d = d0; d < d1; d++) {
         bias[d - d0] = load_or(a->dt_bias, d, 0.0);
+        dskip[d - d0] = load_or(a->d, d, 0.0);
         for (int64_t k = 0; k < N; k++) {
             A[(d - d0) * N + k] = load(a->a, d * N + k);
             h[(d - d0) * N + k] = load_or(a->h0, (b * n->dim + d) * N + k, 0.0);
         }
     }
     for (int64_t t = 0; t < n->seqlen; t++) {
-        for (int64_t k = 0; k < G * N; k++) {
-            brow[k] = load(a->b, at_btg(n, b, t, 0) + k);
-            crow[k] = load(a->c, at_btg(n, b, t, 0) + k);
-        }
+        load_run(a->b, at_btg(n, b, t, 0), G * N, brow);
+        load_run(a->c, at_btg(n, b, t, 0), G * N, crow);
         int64_t i0 = at_btd(n, b, t, d0);
-        for (int64_t c = 0; c < nch; c++) {
-            xs[c] = load(a->x, i0 + c);
-            us[c] = load(a->dt, i0 + c) + bias[c];
-            zs[c] = a->z ? load(a->z, i0 + c) : 0.0;
-        }
+        load_run(a->x, i0, nch, xs);
+        load_run(a->dt, i0, nch, us);
+        for (int64_t c = 0; c < nch; c++)
+            us[c] += bias[c];
         if (a->dt_softplus) { /* softplus(u) = log1p(exp(u)), u above 20 */
 #pragma omp simd
             for (int64_t c = 0; c < nch; c++)
@@ -112,12 +147,15 @@ static void forward_block(const fx_ssm_fwd_args *a, int64_t b, int64_t d0, int64
         } else {
             memcpy(delta, us, sizeof(double) * (size_t)nch);
         }
+        if (a->z) {
+            load_run(a->z, i0, nch, zs);
 #pragma omp simd
-        for (int64_t c = 0; c < nch; c++) /* silu(z) = z / (1 + exp(-z)) */
-            gate[c] = a->z ? zs[c] / (1.0 + exp(-zs[c])) : 1.0;
+            for (int64_t c = 0; c < nch; c++) /* silu(z) = z / (1 + exp(-z)) */
+                gate[c] = zs[c] / (1.0 + exp(-zs[c]));
+        }
         for (int64_t c = 0; c < nch; c++) {
-            int64_t d = d0 + c;
-            const double *bg = brow + (d / cpg) * N, *cg = crow + (d / cpg) * N;
+            int64_t g = (d0 + c) / cpg;
+            const double *bg = brow + g * N, *cg = crow + g * N;
             double *hd = h + c * N, *Ad = A + c * N, y = 0.0;
 #pragma omp simd
             for (int64_t k = 0; k < N; k++)
@@ -126,9 +164,10 @@ static void forward_block(const fx_ssm_fwd_args *a, int64_t b, int64_t d0, int64
                 hd[k] = decay[k] * hd[k] + delta[c] * bg[k] * xs[c];
                 y += cg[k] * hd[k];
             }
-            y += load_or(a->d, d, 0.0) * xs[c];
-            store(a->y, i0 + c, y * gate[c]);
+            y += dskip[c] * xs[c];
+            ys[c] = a->z ? y * gate[c] : y;
         }
+        store_run(a->y, i0, nch, ys);
     }
     if (a->state)
         for (int64_t d = d0; d < d1; d++)
@@ -144,7 +183,7 @@ static int cpu_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
     const fx_ssm_dims *n = &a->n;
     int64_t blocks = (n->dim + CHANNEL_BLOCK - 1) / CHANNEL_BLOCK, tasks = n->batch * blocks;
     int64_t work = n->batch * n->seqlen * n->dim * n->dstate;
-#pragma omp parallel for schedule(dynamic) if (work > FX_CPU_PARALLEL_MIN)
+#pragma omp parallel for schedule(dynamic) if (work > FORWARD_PARALLEL_MIN)
     for (int64_t task = 0; task < tasks; task++) {
         int64_t b = task / blocks, d0 = (task % blocks) * CHANNEL_BLOCK;
         int64_t d1 = d0 + CHANNEL_BLOCK < n->dim ? d0 + CHANNEL_BLOCK : n->dim;
