@@ -76,4 +76,67 @@ defmodule Fusex do
 
   @doc "The tensor converted to `type` (round to nearest even; integers saturate)."
   def convert(tensor, type, opts \\ []), do: Op.run(:convert, [tensor: tensor, type: type], opts)
+
+  # ---- linear recurrences: fusex:linear_scan/3, mingru/3, minlstm/4,
+  # liquid/4, their _backward/3 and _step/4,5 (docs/LINREC.md) ----
+
+  @doc "Generic linear scan `h_t = a_t * h_{t-1} + b_t`; see `fusex:linear_scan/3`."
+  def linear_scan(a, b, opts \\ []),
+    do: Op.run(:linear_scan, [a: a, b: b], opts, erl_opts: true)
+
+  @doc "MinGRU over a sequence; see `fusex:mingru/3`."
+  def mingru(z_logits, cand, opts \\ []),
+    do: Op.run(:mingru, [z_logits: z_logits, cand: cand], opts, erl_opts: true)
+
+  @doc "MinLSTM over a sequence; see `fusex:minlstm/4`."
+  def minlstm(f_logits, i_logits, cand, opts \\ []),
+    do: Op.run(:minlstm, [f_logits: f_logits, i_logits: i_logits, cand: cand], opts, erl_opts: true)
+
+  @doc "Liquid (LTC) cells over a sequence; see `fusex:liquid/4`."
+  def liquid(f_logits, tau, a, opts \\ []),
+    do: Op.run(:liquid, [f_logits: f_logits, tau: tau, a: a], opts, erl_opts: true)
+
+  @doc "Gradients of `linear_scan/3` from a saved context; see `fusex:linear_scan_backward/3`."
+  def linear_scan_backward(dh, ctx, opts \\ []),
+    do: Op.run(:linear_scan_backward, [dh: dh, ctx: ctx], opts, erl_opts: true)
+
+  @doc "Gradients of `mingru/3`; see `fusex:mingru_backward/3`."
+  def mingru_backward(dh, ctx, opts \\ []),
+    do: Op.run(:mingru_backward, [dh: dh, ctx: ctx], opts, erl_opts: true)
+
+  @doc "Gradients of `minlstm/4`; see `fusex:minlstm_backward/3`."
+  def minlstm_backward(dh, ctx, opts \\ []),
+    do: Op.run(:minlstm_backward, [dh: dh, ctx: ctx], opts, erl_opts: true)
+
+  @doc "Gradients of `liquid/4`; see `fusex:liquid_backward/3`."
+  def liquid_backward(dh, ctx, opts \\ []),
+    do: Op.run(:liquid_backward, [dh: dh, ctx: ctx], opts, erl_opts: true)
+
+  @doc "One frame of `linear_scan/3`; `state` (a handle) is updated in place."
+  def linear_scan_step(state, a, b, opts \\ []),
+    do: Op.run(:linear_scan_step, [state: state, a: a, b: b], opts, erl_opts: true, in_place: [:state])
+
+  @doc "One frame of `mingru/3`; `state` (a handle) is updated in place."
+  def mingru_step(state, z_logits, cand, opts \\ []),
+    do:
+      Op.run(:mingru_step, [state: state, z_logits: z_logits, cand: cand], opts,
+        erl_opts: true,
+        in_place: [:state]
+      )
+
+  @doc "One frame of `minlstm/4`; `state` (a handle) is updated in place."
+  def minlstm_step(state, f_logits, i_logits, cand, opts \\ []),
+    do:
+      Op.run(:minlstm_step, [state: state, f_logits: f_logits, i_logits: i_logits, cand: cand], opts,
+        erl_opts: true,
+        in_place: [:state]
+      )
+
+  @doc "One frame of `liquid/4`; `state` (a handle) is updated in place."
+  def liquid_step(state, f_logits, tau, a, opts \\ []),
+    do:
+      Op.run(:liquid_step, [state: state, f_logits: f_logits, tau: tau, a: a], opts,
+        erl_opts: true,
+        in_place: [:state]
+      )
 end
