@@ -57,7 +57,10 @@ int fx_op_to_host(const fx_tensor *t, void *dst, fx_status *st)
 {
     if (t->nbytes == 0)
         return FX_OK;
-    return t->device->backend->download(t->device->ordinal, dst, t->data, t->nbytes, st);
+    int rc = t->device->backend->download(t->device->ordinal, dst, t->data, t->nbytes, st);
+    if (rc == FX_OK) /* the download waited for everything queued before it */
+        fx_device_note_idle(t->device);
+    return rc;
 }
 
 int fx_op_copy_to(const fx_tensor *t, fx_device *dev, fx_tensor *out, fx_status *st)
@@ -160,5 +163,8 @@ int fx_op_copy_into(const fx_tensor *src, const fx_tensor *dst, fx_status *st)
 
 int fx_op_synchronize(fx_device *dev, fx_status *st)
 {
-    return dev->backend->synchronize(dev->ordinal, st);
+    int rc = dev->backend->synchronize(dev->ordinal, st);
+    if (rc == FX_OK)
+        fx_device_note_idle(dev);
+    return rc;
 }

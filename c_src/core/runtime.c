@@ -31,6 +31,7 @@ static void add_device(const fx_backend *backend, fx_device_kind kind, int ordin
     atomic_init(&dev->allocated, 0);
     atomic_init(&dev->peak, 0);
     atomic_init(&dev->live_tensors, 0);
+    atomic_init(&dev->queued_ops, 0);
     pthread_mutex_init(&dev->registry_lock, NULL);
     dev->registry_head = NULL;
     dev->freed_next = 0;
@@ -115,6 +116,13 @@ void fx_runtime_shutdown(void)
 }
 
 int fx_device_count(void) { return device_total; }
+
+bool fx_device_enqueue_inline(fx_device *dev)
+{
+    return atomic_fetch_add(&dev->queued_ops, 1) < FX_INLINE_QUEUE_MAX;
+}
+
+void fx_device_note_idle(fx_device *dev) { atomic_store(&dev->queued_ops, 0); }
 
 fx_device *fx_device_at(int index)
 {

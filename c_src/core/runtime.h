@@ -30,6 +30,7 @@ typedef struct fx_device {
     atomic_llong allocated;    /* bytes of fusex-owned buffers */
     atomic_llong peak;
     atomic_llong live_tensors; /* handles not yet freed or collected */
+    atomic_int queued_ops;     /* ops enqueued since the stream was last seen idle */
     /* The registry of live fusex allocations on this device: an intrusive
      * list of buffers (O(1) insert and remove under one uncontended mutex;
      * lookups, done only by from_pointer, scan it), and a ring of the most
@@ -49,6 +50,18 @@ int fx_runtime_init(const char *priv_dir, fx_status *st);
  * programs that link the core (the C tests). */
 void fx_runtime_shutdown(void);
 int fx_device_count(void);
+
+/* How many ops may be queued on a stream, since it was last seen idle, for
+ * the next one still to be enqueued from a normal scheduler. CUDA's launch
+ * queue holds about a thousand launches; an op makes a few. Far below that,
+ * enqueueing cannot block, so it needs no dirty scheduler. */
+#define FX_INLINE_QUEUE_MAX 64
+
+/* Counts an op about to be enqueued; true when it may run inline. */
+bool fx_device_enqueue_inline(fx_device *dev);
+/* Everything enqueued so far has finished (seen by a synchronize, a
+ * download or an idle query). */
+void fx_device_note_idle(fx_device *dev);
 fx_device *fx_device_at(int index);
 fx_device *fx_device_find(fx_device_kind kind, int ordinal);
 fx_device *fx_cpu_device(void);

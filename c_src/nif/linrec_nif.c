@@ -206,28 +206,28 @@ static ERL_NIF_TERM forward(ErlNifEnv *env, int kind, const ERL_NIF_TERM *inputs
     return fx_call_finish(&c, n == 1 ? out[0] : enif_make_tuple_from_array(env, out, (unsigned)n));
 }
 
-FX_DIRTY_NIF(nif_linear_scan)
+FX_ENQUEUE_NIF(nif_linear_scan)
 static ERL_NIF_TERM nif_linear_scan(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
     return forward(env, FX_LINREC_SCAN, argv, argv[2]);
 }
 
-FX_DIRTY_NIF(nif_mingru)
+FX_ENQUEUE_NIF(nif_mingru)
 static ERL_NIF_TERM nif_mingru(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
     return forward(env, FX_LINREC_MINGRU, argv, argv[2]);
 }
 
-FX_DIRTY_NIF(nif_minlstm)
+FX_ENQUEUE_NIF(nif_minlstm)
 static ERL_NIF_TERM nif_minlstm(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
     return forward(env, FX_LINREC_MINLSTM, argv, argv[3]);
 }
 
-FX_DIRTY_NIF(nif_liquid)
+FX_ENQUEUE_NIF(nif_liquid)
 static ERL_NIF_TERM nif_liquid(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
@@ -254,7 +254,7 @@ static ERL_NIF_TERM put(ErlNifEnv *env, ERL_NIF_TERM map, const char *key, fx_ca
     return out;
 }
 
-FX_DIRTY_NIF(nif_linrec_backward)
+FX_ENQUEUE_NIF(nif_linrec_backward)
 static ERL_NIF_TERM nif_linrec_backward(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
@@ -312,28 +312,28 @@ static ERL_NIF_TERM step(ErlNifEnv *env, int kind, const ERL_NIF_TERM argv[], ER
     return fx_call_finish(&c, fx_make_tensor(&c, &h));
 }
 
-FX_DIRTY_NIF(nif_linear_scan_step)
+FX_ENQUEUE_NIF(nif_linear_scan_step)
 static ERL_NIF_TERM nif_linear_scan_step(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
     return step(env, FX_LINREC_SCAN, argv, argv[3]);
 }
 
-FX_DIRTY_NIF(nif_mingru_step)
+FX_ENQUEUE_NIF(nif_mingru_step)
 static ERL_NIF_TERM nif_mingru_step(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
     return step(env, FX_LINREC_MINGRU, argv, argv[3]);
 }
 
-FX_DIRTY_NIF(nif_minlstm_step)
+FX_ENQUEUE_NIF(nif_minlstm_step)
 static ERL_NIF_TERM nif_minlstm_step(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
     return step(env, FX_LINREC_MINLSTM, argv, argv[4]);
 }
 
-FX_DIRTY_NIF(nif_liquid_step)
+FX_ENQUEUE_NIF(nif_liquid_step)
 static ERL_NIF_TERM nif_liquid_step(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;

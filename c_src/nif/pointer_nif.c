@@ -123,7 +123,7 @@ static ERL_NIF_TERM nif_from_pointer(ErlNifEnv *env, int argc, const ERL_NIF_TER
     return fx_call_finish(&c, fx_make_tensor(&c, &out));
 }
 
-FX_DIRTY_NIF(nif_copy_into)
+FX_ENQUEUE_NIF(nif_copy_into)
 static ERL_NIF_TERM nif_copy_into(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;

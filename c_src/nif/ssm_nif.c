@@ -49,7 +49,7 @@ static int arg_inputs(fx_call *c, const ERL_NIF_TERM argv[], ERL_NIF_TERM opts, 
 static void ctx_destroy(void *data) { fx_ssm_ctx_free(data); }
 
 /* selective_scan(X, Dt, A, B, C, Opts) -> Y | {Y, State} | {Y, Ctx} | {Y, State, Ctx} */
-FX_DIRTY_NIF(nif_selective_scan)
+FX_ENQUEUE_NIF(nif_selective_scan)
 static ERL_NIF_TERM nif_selective_scan(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
@@ -89,7 +89,7 @@ static ERL_NIF_TERM put(fx_call *c, ERL_NIF_TERM map, const char *key, fx_tensor
 }
 
 /* selective_scan_backward(Dy, Ctx, Opts) -> #{x, dt, a, b, c[, d, z, dt_bias, h0]} */
-FX_DIRTY_NIF(nif_selective_scan_backward)
+FX_ENQUEUE_NIF(nif_selective_scan_backward)
 static ERL_NIF_TERM nif_selective_scan_backward(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
@@ -125,7 +125,7 @@ static ERL_NIF_TERM nif_selective_scan_backward(ErlNifEnv *env, int argc, const 
 }
 
 /* selective_scan_step(State, X, Dt, A, B, C, Opts) -> Y, State updated in place */
-FX_DIRTY_NIF(nif_selective_scan_step)
+FX_ENQUEUE_NIF(nif_selective_scan_step)
 static ERL_NIF_TERM nif_selective_scan_step(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;

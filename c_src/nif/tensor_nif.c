@@ -186,7 +186,7 @@ static ERL_NIF_TERM nif_tensor(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv
     return fx_call_return_tensor(&c, &out);
 }
 
-FX_DIRTY_NIF(nif_zeros)
+FX_ENQUEUE_NIF(nif_zeros)
 static ERL_NIF_TERM nif_zeros(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
@@ -278,14 +278,18 @@ ERL_NIF_TERM nif_synchronize_entry(ErlNifEnv *env, int argc, const ERL_NIF_TERM 
     ErlNifTime start = enif_monotonic_time(ERL_NIF_NSEC);
     do {
         int idle = 0;
-        if (dev->backend->is_idle(dev->ordinal, &idle, &c.st) != FX_OK || idle)
+        if (dev->backend->is_idle(dev->ordinal, &idle, &c.st) != FX_OK)
             return ok(&c);
+        if (idle) {
+            fx_device_note_idle(dev);
+            return ok(&c);
+        }
     } while (enif_monotonic_time(ERL_NIF_NSEC) - start < SYNC_POLL_NS);
     return enif_schedule_nif(env, "synchronize", ERL_NIF_DIRTY_JOB_IO_BOUND,
                              nif_synchronize_blocking, argc, argv);
 }
 
-FX_DIRTY_NIF(nif_convert)
+FX_ENQUEUE_NIF(nif_convert)
 static ERL_NIF_TERM nif_convert(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
@@ -298,7 +302,7 @@ static ERL_NIF_TERM nif_convert(ErlNifEnv *env, int argc, const ERL_NIF_TERM arg
     return fx_call_return_tensor(&c, &out);
 }
 
-FX_DIRTY_NIF(nif_binary)
+FX_ENQUEUE_NIF(nif_binary)
 static ERL_NIF_TERM nif_binary(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
@@ -321,7 +325,7 @@ static ERL_NIF_TERM nif_binary(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv
     return fx_call_return_tensor(&c, &out);
 }
 
-FX_DIRTY_NIF(nif_scale)
+FX_ENQUEUE_NIF(nif_scale)
 static ERL_NIF_TERM nif_scale(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
