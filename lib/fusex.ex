@@ -139,4 +139,23 @@ defmodule Fusex do
         erl_opts: true,
         in_place: [:state]
       )
+
+  # ---- selective scan (Mamba S6): fusex:selective_scan/6, _backward/3,
+  # _step/7 (docs/SSM.md) ----
+
+  @doc "Mamba selective scan over a sequence; see `fusex:selective_scan/6`."
+  def selective_scan(x, dt, a, b, c, opts \\ []),
+    do: Op.run(:selective_scan, [x: x, dt: dt, a: a, b: b, c: c], opts, erl_opts: true)
+
+  @doc "Gradients of `selective_scan/6` from a saved context; see `fusex:selective_scan_backward/3`."
+  def selective_scan_backward(dy, ctx, opts \\ []),
+    do: Op.run(:selective_scan_backward, [dy: dy, ctx: ctx], opts, erl_opts: true)
+
+  @doc "One frame of the selective scan; `state` (a handle) is updated in place."
+  def selective_scan_step(state, x, dt, a, b, c, opts \\ []),
+    do:
+      Op.run(:selective_scan_step, [state: state, x: x, dt: dt, a: a, b: b, c: c], opts,
+        erl_opts: true,
+        in_place: [:state]
+      )
 end
