@@ -111,21 +111,9 @@ demo_row(Device, Name, Kind, ParamType, GradType, Opts, Tol) ->
          step({Kind, State, Params, G}, 0),
          step({Kind, CpuState, CpuParams, OnCpu(G)}, 0)
      end || G <- Gs],
-    Err = rel_l2(flat(Params), flat(CpuParams)),
+    Err = fusex_demo:rel_l2(flat(Params), flat(CpuParams)),
     Us = fusex_demo:time_us(fun() -> step({Kind, State, Params, hd(Gs)}, 0), hd(Params) end, 20),
     #{op => Name, shape => <<"5 tensors, 1..16385">>, dtype => ParamType, rel_l2 => Err,
       tolerance => Tol, us => Us}.
 
-flat(Tensors) ->
-    lists:append([[case B of <<V:64/float-native>> -> V; _ -> nan end
-                   || <<B:8/binary>> <= fusex:to_binary(fusex:convert(fusex:copy(T, cpu), {f, 64}))]
-                  || T <- Tensors]).
-
-rel_l2(G, W) ->
-    case lists:all(fun is_float/1, G ++ W) of
-        false -> infinity;
-        true ->
-            D = lists:sum([(A - B) * (A - B) || {A, B} <- lists:zip(G, W)]),
-            R = lists:sum([B * B || B <- W]),
-            if R == 0, D == 0 -> 0.0; R == 0 -> infinity; true -> math:sqrt(D / R) end
-    end.
+flat(Tensors) -> lists:append([fusex_demo:values(T) || T <- Tensors]).

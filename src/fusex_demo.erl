@@ -7,7 +7,7 @@
 %% `#{op, shape, dtype, rel_l2, tolerance, us}'.
 -module(fusex_demo).
 
--export([main/0, run/0, rows/1, compare/3, time_us/2]).
+-export([main/0, run/0, rows/1, compare/3, time_us/2, values/1, rel_l2/2]).
 
 -define(MODULES, [fusex_bench_core, fusex_bench_ssm, fusex_bench_linrec, fusex_bench_optim]).
 
@@ -68,10 +68,15 @@ compare(Got, Want, _Type) ->
     W = case is_list(Want) of true -> Want; false -> values(Want) end,
     rel_l2(G, W).
 
+%% @doc The tensor's elements as floats (NaN and infinities as atoms), read
+%% through the CPU in f64.
+-spec values(fusex:tensor()) -> [float() | atom()].
 values(T) ->
     F64 = fusex:convert(fusex:copy(T, cpu), {f, 64}),
     [case B of <<V:64/float-native>> -> V; _ -> nan end || <<B:8/binary>> <= fusex:to_binary(F64)].
 
+%% @doc ||G - W|| / ||W|| over two lists; anything not a float gives infinity.
+-spec rel_l2([float() | atom()], [float() | atom()]) -> float() | infinity.
 rel_l2(G, W) ->
     case lists:all(fun is_float/1, G ++ W) of
         false -> infinity;

@@ -545,7 +545,7 @@ bad_input_test_() ->
           fun() -> fusex:liquid_step(S, S, Hid, Hid, #{dt => -1}) end}]
         ++ gpu_only_cases(Device, X, Y),
     [{lists:flatten(io_lib:format("~p", [Expected])),
-      fun() -> check_badarg(Expected, F) end} || {Expected, F} <- Cases].
+      fun() -> fusex_test_util:check_badarg(Expected, F) end} || {Expected, F} <- Cases].
 
 float_msg(cpu) -> <<"a: expected a float type ({f,32}, {bf,16}, {f,16} or {f,64}), got {s,32}">>;
 float_msg(_) -> <<"a: expected a float type ({f,32}, {bf,16}, {f,16}), got {s,32}">>.
@@ -559,16 +559,3 @@ gpu_only_cases(_Gpu, X, Y) ->
      {<<"a: expected type {f,32}, {bf,16} or {f,16} on cuda:0 ({f,64} runs on cpu only), got {f,64}">>,
       fun() -> fusex:linear_scan(F64, F64) end}].
 
-check_badarg(Expected, F) ->
-    try F() of
-        Result -> error({expected_badarg, Expected, got_result, Result})
-    catch
-        error:{badarg, Msg} when is_binary(Msg) ->
-            case matches(Expected, Msg) of
-                true -> ok;
-                false -> error({wrong_message, Msg, expected, Expected})
-            end
-    end.
-
-matches({prefix, Prefix}, Msg) -> binary:longest_common_prefix([Msg, Prefix]) =:= byte_size(Prefix);
-matches(Whole, Msg) -> Whole =:= Msg.

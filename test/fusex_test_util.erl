@@ -2,7 +2,7 @@
 %% data, encoding values of every type, and rel-L2 comparison.
 -module(fusex_test_util).
 
--export([settled_memory/1, device/0, seed/0, uniform/3, normal/1, encode/2, decode/2, tensor/3, tensor/4,
+-export([check_badarg/2, settled_memory/1, device/0, seed/0, uniform/3, normal/1, encode/2, decode/2, tensor/3, tensor/4,
          values/1, rel_l2/2, assert_close/3, poisoned/2, poisoned/3]).
 
 %% The device the suites run on: the default device (FUSEX_DEVICE), which
@@ -105,3 +105,21 @@ settled_memory(Device, Last, Tries) ->
         Now when Now =:= Last -> Now;
         Now -> settled_memory(Device, Now, Tries - 1)
     end.
+
+%% Runs F, which must raise {badarg, Msg}; `Expected' is the whole message,
+%% or {prefix, Start} where the rest varies (a reference, a driver reason).
+check_badarg(Expected, F) ->
+    try F() of
+        Result -> error({expected_badarg, Expected, got_result, Result})
+    catch
+        error:{badarg, Msg} when is_binary(Msg) ->
+            case badarg_matches(Expected, Msg) of
+                true -> ok;
+                false -> error({wrong_message, Msg, expected, Expected})
+            end
+    end.
+
+badarg_matches({prefix, Prefix}, Msg) ->
+    binary:longest_common_prefix([Msg, Prefix]) =:= byte_size(Prefix);
+badarg_matches(Whole, Msg) ->
+    Whole =:= Msg.

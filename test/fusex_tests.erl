@@ -170,26 +170,9 @@ bad_input_test_() ->
          {{prefix, <<"tensor: expected a float type">>}, fun() -> fusex:scale(Ints, 2) end},
          {<<"device: expected cpu, cuda or {cuda, N}, got {cuda,-1}">>,
           fun() -> fusex:copy(Good, {cuda, -1}) end}],
-    [{lists:flatten(io_lib:format("~p", [Expected])), fun() -> check_badarg(Expected, F) end}
+    [{lists:flatten(io_lib:format("~p", [Expected])), fun() -> fusex_test_util:check_badarg(Expected, F) end}
      || {Expected, F} <- Cases].
 
-%% `Expected' is the whole message, or {prefix, Start} where the rest
-%% varies (a reference, a reason from the driver).
-check_badarg(Expected, F) ->
-    try F() of
-        Result -> error({expected_badarg, Expected, got_result, Result})
-    catch
-        error:{badarg, Msg} when is_binary(Msg) ->
-            case matches(Expected, Msg) of
-                true -> ok;
-                false -> error({wrong_message, Msg, expected, Expected})
-            end
-    end.
-
-matches({prefix, Prefix}, Msg) ->
-    binary:longest_common_prefix([Msg, Prefix]) =:= byte_size(Prefix);
-matches(Whole, Msg) ->
-    Whole =:= Msg.
 
 device_mismatch_test() ->
     case device() of
