@@ -141,4 +141,48 @@ defmodule FusexNxTest do
       assert h_addr != a_addr
     end
   end
+
+  describe "kernel families on Nx tensors" do
+    test "mingru and its backward: Nx in, Nx out, as the Erlang API" do
+      for type <- [{:f, 32}, {:bf, 16}] do
+        z = random(type, {2, 33, 7})
+        cand = random(type, {2, 33, 7})
+        {h, state} = Fusex.mingru(z, cand, return_state: true, candidate_activation: :g)
+        {erl_h, erl_state} = :fusex.mingru(erl(z), erl(cand), %{return_state: true, candidate_activation: :g})
+        assert h.type == type and h.shape == {2, 33, 7}
+        assert Nx.to_binary(h) == erl_binary(erl_h)
+        assert Nx.to_binary(state) == erl_binary(erl_state)
+      end
+
+      z = random({:f, 32}, {1, 9, 5})
+      cand = random({:f, 32}, {1, 9, 5})
+      dh = random({:f, 32}, {1, 9, 5})
+      {_h, ctx} = Fusex.mingru(z, cand, save_for_backward: true)
+      grads = Fusex.mingru_backward(dh, ctx)
+      {_, erl_ctx} = :fusex.mingru(erl(z), erl(cand), %{save_for_backward: true})
+      erl_grads = :fusex.mingru_backward(erl(dh), erl_ctx, %{})
+      assert Enum.sort(Map.keys(grads)) == [:cand, :z_logits]
+      for {k, g} <- grads, do: assert(Nx.to_binary(g) == erl_binary(erl_grads[k]))
+    end
+
+    test "selective_scan with every option: Nx in, Nx out, as the Erlang API" do
+      x = random({:f, 32}, {2, 17, 6})
+      dt = random({:f, 32}, {2, 17, 6})
+      a = Nx.negate(Nx.abs(random({:f, 32}, {6, 4})))
+      b = random({:f, 32}, {2, 17, 2, 4})
+      c = random({:f, 32}, {2, 17, 2, 4})
+      d = random({:f, 32}, {6})
+      z = random({:f, 32}, {2, 17, 6})
+      opts = [d: d, z: z, dt_softplus: true, return_state: true]
+      {y, state} = Fusex.selective_scan(x, dt, a, b, c, opts)
+
+      {erl_y, erl_state} =
+        :fusex.selective_scan(erl(x), erl(dt), erl(a), erl(b), erl(c),
+          %{d: erl(d), z: erl(z), dt_softplus: true, return_state: true})
+
+      assert y.shape == {2, 17, 6} and state.shape == {2, 6, 4}
+      assert Nx.to_binary(y) == erl_binary(erl_y)
+      assert Nx.to_binary(state) == erl_binary(erl_state)
+    end
+  end
 end
