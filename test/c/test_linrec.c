@@ -518,8 +518,9 @@ START_TEST(reverse_is_the_scan_of_the_flipped_input)
                 flip_time(&c, gf.dt, back, 1);
                 memcpy(gf.dt, back, sizeof(double) * (size_t)(c.B * c.L));
             }
-            /* tau and a are sums over time: the order changes, so do the last bits */
-            expect_grads_close(&c, &gr, &gf, c.dtype == FX_F64 ? 1e-12 : 1e-5);
+            /* tau and a are sums over time: the order changes, so do the last bits
+             * (and with them, for 16-bit gradients, a rounding step now and then) */
+            expect_grads_close(&c, &gr, &gf, c.dtype == FX_F64 ? 1e-12 : c.dtype == FX_F32 ? 1e-5 : tolerance(c.dtype));
             bwd_free(&gr);
             bwd_free(&gf);
             free(dh);
