@@ -65,7 +65,7 @@ static int prepare_lookback(fx_cuda_device *d, int dev, fxscan::tiling &t, int w
 
 // Launches the kernel for the plan's tiles: the single-tile one (no
 // look-back) or the chained one, with the look-back scratch prepared (and
-// its lock held through the launch). `stage_bytes`: the staged kernels'
+// its lock held through the launch). `stage_bytes`: the staged forward's
 // dynamic shared memory.
 template <typename Single, typename Chained, typename Params>
 static int launch_tiles(fx_cuda_device *d, int dev, Single single, Chained chained, const Params &prm,
@@ -142,16 +142,6 @@ template <int KIND, typename T, int V, int G, bool CG>
 static int backward_with(fx_cuda_device *d, int dev, const fx_linrec_bwd_args *a, const bwd_params &prm,
                          fx_status *st)
 {
-    if constexpr (V > 1 && bwd_stages<KIND, T>()) {
-        if (large_launch(&a->p)) {
-            constexpr int S = kStagedBwdSteps;
-            const plan pl = make_plan(d, &a->p, V, G, S, a->max_tile_steps);
-            fxscan::tiling t = make_tiling(&a->p, pl, !a->p.reverse);
-            return launch_tiles(d, dev, backward_staged_kernel<KIND, T, V, G, S, CG, false>,
-                                backward_staged_kernel<KIND, T, V, G, S, CG, true>, prm, pl, t,
-                                bwd_stage_bytes<KIND, T, V>(pl.steps, pl.warps), "linrec backward kernel", st);
-        }
-    }
     constexpr int S = bwd_steps<KIND, T, V>();
     const plan pl = make_plan(d, &a->p, V, G, S, a->max_tile_steps);
     fxscan::tiling t = make_tiling(&a->p, pl, !a->p.reverse);

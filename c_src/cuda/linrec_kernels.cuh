@@ -34,8 +34,8 @@ template <int KIND> constexpr int nseq()
 
 // Blocks of up to 256 threads (fxscan::kBlockThreads). Kernels that hold
 // their steps' inputs in registers run two blocks per SM (up to 128
-// registers a thread, 64 of them the steps' data); staged kernels, whose
-// inputs wait in shared memory (cp.async), run three.
+// registers a thread, 64 of them the steps' data); the staged forward,
+// whose inputs wait in shared memory (cp.async), runs three.
 constexpr int kRegBlocks = 2;
 constexpr int kStagedBlocks = 3;
 constexpr int kDataRegs = 64;
@@ -70,28 +70,21 @@ template <int KIND, typename T, int V> constexpr int bwd_steps()
     return clamp_steps(kDataRegs / ((nseq<KIND>() + 2) * V + (KIND == FX_LINREC_LIQUID ? 1 : 0)));
 }
 
-// Staged kernels: steps a thread stages (the slots of three blocks fill
-// an SM's shared memory: 3 x 64 KB for MinGRU f32).
+// The staged forward: steps a thread stages (the slots of three blocks
+// fill an SM's shared memory: 3 x 64 KB for MinGRU f32).
 constexpr int kStagedFwdSteps = 8;
-constexpr int kStagedBwdSteps = 4;
 
-// Which large launches stage their inputs. Measured on the H200
+// Which large forwards stage their inputs. Measured on the H200
 // (bench/RESULTS.md, linrec, 2026-11-21): the staged MinGRU f32 forward
 // runs B16 L1024 H1024 in 61 us against 82 us with its inputs in
 // registers; the generic scan, MinLSTM, Liquid and 16-bit inputs are as
-// fast or faster in registers (the staged kernel computes (a, b) twice).
+// fast or faster in registers (the staged kernel computes (a, b) twice),
+// and so is every backward (a staged MinGRU backward: 119 against 111 us).
 // Small launches stay in registers (latency: one fewer trip through
 // shared memory).
-#ifndef FXLR_BWD_STAGED
-#define FXLR_BWD_STAGED 0
-#endif
 template <int KIND, typename T> constexpr bool fwd_stages()
 {
     return KIND == FX_LINREC_MINGRU && sizeof(T) == 4;
-}
-template <int KIND, typename T> constexpr bool bwd_stages()
-{
-    return FXLR_BWD_STAGED && KIND == FX_LINREC_MINGRU && sizeof(T) == 4;
 }
 inline bool large_launch(const fx_linrec_problem *p) { return p->batch * p->seqlen * p->hidden >= (1 << 20); }
 
@@ -445,15 +438,10 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kStagedBlocks)
             p.state[at.b * H + at.h + v] = hv[v];
 }
 
-// Shared memory the staged kernels' slots take: per step, the inputs
-// (forward), and dh and h_{t-1} besides (backward).
+// Shared memory the staged forward's slots take: the inputs of every step.
 template <int KIND, typename T, int V> inline size_t fwd_stage_bytes(int steps, int warps)
 {
     return (size_t)steps * nseq<KIND>() * 32 * warps * sizeof(typename fxscan::pack<T, V>::R);
-}
-template <int KIND, typename T, int V> inline size_t bwd_stage_bytes(int steps, int warps)
-{
-    return (size_t)steps * (nseq<KIND>() + 2) * 32 * warps * sizeof(typename fxscan::pack<T, V>::R);
 }
 
 // ---- backward ----
@@ -608,118 +596,6 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
             }
         }
     }
-}
-
-// The backward with its inputs staged in shared memory (see the staged
-// forward): slots per step are the inputs, dh, then h_{t-1}.
-template <int KIND, typename T, int V, int G, int S, bool CG, bool CHAINED>
-__global__ void __launch_bounds__(fxscan::kBlockThreads, kStagedBlocks)
-    backward_staged_kernel(const bwd_params p, const fxscan::tiling t)
-{
-    static_assert(KIND != FX_LINREC_LIQUID, "liquid's sums over channels and steps are backward_kernel's");
-    constexpr int N = nseq<KIND>(), SLOTS = N + 2;
-    typedef fxscan::pack<T, V> pk;
-    typedef typename pk::R R;
-    typedef fxscan::tile_smem<G, V> shared_t;
-    FXSCAN_SHARED(shared_t, sm);
-    FXSCAN_STAGE(stage_bytes);
-    R *stage = reinterpret_cast<R *>(stage_bytes);
-    const R *slots = stage + threadIdx.x;
-    const fxscan::place at = fxscan::locate<G, V, CHAINED>(t);
-    const fxscan::rows r = fxscan::rows_of(t, at);
-    const int64_t L = t.seqlen, H = t.hidden;
-    const unsigned threads = blockDim.x;
-    const int64_t prev = p.reverse ? H : -H;
-    const int64_t first = L - 1 - at.p0; // in this segment when 0 <= first < count
-
-#pragma unroll
-    for (int c = 0; c < S; c++)
-        if (c < r.count) {
-            const int64_t off = r.off0 + c * r.stride;
-            R *mine = stage + c * SLOTS * threads + threadIdx.x;
-#pragma unroll
-            for (int k = 0; k < N; k++)
-                fxscan::copy_async(mine + k * threads, reinterpret_cast<const R *>(static_cast<const T *>(p.in.seq[k]) + off));
-            fxscan::copy_async(mine + N * threads, reinterpret_cast<const R *>(static_cast<const T *>(p.dh) + off));
-            if (c != first)
-                fxscan::copy_async(mine + (N + 1) * threads,
-                                   reinterpret_cast<const R *>(static_cast<const T *>(p.h) + off + prev));
-        }
-    float dt[S];
-#pragma unroll
-    for (int c = 0; c < S; c++)
-        dt[c] = step_dt<KIND, T>(p.in, at, r, t, c);
-    chan ch[V];
-    load_chan<KIND, T, V>(p.in, at.h, at.live, ch);
-    float h0v[V], init[V];
-#pragma unroll
-    for (int v = 0; v < V; v++) {
-        h0v[v] = first >= 0 && first < r.count && p.h0 ? fxscan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v)
-                                                      : 0.f;
-        init[v] = at.tt == 0 && at.live && p.dstate
-                      ? fxscan::load_state<T>(p.dstate, p.dstate_f32, at.b * H + at.h + v)
-                      : 0.f;
-    }
-    float peek_u[V];
-    const bool peeked = fxscan::peek<G, V, CHAINED>(t, at, peek_u);
-    fxscan::copy_wait();
-
-    // Step c's inputs and dh (padded where the step does not exist).
-    auto read_step = [&](int c, pk (&xc)[N], pk &dhc) {
-#pragma unroll
-        for (int k = 0; k < N; k++)
-            xc[k] = c < r.count ? pk{slots[(c * SLOTS + k) * threads]} : pad_pack<KIND, T, V>(k);
-        dhc = c < r.count ? pk{slots[(c * SLOTS + N) * threads]} : fxscan::zero_pack<T, V>();
-    };
-
-    affine mine[V];
-#pragma unroll
-    for (int v = 0; v < V; v++)
-        mine[v] = fxscan::identity();
-#pragma unroll
-    for (int c = 0; c < S; c++) {
-        pk xc[N], dhc;
-        read_step(c, xc, dhc);
-#pragma unroll
-        for (int v = 0; v < V; v++) {
-            float xs[3];
-            step_inputs<N>(xc, v, xs);
-            const float a = coeff<KIND, CG>(xs, ch[v], dt[c]).a;
-            mine[v] = fxscan::compose(mine[v], affine{a, a * dhc.get(v)});
-        }
-    }
-
-    float u[V];
-    fxscan::scan_tile<G, V, CHAINED>(t, at, mine, init, peeked, peek_u, sm, u);
-
-#pragma unroll
-    for (int c = 0; c < S; c++) {
-        pk xc[N], dhc, hpc = fxscan::zero_pack<T, V>();
-        read_step(c, xc, dhc);
-        if (c < r.count && c != first)
-            hpc.r = slots[(c * SLOTS + N + 1) * threads];
-        float dx[3][V];
-#pragma unroll
-        for (int v = 0; v < V; v++) {
-            const float g = dhc.get(v) + u[v];
-            float xs[3], d3[3] = {0.f, 0.f, 0.f}, unused = 0.f;
-            step_inputs<N>(xc, v, xs);
-            const float a = step_grad<KIND, CG>(xs, ch[v], dt[c], c == first ? h0v[v] : hpc.get(v), g, d3, unused,
-                                                unused, unused);
-#pragma unroll
-            for (int k = 0; k < 3; k++)
-                dx[k][v] = d3[k];
-            u[v] = a * g;
-        }
-        if (c < r.count)
-#pragma unroll
-            for (int k = 0; k < N; k++)
-                fxscan::store_stream<T, V>(static_cast<T *>(p.dseq[k]) + r.off0 + c * r.stride, dx[k]);
-    }
-    if (p.dh0 && at.live && at.tt == t.ttiles - 1 && at.seg == t.segs - 1)
-#pragma unroll
-        for (int v = 0; v < V; v++)
-            fxscan::store_state<T>(p.dh0, p.h0_f32, at.b * H + at.h + v, u[v]);
 }
 
 template <typename T> __global__ void write_sums(const float *__restrict__ sums, T *__restrict__ out, int64_t n)

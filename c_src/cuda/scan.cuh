@@ -10,7 +10,8 @@
 // time row of the tile (lane q holds channels q*V .. q*V+V-1, so a group's
 // access to a row is one contiguous run of G * V elements, 16 bytes a lane
 // on the vector path); each group is a time segment of `steps` consecutive
-// steps held in registers, and a warp holds 32 / G segments. A thread
+// steps (their inputs in registers, or staged in shared memory), and a
+// warp holds 32 / G segments. A thread
 // composes its steps into one affine map; segments combine by shuffles
 // inside a warp and through shared memory across warps; the tile's carry-in
 // comes from h0 (first time tile) or from the tiles before it.
@@ -40,8 +41,9 @@
 
 #include "cuda/common.cuh"
 
-// A block's shared memory. tools/cuda_emu, which runs these kernels on the
-// CPU, defines it (and FXSCAN_EMULATION) first.
+// A block's shared memory, and its dynamic part (staged inputs).
+// tools/cuda_emu, which runs these kernels on the CPU, defines them (and
+// FXSCAN_EMULATION) first.
 #ifndef FXSCAN_SHARED
 #define FXSCAN_SHARED(type, name) __shared__ type name
 #define FXSCAN_STAGE(name) extern __shared__ __align__(16) unsigned char name[]
@@ -49,8 +51,7 @@
 
 namespace fxscan {
 
-// Warps per block (blocks of up to 256 threads, two per SM at up to 128
-// registers a thread).
+// Warps per block (blocks of up to 256 threads).
 constexpr int kMaxWarps = 8;
 constexpr int kBlockThreads = 32 * kMaxWarps;
 

@@ -78,7 +78,7 @@ struct lr_case {
     int64_t B, L, H;
     int reverse, cand_g, h0, dstate, dt_tensor, max_tile, concurrent;
     int vec, group; // channels per lane and lanes per row: 1 and 32, 4 and 8 (f32), 4 and 16 (bf16/f16)
-    int staged;     // the kernels with their inputs in shared memory (f32 layout)
+    int staged;     // the forward with its inputs in shared memory (f32 layout)
 };
 
 std::string describe(const lr_case &c)
@@ -156,29 +156,6 @@ template <int KIND> void emu_forward_staged(const fx_linrec_fwd_args *a, const l
         fwd_stage_bytes<KIND, float, 4>(pl.steps, pl.warps));
 }
 
-// The staged backward (not for liquid), on the f32 vector layout.
-template <int KIND> void emu_backward_staged(const fx_linrec_bwd_args *a, const bwd_params &prm, const lr_case &c)
-{
-    if constexpr (KIND != FX_LINREC_LIQUID) {
-        fx_cuda_device d = {132};
-        constexpr int S = kStagedBwdSteps;
-        plan pl = make_plan(&d, &a->p, 4, 8, S, a->max_tile_steps);
-        fxscan::tiling t = make_tiling(&a->p, pl, !a->p.reverse);
-        constexpr bool cg = KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM;
-        launch(
-            t, pl, c,
-            [&](bool chained) {
-                if (a->p.candidate_g)
-                    chained ? backward_staged_kernel<KIND, float, 4, 8, S, cg, true>(prm, t)
-                            : backward_staged_kernel<KIND, float, 4, 8, S, cg, false>(prm, t);
-                else
-                    chained ? backward_staged_kernel<KIND, float, 4, 8, S, false, true>(prm, t)
-                            : backward_staged_kernel<KIND, float, 4, 8, S, false, false>(prm, t);
-            },
-            bwd_stage_bytes<KIND, float, 4>(pl.steps, pl.warps));
-    }
-}
-
 template <int KIND> void emu_forward(const fx_linrec_fwd_args *a, const lr_case &c)
 {
     if (c.vec == 4 && c.group == 8 && c.staged)
@@ -213,9 +190,7 @@ template <int KIND> void emu_backward(const fx_linrec_bwd_args *a, const lr_case
 {
     std::vector<float> sums((size_t)sum_count(a), 0.f);
     const bwd_params prm = make_bwd_params(a, KIND == FX_LINREC_LIQUID ? sums.data() : nullptr);
-    if (c.vec == 4 && c.group == 8 && c.staged && KIND != FX_LINREC_LIQUID)
-        emu_backward_staged<KIND>(a, prm, c);
-    else if (c.vec == 4 && c.group == 16)
+    if (c.vec == 4 && c.group == 16)
         emu_backward_with<KIND, 4, 16>(a, prm, c);
     else if (c.vec == 4)
         emu_backward_with<KIND, 4, 8>(a, prm, c);
