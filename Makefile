@@ -96,6 +96,11 @@ $(BUILD)/linrec_emu: $(EMU_SRC) $(wildcard tools/cuda_emu/*.h tools/cuda_emu/cud
 	$(CXX) -std=c++17 -O1 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -Itools/cuda_emu -Iinclude -Ic_src \
 	  $(EMU_SRC) $(BUILD)/libfusex_core.a $(LDLIBS) -o $@
 
+# A bench driver for the linrec kernels below Erlang (device events; see
+# the file's header for profiling one case with ncu).
+$(BUILD)/linrec_bench: tools/linrec_bench.c $(BUILD)/libfusex_core.a
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libfusex_core.a $(LDLIBS)
+
 test-emu: $(BUILD)/linrec_emu
 	$(BUILD)/linrec_emu $${FUSEX_SEED:-$$(date +%s)} 32
 

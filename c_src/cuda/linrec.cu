@@ -10,6 +10,7 @@
 
 using namespace fxlinrec;
 
+
 namespace {
 
 // The look-back statuses of one device, shared by every launch on its
@@ -23,6 +24,16 @@ struct lookback_scratch {
 };
 
 lookback_scratch scratch[FX_CUDA_MAX_DEVICES];
+
+#ifdef FXLR_STATS
+__global__ void print_stats(unsigned blocks)
+{
+    unsigned long long *s = fxscan::stats;
+    printf("lookback stats: %u tiles, %llu chained, %llu peek hits, %llu rounds, %llu empty rounds\n", blocks, s[0],
+           s[1], s[2], s[3]);
+    s[0] = s[1] = s[2] = s[3] = 0;
+}
+#endif
 
 // With scratch[dev].lock held: room for this launch's statuses, a fresh
 // epoch, and the pointers in t.lb.
@@ -48,53 +59,109 @@ static int prepare_lookback(fx_cuda_device *d, int dev, fxscan::tiling &t, int w
     }
     if (clear)
         FX_CUDA_TRY(d, cudaMemsetAsync(s.base, 0, s.bytes, d->stream), "cudaMemsetAsync (linrec scratch)", st);
-    carve_lookback(s.base, width, s.epoch, t);
+    carve_lookback(s.base, s.epoch, t);
     return FX_OK;
 }
 
-// Launches `kernel` over the plan's tiles, with the look-back scratch
-// prepared (and its lock held through the launch) when tiles chain.
-template <typename Kernel, typename Params>
-static int launch_tiles(fx_cuda_device *d, int dev, Kernel kernel, const Params &prm,
-                        fxscan::tiling &t, int width, const char *what, fx_status *st)
+// Launches the kernel for the plan's tiles: the single-tile one (no
+// look-back) or the chained one, with the look-back scratch prepared (and
+// its lock held through the launch). `stage_bytes`: the staged forward's
+// dynamic shared memory.
+template <typename Single, typename Chained, typename Params>
+static int launch_tiles(fx_cuda_device *d, int dev, Single single, Chained chained, const Params &prm,
+                        const plan &pl, fxscan::tiling &t, size_t stage_bytes, const char *what, fx_status *st)
 {
-    const int64_t tiles = t.ctiles * t.ttiles;
-    if (tiles > 0x7fffffff)
+    if (!plan_fits(pl))
         return fx_fail(st, FX_EBADARG, "%s: %lld tiles is more than one launch can take", what,
-                       (long long)tiles);
-    if (t.ttiles == 1) {
-        kernel<<<(unsigned)tiles, 32 * t.warps, 0, d->stream>>>(prm, t);
+                       (long long)(pl.ctiles * pl.ttiles));
+    const unsigned blocks = (unsigned)(pl.ctiles * pl.ttiles), threads = 32 * pl.warps;
+    if (pl.ttiles == 1) {
+        if (stage_bytes > 48 * 1024)
+            FX_CUDA_TRY(d, cudaFuncSetAttribute(single, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)stage_bytes),
+                        "cudaFuncSetAttribute (linrec staging)", st);
+        single<<<blocks, threads, stage_bytes, d->stream>>>(prm, t);
         return fx_cuda_launched(d, what, st);
     }
+    if (stage_bytes > 48 * 1024)
+        FX_CUDA_TRY(d, cudaFuncSetAttribute(chained, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)stage_bytes),
+                    "cudaFuncSetAttribute (linrec staging)", st);
     std::lock_guard<std::mutex> held(scratch[dev].lock);
-    if (prepare_lookback(d, dev, t, width, st))
+    if (prepare_lookback(d, dev, t, pl.vec * pl.group, st))
         return st->code;
-    kernel<<<(unsigned)tiles, 32 * t.warps, 0, d->stream>>>(prm, t);
+    chained<<<blocks, threads, stage_bytes, d->stream>>>(prm, t);
+#ifdef FXLR_STATS
+    print_stats<<<1, 1, 0, d->stream>>>(blocks);
+#endif
     return fx_cuda_launched(d, what, st);
+}
+
+// Candidate g exists for mingru and minlstm only.
+template <int KIND> constexpr bool has_cand() { return KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM; }
+
+// The forward with V channels per lane and G lanes per row: inputs staged
+// in shared memory or held in registers (fwd_stages).
+template <int KIND, typename T, int V, int G, bool CG>
+static int forward_with(fx_cuda_device *d, int dev, const fx_linrec_fwd_args *a, fx_status *st)
+{
+    const fwd_params prm = make_fwd_params(a);
+    if constexpr (V > 1 && fwd_stages<KIND, T>()) {
+        if (large_launch(&a->p)) {
+            constexpr int S = kStagedFwdSteps;
+            const plan pl = make_plan(d, &a->p, V, G, S, a->max_tile_steps);
+            fxscan::tiling t = make_tiling(&a->p, pl, a->p.reverse);
+            return launch_tiles(d, dev, forward_staged_kernel<KIND, T, V, G, S, CG, false>,
+                                forward_staged_kernel<KIND, T, V, G, S, CG, true>, prm, pl, t,
+                                fwd_stage_bytes<KIND, T, V>(pl.steps, pl.warps), "linrec forward kernel", st);
+        }
+    }
+    constexpr int S = fwd_steps<KIND, T, V>();
+    const plan pl = make_plan(d, &a->p, V, G, S, a->max_tile_steps);
+    fxscan::tiling t = make_tiling(&a->p, pl, a->p.reverse);
+    return launch_tiles(d, dev, forward_kernel<KIND, T, V, G, S, CG, false>,
+                        forward_kernel<KIND, T, V, G, S, CG, true>, prm, pl, t, 0, "linrec forward kernel", st);
+}
+
+template <int KIND, typename T, bool CG>
+static int forward_cg(fx_cuda_device *d, int dev, const fx_linrec_fwd_args *a, fx_status *st)
+{
+    if (fwd_vector_fits(a, kVec))
+        return forward_with<KIND, T, kVec, vec_group<T>(), CG>(d, dev, a, st);
+    return forward_with<KIND, T, 1, 32, CG>(d, dev, a, st);
 }
 
 template <int KIND, typename T>
 static int forward_as(fx_cuda_device *d, int dev, const fx_linrec_fwd_args *a, fx_status *st)
 {
-    const fx_linrec_problem *p = &a->p;
-    plan pl = make_plan(d, p, kFwdSteps, a->max_tile_steps);
-    fxscan::tiling t = make_tiling(p, pl, p->reverse);
-    const fwd_params prm = make_fwd_params(a);
-    if constexpr (sizeof(T) == 2) {
-        if (pl.vec == 2)
-            return launch_tiles(d, dev, forward_kernel<KIND, T, 2, kFwdSteps / 2>, prm, t, 64,
-                                "linrec forward kernel", st);
-    }
-    return launch_tiles(d, dev, forward_kernel<KIND, T, 1, kFwdSteps>, prm, t, 32,
-                        "linrec forward kernel", st);
+    if constexpr (has_cand<KIND>())
+        if (a->p.candidate_g)
+            return forward_cg<KIND, T, true>(d, dev, a, st);
+    return forward_cg<KIND, T, false>(d, dev, a, st);
+}
+
+template <int KIND, typename T, int V, int G, bool CG>
+static int backward_with(fx_cuda_device *d, int dev, const fx_linrec_bwd_args *a, const bwd_params &prm,
+                         fx_status *st)
+{
+    constexpr int S = bwd_steps<KIND, T, V>();
+    const plan pl = make_plan(d, &a->p, V, G, S, a->max_tile_steps);
+    fxscan::tiling t = make_tiling(&a->p, pl, !a->p.reverse);
+    return launch_tiles(d, dev, backward_kernel<KIND, T, V, G, S, CG, false>,
+                        backward_kernel<KIND, T, V, G, S, CG, true>, prm, pl, t, 0, "linrec backward kernel", st);
+}
+
+template <int KIND, typename T, bool CG>
+static int backward_cg(fx_cuda_device *d, int dev, const fx_linrec_bwd_args *a, const bwd_params &prm,
+                       fx_status *st)
+{
+    if (bwd_vector_fits(a, kVec))
+        return backward_with<KIND, T, kVec, vec_group<T>(), CG>(d, dev, a, prm, st);
+    return backward_with<KIND, T, 1, 32, CG>(d, dev, a, prm, st);
 }
 
 template <int KIND, typename T>
 static int backward_as(fx_cuda_device *d, int dev, const fx_linrec_bwd_args *a, fx_status *st)
 {
     const fx_linrec_problem *p = &a->p;
-    plan pl = make_plan(d, p, kBwdSteps, a->max_tile_steps);
-    fxscan::tiling t = make_tiling(p, pl, !p->reverse);
     // Liquid's sums: f32 accumulators, zeroed, written out after the scan.
     float *sums = nullptr;
     const int64_t nsum = sum_count(a);
@@ -109,17 +176,10 @@ static int backward_as(fx_cuda_device *d, int dev, const fx_linrec_bwd_args *a, 
     }
     const bwd_params prm = make_bwd_params(a, sums);
     int rc;
-    if constexpr (sizeof(T) == 2) {
-        if (pl.vec == 2)
-            rc = launch_tiles(d, dev, backward_kernel<KIND, T, 2, kBwdSteps / 2>, prm, t, 64,
-                              "linrec backward kernel", st);
-        else
-            rc = launch_tiles(d, dev, backward_kernel<KIND, T, 1, kBwdSteps>, prm, t, 32,
-                              "linrec backward kernel", st);
-    } else {
-        rc = launch_tiles(d, dev, backward_kernel<KIND, T, 1, kBwdSteps>, prm, t, 32,
-                          "linrec backward kernel", st);
-    }
+    if (has_cand<KIND>() && p->candidate_g)
+        rc = backward_cg<KIND, T, has_cand<KIND>()>(d, dev, a, prm, st);
+    else
+        rc = backward_cg<KIND, T, false>(d, dev, a, prm, st);
     if (sums) {
         if (rc == FX_OK) {
             write_sums<T><<<fx_cuda_grid(d, p->hidden, 256), 256, 0, d->stream>>>(
@@ -141,7 +201,11 @@ static int step_as(fx_cuda_device *d, const fx_linrec_step_args *a, fx_status *s
 {
     const step_params prm = make_step_params(a);
     const int64_t n = a->p.batch * a->p.hidden;
-    step_kernel<KIND, T><<<fx_cuda_grid(d, n, 256), 256, 0, d->stream>>>(prm);
+    const unsigned grid = fx_cuda_grid(d, n, 256);
+    if (has_cand<KIND>() && a->p.candidate_g)
+        step_kernel<KIND, T, has_cand<KIND>()><<<grid, 256, 0, d->stream>>>(prm);
+    else
+        step_kernel<KIND, T, false><<<grid, 256, 0, d->stream>>>(prm);
     return fx_cuda_launched(d, "linrec step kernel", st);
 }
 

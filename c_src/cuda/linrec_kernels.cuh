@@ -25,42 +25,98 @@ namespace fxlinrec {
 
 using fxscan::affine;
 
-// Elements per thread held in registers (steps * channels per lane):
-// forward, backward.
-constexpr int kFwdSteps = 16;
-constexpr int kBwdSteps = 8;
-
 template <int KIND> constexpr int nseq()
 {
     return KIND == FX_LINREC_MINLSTM ? 3 : KIND == FX_LINREC_LIQUID ? 1 : 2;
 }
 
+// ---- how much a thread holds ----
+
+// Blocks of up to 256 threads (fxscan::kBlockThreads). Kernels that hold
+// their steps' inputs in registers run two blocks per SM (up to 128
+// registers a thread, 64 of them the steps' data); the staged forward,
+// whose inputs wait in shared memory (cp.async), runs three.
+constexpr int kRegBlocks = 2;
+constexpr int kStagedBlocks = 3;
+constexpr int kDataRegs = 64;
+// A single-tile launch gives each thread at least this many steps (the
+// scan across segments stays short: latency).
+constexpr int kMinSteps = 4;
+
+// The vector path: 4 channels per lane (16 bytes of f32, 8 of bf16/f16),
+// groups of lanes covering 128 bytes of a row.
+constexpr int kVec = 4;
+template <typename T> constexpr int vec_group() { return 128 / (kVec * (int)sizeof(T)); }
+
+template <typename T, int V> constexpr int pack_regs()
+{
+    return (int)sizeof(T) * V < 4 ? 1 : (int)sizeof(T) * V / 4;
+}
+
+constexpr int clamp_steps(int s) { return s < 1 ? 1 : s > 16 ? 16 : s; }
+
+// A forward keeps each step's (a, b) from the first pass to the second.
+template <int KIND, typename T, int V> constexpr int fwd_steps()
+{
+    const int loads = nseq<KIND>() * pack_regs<T, V>() + (KIND == FX_LINREC_LIQUID ? 1 : 0);
+    const int maps = 2 * V;
+    return clamp_steps(kDataRegs / (loads > maps ? loads : maps));
+}
+
+// The backward holds the inputs, dh and h_{t-1} of every step (counted as
+// widened to f32: the compiler keeps what it converts for the second pass).
+template <int KIND, typename T, int V> constexpr int bwd_steps()
+{
+    return clamp_steps(kDataRegs / ((nseq<KIND>() + 2) * V + (KIND == FX_LINREC_LIQUID ? 1 : 0)));
+}
+
+// The staged forward: steps a thread stages (the slots of three blocks
+// fill an SM's shared memory: 3 x 64 KB for MinGRU f32).
+constexpr int kStagedFwdSteps = 8;
+
+// Which large forwards stage their inputs. Measured on the H200
+// (bench/RESULTS.md, linrec, 2026-11-21): the staged MinGRU f32 forward
+// runs B16 L1024 H1024 in 61 us against 82 us with its inputs in
+// registers; the generic scan, MinLSTM, Liquid and 16-bit inputs are as
+// fast or faster in registers (the staged kernel computes (a, b) twice),
+// and so is every backward (a staged MinGRU backward: 119 against 111 us).
+// Small launches stay in registers (latency: one fewer trip through
+// shared memory).
+template <int KIND, typename T> constexpr bool fwd_stages()
+{
+    return KIND == FX_LINREC_MINGRU && sizeof(T) == 4;
+}
+inline bool large_launch(const fx_linrec_problem *p) { return p->batch * p->seqlen * p->hidden >= (1 << 20); }
+
 // ---- the ops' maths, f32 ----
 
-// sigmoid(x) and sigmoid(-x), finite for any x.
+// sigmoid(x) and sigmoid(-x) = 1 - sigmoid(x): two MUFU operations, exact
+// limits at +-inf (0 and 1; NaN stays NaN). 1 - sigmoid(x) loses relative
+// precision where it is tiny (x > 17), not absolute precision, which is
+// what the scan and its gradients see.
 __device__ __forceinline__ void sigmoid2(float x, float &pos, float &neg)
 {
-    float e = __expf(-fabsf(x));
-    float big = __frcp_rn(1.f + e), small = e * big;
-    pos = x >= 0.f ? big : small;
-    neg = x >= 0.f ? small : big;
+    pos = fxscan::fast_rcp(1.f + __expf(-x));
+    neg = 1.f - pos;
 }
 
 __device__ __forceinline__ float softplus(float x) { return fmaxf(x, 0.f) + __logf(1.f + __expf(-fabsf(x))); }
 
-// The candidate c~ = cand, or g(cand) = cand + 1/2 (cand >= 0), sigmoid(cand).
-__device__ __forceinline__ float cand_value(int use_g, float x)
+// The candidate c~ = cand, or with G, g(cand) = cand + 1/2 (cand >= 0),
+// sigmoid(cand). (A template flag: the g path's exp and reciprocal cost
+// nothing where it is not used.)
+template <bool CG> __device__ __forceinline__ float cand_value(float x)
 {
-    if (!use_g)
+    if (!CG)
         return x;
     float s, n;
     sigmoid2(x, s, n);
     return x >= 0.f ? x + 0.5f : s;
 }
 
-__device__ __forceinline__ float cand_slope(int use_g, float x)
+template <bool CG> __device__ __forceinline__ float cand_slope(float x)
 {
-    if (!use_g || x >= 0.f)
+    if (!CG || x >= 0.f)
         return 1.f;
     float s, n;
     sigmoid2(x, s, n);
@@ -76,65 +132,71 @@ struct op_params {
     const void *seq[FX_LINREC_MAX_SEQ];
     const void *tau, *lam, *dt; // liquid; dt NULL: dt_value
     float dt_value;
-    int cand_g;
 };
 
-template <int KIND>
-__device__ __forceinline__ affine coeff(const float (&x)[3], chan c, float dt, int cand_g)
+template <int KIND, bool CG>
+__device__ __forceinline__ affine coeff(const float (&x)[3], chan c, float dt)
 {
     if constexpr (KIND == FX_LINREC_SCAN) {
         return {x[0], x[1]};
     } else if constexpr (KIND == FX_LINREC_MINGRU) {
         float z, keep;
         sigmoid2(x[0], z, keep);
-        return {keep, z * cand_value(cand_g, x[1])};
+        return {keep, z * cand_value<CG>(x[1])};
     } else if constexpr (KIND == FX_LINREC_MINLSTM) {
         // f' = f / (f + i) = sigmoid(log f - log i), log sigmoid(x) = -softplus(-x)
         float fp, ip;
         sigmoid2(softplus(-x[1]) - softplus(-x[0]), fp, ip);
-        return {fp, ip * cand_value(cand_g, x[2])};
+        return {fp, ip * cand_value<CG>(x[2])};
     } else {
         float f, nf;
         sigmoid2(x[0], f, nf);
-        float inv_den = __frcp_rn(fmaf(dt, c.inv_tau + f, 1.f));
+        if (dt == 0.f) // a step that does not exist (or a zero step): whatever tau is
+            return fxscan::identity();
+        float inv_den = fxscan::fast_rcp(fmaf(dt, c.inv_tau + f, 1.f));
         return {inv_den, dt * f * c.lam * inv_den};
     }
 }
 
 // Gradients of one step's inputs from g = dL/dh_t (in total) and h_{t-1}:
 // dx for the sequence inputs; liquid also adds to dtau, dlam and ddt.
-template <int KIND>
-__device__ __forceinline__ void step_grad(const float (&x)[3], chan c, float dt, int cand_g,
-                                          float hprev, float g, float (&dx)[3], float &dtau,
-                                          float &dlam, float &ddt)
+// Returns the step's a (what g_t passes on to h_{t-1}).
+template <int KIND, bool CG>
+__device__ __forceinline__ float step_grad(const float (&x)[3], chan c, float dt, float hprev,
+                                           float g, float (&dx)[3], float &dtau, float &dlam,
+                                           float &ddt)
 {
     if constexpr (KIND == FX_LINREC_SCAN) {
         dx[0] = g * hprev;
         dx[1] = g;
+        return x[0];
     } else if constexpr (KIND == FX_LINREC_MINGRU) {
         float z, keep;
         sigmoid2(x[0], z, keep);
-        dx[0] = g * (cand_value(cand_g, x[1]) - hprev) * z * keep;
-        dx[1] = g * z * cand_slope(cand_g, x[1]);
+        dx[0] = g * (cand_value<CG>(x[1]) - hprev) * z * keep;
+        dx[1] = g * z * cand_slope<CG>(x[1]);
+        return keep;
     } else if constexpr (KIND == FX_LINREC_MINLSTM) {
         float fp, ip, sf, nf, si, ni;
         sigmoid2(softplus(-x[1]) - softplus(-x[0]), fp, ip);
         sigmoid2(x[0], sf, nf);
         sigmoid2(x[1], si, ni);
-        float dd = g * (hprev - cand_value(cand_g, x[2])) * fp * ip;
+        float dd = g * (hprev - cand_value<CG>(x[2])) * fp * ip;
         dx[0] = dd * nf;  // d/dfl of the log-ratio is 1 - sigmoid(fl)
         dx[1] = -dd * ni; // d/dil is -(1 - sigmoid(il))
-        dx[2] = g * ip * cand_slope(cand_g, x[2]);
+        dx[2] = g * ip * cand_slope<CG>(x[2]);
+        return fp;
     } else {
         float f, nf;
         sigmoid2(x[0], f, nf);
-        float inv_den = __frcp_rn(fmaf(dt, c.inv_tau + f, 1.f));
+        float inv_den = fxscan::fast_rcp(fmaf(dt, c.inv_tau + f, 1.f));
         float h = (hprev + dt * f * c.lam) * inv_den;
         float gd = g * inv_den;
         dx[0] = gd * dt * (c.lam - h) * f * nf;
         dtau += gd * h * dt * c.inv_tau * c.inv_tau;
         dlam += gd * dt * f;
         ddt += gd * (f * c.lam - h * (c.inv_tau + f));
+        return inv_den;
     }
 }
 
@@ -163,26 +225,50 @@ __device__ __forceinline__ float load_dt(const op_params &in, int64_t index)
         return 0.f;
 }
 
-// Where a thread's tile, channels and steps are.
-struct place {
-    int64_t tt, ct, b, h, p0;
-    int lane, warp;
-    bool live;
-};
-
-template <int V>
-__device__ __forceinline__ place locate(const fxscan::tiling &t, int64_t tile)
+// The inputs of one step for one channel, as coeff/step_grad take them.
+template <int N, typename P>
+__device__ __forceinline__ void step_inputs(const P (&x)[N], int v, float (&xs)[3])
 {
-    place at;
-    at.lane = threadIdx.x & 31;
-    at.warp = threadIdx.x >> 5;
-    at.tt = tile / t.ctiles;
-    at.ct = tile - at.tt * t.ctiles;
-    at.b = at.ct / t.htiles;
-    at.h = (at.ct - at.b * t.htiles) * (32 * V) + at.lane * V;
-    at.live = at.h < t.hidden; // hidden % V == 0 when V > 1
-    at.p0 = (at.tt * t.warps + at.warp) * (int64_t)t.steps;
-    return at;
+#pragma unroll
+    for (int k = 0; k < 3; k++)
+        xs[k] = k < N ? x[k < N ? k : 0].get(v) : 0.f;
+}
+
+// What a step that does not exist (past the sequence's end, or a channel
+// past hidden) reads for input k: values whose step is the identity map
+// (a = 1, b = 0: z = 0; f' = 1, i' = 0; the scan's a = 1; liquid with
+// dt = 0), so the scan needs no test per element. Its dh and h_{t-1} are 0.
+template <int KIND> __device__ __forceinline__ float pad_value(int k)
+{
+    if constexpr (KIND == FX_LINREC_SCAN)
+        return k == 0 ? 1.f : 0.f;
+    else if constexpr (KIND == FX_LINREC_MINGRU)
+        return k == 0 ? -INFINITY : 0.f;
+    else if constexpr (KIND == FX_LINREC_MINLSTM)
+        return k == 0 ? INFINITY : k == 1 ? -INFINITY : 0.f;
+    else
+        return 0.f;
+}
+
+template <int KIND, typename T, int V> __device__ __forceinline__ fxscan::pack<T, V> pad_pack(int k)
+{
+    fxscan::pack<T, V> x;
+    T *e = reinterpret_cast<T *>(&x.r);
+#pragma unroll
+    for (int v = 0; v < V; v++)
+        e[v] = fx_elem<T>::store(pad_value<KIND>(k));
+    return x;
+}
+
+// The dt of step c (liquid; 0 where the step does not exist).
+template <int KIND, typename T>
+__device__ __forceinline__ float step_dt(const op_params &in, const fxscan::place &at, const fxscan::rows &r,
+                                         const fxscan::tiling &t, int c)
+{
+    if constexpr (KIND != FX_LINREC_LIQUID)
+        return 0.f;
+    else
+        return c < r.count ? load_dt<KIND, T>(in, at.b * t.seqlen + r.row0 + (t.flip ? -c : c)) : 0.f;
 }
 
 // ---- forward ----
@@ -195,78 +281,167 @@ struct fwd_params {
     float *state; // NULL: not wanted
 };
 
-template <int KIND, typename T, int V, int C>
-__global__ void __launch_bounds__(32 * fxscan::kMaxWarps, 2)
+// S: the steps a thread can hold (t.steps <= S). CG: candidate g.
+// CHAINED: more than one time tile (the look-back).
+template <int KIND, typename T, int V, int G, int S, bool CG, bool CHAINED>
+__global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
     forward_kernel(const fwd_params p, const fxscan::tiling t)
 {
     constexpr int N = nseq<KIND>();
-    FXSCAN_SHARED(fxscan::smem<V>, sm);
-    const place at = locate<V>(t, blockIdx.x);
-    const int64_t L = t.seqlen, H = t.hidden;
-    const int64_t row0 = t.flip ? L - 1 - at.p0 : at.p0;
-    const int64_t off0 = (at.b * L + row0) * H + at.h, stride = t.flip ? -H : H;
-
-    chan ch[V];
-    load_chan<KIND, T, V>(p.in, at.h, at.live, ch);
+    typedef fxscan::pack<T, V> pk;
+    typedef fxscan::tile_smem<G, V> shared_t;
+    FXSCAN_SHARED(shared_t, sm);
+    const fxscan::place at = fxscan::locate<G, V, CHAINED>(t);
+    const fxscan::rows r = fxscan::rows_of(t, at);
+    const int64_t H = t.hidden;
 
     // Every load first, so that they are all in flight together.
-    float x[C][N][V], dt[C];
+    pk x[S][N];
 #pragma unroll
-    for (int c = 0; c < C; c++) {
-        const bool ok = at.live && c < t.steps && at.p0 + c < L;
+    for (int c = 0; c < S; c++)
 #pragma unroll
-        for (int k = 0; k < N; k++) {
-            if (ok)
-                fxscan::load_stream<T, V>(static_cast<const T *>(p.in.seq[k]) + off0 + c * stride, x[c][k]);
-            else
+        for (int k = 0; k < N; k++)
+            x[c][k] = c < r.count
+                          ? fxscan::load_stream<T, V>(static_cast<const T *>(p.in.seq[k]) + r.off0 + c * r.stride)
+                          : pad_pack<KIND, T, V>(k);
+    float dt[S];
 #pragma unroll
-                for (int v = 0; v < V; v++)
-                    x[c][k][v] = 0.f;
-        }
-        dt[c] = ok ? load_dt<KIND, T>(p.in, at.b * L + row0 + (t.flip ? -c : c)) : 0.f;
-    }
+    for (int c = 0; c < S; c++)
+        dt[c] = step_dt<KIND, T>(p.in, at, r, t, c);
+    chan ch[V];
+    load_chan<KIND, T, V>(p.in, at.h, at.live, ch);
+    float init[V];
+#pragma unroll
+    for (int v = 0; v < V; v++)
+        init[v] = at.tt == 0 && at.live && p.h0 ? fxscan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v)
+                                                : 0.f;
     float peek_h[V];
-    const bool peeked = fxscan::peek<V>(t, at.ct, at.tt, peek_h);
+    const bool peeked = fxscan::peek<G, V, CHAINED>(t, at, peek_h);
 
-    affine m[C][V], mine[V];
+    // First pass: each step's map, composed.
+    affine mine[V], kept[S][V];
 #pragma unroll
     for (int v = 0; v < V; v++)
         mine[v] = fxscan::identity();
 #pragma unroll
-    for (int c = 0; c < C; c++) {
-        const bool ok = at.live && c < t.steps && at.p0 + c < L;
+    for (int c = 0; c < S; c++)
 #pragma unroll
         for (int v = 0; v < V; v++) {
-            float xs[3] = {x[c][0][v], N > 1 ? x[c][N > 1 ? 1 : 0][v] : 0.f,
-                           N > 2 ? x[c][N > 2 ? 2 : 0][v] : 0.f};
-            m[c][v] = ok ? coeff<KIND>(xs, ch[v], dt[c], p.in.cand_g) : fxscan::identity();
-            mine[v] = fxscan::compose(mine[v], m[c][v]);
+            float xs[3];
+            step_inputs<N>(x[c], v, xs);
+            kept[c][v] = coeff<KIND, CG>(xs, ch[v], dt[c]);
+            mine[v] = fxscan::compose(mine[v], kept[c][v]);
         }
-    }
 
-    float init[V], hv[V];
-#pragma unroll
-    for (int v = 0; v < V; v++)
-        init[v] = at.tt == 0 && at.warp == 0 && at.live && p.h0
-                      ? fxscan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v)
-                      : 0.f;
-    fxscan::scan_tile<V>(t, at.ct, at.tt, mine, init, peeked, peek_h, sm, hv);
+    float hv[V];
+    fxscan::scan_tile<G, V, CHAINED>(t, at, mine, init, peeked, peek_h, sm, hv);
 
+    // Second pass: from the carry, every step's h.
 #pragma unroll
-    for (int c = 0; c < C; c++) {
-        const bool ok = at.live && c < t.steps && at.p0 + c < L;
+    for (int c = 0; c < S; c++) {
 #pragma unroll
         for (int v = 0; v < V; v++)
-            hv[v] = fxscan::apply(m[c][v], hv[v]);
-        if (ok)
-            fxscan::store_stream<T, V>(static_cast<T *>(p.h) + off0 + c * stride, hv);
+            hv[v] = fxscan::apply(kept[c][v], hv[v]);
+        if (c < r.count)
+            fxscan::store_stream<T, V>(static_cast<T *>(p.h) + r.off0 + c * r.stride, hv);
     }
-    // The last warp of the last tile ends on the final state (steps past
-    // the end are identities).
-    if (p.state && at.live && at.tt == t.ttiles - 1 && at.warp == t.warps - 1)
+    // The last segment of the last tile ends on the final state (steps
+    // past the end are identities).
+    if (p.state && at.live && at.tt == t.ttiles - 1 && at.seg == t.segs - 1)
 #pragma unroll
         for (int v = 0; v < V; v++)
             p.state[at.b * H + at.h + v] = hv[v];
+}
+
+// The forward with the inputs staged in shared memory (cp.async) rather
+// than held in registers: a thread holds no step's data, so more blocks
+// fit an SM; both passes read the slots and compute (a, b) from them.
+template <int KIND, typename T, int V, int G, int S, bool CG, bool CHAINED>
+__global__ void __launch_bounds__(fxscan::kBlockThreads, kStagedBlocks)
+    forward_staged_kernel(const fwd_params p, const fxscan::tiling t)
+{
+    constexpr int N = nseq<KIND>();
+    typedef fxscan::pack<T, V> pk;
+    typedef typename pk::R R;
+    typedef fxscan::tile_smem<G, V> shared_t;
+    FXSCAN_SHARED(shared_t, sm);
+    FXSCAN_STAGE(stage_bytes);
+    const R *slots = reinterpret_cast<const R *>(stage_bytes) + threadIdx.x;
+    const fxscan::place at = fxscan::locate<G, V, CHAINED>(t);
+    const fxscan::rows r = fxscan::rows_of(t, at);
+    const int64_t H = t.hidden;
+    const unsigned threads = blockDim.x;
+
+#pragma unroll
+    for (int c = 0; c < S; c++)
+        if (c < r.count)
+#pragma unroll
+            for (int k = 0; k < N; k++)
+                fxscan::copy_async(reinterpret_cast<R *>(stage_bytes) + (c * N + k) * threads + threadIdx.x,
+                                   reinterpret_cast<const R *>(static_cast<const T *>(p.in.seq[k]) + r.off0 +
+                                                               c * r.stride));
+    float dt[S];
+#pragma unroll
+    for (int c = 0; c < S; c++)
+        dt[c] = step_dt<KIND, T>(p.in, at, r, t, c);
+    chan ch[V];
+    load_chan<KIND, T, V>(p.in, at.h, at.live, ch);
+    float init[V];
+#pragma unroll
+    for (int v = 0; v < V; v++)
+        init[v] = at.tt == 0 && at.live && p.h0 ? fxscan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v)
+                                                : 0.f;
+    float peek_h[V];
+    const bool peeked = fxscan::peek<G, V, CHAINED>(t, at, peek_h);
+    fxscan::copy_wait();
+
+    auto step_map = [&](int c, int v, const pk (&xc)[N]) {
+        float xs[3];
+        step_inputs<N>(xc, v, xs);
+        return coeff<KIND, CG>(xs, ch[v], dt[c]);
+    };
+    auto read_step = [&](int c, pk (&xc)[N]) {
+#pragma unroll
+        for (int k = 0; k < N; k++)
+            xc[k] = c < r.count ? pk{slots[(c * N + k) * threads]} : pad_pack<KIND, T, V>(k);
+    };
+
+    affine mine[V];
+#pragma unroll
+    for (int v = 0; v < V; v++)
+        mine[v] = fxscan::identity();
+#pragma unroll
+    for (int c = 0; c < S; c++) {
+        pk xc[N];
+        read_step(c, xc);
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            mine[v] = fxscan::compose(mine[v], step_map(c, v, xc));
+    }
+
+    float hv[V];
+    fxscan::scan_tile<G, V, CHAINED>(t, at, mine, init, peeked, peek_h, sm, hv);
+
+#pragma unroll
+    for (int c = 0; c < S; c++) {
+        pk xc[N];
+        read_step(c, xc);
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            hv[v] = fxscan::apply(step_map(c, v, xc), hv[v]);
+        if (c < r.count)
+            fxscan::store_stream<T, V>(static_cast<T *>(p.h) + r.off0 + c * r.stride, hv);
+    }
+    if (p.state && at.live && at.tt == t.ttiles - 1 && at.seg == t.segs - 1)
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            p.state[at.b * H + at.h + v] = hv[v];
+}
+
+// Shared memory the staged forward's slots take: the inputs of every step.
+template <int KIND, typename T, int V> inline size_t fwd_stage_bytes(int steps, int warps)
+{
+    return (size_t)steps * nseq<KIND>() * 32 * warps * sizeof(typename fxscan::pack<T, V>::R);
 }
 
 // ---- backward ----
@@ -285,139 +460,136 @@ struct bwd_params {
     int reverse; // of the forward
 };
 
-template <int KIND, typename T, int V, int C>
-__global__ void __launch_bounds__(32 * fxscan::kMaxWarps, 2)
+template <int KIND, typename T, int V, int G, int S, bool CG, bool CHAINED>
+__global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
     backward_kernel(const bwd_params p, const fxscan::tiling t)
 {
     constexpr int N = nseq<KIND>();
-    FXSCAN_SHARED(fxscan::smem<V>, sm);
-    const place at = locate<V>(t, blockIdx.x);
+    typedef fxscan::pack<T, V> pk;
+    typedef fxscan::tile_smem<G, V> shared_t;
+    FXSCAN_SHARED(shared_t, sm);
+    const fxscan::place at = fxscan::locate<G, V, CHAINED>(t);
+    const fxscan::rows r = fxscan::rows_of(t, at);
     const int64_t L = t.seqlen, H = t.hidden;
-    // Backward step p is forward step L-1-p; t.flip = !reverse maps it to its row.
-    const int64_t row0 = t.flip ? L - 1 - at.p0 : at.p0;
-    const int64_t off0 = (at.b * L + row0) * H + at.h, stride = t.flip ? -H : H;
-    // h_{t-1} (forward order) sits one row towards the forward's start.
+    // Backward step p is forward step L-1-p (t.flip = !reverse maps it to
+    // its row); h_{t-1} (forward order) sits one row towards the forward's
+    // start, and the forward's first step (backward step L-1, the
+    // segment's step `first`) starts from h0 instead.
     const int64_t prev = p.reverse ? H : -H;
+    const int64_t first = L - 1 - at.p0; // in this segment when 0 <= first < count
 
+    pk x[S][N], dh[S], hp[S];
+#pragma unroll
+    for (int c = 0; c < S; c++) {
+        const int64_t off = r.off0 + c * r.stride;
+#pragma unroll
+        for (int k = 0; k < N; k++)
+            x[c][k] = c < r.count ? fxscan::load_stream<T, V>(static_cast<const T *>(p.in.seq[k]) + off)
+                                  : pad_pack<KIND, T, V>(k);
+        dh[c] = c < r.count ? fxscan::load_stream<T, V>(static_cast<const T *>(p.dh) + off) : fxscan::zero_pack<T, V>();
+        hp[c] = c < r.count && c != first ? fxscan::load_stream<T, V>(static_cast<const T *>(p.h) + off + prev)
+                                          : fxscan::zero_pack<T, V>();
+    }
+    float dt[S];
+#pragma unroll
+    for (int c = 0; c < S; c++)
+        dt[c] = step_dt<KIND, T>(p.in, at, r, t, c);
     chan ch[V];
     load_chan<KIND, T, V>(p.in, at.h, at.live, ch);
-
-    float x[C][N][V], dh[C][V], hp[C][V], dt[C];
+    float h0v[V], init[V];
 #pragma unroll
-    for (int c = 0; c < C; c++) {
-        const bool ok = at.live && c < t.steps && at.p0 + c < L;
-        const int64_t off = off0 + c * stride;
-#pragma unroll
-        for (int k = 0; k < N; k++) {
-            if (ok)
-                fxscan::load_stream<T, V>(static_cast<const T *>(p.in.seq[k]) + off, x[c][k]);
-            else
-#pragma unroll
-                for (int v = 0; v < V; v++)
-                    x[c][k][v] = 0.f;
-        }
-        if (ok) {
-            fxscan::load_stream<T, V>(static_cast<const T *>(p.dh) + off, dh[c]);
-            if (at.p0 + c < L - 1) {
-                fxscan::load_stream<T, V>(static_cast<const T *>(p.h) + off + prev, hp[c]);
-            } else {
-#pragma unroll
-                for (int v = 0; v < V; v++)
-                    hp[c][v] = p.h0 ? fxscan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v) : 0.f;
-            }
-        } else {
-#pragma unroll
-            for (int v = 0; v < V; v++)
-                dh[c][v] = hp[c][v] = 0.f;
-        }
-        dt[c] = ok ? load_dt<KIND, T>(p.in, at.b * L + row0 + (t.flip ? -c : c)) : 0.f;
+    for (int v = 0; v < V; v++) {
+        h0v[v] = first >= 0 && first < r.count && p.h0 ? fxscan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v)
+                                                      : 0.f;
+        init[v] = at.tt == 0 && at.live && p.dstate
+                      ? fxscan::load_state<T>(p.dstate, p.dstate_f32, at.b * H + at.h + v)
+                      : 0.f;
     }
     float peek_u[V];
-    const bool peeked = fxscan::peek<V>(t, at.ct, at.tt, peek_u);
+    const bool peeked = fxscan::peek<G, V, CHAINED>(t, at, peek_u);
 
     // The adjoint's map per step: u -> a * (dh + u).
-    float a[C][V];
     affine mine[V];
 #pragma unroll
     for (int v = 0; v < V; v++)
         mine[v] = fxscan::identity();
 #pragma unroll
-    for (int c = 0; c < C; c++) {
-        const bool ok = at.live && c < t.steps && at.p0 + c < L;
+    for (int c = 0; c < S; c++)
 #pragma unroll
         for (int v = 0; v < V; v++) {
-            float xs[3] = {x[c][0][v], N > 1 ? x[c][N > 1 ? 1 : 0][v] : 0.f,
-                           N > 2 ? x[c][N > 2 ? 2 : 0][v] : 0.f};
-            a[c][v] = ok ? coeff<KIND>(xs, ch[v], dt[c], p.in.cand_g).a : 1.f;
-            mine[v] = fxscan::compose(mine[v], affine{a[c][v], a[c][v] * dh[c][v]});
+            float xs[3];
+            step_inputs<N>(x[c], v, xs);
+            const float a = coeff<KIND, CG>(xs, ch[v], dt[c]).a;
+            mine[v] = fxscan::compose(mine[v], affine{a, a * dh[c].get(v)});
         }
-    }
 
-    float init[V], u[V];
-#pragma unroll
-    for (int v = 0; v < V; v++)
-        init[v] = at.tt == 0 && at.warp == 0 && at.live && p.dstate
-                      ? fxscan::load_state<T>(p.dstate, p.dstate_f32, at.b * H + at.h + v)
-                      : 0.f;
-    fxscan::scan_tile<V>(t, at.ct, at.tt, mine, init, peeked, peek_u, sm, u);
+    float u[V];
+    fxscan::scan_tile<G, V, CHAINED>(t, at, mine, init, peeked, peek_u, sm, u);
 
     float sum_tau[V] = {}, sum_lam[V] = {};
 #pragma unroll
-    for (int c = 0; c < C; c++) {
-        const bool step_ok = c < t.steps && at.p0 + c < L; // the same for the whole warp
-        const bool ok = at.live && step_ok;
+    for (int c = 0; c < S; c++) {
         float dx[3][V], row_dt = 0.f;
 #pragma unroll
         for (int v = 0; v < V; v++) {
-            float g = dh[c][v] + u[v];
-            float xs[3] = {x[c][0][v], N > 1 ? x[c][N > 1 ? 1 : 0][v] : 0.f,
-                           N > 2 ? x[c][N > 2 ? 2 : 0][v] : 0.f};
-            float d3[3] = {0.f, 0.f, 0.f}, dtau = 0.f, dlam = 0.f, ddt = 0.f;
-            if (ok)
-                step_grad<KIND>(xs, ch[v], dt[c], p.in.cand_g, hp[c][v], g, d3, dtau, dlam, ddt);
+            // (a step that does not exist passes u on unchanged and adds
+            // nothing to tau's and A's sums: dt = 0)
+            const float g = dh[c].get(v) + u[v];
+            float xs[3], d3[3] = {0.f, 0.f, 0.f}, dtau = 0.f, dlam = 0.f, ddt = 0.f;
+            step_inputs<N>(x[c], v, xs);
+            const float a = step_grad<KIND, CG>(xs, ch[v], dt[c], c == first ? h0v[v] : hp[c].get(v), g, d3,
+                                                dtau, dlam, ddt);
 #pragma unroll
             for (int k = 0; k < 3; k++)
                 dx[k][v] = d3[k];
             sum_tau[v] += dtau;
             sum_lam[v] += dlam;
             row_dt += ddt;
-            u[v] = a[c][v] * g;
+            u[v] = a * g;
         }
-        if (ok)
+        if (c < r.count)
 #pragma unroll
             for (int k = 0; k < N; k++)
-                fxscan::store_stream<T, V>(static_cast<T *>(p.dseq[k]) + off0 + c * stride, dx[k]);
+                fxscan::store_stream<T, V>(static_cast<T *>(p.dseq[k]) + r.off0 + c * r.stride, dx[k]);
         if constexpr (KIND == FX_LINREC_LIQUID) {
-            if (p.sum_dt && step_ok) { // one atomic per warp and row
-#pragma unroll
-                for (int s = 16; s > 0; s >>= 1)
-                    row_dt += __shfl_xor_sync(0xffffffffu, row_dt, s);
-                if (at.lane == 0)
-                    atomicAdd(p.sum_dt + at.b * L + row0 + (t.flip ? -c : c), row_dt);
+            if (p.sum_dt) { // one atomic per group and row
+                row_dt = fxscan::group_sum<G>(row_dt);
+                if (at.q == 0 && c < r.count)
+                    atomicAdd(p.sum_dt + at.b * L + r.row0 + (t.flip ? -c : c), row_dt);
             }
         }
     }
-    if (p.dh0 && at.live && at.tt == t.ttiles - 1 && at.warp == t.warps - 1)
+    if (p.dh0 && at.live && at.tt == t.ttiles - 1 && at.seg == t.segs - 1)
 #pragma unroll
         for (int v = 0; v < V; v++)
             fxscan::store_state<T>(p.dh0, p.h0_f32, at.b * H + at.h + v, u[v]);
 
     if constexpr (KIND == FX_LINREC_LIQUID) {
-        // The block's tau and A sums, one atomic per channel. The scan is
-        // done with xa/xb (scan_tile ends on a barrier).
+        // The block's tau and A sums, one atomic per channel: over the
+        // segments of a warp by shuffles, over warps through the warp-total
+        // arrays (free once every thread is past the barrier).
 #pragma unroll
         for (int v = 0; v < V; v++) {
-            sm.xa[at.warp][at.lane * V + v] = sum_tau[v];
-            sm.xb[at.warp][at.lane * V + v] = sum_lam[v];
+            sum_tau[v] = fxscan::segment_sum<G>(sum_tau[v]);
+            sum_lam[v] = fxscan::segment_sum<G>(sum_lam[v]);
         }
         __syncthreads();
-        if (at.warp == 0 && at.live) {
+        const int c0 = at.q * V;
+        if (at.lane < G)
+#pragma unroll
+            for (int v = 0; v < V; v++) {
+                sm.ta[at.warp][c0 + v] = sum_tau[v];
+                sm.tb[at.warp][c0 + v] = sum_lam[v];
+            }
+        __syncthreads();
+        if (at.warp == 0 && at.lane < G && at.h < H) {
+            const int warps = (int)(blockDim.x >> 5);
 #pragma unroll
             for (int v = 0; v < V; v++) {
                 float st = 0.f, sl = 0.f;
-                for (int w = 0; w < t.warps; w++) {
-                    st += sm.xa[w][at.lane * V + v];
-                    sl += sm.xb[w][at.lane * V + v];
+                for (int w = 0; w < warps; w++) {
+                    st += sm.ta[w][c0 + v];
+                    sl += sm.tb[w][c0 + v];
                 }
                 atomicAdd(p.sum_tau + at.h + v, st);
                 atomicAdd(p.sum_lam + at.h + v, sl);
@@ -443,7 +615,7 @@ struct step_params {
     int64_t batch, hidden;
 };
 
-template <int KIND, typename T>
+template <int KIND, typename T, bool CG>
 __global__ void step_kernel(const step_params p)
 {
     constexpr int N = nseq<KIND>();
@@ -457,7 +629,7 @@ __global__ void step_kernel(const step_params p)
             xs[k] = fx_elem<T>::load(static_cast<const T *>(p.in.seq[k])[i]);
         chan c[1];
         load_chan<KIND, T, 1>(p.in, hc, true, c);
-        affine m = coeff<KIND>(xs, c[0], load_dt<KIND, T>(p.in, b), p.in.cand_g);
+        affine m = coeff<KIND, CG>(xs, c[0], load_dt<KIND, T>(p.in, b));
         float h = fxscan::apply(m, fxscan::load_state<T>(p.state, p.state_f32, i));
         fxscan::store_state<T>(p.state, p.state_f32, i, h);
         static_cast<T *>(p.h)[i] = fx_elem<T>::store(h);
@@ -467,43 +639,55 @@ __global__ void step_kernel(const step_params p)
 // ---- the tiling plan (host) ----
 
 struct plan {
-    int vec, warps, steps;
+    int vec, group;   // channels per lane, lanes per time row
+    int steps, segs;  // a tile is segs * steps steps
+    int warps;        // per block
     int64_t htiles, ctiles, ttiles;
 };
 
-// Two channels per lane for 16-bit types (one 32-bit access) when hidden
-// is even; one otherwise. Time tiles of up to kMaxWarps warps * `steps`;
+// Tiles are numbered in 32 bits (and one launch takes up to 2^31 - 1 blocks).
+inline bool plan_fits(const plan &pl) { return pl.ctiles * pl.ttiles <= 0x7fffffff; }
+
+// Tiles of `group * vec` channels. Time tiles of up to kMaxWarps warps of
+// segments of `capacity` steps (the kernel's register capacity); a sequence
+// that fits one tile gets the shortest segments that cover it (latency);
 // fewer, shorter tiles when that leaves the GPU idle. Tests shrink the
 // tiles with max_tile_steps to reach the look-back on small inputs.
-// `force_vec` (tools/cuda_emu only): 1 or 2 channels per lane whatever the
-// dtype.
-inline plan make_plan(const fx_cuda_device *d, const fx_linrec_problem *p, int elements,
-                      int max_tile_steps, int force_vec = 0)
+inline plan make_plan(const fx_cuda_device *d, const fx_linrec_problem *p, int vec, int group,
+                      int capacity, int max_tile_steps)
 {
     plan pl;
-    bool half = p->dtype == FX_BF16 || p->dtype == FX_F16;
-    pl.vec = force_vec ? force_vec : half && p->hidden % 2 == 0 ? 2 : 1;
-    const int capacity = elements / pl.vec; // the kernel's steps per thread
-    pl.htiles = (p->hidden + 32 * pl.vec - 1) / (32 * pl.vec);
+    pl.vec = vec;
+    pl.group = group;
+    const int width = vec * group, per_warp = 32 / group, most = fxscan::kMaxWarps * per_warp;
+    pl.htiles = (p->hidden + width - 1) / width;
     pl.ctiles = p->batch * pl.htiles;
     const int64_t L = p->seqlen;
-    pl.steps = (int)(L < capacity ? L : capacity);
-    const int64_t warps = (L + pl.steps - 1) / pl.steps;
-    pl.warps = (int)(warps < fxscan::kMaxWarps ? warps : fxscan::kMaxWarps);
     if (max_tile_steps > 0) {
-        const int half_tile = max_tile_steps / 2;
-        pl.steps = half_tile < 1 ? 1 : half_tile > capacity ? capacity : half_tile;
-        const int w = max_tile_steps / pl.steps;
-        pl.warps = w < 1 ? 1 : w > fxscan::kMaxWarps ? fxscan::kMaxWarps : w;
-    } else if (p->batch * p->seqlen * p->hidden >= (1 << 20)) {
-        // A long sequence over few channels: shorter time tiles, so that
-        // every SM gets some (small problems stay in one tile: latency).
-        auto tiles = [&](int w) { return pl.ctiles * ((L + (int64_t)w * pl.steps - 1) / ((int64_t)w * pl.steps)); };
-        while (pl.warps > 2 && tiles(pl.warps) < 2 * (int64_t)d->sm_count)
-            pl.warps /= 2;
+        const int half = max_tile_steps / 2;
+        pl.steps = half < 1 ? 1 : half > capacity ? capacity : half;
+        const int segs = max_tile_steps / pl.steps;
+        pl.segs = segs < 1 ? 1 : segs > most ? most : segs;
+    } else if (L <= (int64_t)most * capacity) {
+        // One time tile: few steps a thread (latency), but not fewer than
+        // kMinSteps, so that the scan across segments stays short.
+        const int want = (int)((L + most - 1) / most), least = kMinSteps < capacity ? kMinSteps : capacity;
+        pl.steps = want > least ? want : least < L ? least : (int)L;
+        pl.segs = (int)((L + pl.steps - 1) / pl.steps);
+    } else {
+        pl.steps = capacity;
+        pl.segs = most;
+        if (p->batch * p->seqlen * p->hidden >= (1 << 20)) {
+            // A long sequence over few channels: shorter time tiles, so that
+            // every SM gets some (small problems stay in one tile: latency).
+            auto tiles = [&](int segs) { return pl.ctiles * ((L + (int64_t)segs * pl.steps - 1) / ((int64_t)segs * pl.steps)); };
+            while (pl.segs > per_warp && tiles(pl.segs) < 2 * (int64_t)d->sm_count)
+                pl.segs /= 2;
+        }
     }
-    const int64_t span = (int64_t)pl.warps * pl.steps;
+    const int64_t span = (int64_t)pl.segs * pl.steps;
     pl.ttiles = (L + span - 1) / span;
+    pl.warps = (pl.segs * group + 31) / 32;
     return pl;
 }
 
@@ -513,13 +697,27 @@ inline fxscan::tiling make_tiling(const fx_linrec_problem *p, const plan &pl, in
     t.batch = p->batch;
     t.seqlen = p->seqlen;
     t.hidden = p->hidden;
-    t.htiles = pl.htiles;
-    t.ctiles = pl.ctiles;
-    t.ttiles = pl.ttiles;
-    t.warps = pl.warps;
+    t.htiles = (int)pl.htiles;
+    t.ctiles = (int)pl.ctiles;
+    t.ttiles = (int)pl.ttiles;
+    t.segs = pl.segs;
     t.steps = pl.steps;
     t.flip = flip;
     return t;
+}
+
+inline bool aligned16(const void *ptr) { return ((uintptr_t)ptr & 15) == 0; }
+
+// The vector path (16 bytes a lane) needs whole lanes of channels and
+// 16-byte aligned sequences.
+inline bool vector_fits(const fx_linrec_problem *p, int vec, const void *const *seqs, int nseqs)
+{
+    if (p->hidden % vec != 0)
+        return false;
+    for (int i = 0; i < nseqs; i++)
+        if (!aligned16(seqs[i]))
+            return false;
+    return true;
 }
 
 inline op_params make_op_params(const fx_linrec_problem *p)
@@ -533,7 +731,6 @@ inline op_params make_op_params(const fx_linrec_problem *p)
         in.dt = p->dt ? p->dt->data : nullptr;
         in.dt_value = (float)p->dt_value;
     }
-    in.cand_g = p->candidate_g;
     return in;
 }
 
@@ -546,6 +743,17 @@ inline fwd_params make_fwd_params(const fx_linrec_fwd_args *a)
     prm.h = a->h->data;
     prm.state = a->state ? (float *)a->state->data : nullptr;
     return prm;
+}
+
+// Whether the forward's sequences allow the vector path.
+inline bool fwd_vector_fits(const fx_linrec_fwd_args *a, int vec)
+{
+    const void *seqs[FX_LINREC_MAX_SEQ + 1];
+    int n = 0;
+    for (int k = 0; k < a->p.nseq; k++)
+        seqs[n++] = a->p.seq[k]->data;
+    seqs[n++] = a->h->data;
+    return vector_fits(&a->p, vec, seqs, n);
 }
 
 // `sums`: liquid's f32 accumulators, zeroed: 2 * hidden (+ batch * seqlen
@@ -573,6 +781,19 @@ inline bwd_params make_bwd_params(const fx_linrec_bwd_args *a, float *sums)
     return prm;
 }
 
+inline bool bwd_vector_fits(const fx_linrec_bwd_args *a, int vec)
+{
+    const void *seqs[2 * FX_LINREC_MAX_SEQ + 2];
+    int n = 0;
+    for (int k = 0; k < a->p.nseq; k++) {
+        seqs[n++] = a->p.seq[k]->data;
+        seqs[n++] = a->dseq[k]->data;
+    }
+    seqs[n++] = a->h->data;
+    seqs[n++] = a->dh->data;
+    return vector_fits(&a->p, vec, seqs, n);
+}
+
 inline int64_t sum_count(const fx_linrec_bwd_args *a)
 {
     return 2 * a->p.hidden + (a->ddt ? a->p.batch * a->p.seqlen : 0);
@@ -590,24 +811,15 @@ inline step_params make_step_params(const fx_linrec_step_args *a)
     return prm;
 }
 
-// The look-back scratch of a launch: flags, then three value arrays, each
-// 256-byte aligned.
-constexpr size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
-
+// The look-back statuses of a launch: two words per channel and tile.
 inline size_t lookback_bytes(const fxscan::tiling &t, int width)
 {
-    const size_t tiles = (size_t)(t.ctiles * t.ttiles);
-    return align256(tiles * sizeof(uint32_t)) + 3 * align256(tiles * width * sizeof(float));
+    return (size_t)t.ctiles * t.ttiles * width * 2 * sizeof(fxscan::word);
 }
 
-inline void carve_lookback(char *base, int width, uint32_t epoch, fxscan::tiling &t)
+inline void carve_lookback(char *base, uint32_t epoch, fxscan::tiling &t)
 {
-    const size_t tiles = (size_t)(t.ctiles * t.ttiles);
-    const size_t flags = align256(tiles * sizeof(uint32_t)), values = align256(tiles * width * sizeof(float));
-    t.lb.flags = (uint32_t *)base;
-    t.lb.agg_a = (float *)(base + flags);
-    t.lb.agg_b = (float *)(base + flags + values);
-    t.lb.incl = (float *)(base + flags + 2 * values);
+    t.lb.status = (fxscan::word *)base;
     t.lb.epoch = epoch;
 }
 

@@ -5,27 +5,35 @@
 // (c_src/cuda/linrec_kernels.cuh: the four forwards, and their backwards, whose
 // adjoint is again such a scan run from the other end).
 //
-// Tiling. A block owns one tile: 32*V consecutive channels of one batch row
-// (lane l holds channels l*V .. l*V+V-1, so a warp's loads of one time row
-// are one contiguous, coalesced run) times `warps * steps` consecutive
-// steps (warp w holds `steps` consecutive steps in registers). A thread
-// composes its steps into one affine map; the block combines its warps'
-// maps through shared memory; the tile's carry-in comes from h0 (first time
-// tile) or from the tiles before it:
+// Tiling. A block owns one tile: W = G * V consecutive channels of one batch
+// row times `segs * steps` consecutive steps. A group of G lanes covers one
+// time row of the tile (lane q holds channels q*V .. q*V+V-1, so a group's
+// access to a row is one contiguous run of G * V elements, 16 bytes a lane
+// on the vector path); each group is a time segment of `steps` consecutive
+// steps (their inputs in registers, or staged in shared memory), and a
+// warp holds 32 / G segments. A thread
+// composes its steps into one affine map; segments combine by shuffles
+// inside a warp and through shared memory across warps; the tile's carry-in
+// comes from h0 (first time tile) or from the tiles before it.
 //
-// Look-back (more than one time tile). Tiles are numbered time tile by
-// time tile (all channel tiles of time tile 0 first) and block i scans tile
-// i: blocks are dispatched in increasing index order (as CUB's single-pass
+// Look-back (more than one time tile). Tiles are numbered time tile by time
+// tile (all channel tiles of time tile 0 first) and block i scans tile i:
+// blocks are dispatched in increasing index order (as CUB's single-pass
 // scan also assumes), so every tile a block waits for belongs to a block
-// that is already running or done. Warp 0 first peeks at the previous
-// tile's status while the tile's own loads are in flight; if its inclusive
-// state (the h after its last step) is there, that is the carry. Otherwise
-// the tile publishes its aggregate map and looks back over the previous
-// tiles kReads * warps at a time (each warp reads kReads tiles' statuses):
-// aggregates compose into a running map until a tile with its inclusive
-// state is found. It then publishes its own inclusive state. Statuses live
-// in a per-device scratch buffer tagged with a per-launch epoch, so nothing
-// has to be cleared between launches.
+// that is already running or done. Warp 0 peeks at the previous tile's
+// status while the tile's own loads are in flight; if its inclusive state
+// (the h after its last step) is there, that is the carry. Otherwise the
+// tile publishes its aggregate map and every group of the block reads one
+// earlier tile's status per round (a window of warps * 32/G tiles):
+// aggregates compose until a tile with its inclusive state is found. The
+// tile then publishes its own inclusive state.
+//
+// Statuses: per tile and channel two 64-bit words, each a float in its low
+// half and a tag in its high half (tag = epoch << 1 | inclusive). An
+// aggregate is the pair {a, b} tagged epoch << 1; an inclusive state is the
+// second word tagged epoch << 1 | 1. Every word carries its own tag, so no
+// fence has to order values before a flag: a reader takes a word when its
+// tag is this launch's, and nothing is cleared between launches.
 //
 // Everything is f32: 16-bit inputs are widened on load.
 #ifndef FX_CUDA_SCAN_CUH
@@ -33,19 +41,19 @@
 
 #include "cuda/common.cuh"
 
-// A block's shared memory. tools/cuda_emu, which runs these kernels on the
-// CPU, defines it (and FXSCAN_EMULATION) first.
+// A block's shared memory, and its dynamic part (staged inputs).
+// tools/cuda_emu, which runs these kernels on the CPU, defines them (and
+// FXSCAN_EMULATION) first.
 #ifndef FXSCAN_SHARED
 #define FXSCAN_SHARED(type, name) __shared__ type name
+#define FXSCAN_STAGE(name) extern __shared__ __align__(16) unsigned char name[]
 #endif
 
 namespace fxscan {
 
-// Warps per block along time (blocks of up to 256 threads, two per SM at
-// up to 128 registers a thread), and previous tiles each warp reads per
-// look-back round (a round covers kReads * warps tiles).
+// Warps per block (blocks of up to 256 threads).
 constexpr int kMaxWarps = 8;
-constexpr int kReads = 2;
+constexpr int kBlockThreads = 32 * kMaxWarps;
 
 // h -> a * h + b
 struct affine {
@@ -62,245 +70,471 @@ __device__ __forceinline__ affine compose(affine first, affine then)
 
 __device__ __forceinline__ float apply(affine m, float h) { return fmaf(m.a, h, m.b); }
 
-// ---- tile statuses for the look-back ----
+// 1/x to within an ulp (the IEEE-rounded __frcp_rn is a dozen instructions).
+__device__ __forceinline__ float fast_rcp(float x)
+{
+#ifdef FXSCAN_EMULATION
+    return 1.f / x;
+#else
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+#endif
+}
 
-enum : uint32_t { kEmpty = 0, kAggregate = 1, kInclusive = 2 };
+// ---- look-back statistics (a diagnostic build: -DFXLR_STATS) ----
+// [0] chained tiles, [1] found by the peek, [2] look-back rounds,
+// [3] rounds that found nothing new (waiting on a predecessor).
+#ifdef FXLR_STATS
+__device__ unsigned long long stats[4];
+#define FXSCAN_STAT(i) (threadIdx.x == 0 ? (void)atomicAdd(&fxscan::stats[i], 1ull) : (void)0)
+#else
+#define FXSCAN_STAT(i) ((void)0)
+#endif
+
+// ---- tile statuses ----
+
+enum : int { kEmpty = 0, kAggregate = 1, kInclusive = 2 };
+
+typedef unsigned long long word;
 
 struct lookback {
-    uint32_t *flags;             // [tiles]: epoch << 2 | kind
-    float *agg_a, *agg_b, *incl; // [tiles][32 * V]
-    uint32_t epoch;              // 1 .. 2^30 - 1, new for every launch
+    word *status;   // [tiles][W channels][2]
+    uint32_t epoch; // 1 .. 2^30 - 1, new for every launch
 };
 
 struct tiling {
     int64_t batch, seqlen, hidden;
-    int64_t htiles; // channel tiles per batch row
-    int64_t ctiles; // batch * htiles
-    int64_t ttiles; // time tiles
-    int warps;      // warps per block, along time
-    int steps;      // steps per thread (<= the kernel's register capacity)
+    int htiles;     // channel tiles per batch row
+    int ctiles;     // batch * htiles (tiles in all: < 2^31)
+    int ttiles;     // time tiles
+    int segs;       // time segments per tile (one per group of G lanes)
+    int steps;      // steps per segment (<= the kernel's register capacity)
     int flip;       // step p of the scan reads time row seqlen - 1 - p
     lookback lb;    // when ttiles > 1
 };
 
-template <int V> struct smem {
-    float xa[kMaxWarps][32 * V], xb[kMaxWarps][32 * V]; // each warp's map
-    float wa[kReads * kMaxWarps][32 * V], wb[kReads * kMaxWarps][32 * V]; // look-back window
-    float carry[32 * V]; // the tile's carry-in
-    uint32_t wkind[kReads * kMaxWarps];
+__device__ __forceinline__ word pack_word(float v, uint32_t tag)
+{
+    return (word)tag << 32 | __float_as_uint(v);
+}
+
+__device__ __forceinline__ uint32_t word_tag(word w) { return (uint32_t)(w >> 32); }
+__device__ __forceinline__ float word_value(word w) { return __uint_as_float((uint32_t)w); }
+
+// Relaxed (strong, L1-bypassing) accesses at GPU scope: statuses are written
+// and read by different blocks while the kernel runs. A two-word access is
+// two single-copy-atomic words; each is validated by its own tag.
+__device__ __forceinline__ void store_relaxed(word *p, word x)
+{
+#ifdef FXSCAN_EMULATION
+    __atomic_store_n(p, x, __ATOMIC_RELAXED);
+#else
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(x) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void store_relaxed2(word *p, word x, word y)
+{
+#ifdef FXSCAN_EMULATION
+    __atomic_store_n(p, x, __ATOMIC_RELAXED);
+    __atomic_store_n(p + 1, y, __ATOMIC_RELAXED);
+#else
+    asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(x), "l"(y) : "memory");
+#endif
+}
+
+__device__ __forceinline__ word load_relaxed(const word *p)
+{
+#ifdef FXSCAN_EMULATION
+    return __atomic_load_n(p, __ATOMIC_RELAXED);
+#else
+    word x;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(x) : "l"(p) : "memory");
+    return x;
+#endif
+}
+
+__device__ __forceinline__ void load_relaxed2(const word *p, word &x, word &y)
+{
+#ifdef FXSCAN_EMULATION
+    x = __atomic_load_n(p, __ATOMIC_RELAXED);
+    y = __atomic_load_n(p + 1, __ATOMIC_RELAXED);
+#else
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(p) : "memory");
+#endif
+}
+
+__device__ __forceinline__ uint32_t aggregate_tag(const lookback &lb) { return lb.epoch << 1; }
+__device__ __forceinline__ uint32_t inclusive_tag(const lookback &lb) { return lb.epoch << 1 | 1u; }
+
+// ---- where a thread is ----
+
+struct place {
+    int64_t tt, ct, b, h; // time tile, channel tile, batch row, first channel
+    int64_t p0;           // first step of the thread's segment
+    int lane, warp, seg, q; // q: lane within the segment's group
+    bool live;              // its channels exist and its segment is in the tile
+};
+
+// Block i scans tile i. (32-bit divisions: 64-bit ones are a long
+// software sequence, and every thread of every block runs this.)
+template <int G, int V, bool CHAINED>
+__device__ __forceinline__ place locate(const tiling &t)
+{
+    place at;
+    at.lane = threadIdx.x & 31;
+    at.warp = threadIdx.x >> 5;
+    at.seg = threadIdx.x / G;
+    at.q = threadIdx.x % G;
+    const unsigned tile = blockIdx.x, ctiles = (unsigned)t.ctiles, htiles = (unsigned)t.htiles;
+    const unsigned tt = CHAINED ? tile / ctiles : 0u, ct = tile - tt * ctiles, b = ct / htiles;
+    at.tt = tt;
+    at.ct = ct;
+    at.b = b;
+    at.h = (int64_t)(ct - b * htiles) * (G * V) + at.q * V;
+    at.live = at.h < t.hidden && at.seg < t.segs; // hidden % V == 0 when V > 1
+    at.p0 = (at.tt * t.segs + at.seg) * (int64_t)t.steps;
+    return at;
+}
+
+// ---- reductions within a group of G lanes (full-warp shuffles) ----
+
+template <int G> __device__ __forceinline__ int group_min(int v)
+{
+#pragma unroll
+    for (int o = 1; o < G; o <<= 1)
+        v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+template <int G> __device__ __forceinline__ int group_max(int v)
+{
+#pragma unroll
+    for (int o = 1; o < G; o <<= 1)
+        v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+template <int G> __device__ __forceinline__ float group_sum(float v)
+{
+#pragma unroll
+    for (int o = 1; o < G; o <<= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over the segments of a warp (lanes with the same q).
+template <int G> __device__ __forceinline__ float segment_sum(float v)
+{
+#pragma unroll
+    for (int o = G; o < 32; o <<= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// ---- the block's shared memory ----
+
+template <int W, int SEGW> struct smem {
+    float ta[kMaxWarps][W], tb[kMaxWarps][W];                 // each warp's total map
+    float wa[kMaxWarps * SEGW][W], wb[kMaxWarps * SEGW][W]; // look-back window
+    float carry[W];                                          // the tile's carry-in
+    float xa[W], xb[W]; // the tile's map, while it looks back
+    int wkind[kMaxWarps * SEGW];
     int used, found;
 };
 
-__device__ __forceinline__ uint32_t load_acquire(const uint32_t *p)
-{
-#ifdef FXSCAN_EMULATION
-    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
-#else
-    uint32_t v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-#endif
-}
-
-__device__ __forceinline__ void store_release(uint32_t *p, uint32_t v)
-{
-#ifdef FXSCAN_EMULATION
-    __atomic_store_n(p, v, __ATOMIC_RELEASE);
-#else
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-#endif
-}
-
-// Warp 0 publishes a status: values first, then (after a fence) the flag.
-template <int V>
-__device__ __forceinline__ void publish(const lookback &lb, int64_t slot, uint32_t kind,
-                                        const float (&va)[V], const float (&vb)[V])
-{
-    const int lane = threadIdx.x & 31;
-    const int64_t base = slot * (32 * V) + lane * V;
-#pragma unroll
-    for (int v = 0; v < V; v++) {
-        if (kind == kAggregate) {
-            __stcg(lb.agg_a + base + v, va[v]);
-            __stcg(lb.agg_b + base + v, vb[v]);
-        } else {
-            __stcg(lb.incl + base + v, va[v]);
-        }
-    }
-    __threadfence();
-    __syncwarp();
-    if (lane == 0)
-        store_release(lb.flags + slot, (lb.epoch << 2) | kind);
-}
+template <int G, int V> using tile_smem = smem<G * V, 32 / G>;
 
 // Called by warp 0 as soon as the tile's loads are issued: reads the
 // previous tile's status while the data is on its way. When that tile's
 // inclusive state is already there (the usual case when many channel tiles
 // run side by side), the look-back costs nothing more. Other warps, the
 // first time tile and single-tile launches get false.
-template <int V>
-__device__ __forceinline__ bool peek(const tiling &t, int64_t ct, int64_t tt, float (&h)[V])
+template <int G, int V, bool CHAINED>
+__device__ __forceinline__ bool peek(const tiling &t, const place &at, float (&h)[V])
 {
-    if (tt == 0 || (threadIdx.x >> 5) != 0)
+    if (!CHAINED || at.tt == 0 || at.warp != 0)
         return false;
-    const int lane = threadIdx.x & 31;
-    const int64_t js = ct * t.ttiles + tt - 1;
-    uint32_t f = load_acquire(t.lb.flags + js);
-    if (__reduce_min_sync(0xffffffffu, (f >> 2) == t.lb.epoch ? (f & 3u) : kEmpty) != kInclusive)
-        return false;
+    const word *rec = t.lb.status + (((int64_t)at.ct * t.ttiles + at.tt - 1) * (G * V) + at.q * V) * 2;
+    const uint32_t want = inclusive_tag(t.lb);
+    bool ok = true;
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        word w = load_relaxed(rec + 2 * v + 1);
+        ok = ok && word_tag(w) == want;
+        h[v] = word_value(w);
+    }
+    return __all_sync(0xffffffffu, ok);
+}
+
+// Warp 0, group 0 (the G lanes of segment 0) publishes the tile's status.
+template <int G, int V>
+__device__ __forceinline__ void publish_aggregate(const tiling &t, const place &at, const affine (&m)[V])
+{
+    word *rec = t.lb.status + (((int64_t)at.ct * t.ttiles + at.tt) * (G * V) + at.q * V) * 2;
+    const uint32_t tag = aggregate_tag(t.lb);
 #pragma unroll
     for (int v = 0; v < V; v++)
-        h[v] = __ldcg(t.lb.incl + js * (32 * V) + lane * V + v);
-    return true;
+        store_relaxed2(rec + 2 * v, pack_word(m[v].a, tag), pack_word(m[v].b, tag));
+}
+
+template <int G, int V>
+__device__ __forceinline__ void publish_inclusive(const tiling &t, const place &at, const float (&h)[V])
+{
+    word *rec = t.lb.status + (((int64_t)at.ct * t.ttiles + at.tt) * (G * V) + at.q * V) * 2;
+    const uint32_t tag = inclusive_tag(t.lb);
+#pragma unroll
+    for (int v = 0; v < V; v++)
+        store_relaxed(rec + 2 * v + 1, pack_word(h[v], tag));
+}
+
+// One look-back round: group k of warp w reads the status of tile
+// next - 1 - (w * 32/G + k) into window entry e; the group agrees on its
+// kind (a status half written reads as empty and is read again).
+template <int G, int V>
+__device__ __forceinline__ void read_window(const tiling &t, const place &at, int64_t next,
+                                            tile_smem<G, V> &sm)
+{
+    constexpr int W = G * V;
+    const int e = at.warp * (32 / G) + at.lane / G;
+    const int64_t j = next - 1 - e;
+    int lo = kEmpty, hi = kEmpty;
+    if (j >= 0) {
+        const word *rec = t.lb.status + (((int64_t)at.ct * t.ttiles + j) * W + at.q * V) * 2;
+        const uint32_t agg = aggregate_tag(t.lb), incl = inclusive_tag(t.lb);
+        lo = kInclusive;
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            word x, y;
+            load_relaxed2(rec + 2 * v, x, y);
+            int kind = word_tag(y) == incl                              ? kInclusive
+                       : word_tag(x) == agg && word_tag(y) == agg ? kAggregate
+                                                                   : kEmpty;
+            lo = min(lo, kind);
+            hi = max(hi, kind);
+            sm.wa[e][at.q * V + v] = word_value(x);
+            sm.wb[e][at.q * V + v] = word_value(y);
+        }
+    }
+    lo = group_min<G>(lo);
+    hi = group_max<G>(hi);
+    if (at.q == 0)
+        sm.wkind[e] = lo == hi ? lo : kEmpty;
 }
 
 // Called by every thread of the block with the map of its own steps
-// (`mine`), for the first time tile the state before the sequence (`init`,
-// read by warp 0 only), and what peek() returned. Leaves in `hin` the state
-// before the thread's first step.
-template <int V>
-__device__ __forceinline__ void scan_tile(const tiling &t, int64_t ct, int64_t tt,
-                                          const affine (&mine)[V], const float (&init)[V],
-                                          bool peeked, const float (&peek_h)[V], smem<V> &sm,
-                                          float (&hin)[V])
+// (`mine`), the state before the sequence for the first time tile
+// (`init`, its own channels) and what peek() returned. Leaves in `hin` the
+// state before the thread's first step. CHAINED: the launch has more than
+// one time tile (a single-tile launch has none of the look-back code).
+template <int G, int V, bool CHAINED>
+__device__ __forceinline__ void scan_tile(const tiling &t, const place &at, const affine (&mine)[V],
+                                          const float (&init)[V], bool peeked, const float (&peek_h)[V],
+                                          tile_smem<G, V> &sm, float (&hin)[V])
 {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = t.warps;
+    constexpr int SEGW = 32 / G;
+    const int k = at.lane / G, warps = (int)(blockDim.x >> 5);
+    const int c0 = at.q * V; // the thread's first channel within the tile
+
+    // The segments of this warp: an inclusive scan by shuffles, then the
+    // map of the segments before this one.
+    affine inc[V], pre[V];
+#pragma unroll
+    for (int v = 0; v < V; v++)
+        inc[v] = mine[v];
+#pragma unroll
+    for (int d = 1; d < SEGW; d <<= 1) {
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            affine o = {__shfl_up_sync(0xffffffffu, inc[v].a, d * G),
+                        __shfl_up_sync(0xffffffffu, inc[v].b, d * G)};
+            if (k >= d)
+                inc[v] = compose(o, inc[v]);
+        }
+    }
 #pragma unroll
     for (int v = 0; v < V; v++) {
-        sm.xa[warp][lane * V + v] = mine[v].a;
-        sm.xb[warp][lane * V + v] = mine[v].b;
+        pre[v] = identity();
+        if (SEGW > 1) {
+            affine o = {__shfl_up_sync(0xffffffffu, inc[v].a, G), __shfl_up_sync(0xffffffffu, inc[v].b, G)};
+            if (k > 0)
+                pre[v] = o;
+        }
     }
-    if (tt > 0 && warp == 0) { // the carry, if the previous tile's state is known
-        if (lane == 0)
+    if (k == SEGW - 1)
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            sm.ta[at.warp][c0 + v] = inc[v].a;
+            sm.tb[at.warp][c0 + v] = inc[v].b;
+        }
+    if (CHAINED && at.tt > 0 && at.warp == 0) { // the carry, if the previous tile's state is known
+        if (at.lane == 0)
             sm.found = peeked;
-        if (peeked)
+        if (peeked && k == 0)
 #pragma unroll
             for (int v = 0; v < V; v++)
-                sm.carry[lane * V + v] = peek_h[v];
+                sm.carry[c0 + v] = peek_h[v];
     }
     __syncthreads();
 
-    affine pre[V]; // the warps before this one
-#pragma unroll
-    for (int v = 0; v < V; v++)
-        pre[v] = identity();
-    for (int w = 0; w < warp; w++)
+    // The warps before this one.
+    for (int w = at.warp - 1; w >= 0; w--)
 #pragma unroll
         for (int v = 0; v < V; v++)
-            pre[v] = compose(pre[v], affine{sm.xa[w][lane * V + v], sm.xb[w][lane * V + v]});
+            pre[v] = compose(affine{sm.ta[w][c0 + v], sm.tb[w][c0 + v]}, pre[v]);
 
-    // Warp 0 speaks for the tile: its whole map, and the look-back.
-    affine total[V];
+    if (!CHAINED) {
 #pragma unroll
-    for (int v = 0; v < V; v++)
-        total[v] = identity();
-    if (warp == 0) {
+        for (int v = 0; v < V; v++)
+            hin[v] = apply(pre[v], init[v]);
+        return;
+    }
+
+    // Warp 0 speaks for the tile: its whole map, its status, the look-back.
+    const bool speaker = at.warp == 0 && k == 0;
+    const bool found = at.tt == 0 || sm.found;
+    if (at.tt > 0) {
+        FXSCAN_STAT(0);
+        if (found)
+            FXSCAN_STAT(1);
+    }
+    if (at.warp == 0) {
+        affine total[V];
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            total[v] = identity();
         for (int w = 0; w < warps; w++)
 #pragma unroll
             for (int v = 0; v < V; v++)
-                total[v] = compose(total[v], affine{sm.xa[w][lane * V + v], sm.xb[w][lane * V + v]});
-    }
-    const bool chained = t.ttiles > 1;
-    const int64_t slot = ct * t.ttiles + tt;
-
-    if (tt == 0) {
-        if (warp == 0) {
+                total[v] = compose(total[v], affine{sm.ta[w][c0 + v], sm.tb[w][c0 + v]});
+        if (found) { // the carry is init or the peeked state: publish the inclusive state now
             float incl[V];
 #pragma unroll
+            for (int v = 0; v < V; v++)
+                incl[v] = apply(total[v], at.tt == 0 ? init[v] : peek_h[v]);
+            if (speaker && at.tt + 1 < t.ttiles)
+                publish_inclusive<G, V>(t, at, incl);
+        } else if (speaker) { // publish the aggregate, keep the map for after the look-back
+            publish_aggregate<G, V>(t, at, total);
+#pragma unroll
             for (int v = 0; v < V; v++) {
-                sm.carry[lane * V + v] = init[v];
-                incl[v] = apply(total[v], init[v]);
+                sm.xa[c0 + v] = total[v].a;
+                sm.xb[c0 + v] = total[v].b;
             }
-            if (chained)
-                publish<V>(t.lb, slot, kInclusive, incl, incl);
         }
-    } else if (!sm.found) {
-        affine running[V];
+    }
+    if (at.tt == 0) {
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            hin[v] = apply(pre[v], init[v]);
+        return;
+    }
+
+    if (!found) {
+        affine running[V]; // warp 0: the tiles read so far, oldest first
 #pragma unroll
         for (int v = 0; v < V; v++)
             running[v] = identity();
-        if (warp == 0) {
-            float va[V], vb[V];
-#pragma unroll
-            for (int v = 0; v < V; v++) {
-                va[v] = total[v].a;
-                vb[v] = total[v].b;
-            }
-            publish<V>(t.lb, slot, kAggregate, va, vb);
-        }
-        int64_t next = tt; // the tiles below `next` are still to be read
+        int64_t next = at.tt; // the tiles below `next` are still to be read
         for (;;) {
-            // Window entry e is tile next-1-e; warp w reads e = w, w + warps, ...
-#pragma unroll
-            for (int r = 0; r < kReads; r++) {
-                const int e = r * warps + warp;
-                const int64_t j = next - 1 - e;
-                uint32_t kind = kEmpty;
-                if (j >= 0) { // the same for the whole warp
-                    const int64_t js = ct * t.ttiles + j;
-                    // Each lane's own acquire orders its own value loads;
-                    // the flag may move on between lanes' loads, so the
-                    // warp takes the least advanced state any lane saw.
-                    uint32_t f = load_acquire(t.lb.flags + js);
-                    kind = __reduce_min_sync(0xffffffffu, (f >> 2) == t.lb.epoch ? (f & 3u) : kEmpty);
-                    const int64_t base = js * (32 * V) + lane * V;
-#pragma unroll
-                    for (int v = 0; v < V; v++) {
-                        if (kind == kInclusive) {
-                            sm.wa[e][lane * V + v] = __ldcg(t.lb.incl + base + v);
-                        } else if (kind == kAggregate) {
-                            sm.wa[e][lane * V + v] = __ldcg(t.lb.agg_a + base + v);
-                            sm.wb[e][lane * V + v] = __ldcg(t.lb.agg_b + base + v);
-                        }
-                    }
-                }
-                if (lane == 0)
-                    sm.wkind[e] = kind;
-            }
+            read_window<G, V>(t, at, next, sm);
+            FXSCAN_STAT(2);
             __syncthreads();
-            if (warp == 0) {
-                int used = 0, found = 0;
-                for (int e = 0; e < kReads * warps && !found; e++) {
-                    uint32_t k = sm.wkind[e];
-                    if (k == kInclusive) {
+            if (at.warp == 0) {
+                int used = 0, done = 0;
+                for (int e = 0; e < warps * SEGW && !done; e++) {
+                    int kind = sm.wkind[e];
+                    if (kind == kInclusive) {
+                        if (k == 0)
+#pragma unroll
+                            for (int v = 0; v < V; v++)
+                                sm.carry[c0 + v] = apply(running[v], sm.wb[e][c0 + v]);
+                        done = 1;
+                    } else if (kind == kAggregate) {
 #pragma unroll
                         for (int v = 0; v < V; v++)
-                            sm.carry[lane * V + v] = apply(running[v], sm.wa[e][lane * V + v]);
-                        found = 1;
-                    } else if (k == kAggregate) {
-#pragma unroll
-                        for (int v = 0; v < V; v++)
-                            running[v] = compose(affine{sm.wa[e][lane * V + v], sm.wb[e][lane * V + v]},
-                                                 running[v]);
+                            running[v] = compose(affine{sm.wa[e][c0 + v], sm.wb[e][c0 + v]}, running[v]);
                     } else {
                         break; // not published yet: read it again next round
                     }
                     used = e + 1;
                 }
-                if (lane == 0) {
+                if (at.lane == 0) {
                     sm.used = used;
-                    sm.found = found;
+                    sm.found = done;
                 }
             }
             __syncthreads();
             if (sm.found)
                 break;
-            next -= sm.used;
-            if (sm.used == 0)
+            // (warp 0 writes sm.used again only after the next round's
+            // first barrier, which every thread reaches after reading it)
+            const int used = sm.used;
+            next -= used;
+            if (used == 0) {
+                FXSCAN_STAT(3);
                 __nanosleep(64);
+            }
+        }
+        if (speaker && at.tt + 1 < t.ttiles) {
+            float incl[V];
+#pragma unroll
+            for (int v = 0; v < V; v++)
+                incl[v] = apply(affine{sm.xa[c0 + v], sm.xb[c0 + v]}, sm.carry[c0 + v]);
+            publish_inclusive<G, V>(t, at, incl);
         }
     }
-    if (tt > 0 && warp == 0 && tt + 1 < t.ttiles) {
-        float incl[V];
-#pragma unroll
-        for (int v = 0; v < V; v++)
-            incl[v] = apply(total[v], sm.carry[lane * V + v]);
-        publish<V>(t.lb, slot, kInclusive, incl, incl);
-    }
-    __syncthreads();
 #pragma unroll
     for (int v = 0; v < V; v++)
-        hin[v] = apply(pre[v], sm.carry[lane * V + v]);
+        hin[v] = apply(pre[v], sm.carry[c0 + v]);
+}
+
+// ---- staging a tile's inputs in shared memory ----
+//
+// A thread copies its own runs (4, 8 or 16 bytes; cp.async: no registers
+// held while the data travels) into its own slots and reads them back
+// itself, so no barrier is needed: slot s of thread i is stage[s *
+// threads + i].
+template <typename R> __device__ __forceinline__ void copy_async(R *dst, const R *src)
+{
+    static_assert(sizeof(R) == 4 || sizeof(R) == 8 || sizeof(R) == 16, "cp.async moves 4, 8 or 16 bytes");
+#ifdef FXSCAN_EMULATION
+    memcpy(dst, src, sizeof(R));
+#else
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    if constexpr (sizeof(R) == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"((int)sizeof(R))
+                     : "memory");
+#endif
+}
+
+__device__ __forceinline__ void copy_wait()
+{
+#ifndef FXSCAN_EMULATION
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+// Where a thread's steps of a tile are: the offset of its first step's
+// channels, the stride to the next step's, and how many of its steps exist.
+struct rows {
+    int64_t row0, off0, stride;
+    int count;
+};
+
+__device__ __forceinline__ rows rows_of(const tiling &t, const place &at)
+{
+    rows r;
+    const int64_t L = t.seqlen, H = t.hidden;
+    r.row0 = t.flip ? L - 1 - at.p0 : at.p0;
+    r.off0 = (at.b * L + r.row0) * H + at.h;
+    r.stride = t.flip ? -H : H;
+    const int64_t n = L - at.p0 < t.steps ? L - at.p0 : t.steps;
+    r.count = at.live && n > 0 ? (int)n : 0;
+    return r;
 }
 
 // ---- loads and stores of V consecutive elements, widened to f32 ----
@@ -311,16 +545,28 @@ template <> struct raw<4> { typedef unsigned int type; };
 template <> struct raw<8> { typedef uint2 type; };
 template <> struct raw<16> { typedef uint4 type; };
 
-// Streaming (evict-first) loads: sequence inputs are read exactly once.
-template <typename T, int V>
-__device__ __forceinline__ void load_stream(const T *p, float (&out)[V])
-{
+// V elements of T as loaded: one access of V * sizeof(T) bytes.
+template <typename T, int V> struct pack {
     typedef typename raw<sizeof(T) * V>::type R;
-    R r = __ldcs(reinterpret_cast<const R *>(p));
-    const T *e = reinterpret_cast<const T *>(&r);
-#pragma unroll
-    for (int v = 0; v < V; v++)
-        out[v] = fx_elem<T>::load(e[v]);
+    R r;
+    __device__ __forceinline__ float get(int v) const
+    {
+        return fx_elem<T>::load(reinterpret_cast<const T *>(&r)[v]);
+    }
+};
+
+// Streaming (evict-first) loads: sequence inputs are read exactly once.
+template <typename T, int V> __device__ __forceinline__ pack<T, V> load_stream(const T *p)
+{
+    pack<T, V> x;
+    x.r = __ldcs(reinterpret_cast<const typename pack<T, V>::R *>(p));
+    return x;
+}
+
+template <typename T, int V> __device__ __forceinline__ pack<T, V> zero_pack()
+{
+    pack<T, V> x = {};
+    return x;
 }
 
 template <typename T, int V>

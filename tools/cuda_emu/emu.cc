@@ -21,9 +21,9 @@ namespace {
 struct block_state {
     pthread_barrier_t all;
     pthread_barrier_t warp[32];
-    float exchange[32][32];
     unsigned uexchange[32][32];
     alignas(64) unsigned char shared[96 * 1024];
+    std::vector<unsigned char> stage;
     unsigned index;
     unsigned nwarps;
     std::vector<pthread_t> threads;
@@ -61,12 +61,14 @@ void maybe_pause()
         usleep((rng_state >> 4) % 300);
 }
 
-block_state *start_block(unsigned index, unsigned block, const std::function<void()> &kernel)
+block_state *start_block(unsigned index, unsigned block, const std::function<void()> &kernel,
+                         size_t stage_bytes)
 {
     block_state *b = new block_state;
     b->index = index;
     b->nwarps = (block + 31) / 32;
     memset(b->shared, 0xff, sizeof b->shared); // uninitialised shared memory reads as NaN
+    b->stage.assign(stage_bytes ? stage_bytes : 16, 0xff);
     pthread_barrier_init(&b->all, nullptr, block);
     for (unsigned w = 0; w < b->nwarps; w++) {
         unsigned lanes = block - w * 32 < 32 ? block - w * 32 : 32;
@@ -106,6 +108,8 @@ void *emu_shared(size_t bytes)
     return current->shared;
 }
 
+void *emu_stage() { return current->stage.data(); }
+
 void __syncthreads()
 {
     maybe_pause();
@@ -114,26 +118,40 @@ void __syncthreads()
 
 void __syncwarp(unsigned) { pthread_barrier_wait(&current->warp[threadIdx.x / 32]); }
 
-float __shfl_xor_sync(unsigned, float v, int lane_mask)
+// One value per lane through the warp's exchange array, between barriers.
+template <typename T> static T exchange(T v, unsigned from_lane_of(unsigned lane, unsigned arg), unsigned arg)
 {
     unsigned w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    current->exchange[w][lane] = v;
+    static_assert(sizeof(T) == sizeof(unsigned), "32-bit values");
+    unsigned bits;
+    memcpy(&bits, &v, sizeof bits);
+    current->uexchange[w][lane] = bits;
     pthread_barrier_wait(&current->warp[w]);
-    float r = current->exchange[w][lane ^ (unsigned)lane_mask];
+    unsigned src = from_lane_of(lane, arg);
+    unsigned got = src < 32 && w * 32 + src < blockDim.x ? current->uexchange[w][src] : bits;
     pthread_barrier_wait(&current->warp[w]);
+    T r;
+    memcpy(&r, &got, sizeof r);
     return r;
 }
 
-unsigned __reduce_min_sync(unsigned, unsigned v)
+static unsigned xor_lane(unsigned lane, unsigned mask) { return lane ^ mask; }
+static unsigned up_lane(unsigned lane, unsigned delta) { return lane >= delta ? lane - delta : lane; }
+
+float __shfl_xor_sync(unsigned, float v, int lane_mask) { return exchange(v, xor_lane, (unsigned)lane_mask); }
+int __shfl_xor_sync(unsigned, int v, int lane_mask) { return exchange(v, xor_lane, (unsigned)lane_mask); }
+float __shfl_up_sync(unsigned, float v, unsigned delta) { return exchange(v, up_lane, delta); }
+
+int __all_sync(unsigned, int predicate)
 {
     unsigned w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    current->uexchange[w][lane] = v;
+    current->uexchange[w][lane] = predicate != 0;
     pthread_barrier_wait(&current->warp[w]);
-    unsigned m = v;
+    int all = 1;
     for (unsigned l = 0; l < 32 && w * 32 + l < blockDim.x; l++)
-        m = current->uexchange[w][l] < m ? current->uexchange[w][l] : m;
+        all = all && current->uexchange[w][l];
     pthread_barrier_wait(&current->warp[w]);
-    return m;
+    return all;
 }
 
 void __nanosleep(unsigned)
@@ -159,7 +177,8 @@ float atomicAdd(float *p, float v)
 
 void emu_set_jitter(int percent) { jitter_percent.store(percent); }
 
-void emu_launch(unsigned grid, unsigned block, int concurrent, const std::function<void()> &kernel)
+void emu_launch(unsigned grid, unsigned block, int concurrent, const std::function<void()> &kernel,
+                size_t stage_bytes)
 {
     blockDim = {block, 1, 1};
     gridDim = {grid, 1, 1};
@@ -169,7 +188,7 @@ void emu_launch(unsigned grid, unsigned block, int concurrent, const std::functi
             finish_block(live.front());
             live.pop_front();
         }
-        live.push_back(start_block(b, block, kernel));
+        live.push_back(start_block(b, block, kernel, stage_bytes));
     }
     while (!live.empty()) {
         finish_block(live.front());

@@ -77,65 +77,125 @@ struct lr_case {
     int kind;
     int64_t B, L, H;
     int reverse, cand_g, h0, dstate, dt_tensor, max_tile, concurrent;
-    int vec; // channels per lane: 1, or 2 as for bf16/f16 (hidden even)
+    int vec, group; // channels per lane and lanes per row: 1 and 32, 4 and 8 (f32), 4 and 16 (bf16/f16)
+    int staged;     // the forward with its inputs in shared memory (f32 layout)
 };
 
 std::string describe(const lr_case &c)
 {
     char text[256];
-    snprintf(text, sizeof text, "%s B%lld L%lld H%lld%s%s%s%s%s tile=%d blocks=%d vec=%d",
+    snprintf(text, sizeof text, "%s B%lld L%lld H%lld%s%s%s%s%s tile=%d blocks=%d vec=%d group=%d staged=%d",
              (const char *[]){"linear_scan", "mingru", "minlstm", "liquid"}[c.kind], (long long)c.B,
              (long long)c.L, (long long)c.H, c.reverse ? " reverse" : "", c.cand_g ? " g" : "",
              c.h0 ? " h0" : "", c.dstate ? " dstate" : "", c.dt_tensor ? " dt=tensor" : "", c.max_tile,
-             c.concurrent, c.vec);
+             c.concurrent, c.vec, c.group, c.staged);
     return text;
 }
 
 // ---- the launches, as c_src/cuda/linrec.cu makes them ----
 
-std::vector<char> scratch;
+std::vector<unsigned long long> scratch; // 8-byte aligned
 uint32_t epoch;
 int failures;
 
-void prepare(fxscan::tiling &t, int width)
+// As linrec.cu's launch_tiles: block i scans tile i; the look-back scratch
+// when tiles chain. `kernel(chained)` runs one thread of the block.
+template <typename F>
+void launch(fxscan::tiling &t, const plan &pl, const lr_case &c, F &&kernel, size_t stage_bytes = 0)
 {
-    size_t need = lookback_bytes(t, width);
-    if (need > scratch.size())
-        scratch.assign(need, 0);
-    carve_lookback(scratch.data(), width, ++epoch, t);
+    const bool chained = t.ttiles > 1;
+    if (chained) {
+        size_t need = (lookback_bytes(t, pl.vec * pl.group) + 7) / 8;
+        if (need > scratch.size())
+            scratch.assign(need, 0);
+        carve_lookback(reinterpret_cast<char *>(scratch.data()), ++epoch, t);
+    }
+    emu_launch((unsigned)(t.ctiles * t.ttiles), 32 * pl.warps, c.concurrent, [&] { kernel(chained); },
+               stage_bytes);
+}
+
+// The kernels with V channels per lane and G lanes per row: (1, 32) is
+// the scalar path, (4, 8) the f32 vector path, (4, 16) the bf16/f16 one.
+template <int KIND, int V, int G> void emu_forward_with(const fx_linrec_fwd_args *a, const lr_case &c)
+{
+    fx_cuda_device d = {132};
+    constexpr int S = fwd_steps<KIND, float, V>();
+    plan pl = make_plan(&d, &a->p, V, G, S, a->max_tile_steps);
+    fxscan::tiling t = make_tiling(&a->p, pl, a->p.reverse);
+    const fwd_params prm = make_fwd_params(a);
+    constexpr bool cg = KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM;
+    launch(t, pl, c, [&](bool chained) {
+        if (a->p.candidate_g)
+            chained ? forward_kernel<KIND, float, V, G, S, cg, true>(prm, t)
+                    : forward_kernel<KIND, float, V, G, S, cg, false>(prm, t);
+        else
+            chained ? forward_kernel<KIND, float, V, G, S, false, true>(prm, t)
+                    : forward_kernel<KIND, float, V, G, S, false, false>(prm, t);
+    });
+}
+
+// The staged forward (inputs in shared memory), on the f32 vector layout.
+template <int KIND> void emu_forward_staged(const fx_linrec_fwd_args *a, const lr_case &c)
+{
+    fx_cuda_device d = {132};
+    constexpr int S = kStagedFwdSteps;
+    plan pl = make_plan(&d, &a->p, 4, 8, S, a->max_tile_steps);
+    fxscan::tiling t = make_tiling(&a->p, pl, a->p.reverse);
+    const fwd_params prm = make_fwd_params(a);
+    constexpr bool cg = KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM;
+    launch(
+        t, pl, c,
+        [&](bool chained) {
+            if (a->p.candidate_g)
+                chained ? forward_staged_kernel<KIND, float, 4, 8, S, cg, true>(prm, t)
+                        : forward_staged_kernel<KIND, float, 4, 8, S, cg, false>(prm, t);
+            else
+                chained ? forward_staged_kernel<KIND, float, 4, 8, S, false, true>(prm, t)
+                        : forward_staged_kernel<KIND, float, 4, 8, S, false, false>(prm, t);
+        },
+        fwd_stage_bytes<KIND, float, 4>(pl.steps, pl.warps));
 }
 
 template <int KIND> void emu_forward(const fx_linrec_fwd_args *a, const lr_case &c)
 {
+    if (c.vec == 4 && c.group == 8 && c.staged)
+        emu_forward_staged<KIND>(a, c);
+    else if (c.vec == 4 && c.group == 16)
+        emu_forward_with<KIND, 4, 16>(a, c);
+    else if (c.vec == 4)
+        emu_forward_with<KIND, 4, 8>(a, c);
+    else
+        emu_forward_with<KIND, 1, 32>(a, c);
+}
+
+template <int KIND, int V, int G>
+void emu_backward_with(const fx_linrec_bwd_args *a, const bwd_params &prm, const lr_case &c)
+{
     fx_cuda_device d = {132};
-    plan pl = make_plan(&d, &a->p, kFwdSteps, a->max_tile_steps, c.vec);
-    fxscan::tiling t = make_tiling(&a->p, pl, a->p.reverse);
-    const fwd_params prm = make_fwd_params(a);
-    if (t.ttiles > 1)
-        prepare(t, 32 * pl.vec);
-    emu_launch((unsigned)(t.ctiles * t.ttiles), 32 * t.warps, c.concurrent, [&] {
-        if (pl.vec == 2)
-            forward_kernel<KIND, float, 2, kFwdSteps / 2>(prm, t);
+    constexpr int S = bwd_steps<KIND, float, V>();
+    plan pl = make_plan(&d, &a->p, V, G, S, a->max_tile_steps);
+    fxscan::tiling t = make_tiling(&a->p, pl, !a->p.reverse);
+    constexpr bool cg = KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM;
+    launch(t, pl, c, [&](bool chained) {
+        if (a->p.candidate_g)
+            chained ? backward_kernel<KIND, float, V, G, S, cg, true>(prm, t)
+                    : backward_kernel<KIND, float, V, G, S, cg, false>(prm, t);
         else
-            forward_kernel<KIND, float, 1, kFwdSteps>(prm, t);
+            chained ? backward_kernel<KIND, float, V, G, S, false, true>(prm, t)
+                    : backward_kernel<KIND, float, V, G, S, false, false>(prm, t);
     });
 }
 
 template <int KIND> void emu_backward(const fx_linrec_bwd_args *a, const lr_case &c)
 {
-    fx_cuda_device d = {132};
-    plan pl = make_plan(&d, &a->p, kBwdSteps, a->max_tile_steps, c.vec);
-    fxscan::tiling t = make_tiling(&a->p, pl, !a->p.reverse);
     std::vector<float> sums((size_t)sum_count(a), 0.f);
     const bwd_params prm = make_bwd_params(a, KIND == FX_LINREC_LIQUID ? sums.data() : nullptr);
-    if (t.ttiles > 1)
-        prepare(t, 32 * pl.vec);
-    emu_launch((unsigned)(t.ctiles * t.ttiles), 32 * t.warps, c.concurrent, [&] {
-        if (pl.vec == 2)
-            backward_kernel<KIND, float, 2, kBwdSteps / 2>(prm, t);
-        else
-            backward_kernel<KIND, float, 1, kBwdSteps>(prm, t);
-    });
+    if (c.vec == 4 && c.group == 16)
+        emu_backward_with<KIND, 4, 16>(a, prm, c);
+    else if (c.vec == 4)
+        emu_backward_with<KIND, 4, 8>(a, prm, c);
+    else
+        emu_backward_with<KIND, 1, 32>(a, prm, c);
     if (KIND == FX_LINREC_LIQUID) {
         emu_launch(2, 64, 2, [&] { write_sums<float>(prm.sum_tau, (float *)a->dtau->data, a->p.hidden); });
         emu_launch(2, 64, 2, [&] { write_sums<float>(prm.sum_lam, (float *)a->dlam->data, a->p.hidden); });
@@ -149,7 +209,12 @@ template <int KIND> void emu_backward(const fx_linrec_bwd_args *a, const lr_case
 template <int KIND> void emu_step(const fx_linrec_step_args *a)
 {
     const step_params prm = make_step_params(a);
-    emu_launch(2, 64, 2, [&] { step_kernel<KIND, float>(prm); });
+    emu_launch(2, 64, 2, [&] {
+        if (a->p.candidate_g)
+            step_kernel<KIND, float, KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM>(prm);
+        else
+            step_kernel<KIND, float, false>(prm);
+    });
 }
 
 template <typename F> void by_kind(int kind, F &&f)
@@ -308,18 +373,19 @@ int main(int argc, char **argv)
     rng.seed(seed);
     printf("linrec kernels in the CUDA emulator, seed %llu\n", seed);
     emu_set_jitter(3);
-    const int64_t shapes[][3] = {{1, 1, 1},   {1, 2, 34},  {2, 5, 7},    {3, 17, 30},
-                                 {1, 31, 64}, {2, 64, 66}, {1, 97, 2},   {1, 130, 40},
-                                 {2, 300, 3}, {1, 520, 34}, {2, 45, 130}, {1, 7, 66}};
+    const int64_t shapes[][3] = {{1, 1, 1},   {1, 2, 36},  {2, 5, 7},    {3, 17, 28},
+                                 {1, 31, 64}, {2, 64, 66}, {1, 97, 4},   {1, 130, 40},
+                                 {2, 300, 3}, {1, 520, 36}, {2, 45, 132}, {1, 7, 68}};
     const int tiles[] = {0, 1, 2, 3, 5, 17, 40};
     const int nshapes = sizeof shapes / sizeof shapes[0], ntiles = sizeof tiles / sizeof tiles[0];
     int runs = 0;
-    if (getenv("EMU_CASE")) { // kind,B,L,H,reverse,g,h0,dstate,dt,tile,blocks[,vec]
+    if (getenv("EMU_CASE")) { // kind,B,L,H,reverse,g,h0,dstate,dt,tile,blocks[,vec,group]
         lr_case c = {};
         c.vec = 1;
-        sscanf(getenv("EMU_CASE"), "%d,%lld,%lld,%lld,%d,%d,%d,%d,%d,%d,%d,%d", &c.kind,
+        c.group = 32;
+        sscanf(getenv("EMU_CASE"), "%d,%lld,%lld,%lld,%d,%d,%d,%d,%d,%d,%d,%d,%d", &c.kind,
                (long long *)&c.B, (long long *)&c.L, (long long *)&c.H, &c.reverse, &c.cand_g, &c.h0,
-               &c.dstate, &c.dt_tensor, &c.max_tile, &c.concurrent, &c.vec);
+               &c.dstate, &c.dt_tensor, &c.max_tile, &c.concurrent, &c.vec, &c.group);
         run_case(c);
         printf("%s: %d failures\n", describe(c).c_str(), failures);
         return failures ? 1 : 0;
@@ -338,7 +404,10 @@ int main(int argc, char **argv)
         c.dt_tensor = (i / 4) % 2;
         c.max_tile = tiles[(i * 5 + i / 7) % ntiles];
         c.concurrent = 1 + (i % 4);
-        c.vec = c.H % 2 == 0 && (i / 2) % 3 == 0 ? 2 : 1;
+        const int layout = c.H % 4 == 0 ? (i / 2) % 3 : 0; // scalar, f32 vector, 16-bit vector
+        c.vec = layout ? 4 : 1;
+        c.group = layout == 0 ? 32 : layout == 1 ? 8 : 16;
+        c.staged = layout == 1 && (i / 5) % 2;
         run_case(c);
         runs++;
     }
