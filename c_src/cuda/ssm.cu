@@ -13,7 +13,7 @@ namespace {
 template <typename T, class C, bool FAST>
 int launch_forward(fx_cuda_device *d, const ScanParams &p, fx_status *st)
 {
-    auto kernel = ssm_fwd_kernel<T, C, FwdPoly<T>::value, FAST>;
+    auto kernel = ssm_fwd_kernel<T, C, FAST>;
     const int warps = fwd_block_warps<T, C>(p, d->sm_count);
     const size_t smem = warps * FwdSmem<T, C>::BYTES;
     static std::atomic<bool> opted[FX_CUDA_MAX_DEVICES];

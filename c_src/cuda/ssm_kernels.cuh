@@ -6,37 +6,21 @@
 // lives here (the launchers are in ssm.cu), so the kernels also compile as
 // plain C++ for tests that run them on a CPU.
 //
-// Work split (all three kernels): a block of 128 threads is one batch
-// element x a tile of CH channels of one group; the dstate states of a
-// channel are spread over LANES consecutive lanes, NPL states each, and live
-// in registers for the whole sequence. The sequence is walked in order, one
-// step after the other: the recurrence costs one exp per state and step and
-// the state never goes to memory. y's sum over states is LANES-wide
-// shuffles. (LANES, NPL) depend on dstate only (Cfg below); for dstate 16
-// it is 4 lanes x 4 states, so a block holds 32 channels and the chip
-// ~12 warps per SM on the large benchmark.
+// Work split: the dstate states of a channel are spread over LANES
+// consecutive lanes, NPL states each, and live in registers for the whole
+// sequence, which is walked in order: the recurrence costs one exp per
+// state and step and the state never goes to memory. (LANES, NPL) depend on
+// dstate only (Cfg below); for dstate 16 it is 4 lanes x 4 states, so a
+// warp holds 8 channels and the large benchmark (8 x 1536 channels) ~12
+// warps per SM, all resident at once.
 //
-// Forward: time is cut into chunks of T steps. Per chunk, all 128 threads
-// stage the chunk's inputs in shared memory with coalesced loads, computing
-// delta = softplus(dt + bias) once per (step, channel) (not once per lane),
-// while the next chunk's raw inputs are already on their way into
-// registers (issued before the scan of this chunk, so their latency hides
-// behind it). The scan reads delta, delta*x, b and c from shared memory and
-// writes the state sum per step; an epilogue adds d*x, applies the gate and
-// writes y coalesced. With save_for_backward it also writes the state
-// entering every chunk of SAVE steps.
-//
-// Backward: chunks of SAVE steps, last to first. Per chunk: stage the
-// inputs; pass 1 recomputes the states from the saved one, keeping the
-// state entering each sub-chunk of SUB steps (in shared memory, own slot);
-// pass 2 takes the sub-chunks last to first, recomputes their SUB states
-// and decays into registers and runs the adjoint recurrence backwards
-// through them. Gradients of x, dt, z are written per (step, channel); of
-// b and c (sums over channels) through a block reduction in shared memory
-// and one vector atomic per (step, 4 states, block); of a, d, dt_bias
-// (sums over batch and time) from per-thread registers with one atomic per
-// element and block at the end. Sums accumulate in f32 scratch that a last
-// kernel converts to the gradients' types.
+// Forward and backward are built from warps that do not wait for each other
+// (see the sections below): with ~3 warps per scheduler, a barrier would
+// leave it idle, so each warp stages its own inputs (cp.async a chunk
+// ahead), and sums over the lanes of a channel go through shared memory,
+// out of the path from one step to the next. The step is one thread group
+// per (batch, channel), one launch.
+
 #include <limits.h>
 #include <string.h>
 
@@ -58,8 +42,10 @@ __host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 // The shape of the work for one dstate range.
 //   LANES  lanes per channel, NPL states per lane (NPAD = LANES * NPL >= dstate)
 //   WCH    channels per warp
-//   T      forward time chunk: 32 steps, fewer where b and c rows are long
-//          or a lane stages more than 8 (step, channel) pairs
+//   T      forward time chunk: 16 steps (a warp's buffers stay under ~9 KB
+//          for dstate 16, so that a mid-size problem's warps all fit at
+//          once), fewer where b and c rows are long or a lane would stage
+//          more than 8 (step, channel) pairs
 //   SAVE   steps between the states the forward saves: the backward's
 //          chunk, whose states a lane holds in registers (SAVE * NPL = 64)
 //   BW     warps per backward block: their b and c gradient buffer
@@ -69,7 +55,7 @@ template <int LANES_, int NPL_> struct Cfg {
     static constexpr int NPL = NPL_;
     static constexpr int NPAD = LANES * NPL;
     static constexpr int WCH = 32 / LANES;
-    static constexpr int T = cmin(cmin(32, 8 * LANES), 1024 / NPAD);
+    static constexpr int T = cmin(cmin(16, 8 * LANES), 1024 / NPAD);
     static constexpr int SAVE = 64 / NPL;
     static constexpr int BW = cmax(1, cmin(4, 8192 / (SAVE * 2 * NPAD * 4)));
     static_assert(NPL % 4 == 0, "states per lane come in float4s");
@@ -105,47 +91,6 @@ __device__ __forceinline__ float fast_exp2(float x)
 #endif
 }
 
-// 2^x on the FMA pipe, for part of the decays when the MUFU is the limit:
-// x = j + f with j an integer and |f| <= 1/2, 2^f by a degree-5 polynomial
-// (relative error < 2e-7, 2^0 = 1 exactly), j added to the exponent bits.
-// x is clamped to [-126, 127]: below, a value under 2^-125 instead of 0;
-// above, ~2^127 instead of inf.
-__device__ __forceinline__ uint32_t float_bits(float f)
-{
-#ifdef __CUDA_ARCH__
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-#endif
-}
-
-__device__ __forceinline__ float bits_float(uint32_t u)
-{
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-#endif
-}
-
-__device__ __forceinline__ float poly_exp2(float x)
-{
-    x = fminf(fmaxf(x, -126.0f), 127.0f);
-    const float r = x + 12582912.0f; // 1.5 * 2^23: round(x) lands in r's low mantissa bits
-    const float f = x - (r - 12582912.0f);
-    float q = 1.326472731307149e-3f;
-    q = fmaf(q, f, 9.671512991189957e-3f);
-    q = fmaf(q, f, 5.550733581185341e-2f);
-    q = fmaf(q, f, 2.4022242426872253e-1f);
-    q = fmaf(q, f, 6.931470036506653e-1f);
-    const float m = fmaf(q, f, 1.0f);
-    return bits_float(float_bits(m) + (float_bits(r) << 23)); // r's bits << 23 = round(x) << 23
-}
-
 // log(1 + v) for v in [0, 1]: v * P(v), P of degree 8 fitted for relative
 // error (< 2e-7 in f32 arithmetic); no MUFU op.
 __device__ __forceinline__ float log1p_unit(float v)
@@ -168,6 +113,15 @@ __device__ __forceinline__ float log1p_unit(float v)
 __device__ __forceinline__ float softplus(float u)
 {
     return fmaxf(u, 0.0f) + log1p_unit(fast_exp2(-fabsf(u) * kLog2e));
+}
+
+// softplus(u) and its derivative sigmoid(u) from one exp.
+__device__ __forceinline__ void softplus_and_grad(float u, float &sp, float &grad)
+{
+    const float v = fast_exp2(-fabsf(u) * kLog2e); // e^-|u|
+    sp = fmaxf(u, 0.0f) + log1p_unit(v);
+    const float r = __fdividef(1.0f, 1.0f + v);
+    grad = u >= 0.0f ? r : v * r;
 }
 
 // Fast division (reciprocal on the SFU, ~2 ulp): once per (step, channel).
@@ -220,16 +174,9 @@ template <int NPL> __device__ __forceinline__ void lds(float (&v)[NPL], const fl
 {
 #pragma unroll
     for (int i = 0; i < NPL; i += 4) {
-        float4 t = *reinterpret_cast<const float4 *>(p + i);
+        const float4 t = *reinterpret_cast<const float4 *>(p + i);
         v[i] = t.x, v[i + 1] = t.y, v[i + 2] = t.z, v[i + 3] = t.w;
     }
-}
-
-template <int NPL> __device__ __forceinline__ void sts(float *p, const float (&v)[NPL])
-{
-#pragma unroll
-    for (int i = 0; i < NPL; i += 4)
-        *reinterpret_cast<float4 *>(p + i) = make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]);
 }
 
 // The bit patterns of the 16-bit floats (their _raw structs convert both ways).
@@ -254,33 +201,11 @@ template <typename T> struct Quad {
     {
         return make_float4(elem(r.x, 0), elem(r.x, 1), elem(r.y, 0), elem(r.y, 1));
     }
-    __device__ __forceinline__ static uint32_t bits(T v) { return static_cast<typename Raw16<T>::type>(v).x; }
-    __device__ __forceinline__ static raw pack(const T (&e)[4])
-    {
-        return make_uint2(bits(e[0]) | bits(e[1]) << 16, bits(e[2]) | bits(e[3]) << 16);
-    }
 };
 template <> struct Quad<float> {
     typedef float4 raw;
     __device__ __forceinline__ static float4 to_float(float4 r) { return r; }
-    __device__ __forceinline__ static float4 pack(const float (&e)[4]) { return make_float4(e[0], e[1], e[2], e[3]); }
 };
-
-// Elements i .. i + 3 of p, of which the first `valid` exist (zeros for the
-// others): one vector load when `vec` (rows aligned, dstate % 4 == 0).
-template <typename T>
-__device__ __forceinline__ typename Quad<T>::raw load_quad(const void *p, int64_t i, int valid, bool vec)
-{
-    typedef typename Quad<T>::raw Raw;
-    const T *src = static_cast<const T *>(p) + i;
-    if (vec && valid >= 4)
-        return *reinterpret_cast<const Raw *>(src);
-    T e[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-        e[j] = j < valid ? src[j] : T(0.0f);
-    return Quad<T>::pack(e);
-}
 
 // The sum of LANES consecutive floats of shared memory (aligned to their size).
 template <int LANES> __device__ __forceinline__ float sum_parts(const float *p)
@@ -319,7 +244,6 @@ struct ScanParams {
     int tiles; // channel tiles per group
     int units; // batch * groups * tiles: warps of the forward, blocks of the backward
     bool softplus;
-    bool bc_vec; // b and c rows can be read 4 elements at a time
     void *y;       // forward output, the input type
     float *state;  // forward output, or NULL
     float *saved;  // [batch, nsaved, dim, dstate]: written by the forward, read by the backward
@@ -382,32 +306,6 @@ __device__ __forceinline__ int64_t at_btg(const ScanParams &p, int b, int t, int
 __device__ __forceinline__ int64_t at_state(const ScanParams &p, int b, int d)
 {
     return ((int64_t)b * p.dim + d) * p.dstate;
-}
-
-// The scan role of a thread: channel c of the tile, lane q of its LANES.
-template <class C> struct ScanLane {
-    int c, q, d;
-    bool ok; // the channel exists
-    __device__ ScanLane(const Tile &t)
-    {
-        c = threadIdx.x / C::LANES;
-        q = threadIdx.x % C::LANES;
-        ok = c < t.nvalid;
-        d = t.d0 + c;
-    }
-    __device__ int n(int i) const { return q * C::NPL + i; }
-};
-
-// a[d, n] * log2(e) for this lane's states (0 where there is no state).
-template <class C>
-__device__ __forceinline__ void load_a(const ScanParams &p, const ScanLane<C> &l, float (&a)[C::NPL],
-                                       float scale)
-{
-#pragma unroll
-    for (int i = 0; i < C::NPL; i++) {
-        int n = l.n(i);
-        a[i] = l.ok && n < p.dstate ? load_any(p.a, p.a_type, (int64_t)l.d * p.dstate + n) * scale : 0.0f;
-    }
 }
 
 // ---- forward ----
@@ -584,23 +482,37 @@ template <typename T, class C, bool FAST> struct FwdStage {
     }
 
     // Turns the loaded chunk into what the scan reads. Steps past the end
-    // and channels past the group get delta = 0: their state stays.
+    // and channels past the group get delta = 0: their state stays. The
+    // options are tested once per chunk, so that the pairs' exps and
+    // polynomials interleave.
     __device__ __forceinline__ void commit(const ScanParams &p, int t0, float *sm)
     {
         const T *rx = reinterpret_cast<const T *>(sm + S::XR), *rdt = reinterpret_cast<const T *>(sm + S::DTR);
         const T *rz = reinterpret_cast<const T *>(sm + S::ZR);
+        float delta[E];
+#pragma unroll
+        for (int k = 0; k < E; k++) {
+            const int at = cmin(r0 + k * C::LANES, C::T - 1) * C::WCH + cs; // rows past T: not used
+            xk[k] = fx_elem<T>::load(rx[at]);
+            delta[k] = fx_elem<T>::load(rdt[at]) + bias;
+        }
+        if (p.softplus) {
+#pragma unroll
+            for (int k = 0; k < E; k++)
+                delta[k] = softplus(delta[k]);
+        }
 #pragma unroll
         for (int k = 0; k < E; k++) {
             const int tl = r0 + k * C::LANES;
-            if (tl >= C::T)
-                continue;
-            const int at = tl * C::WCH + cs;
-            const float x = fx_elem<T>::load(rx[at]);
-            const float u = fx_elem<T>::load(rdt[at]) + bias;
-            const float delta = row_ok(p, t0, k) ? (p.softplus ? softplus(u) : u) : 0.0f;
-            *reinterpret_cast<float2 *>(sm + S::DD + cs * S::DDS + 2 * tl) = make_float2(delta, delta * x);
-            xk[k] = x;
-            gate[k] = p.z ? silu(fx_elem<T>::load(rz[at])) : 1.0f;
+            if (tl < C::T) {
+                const float dk = row_ok(p, t0, k) ? delta[k] : 0.0f;
+                *reinterpret_cast<float2 *>(sm + S::DD + cs * S::DDS + 2 * tl) = make_float2(dk, dk * xk[k]);
+            }
+        }
+        if (p.z) {
+#pragma unroll
+            for (int k = 0; k < E; k++)
+                gate[k] = silu(fx_elem<T>::load(rz[cmin(r0 + k * C::LANES, C::T - 1) * C::WCH + cs]));
         }
         typedef typename Quad<T>::raw Raw;
         const Raw *rb = reinterpret_cast<const Raw *>(sm + S::BR), *rc = reinterpret_cast<const Raw *>(sm + S::CR);
@@ -617,49 +529,50 @@ template <typename T, class C, bool FAST> struct FwdStage {
     // y = (sum of the lanes' parts + d x) * silu(z) for the committed chunk.
     __device__ __forceinline__ void epilogue(const ScanParams &p, const Tile &t, int t0, const float *sm)
     {
-        T *y = static_cast<T *>(p.y);
+        // row r0 of the chunk; the lane's later rows are LANES rows apart
+        T *y = static_cast<T *>(p.y) + at_btd(p, t.b, min(t0 + r0, p.seqlen - 1), ds);
 #pragma unroll
         for (int k = 0; k < E; k++) {
             const int tl = r0 + k * C::LANES;
             if (row_ok(p, t0, k)) {
                 const float sum = sum_parts<C::LANES>(sm + S::P + (tl * C::WCH + cs) * C::LANES);
-                y[at_btd(p, t.b, t0 + tl, ds)] = fx_elem<T>::store((sum + dskip * xk[k]) * gate[k]);
+                y[(int64_t)(k * C::LANES) * p.dim] = fx_elem<T>::store((sum + dskip * xk[k]) * gate[k]);
             }
         }
     }
 };
 
-// exp2 of state i at step s: the MUFU, or every POLY-th one (POLY > 0) the
-// FMA pipe's polynomial, to share the work between the two pipes.
-template <class C, int POLY> __device__ __forceinline__ float decay_exp2(int s, int i, float x)
-{
-    if constexpr (POLY > 0)
-        if ((s * C::NPL + i) % POLY == POLY - 1)
-            return poly_exp2(x);
-    return fast_exp2(x);
-}
-
 // The scan over one staged chunk (all T steps: padded steps have delta 0).
-template <typename T, class C, int POLY>
+// A step's operands are read from shared memory one step ahead, before the
+// store of the step's part of y: a load after a store to shared memory
+// cannot be moved above it, and would stall the step it feeds.
+template <typename T, class C>
 __device__ __forceinline__ void fwd_scan(const ScanParams &p, const Tile &t, int c, int q, bool ok,
                                          int t0, float (&h)[C::NPL], const float (&a2)[C::NPL], float *sm)
 {
     using S = FwdSmem<T, C>;
     constexpr int NPL = C::NPL;
     const int lane = c * C::LANES + q;
-    float4 dd = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float *dd_row = sm + S::DD + c * S::DDS, *b_row = sm + S::B + q * NPL, *c_row = sm + S::CC + q * NPL;
+    float4 dd = *reinterpret_cast<const float4 *>(dd_row); // (delta, delta x) of steps s, s + 1
+    float bv[NPL], cv[NPL];
+    lds(bv, b_row);
+    lds(cv, c_row);
 #pragma unroll
     for (int s = 0; s < C::T; s++) {
-        if (s % 2 == 0)
-            dd = *reinterpret_cast<const float4 *>(sm + S::DD + c * S::DDS + 2 * s);
         const float delta = s % 2 ? dd.z : dd.x, dx = s % 2 ? dd.w : dd.y;
-        float bv[NPL], cv[NPL];
-        lds(bv, sm + S::B + s * C::NPAD + q * NPL);
-        lds(cv, sm + S::CC + s * C::NPAD + q * NPL);
+        float bn[NPL], cn[NPL];
+        float4 ddn = dd;
+        if (s + 1 < C::T) {
+            if ((s + 1) % 2 == 0)
+                ddn = *reinterpret_cast<const float4 *>(dd_row + 2 * (s + 1));
+            lds(bn, b_row + (s + 1) * C::NPAD);
+            lds(cn, c_row + (s + 1) * C::NPAD);
+        }
         float acc = 0.0f;
 #pragma unroll
         for (int i = 0; i < NPL; i++) {
-            h[i] = fmaf(decay_exp2<C, POLY>(s, i, delta * a2[i]), h[i], dx * bv[i]);
+            h[i] = fmaf(fast_exp2(delta * a2[i]), h[i], dx * bv[i]);
             acc = fmaf(cv[i], h[i], acc);
         }
         sm[S::P + s * 32 + lane] = acc;
@@ -674,15 +587,16 @@ __device__ __forceinline__ void fwd_scan(const ScanParams &p, const Tile &t, int
                         out[q * NPL + i] = h[i];
             }
         }
+        if (s + 1 < C::T) {
+            dd = ddn;
+#pragma unroll
+            for (int i = 0; i < NPL; i++)
+                bv[i] = bn[i], cv[i] = cn[i];
+        }
     }
 }
 
-// Decays on the FMA pipe per input type (every POLY-th; 0: none).
-template <typename T> struct FwdPoly {
-    static constexpr int value = 0;
-};
-
-template <typename T, class C, int POLY, bool FAST>
+template <typename T, class C, bool FAST>
 __global__ void __launch_bounds__(kFwdMaxThreads, 4) ssm_fwd_kernel(const ScanParams p)
 {
     using S = FwdSmem<T, C>;
@@ -716,7 +630,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 4) ssm_fwd_kernel(const ScanPa
         __syncwarp(); // staged; the raw buffer is free
         if (k + 1 < chunks)
             stage.load(p, tile, t0 + C::T, sm); // lands during the scan
-        fwd_scan<T, C, POLY>(p, tile, c, q, ok, t0, h, a2, sm);
+        fwd_scan<T, C>(p, tile, c, q, ok, t0, h, a2, sm);
         __syncwarp(); // the parts of y are written
         stage.epilogue(p, tile, t0, sm);
     }
@@ -813,7 +727,7 @@ template <typename T, class C> struct BwdSmem {
     static constexpr int OWN = IN + WCH * INS; // [K][WCH] (x, dy silu'(z), softplus'(u), 0)
     static constexpr int B = OWN + 4 * K * WCH, CC = B + K * NPAD; // f32 [K][NPAD]
     static constexpr int PY = CC + K * NPAD;  // parts of c . h [K][32 lanes]
-    static constexpr int PR = PY + 32 * K;    // parts of (sum g decay h a, sum g b) [K][32] float2
+    static constexpr int PR = PY + 32 * K;    // parts of sum g decay h a, of sum g b [K][2][32]
     static constexpr int WARP = PR + 64 * K;
     // per block after the warps: b and c gradients per warp [BW][K][2 * NPAD]
     static constexpr int DBC = C::BW * WARP;
@@ -954,36 +868,43 @@ template <typename T, class C, bool FAST> struct BwdStage {
     }
 
     // Steps past the end and channels past the group: delta = 0 and dy = 0,
-    // so the state and g pass through them unchanged and add nothing.
+    // so the state and g pass through them unchanged and add nothing. The
+    // options are tested once per chunk (the pairs' exps interleave).
     __device__ __forceinline__ void commit(const ScanParams &p, int t0, float *sm)
     {
         const T *rx = reinterpret_cast<const T *>(sm + S::XR), *rdt = reinterpret_cast<const T *>(sm + S::DTR);
         const T *rz = reinterpret_cast<const T *>(sm + S::ZR), *rdy = reinterpret_cast<const T *>(sm + S::DYR);
+        float x[E], u[E], dy[E], delta[E], dsp[E], dyp[E], dyz[E];
+#pragma unroll
+        for (int k = 0; k < E; k++) {
+            const int at = cmin(r0 + k * C::LANES, KS - 1) * C::WCH + cs; // rows past KS: not used
+            x[k] = fx_elem<T>::load(rx[at]);
+            u[k] = fx_elem<T>::load(rdt[at]) + bias;
+            dy[k] = row_ok(p, t0, k) ? fx_elem<T>::load(rdy[at]) : 0.0f;
+            delta[k] = u[k], dsp[k] = 1.0f, dyp[k] = dy[k], dyz[k] = 0.0f;
+        }
+        if (p.softplus) {
+#pragma unroll
+            for (int k = 0; k < E; k++)
+                softplus_and_grad(u[k], delta[k], dsp[k]);
+        }
+        if (p.z) {
+#pragma unroll
+            for (int k = 0; k < E; k++) {
+                const float z = fx_elem<T>::load(rz[cmin(r0 + k * C::LANES, KS - 1) * C::WCH + cs]);
+                const float sz = sigmoid(z);
+                dyp[k] = dy[k] * z * sz;
+                dyz[k] = dy[k] * sz * fmaf(z, 1.0f - sz, 1.0f);
+            }
+        }
 #pragma unroll
         for (int k = 0; k < E; k++) {
             const int tl = r0 + k * C::LANES;
             if (tl >= KS)
                 continue;
-            const int at = tl * C::WCH + cs;
-            const bool ok = row_ok(p, t0, k);
-            const float x = fx_elem<T>::load(rx[at]);
-            const float u = fx_elem<T>::load(rdt[at]) + bias;
-            const float dy = ok ? fx_elem<T>::load(rdy[at]) : 0.0f;
-            float delta = u, dsp = 1.0f;
-            if (p.softplus) {
-                delta = softplus(u);
-                dsp = sigmoid(u);
-            }
-            delta = ok ? delta : 0.0f;
-            float dyp = dy, dyz = 0.0f;
-            if (p.z) {
-                const float z = fx_elem<T>::load(rz[at]);
-                const float s = sigmoid(z);
-                dyp = dy * z * s;
-                dyz = dy * s * fmaf(z, 1.0f - s, 1.0f);
-            }
-            *reinterpret_cast<float4 *>(sm + S::IN + cs * S::INS + 4 * tl) = make_float4(delta, delta * x, dyp, 0.0f);
-            *reinterpret_cast<float4 *>(sm + S::OWN + 4 * at) = make_float4(x, dyz, dsp, 0.0f);
+            const float dk = row_ok(p, t0, k) ? delta[k] : 0.0f;
+            *reinterpret_cast<float4 *>(sm + S::IN + cs * S::INS + 4 * tl) = make_float4(dk, dk * x[k], dyp[k], 0.0f);
+            *reinterpret_cast<float4 *>(sm + S::OWN + 4 * (tl * C::WCH + cs)) = make_float4(x[k], dyz[k], dsp[k], 0.0f);
         }
         typedef typename Quad<T>::raw Raw;
         const Raw *rb = reinterpret_cast<const Raw *>(sm + S::BR), *rc = reinterpret_cast<const Raw *>(sm + S::CR);
@@ -1003,27 +924,27 @@ template <typename T, class C, bool FAST> struct BwdStage {
                                              float &acc_d, float &acc_bias)
     {
         const ScanParams &p = bp.f;
+        // row r0 of the chunk; the lane's later rows are LANES rows apart
+        const int64_t base = at_btd(p, t.b, min(t0 + r0, p.seqlen - 1), ds);
+        T *dx = static_cast<T *>(bp.dx) + base, *ddt_out = static_cast<T *>(bp.ddt) + base;
+        T *dz = bp.dz ? static_cast<T *>(bp.dz) + base : nullptr;
 #pragma unroll
         for (int k = 0; k < E; k++) {
             const int tl = r0 + k * C::LANES;
             if (!row_ok(p, t0, k))
                 continue;
             const int at = tl * C::WCH + cs;
+            const int64_t off = (int64_t)(k * C::LANES) * p.dim;
             const float4 in = *reinterpret_cast<const float4 *>(sm + S::IN + cs * S::INS + 4 * tl);
             const float4 own = *reinterpret_cast<const float4 *>(sm + S::OWN + 4 * at);
             const float ypre = sum_parts<C::LANES>(sm + S::PY + at * C::LANES) + dskip * own.x;
-            float r_a = 0.0f, r_b = 0.0f;
-#pragma unroll
-            for (int j = 0; j < C::LANES; j++) {
-                const float2 v = *reinterpret_cast<const float2 *>(sm + S::PR + 2 * (at * C::LANES + j));
-                r_a += v.x, r_b += v.y;
-            }
+            const float *pr = sm + S::PR + tl * 64 + cs * C::LANES;
+            const float r_a = sum_parts<C::LANES>(pr), r_b = sum_parts<C::LANES>(pr + 32);
             const float ddt = fmaf(r_a, kLn2, own.x * r_b) * own.z; // a was scaled by log2(e)
-            const int64_t i = at_btd(p, t.b, t0 + tl, ds);
-            static_cast<T *>(bp.dx)[i] = fx_elem<T>::store(fmaf(in.x, r_b, dskip * in.z));
-            static_cast<T *>(bp.ddt)[i] = fx_elem<T>::store(ddt);
-            if (bp.dz)
-                static_cast<T *>(bp.dz)[i] = fx_elem<T>::store(ypre * own.y);
+            dx[off] = fx_elem<T>::store(fmaf(in.x, r_b, dskip * in.z));
+            ddt_out[off] = fx_elem<T>::store(ddt);
+            if (dz)
+                dz[off] = fx_elem<T>::store(ypre * own.y);
             acc_d = fmaf(in.z, own.x, acc_d);
             acc_bias += ddt;
         }
@@ -1108,20 +1029,38 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
             chunk_state(k - 1, hnext);
         }
 
-        // recompute: the chunk's states, and each lane's part of c . h
-#pragma unroll
-        for (int s = 0; s < KS; s++) {
-            const float4 in = *reinterpret_cast<const float4 *>(sm + S::IN + c * S::INS + 4 * s);
+        // recompute: the chunk's states, and each lane's part of c . h (a
+        // step's operands are read before the previous step's store, as in
+        // fwd_scan)
+        const float *in_row = sm + S::IN + c * S::INS, *b_row = sm + S::B + q * NPL, *c_row = sm + S::CC + q * NPL;
+        {
+            float4 in = *reinterpret_cast<const float4 *>(in_row);
             float bv[NPL], cv[NPL];
-            lds(bv, sm + S::B + s * C::NPAD + q * NPL);
-            lds(cv, sm + S::CC + s * C::NPAD + q * NPL);
-            float yp = 0.0f;
+            lds(bv, b_row);
+            lds(cv, c_row);
 #pragma unroll
-            for (int i = 0; i < NPL; i++) {
-                hs[s][i] = fmaf(fast_exp2(in.x * a2[i]), s > 0 ? hs[s - 1][i] : h[i], in.y * bv[i]);
-                yp = fmaf(cv[i], hs[s][i], yp);
+            for (int s = 0; s < KS; s++) {
+                float4 inn = in;
+                float bn[NPL], cn[NPL];
+                if (s + 1 < KS) {
+                    inn = *reinterpret_cast<const float4 *>(in_row + 4 * (s + 1));
+                    lds(bn, b_row + (s + 1) * C::NPAD);
+                    lds(cn, c_row + (s + 1) * C::NPAD);
+                }
+                float yp = 0.0f;
+#pragma unroll
+                for (int i = 0; i < NPL; i++) {
+                    hs[s][i] = fmaf(fast_exp2(in.x * a2[i]), s > 0 ? hs[s - 1][i] : h[i], in.y * bv[i]);
+                    yp = fmaf(cv[i], hs[s][i], yp);
+                }
+                sm[S::PY + s * 32 + lane] = yp;
+                if (s + 1 < KS) {
+                    in = inn;
+#pragma unroll
+                    for (int i = 0; i < NPL; i++)
+                        bv[i] = bn[i], cv[i] = cn[i];
+                }
             }
-            sm[S::PY + s * 32 + lane] = yp;
         }
 
         // adjoint, last step first
@@ -1130,33 +1069,49 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
 #pragma unroll
         for (int i = 0; i < NPL; i++)
             acc_a[i] = 0.0f;
+        {
+            float4 in = *reinterpret_cast<const float4 *>(in_row + 4 * (KS - 1));
+            float bv[NPL], cv[NPL];
+            lds(bv, b_row + (KS - 1) * C::NPAD);
+            lds(cv, c_row + (KS - 1) * C::NPAD);
 #pragma unroll
-        for (int s = KS - 1; s >= 0; s--) {
-            const float4 in = *reinterpret_cast<const float4 *>(sm + S::IN + c * S::INS + 4 * s);
-            float bv[NPL], cv[NPL], pbc[2 * NPL];
-            lds(bv, sm + S::B + s * C::NPAD + q * NPL);
-            lds(cv, sm + S::CC + s * C::NPAD + q * NPL);
-            float r_a = 0.0f, r_b = 0.0f;
+            for (int s = KS - 1; s >= 0; s--) {
+                float4 inn = in;
+                float bn[NPL], cn[NPL];
+                if (s > 0) {
+                    inn = *reinterpret_cast<const float4 *>(in_row + 4 * (s - 1));
+                    lds(bn, b_row + (s - 1) * C::NPAD);
+                    lds(cn, c_row + (s - 1) * C::NPAD);
+                }
+                float r_a = 0.0f, r_b = 0.0f, pbc[2 * NPL];
 #pragma unroll
-            for (int i = 0; i < NPL; i++) {
-                const float decay = fast_exp2(in.x * a2[i]);
-                const float prev = s > 0 ? hs[s - 1][i] : h[i];
-                const float g = fmaf(cv[i], in.z, gs[i]); // dL/dh_t
-                const float pr = g * (decay * prev);
-                acc_a[i] = fmaf(pr, in.x, acc_a[i]);
-                r_a = fmaf(pr, a2[i], r_a);
-                r_b = fmaf(g, bv[i], r_b);
-                pbc[i] = g * in.y;             // db: g delta x
-                pbc[NPL + i] = in.z * hs[s][i]; // dc: dyp h
-                gs[i] = decay * g;             // dL/dh_{t-1} through h_t
-            }
-            *reinterpret_cast<float2 *>(sm + S::PR + 2 * (s * 32 + lane)) = make_float2(r_a, r_b);
-            transpose_sum<2 * NPL, LO>(pbc, lane);
-            constexpr int CNT = (2 * NPL) >> (5 - LO) > 0 ? (2 * NPL) >> (5 - LO) : 1;
+                for (int i = 0; i < NPL; i++) {
+                    const float decay = fast_exp2(in.x * a2[i]);
+                    const float prev = s > 0 ? hs[s - 1][i] : h[i];
+                    const float g = fmaf(cv[i], in.z, gs[i]); // dL/dh_t
+                    const float pr = g * (decay * prev);
+                    acc_a[i] = fmaf(pr, in.x, acc_a[i]);
+                    r_a = fmaf(pr, a2[i], r_a);
+                    r_b = fmaf(g, bv[i], r_b);
+                    pbc[i] = g * in.y;             // db: g delta x
+                    pbc[NPL + i] = in.z * hs[s][i]; // dc: dyp h
+                    gs[i] = decay * g;             // dL/dh_{t-1} through h_t
+                }
+                sm[S::PR + s * 64 + lane] = r_a;
+                sm[S::PR + s * 64 + 32 + lane] = r_b;
+                transpose_sum<2 * NPL, LO>(pbc, lane);
+                constexpr int CNT = (2 * NPL) >> (5 - LO) > 0 ? (2 * NPL) >> (5 - LO) : 1;
 #pragma unroll
-            for (int j = 0; j < CNT; j++) {
-                const int o = sum_index<2 * NPL, LO>(j, lane); // which * NPL + i
-                dbc_out[s * 2 * C::NPAD + (o / NPL) * C::NPAD + q * NPL + o % NPL] = pbc[j];
+                for (int j = 0; j < CNT; j++) {
+                    const int o = sum_index<2 * NPL, LO>(j, lane); // which * NPL + i
+                    dbc_out[s * 2 * C::NPAD + (o / NPL) * C::NPAD + q * NPL + o % NPL] = pbc[j];
+                }
+                if (s > 0) {
+                    in = inn;
+#pragma unroll
+                    for (int i = 0; i < NPL; i++)
+                        bv[i] = bn[i], cv[i] = cn[i];
+                }
             }
         }
 #pragma unroll
@@ -1258,9 +1213,6 @@ inline ScanParams scan_params(const fx_ssm_fwd_args *a, int ch)
     p.tiles = (p.cpg + ch - 1) / ch;
     p.units = p.batch * p.groups * p.tiles;
     p.softplus = a->dt_softplus;
-    // 4 elements: 16 bytes in f32, 8 in the 16-bit types
-    const uintptr_t align = a->x->dtype == FX_F32 ? 16 : 8;
-    p.bc_vec = p.dstate % 4 == 0 && (uintptr_t)p.b % align == 0 && (uintptr_t)p.c % align == 0;
     if (a->saved) {
         p.saved = static_cast<float *>(a->saved->data);
         p.nsaved = (int)a->saved->dims[1];

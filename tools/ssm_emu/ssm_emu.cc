@@ -60,9 +60,9 @@ int emu_forward(int, const fx_ssm_fwd_args *a, fx_status *st)
             const size_t smem = warps * FwdSmem<T, C>::BYTES;
             const int64_t grid = (p.units + warps - 1) / warps;
             if (fwd_fast<T, C>(p))
-                launch(grid, 32 * warps, smem, [&] { ssm_fwd_kernel<T, C, FwdPoly<T>::value, true>(p); });
+                launch(grid, 32 * warps, smem, [&] { ssm_fwd_kernel<T, C, true>(p); });
             else
-                launch(grid, 32 * warps, smem, [&] { ssm_fwd_kernel<T, C, FwdPoly<T>::value, false>(p); });
+                launch(grid, 32 * warps, smem, [&] { ssm_fwd_kernel<T, C, false>(p); });
             return (int)FX_OK;
         });
     });
