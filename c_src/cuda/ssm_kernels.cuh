@@ -29,7 +29,7 @@
 
 namespace fx_ssm {
 
-constexpr int kThreads = 128;       // backward and step blocks
+constexpr int kThreads = 128;       // step blocks
 constexpr int kFwdMaxThreads = 128; // forward blocks: up to 4 warps
 constexpr int kFwdMaxSmem = 72 * 1024; // per forward block: 3 blocks fit an SM
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -271,11 +271,11 @@ struct StepParams {
     void *y;
 };
 
-// The block's place: batch element, group and the channels of its tile.
+// A work unit's place: batch element, group and the channels of its tile.
 struct Tile {
     int b, g;
     int d0;     // first channel
-    int nvalid; // channels of the tile inside the group (<= CH)
+    int nvalid; // channels of the tile inside the group (<= the tile width)
 };
 
 // Work unit `index` (a warp of the forward, a block of the backward) of
@@ -320,8 +320,8 @@ __device__ __forceinline__ int64_t at_state(const ScanParams &p, int b, int d)
 //            full and rows aligned, which the launcher checks), or plain
 //            loads and stores for odd shapes;
 //   commit   lane l takes the (step, channel) pairs of channel l % WCH (rows
-//            l / WCH, + LANES, ...): delta, delta * x for the scan, d * x
-//            and silu(z) kept in registers for the epilogue; b and c rows
+//            l / WCH, + LANES, ...): delta, delta * x for the scan; x and
+//            silu(z) kept in registers for the epilogue; b and c rows
 //            converted to f32;
 //   scan     lanes (channel l / LANES, states (l % LANES) * NPL ...) walk
 //            the T steps: per state one exp and three FMAs, per step one
