@@ -3,8 +3,29 @@
 #include "cuda/families.h"
 #include "cuda/ssm_kernels.cuh"
 
+#include <atomic>
+
 namespace fx_ssm {
 namespace {
+
+// Blocks above 48 KB of shared memory need the kernel's opt-in, once per
+// device and kernel.
+template <typename T, class C, bool FAST>
+int launch_forward(fx_cuda_device *d, const ScanParams &p, fx_status *st)
+{
+    auto kernel = ssm_fwd_kernel<T, C, FAST>;
+    const int warps = fwd_block_warps<T, C>(p, d->sm_count);
+    const size_t smem = warps * FwdSmem<T, C>::BYTES;
+    static std::atomic<bool> opted[FX_CUDA_MAX_DEVICES];
+    if (smem > 48 * 1024 && !opted[d->ordinal].load(std::memory_order_relaxed)) {
+        FX_CUDA_TRY(d, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdMaxSmem),
+                    "cudaFuncSetAttribute (selective_scan forward)", st);
+        opted[d->ordinal].store(true, std::memory_order_relaxed);
+    }
+    const unsigned grid = (unsigned)((p.units + warps - 1) / warps);
+    kernel<<<grid, 32 * warps, smem, d->stream>>>(p);
+    return fx_cuda_launched(d, "selective_scan forward kernel", st);
+}
 
 int cuda_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
 {
@@ -15,16 +36,15 @@ int cuda_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         return with_cfg(a->n.dstate, [&](auto cfg) {
             typedef decltype(cfg) C;
-            ScanParams p = scan_params<C>(a);
+            ScanParams p = scan_params(a, C::WCH);
             p.y = a->y->data;
             p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
             if (check_saved(a, C::SAVE, st))
                 return st->code;
-            int64_t grid = grid_of(p);
-            if (grid == 0)
+            if (p.units == 0)
                 return (int)FX_OK;
-            ssm_fwd_kernel<T, C><<<(unsigned)grid, kThreads, FwdSmem<C>::BYTES, d->stream>>>(p);
-            return fx_cuda_launched(d, "selective_scan forward kernel", st);
+            return fwd_fast<T, C>(p) ? launch_forward<T, C, true>(d, p, st)
+                                     : launch_forward<T, C, false>(d, p, st);
         });
     });
 }
@@ -56,20 +76,31 @@ int convert_out(fx_cuda_device *d, const float *src, int64_t n, const fx_tensor 
     return fx_cuda_launched(d, "selective_scan_backward convert kernel", st);
 }
 
+template <typename T, class C, bool FAST>
+int launch_backward_kernel(fx_cuda_device *d, const BwdParams &bp, fx_status *st)
+{
+    auto kernel = ssm_bwd_kernel<T, C, FAST>;
+    const size_t smem = BwdSmem<T, C>::BYTES;
+    static std::atomic<bool> opted[FX_CUDA_MAX_DEVICES];
+    if (smem > 48 * 1024 && !opted[d->ordinal].load(std::memory_order_relaxed)) {
+        FX_CUDA_TRY(d, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                    "cudaFuncSetAttribute (selective_scan_backward)", st);
+        opted[d->ordinal].store(true, std::memory_order_relaxed);
+    }
+    kernel<<<(unsigned)grid_of(bp.f), C::BW * 32, smem, d->stream>>>(bp);
+    return fx_cuda_launched(d, "selective_scan_backward kernel", st);
+}
+
 template <typename T, class C>
 int launch_backward(fx_cuda_device *d, const fx_ssm_bwd_args *a, float *scratch, const BwdScratch &sz,
                     fx_status *st)
 {
     const BwdParams bp = bwd_params<C>(a, scratch, sz);
-    const int64_t grid = grid_of(bp.f);
-    if (grid > 0) {
-        const size_t smem = BwdSmem<C>::BYTES;
-        FX_CUDA_TRY(d, cudaFuncSetAttribute(ssm_bwd_kernel<T, C>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                    "cudaFuncSetAttribute (selective_scan_backward)", st);
-        ssm_bwd_kernel<T, C><<<(unsigned)grid, kThreads, smem, d->stream>>>(bp);
-        if (fx_cuda_launched(d, "selective_scan_backward kernel", st))
-            return st->code;
+    if (grid_of(bp.f) > 0) {
+        const int rc = bwd_fast<T, C>(bp) ? launch_backward_kernel<T, C, true>(d, bp, st)
+                                          : launch_backward_kernel<T, C, false>(d, bp, st);
+        if (rc)
+            return rc;
     }
     if (convert_out(d, bp.acc_db, sz.n_bc, a->db, st) || convert_out(d, bp.acc_dc, sz.n_bc, a->dc, st) ||
         convert_out(d, bp.acc_da, sz.n_a, a->da, st) || convert_out(d, bp.acc_dd, sz.n_d, a->dd, st) ||

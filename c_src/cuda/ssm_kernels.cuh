@@ -6,73 +6,61 @@
 // lives here (the launchers are in ssm.cu), so the kernels also compile as
 // plain C++ for tests that run them on a CPU.
 //
-// Work split (all three kernels): a block of 128 threads is one batch
-// element x a tile of CH channels of one group; the dstate states of a
-// channel are spread over LANES consecutive lanes, NPL states each, and live
-// in registers for the whole sequence. The sequence is walked in order, one
-// step after the other: the recurrence costs one exp per state and step and
-// the state never goes to memory. y's sum over states is LANES-wide
-// shuffles. (LANES, NPL) depend on dstate only (Cfg below); for dstate 16
-// it is 4 lanes x 4 states, so a block holds 32 channels and the chip
-// ~12 warps per SM on the large benchmark.
+// Work split: the dstate states of a channel are spread over LANES
+// consecutive lanes, NPL states each, and live in registers for the whole
+// sequence, which is walked in order: the recurrence costs one exp per
+// state and step and the state never goes to memory. (LANES, NPL) depend on
+// dstate only (Cfg below); for dstate 16 it is 4 lanes x 4 states, so a
+// warp holds 8 channels and the large benchmark (8 x 1536 channels) ~12
+// warps per SM, all resident at once.
 //
-// Forward: time is cut into chunks of T steps. Per chunk, all 128 threads
-// stage the chunk's inputs in shared memory with coalesced loads, computing
-// delta = softplus(dt + bias) once per (step, channel) (not once per lane),
-// while the next chunk's raw inputs are already on their way into
-// registers (issued before the scan of this chunk, so their latency hides
-// behind it). The scan reads delta, delta*x, b and c from shared memory and
-// writes the state sum per step; an epilogue adds d*x, applies the gate and
-// writes y coalesced. With save_for_backward it also writes the state
-// entering every chunk of SAVE steps.
-//
-// Backward: chunks of SAVE steps, last to first. Per chunk: stage the
-// inputs; pass 1 recomputes the states from the saved one, keeping the
-// state entering each sub-chunk of SUB steps (in shared memory, own slot);
-// pass 2 takes the sub-chunks last to first, recomputes their SUB states
-// and decays into registers and runs the adjoint recurrence backwards
-// through them. Gradients of x, dt, z are written per (step, channel); of
-// b and c (sums over channels) through a block reduction in shared memory
-// and one vector atomic per (step, 4 states, block); of a, d, dt_bias
-// (sums over batch and time) from per-thread registers with one atomic per
-// element and block at the end. Sums accumulate in f32 scratch that a last
-// kernel converts to the gradients' types.
+// Forward and backward are built from warps that do not wait for each other
+// (see the sections below): with ~3 warps per scheduler, a barrier would
+// leave it idle, so each warp stages its own inputs (cp.async a chunk
+// ahead), and sums over the lanes of a channel go through shared memory,
+// out of the path from one step to the next. The step is one thread group
+// per (batch, channel), one launch.
+
 #include <limits.h>
+#include <string.h>
 
 #include "cuda/common.cuh"
 #include "fusex_ssm.h"
 
 namespace fx_ssm {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 128;       // step blocks
+constexpr int kFwdMaxThreads = 128; // forward blocks: up to 4 warps
+constexpr int kFwdMaxSmem = 72 * 1024; // per forward block: 3 blocks fit an SM
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 __host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
+__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 
 // The shape of the work for one dstate range.
 //   LANES  lanes per channel, NPL states per lane (NPAD = LANES * NPL >= dstate)
-//   CH     channels per block
-//   T      forward time chunk: bounded so that the prefetch registers stay
-//          <= 8 per tensor for x/dt/z and <= 8 for b/c
-//   SAVE   steps between saved states; the backward's chunk (multiple of T)
-//   SUB    backward sub-chunk held in registers (SUB * NPL = 32 values)
-//   R      steps per block reduction of the b/c gradients
+//   WCH    channels per warp
+//   T      forward time chunk: 16 steps (a warp's buffers stay under ~9 KB
+//          for dstate 16, so that a mid-size problem's warps all fit at
+//          once), fewer where b and c rows are long or a lane would stage
+//          more than 8 (step, channel) pairs
+//   SAVE   steps between the states the forward saves: the backward's
+//          chunk, whose states a lane holds in registers (SAVE * NPL = 64)
+//   BW     warps per backward block: their b and c gradient buffer
+//          (BW * SAVE * 2 * NPAD floats) within 8 KB
 template <int LANES_, int NPL_> struct Cfg {
     static constexpr int LANES = LANES_;
     static constexpr int NPL = NPL_;
     static constexpr int NPAD = LANES * NPL;
-    static constexpr int CH = kThreads / LANES;
-    static constexpr int T = cmin(cmin(32, 8 * LANES), 1024 / NPAD);
-    static constexpr int SAVE = cmin(32, 8 * LANES);
-    static constexpr int SUB = 32 / NPL;
-    static constexpr int NSUB = SAVE / SUB;
-    static constexpr int R = 16 / NPL;
+    static constexpr int WCH = 32 / LANES;
+    static constexpr int T = cmin(cmin(16, 8 * LANES), 1024 / NPAD);
+    static constexpr int SAVE = 64 / NPL;
+    static constexpr int BW = cmax(1, cmin(4, 8192 / (SAVE * 2 * NPAD * 4)));
     static_assert(NPL % 4 == 0, "states per lane come in float4s");
     static_assert(LANES <= 32 && (LANES & (LANES - 1)) == 0, "a channel's lanes share a warp");
-    static_assert(SAVE % T == 0 && SAVE % SUB == 0 && SUB % R == 0, "chunks nest");
-    static_assert(SAVE % LANES == 0, "a backward chunk is whole staging passes");
+    static_assert(T % 2 == 0 && (T % SAVE == 0 || SAVE % T == 0), "saves fall on chunk steps");
 };
 
 // Calls body(Cfg<...>()) for the configuration that covers dstate (<= 256).
@@ -103,13 +91,44 @@ __device__ __forceinline__ float fast_exp2(float x)
 #endif
 }
 
+// log(1 + v) for v in [0, 1]: v * P(v), P of degree 8 fitted for relative
+// error (< 2e-7 in f32 arithmetic); no MUFU op.
+__device__ __forceinline__ float log1p_unit(float v)
+{
+    float q = 5.232676398009062e-3f;
+    q = fmaf(q, v, -2.9505165293812752e-2f);
+    q = fmaf(q, v, 7.822582870721817e-2f);
+    q = fmaf(q, v, -1.3663235306739807e-1f);
+    q = fmaf(q, v, 1.9106002151966095e-1f);
+    q = fmaf(q, v, -2.484298050403595e-1f);
+    q = fmaf(q, v, 3.331909775733948e-1f);
+    q = fmaf(q, v, -4.999949336051941e-1f);
+    q = fmaf(q, v, 9.999999403953552e-1f);
+    return v * q;
+}
+
+// softplus(u) = max(u, 0) + log(1 + e^-|u|): one MUFU op and ~12 FMAs, as
+// accurate as log1pf(expf(u)). Above 20 it is u to the last bit, as with
+// PyTorch's threshold.
+__device__ __forceinline__ float softplus(float u)
+{
+    return fmaxf(u, 0.0f) + log1p_unit(fast_exp2(-fabsf(u) * kLog2e));
+}
+
+// softplus(u) and its derivative sigmoid(u) from one exp.
+__device__ __forceinline__ void softplus_and_grad(float u, float &sp, float &grad)
+{
+    const float v = fast_exp2(-fabsf(u) * kLog2e); // e^-|u|
+    sp = fmaxf(u, 0.0f) + log1p_unit(v);
+    const float r = __fdividef(1.0f, 1.0f + v);
+    grad = u >= 0.0f ? r : v * r;
+}
+
 // Fast division (reciprocal on the SFU, ~2 ulp): once per (step, channel).
-// For z below ~-88 the denominator is inf and the result 0, as it should be.
-__device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
-// PyTorch's softplus: the identity above 20.
-__device__ __forceinline__ float softplus(float u) { return u > 20.0f ? u : log1pf(__expf(u)); }
-__device__ __forceinline__ float softplus_grad(float u) { return u > 20.0f ? 1.0f : sigmoid(u); }
-__device__ __forceinline__ float silu(float z) { return __fdividef(z, 1.0f + __expf(-z)); }
+// For x below ~-88 the denominator is inf and the result 0, as it should be.
+__device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.0f, 1.0f + fast_exp2(-x * kLog2e)); }
+__device__ __forceinline__ float softplus_grad(float u) { return sigmoid(u); }
+__device__ __forceinline__ float silu(float z) { return __fdividef(z, 1.0f + fast_exp2(-z * kLog2e)); }
 __device__ __forceinline__ float silu_grad(float z)
 {
     float s = sigmoid(z);
@@ -155,16 +174,56 @@ template <int NPL> __device__ __forceinline__ void lds(float (&v)[NPL], const fl
 {
 #pragma unroll
     for (int i = 0; i < NPL; i += 4) {
-        float4 t = *reinterpret_cast<const float4 *>(p + i);
+        const float4 t = *reinterpret_cast<const float4 *>(p + i);
         v[i] = t.x, v[i + 1] = t.y, v[i + 2] = t.z, v[i + 3] = t.w;
     }
 }
 
-template <int NPL> __device__ __forceinline__ void sts(float *p, const float (&v)[NPL])
+// The bit patterns of the 16-bit floats (their _raw structs convert both ways).
+template <typename T> struct Raw16;
+template <> struct Raw16<__half> {
+    typedef __half_raw type;
+};
+template <> struct Raw16<__nv_bfloat16> {
+    typedef __nv_bfloat16_raw type;
+};
+
+// Four consecutive elements of an input type, as one load unit.
+template <typename T> struct Quad {
+    typedef uint2 raw; // four 16-bit floats, the first in the low half of x
+    __device__ __forceinline__ static float elem(uint32_t word, int half)
+    {
+        typename Raw16<T>::type r;
+        r.x = (unsigned short)(half ? word >> 16 : word);
+        return fx_elem<T>::load(T(r));
+    }
+    __device__ __forceinline__ static float4 to_float(raw r)
+    {
+        return make_float4(elem(r.x, 0), elem(r.x, 1), elem(r.y, 0), elem(r.y, 1));
+    }
+};
+template <> struct Quad<float> {
+    typedef float4 raw;
+    __device__ __forceinline__ static float4 to_float(float4 r) { return r; }
+};
+
+// The sum of LANES consecutive floats of shared memory (aligned to their size).
+template <int LANES> __device__ __forceinline__ float sum_parts(const float *p)
 {
+    if constexpr (LANES == 1) {
+        return p[0];
+    } else if constexpr (LANES == 2) {
+        const float2 v = *reinterpret_cast<const float2 *>(p);
+        return v.x + v.y;
+    } else {
+        float s = 0.0f;
 #pragma unroll
-    for (int i = 0; i < NPL; i += 4)
-        *reinterpret_cast<float4 *>(p + i) = make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]);
+        for (int i = 0; i < LANES; i += 4) {
+            const float4 v = *reinterpret_cast<const float4 *>(p + i);
+            s += (v.x + v.y) + (v.z + v.w);
+        }
+        return s;
+    }
 }
 
 // The block's dynamic shared memory; every kernel lays out its own.
@@ -183,6 +242,7 @@ struct ScanParams {
     int batch, seqlen, dim, dstate, groups;
     int cpg;   // channels per group
     int tiles; // channel tiles per group
+    int units; // batch * groups * tiles: warps of the forward, blocks of the backward
     bool softplus;
     void *y;       // forward output, the input type
     float *state;  // forward output, or NULL
@@ -211,23 +271,27 @@ struct StepParams {
     void *y;
 };
 
-// The block's place: batch element, group and the channels of its tile.
+// A work unit's place: batch element, group and the channels of its tile.
 struct Tile {
     int b, g;
     int d0;     // first channel
-    int nvalid; // channels of the tile inside the group (<= CH)
+    int nvalid; // channels of the tile inside the group (<= the tile width)
 };
 
-__device__ __forceinline__ Tile tile_of(const ScanParams &p, int ch)
+// Work unit `index` (a warp of the forward, a block of the backward) of
+// tiles of `ch` channels.
+__device__ __forceinline__ Tile tile_at(const ScanParams &p, int index, int ch)
 {
     Tile t;
-    int tile = blockIdx.x % p.tiles, bg = blockIdx.x / p.tiles;
+    int tile = index % p.tiles, bg = index / p.tiles;
     t.b = bg / p.groups;
     t.g = bg % p.groups;
     t.d0 = t.g * p.cpg + tile * ch;
     t.nvalid = min(ch, p.cpg - tile * ch);
     return t;
 }
+
+__device__ __forceinline__ Tile tile_of(const ScanParams &p, int ch) { return tile_at(p, blockIdx.x, ch); }
 
 __device__ __forceinline__ int64_t at_btd(const ScanParams &p, int b, int t, int d)
 {
@@ -244,351 +308,648 @@ __device__ __forceinline__ int64_t at_state(const ScanParams &p, int b, int d)
     return ((int64_t)b * p.dim + d) * p.dstate;
 }
 
-// The scan role of a thread: channel c of the tile, lane q of its LANES.
-template <class C> struct ScanLane {
-    int c, q, d;
-    bool ok; // the channel exists
-    __device__ ScanLane(const Tile &t)
-    {
-        c = threadIdx.x / C::LANES;
-        q = threadIdx.x % C::LANES;
-        ok = c < t.nvalid;
-        d = t.d0 + c;
-    }
-    __device__ int n(int i) const { return q * C::NPL + i; }
+// ---- forward ----
+//
+// One warp is one batch element x a tile of WCH = 32 / LANES channels of one
+// group, and never waits for another warp: a block is W warps side by side,
+// each with its own FwdSmem words of shared memory, so the only
+// synchronisation is __syncwarp. Per chunk of T steps:
+//   load     the chunk's x, dt, z, b, c as they are (input type) into the
+//            warp's raw buffer: cp.async, issued a chunk ahead so that the
+//            copies land while the previous chunk is scanned (FAST: tiles
+//            full and rows aligned, which the launcher checks), or plain
+//            loads and stores for odd shapes;
+//   commit   lane l takes the (step, channel) pairs of channel l % WCH (rows
+//            l / WCH, + LANES, ...): delta, delta * x for the scan; x and
+//            silu(z) kept in registers for the epilogue; b and c rows
+//            converted to f32;
+//   scan     lanes (channel l / LANES, states (l % LANES) * NPL ...) walk
+//            the T steps: per state one exp and three FMAs, per step one
+//            store of the lane's part of y's sum over states, so no shuffle
+//            sits between a step and the next;
+//   epilogue the staging lane adds the LANES parts of each of its pairs,
+//            adds d * x, applies the gate and writes y.
+
+template <typename T, class C> struct FwdSmem {
+    // in 4-byte words; every region starts 16-byte aligned
+    static constexpr int words(int elems) { return (elems * (int)sizeof(T) + 15) / 16 * 4; }
+    static constexpr int XR = 0;                        // raw x [T][WCH], input type
+    static constexpr int DTR = XR + words(C::T * C::WCH); // raw dt
+    static constexpr int ZR = DTR + words(C::T * C::WCH); // raw z
+    static constexpr int BR = ZR + words(C::T * C::WCH);  // raw b [T][NPAD]
+    static constexpr int CR = BR + words(C::T * C::NPAD); // raw c
+    // per channel: (delta, delta * x) per step; +4 floats puts the channels
+    // of a warp's float4 loads in different banks
+    static constexpr int DDS = 2 * C::T + 4;
+    static constexpr int DD = CR + words(C::T * C::NPAD);
+    static constexpr int B = DD + C::WCH * DDS;   // b [T][NPAD], f32
+    static constexpr int CC = B + C::T * C::NPAD; // c [T][NPAD], f32
+    static constexpr int P = CC + C::T * C::NPAD; // parts of y [T][32 lanes]
+    static constexpr int WORDS = P + C::T * 32;   // per warp
+    static constexpr size_t BYTES = sizeof(float) * WORDS;
+    static_assert(DDS % 4 == 0, "float4 rows");
 };
 
-// a[d, n] * log2(e) for this lane's states (0 where there is no state).
-template <class C>
-__device__ __forceinline__ void load_a(const ScanParams &p, const ScanLane<C> &l, float (&a)[C::NPL],
-                                       float scale)
+// What the FAST load needs: full tiles, and rows of x, dt, z, b, c that
+// split into aligned copies of UX (x, dt, z) and UB (b, c) bytes.
+template <typename T, class C> struct FwdCopy {
+    static constexpr int RX = C::WCH * (int)sizeof(T);  // bytes of a tile's row of x
+    static constexpr int UX = RX < 16 ? RX : 16;
+    static constexpr int RB = C::NPAD * (int)sizeof(T); // bytes of a row of b
+    static constexpr int UB = RB < 16 ? RB : 16;
+    static constexpr bool POSSIBLE = RX >= 4; // cp.async copies 4, 8 or 16 bytes
+};
+
+template <typename T, class C> inline bool fwd_fast(const ScanParams &p)
 {
-#pragma unroll
-    for (int i = 0; i < C::NPL; i++) {
-        int n = l.n(i);
-        a[i] = l.ok && n < p.dstate ? load_any(p.a, p.a_type, (int64_t)l.d * p.dstate + n) * scale : 0.0f;
-    }
+    typedef FwdCopy<T, C> K;
+    auto aligned = [](const void *ptr, int unit) { return ptr == nullptr || (uintptr_t)ptr % unit == 0; };
+    return K::POSSIBLE && p.cpg % C::WCH == 0 && p.dstate == C::NPAD &&
+           (int64_t)p.dim * sizeof(T) % K::UX == 0 && aligned(p.x, K::UX) && aligned(p.dt, K::UX) &&
+           aligned(p.z, K::UX) && (int64_t)p.groups * p.dstate * sizeof(T) % K::UB == 0 &&
+           aligned(p.b, K::UB) && aligned(p.c, K::UB);
 }
 
-// ---- forward ----
+// A copy of BYTES (4, 8 or 16) from global to shared memory that lands
+// later (cp_wait); zeros when !valid.
+template <int BYTES> __device__ __forceinline__ void cp_async(void *dst, const void *src, bool valid)
+{
+#ifdef __CUDA_ARCH__
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(src), "n"(BYTES),
+                     "r"(valid ? BYTES : 0));
+#else
+    if (valid)
+        memcpy(dst, src, BYTES);
+    else
+        memset(dst, 0, BYTES);
+#endif
+}
 
-// One staging thread's share of a chunk: (step, channel) pairs with a fixed
-// channel, rows r0, r0 + ROWS, ... and b/c elements tid, tid + 128, ...
-template <typename T, class C> struct FwdStage {
-    static constexpr int ROWS = kThreads / C::CH; // time rows per pass (= LANES)
-    static constexpr int E = (C::T + ROWS - 1) / ROWS;
-    static constexpr int EB = (C::T * C::NPAD + kThreads - 1) / kThreads;
-    int cs, r0, ds;
+__device__ __forceinline__ void cp_wait()
+{
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+template <typename T, class C, bool FAST> struct FwdStage {
+    using S = FwdSmem<T, C>;
+    typedef FwdCopy<T, C> K;
+    static constexpr int E = (C::T + C::LANES - 1) / C::LANES; // pairs per lane
+    static constexpr int Q4 = C::NPAD / 4;                     // quads per b row
+    int lane, cs, r0, ds;
     bool cs_ok;
     float bias, dskip;
-    T rx[E], rdt[E], rz[E], rb[EB], rc[EB]; // raw inputs of the next chunk
-    float xk[E], gate[E];                   // x and silu(z) of the committed chunk
+    float xk[E], gate[E]; // x and silu(z) of the committed chunk, for the epilogue
 
-    __device__ FwdStage(const ScanParams &p, const Tile &t)
+    __device__ FwdStage(const ScanParams &p, const Tile &t, int lane_) : lane(lane_)
     {
-        cs = threadIdx.x % C::CH;
-        r0 = threadIdx.x / C::CH;
+        cs = lane % C::WCH;
+        r0 = lane / C::WCH;
         cs_ok = cs < t.nvalid;
         ds = t.d0 + cs;
         bias = cs_ok && p.dt_bias ? load_any(p.dt_bias, p.bias_type, ds) : 0.0f;
         dskip = cs_ok && p.d ? load_any(p.d, p.d_type, ds) : 0.0f;
 #pragma unroll
-        for (int k = 0; k < E; k++) // rows past the chunk are never committed
+        for (int k = 0; k < E; k++)
             xk[k] = 0.0f, gate[k] = 1.0f;
     }
 
     __device__ __forceinline__ bool row_ok(const ScanParams &p, int t0, int k) const
     {
-        int tl = r0 + k * ROWS;
+        const int tl = r0 + k * C::LANES;
         return cs_ok && tl < C::T && t0 + tl < p.seqlen;
     }
 
-    // Issues the loads of chunk [t0, t0 + T); they land in registers.
-    __device__ __forceinline__ void prefetch(const ScanParams &p, const Tile &t, int t0)
+    // Starts (FAST) or does the loads of chunk [t0, t0 + T) into the raw
+    // buffer; rows past the end and channels past the group are zeros.
+    __device__ __forceinline__ void load(const ScanParams &p, const Tile &t, int t0, float *sm)
     {
-        const T *x = static_cast<const T *>(p.x), *dt = static_cast<const T *>(p.dt);
-        const T *z = static_cast<const T *>(p.z);
+        T *raw[3] = {reinterpret_cast<T *>(sm + S::XR), reinterpret_cast<T *>(sm + S::DTR),
+                     reinterpret_cast<T *>(sm + S::ZR)};
+        const T *src[3] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt),
+                           static_cast<const T *>(p.z)};
+        T *rawbc[2] = {reinterpret_cast<T *>(sm + S::BR), reinterpret_cast<T *>(sm + S::CR)};
+        const T *srcbc[2] = {static_cast<const T *>(p.b), static_cast<const T *>(p.c)};
+        if constexpr (FAST && K::POSSIBLE) { // (fwd_fast is false when not POSSIBLE)
+            constexpr int PER_ROW = K::RX / K::UX, UNITS = C::T * PER_ROW, EPU = K::UX / (int)sizeof(T);
 #pragma unroll
-        for (int k = 0; k < E; k++) {
-            bool ok = row_ok(p, t0, k);
-            int64_t i = ok ? at_btd(p, t.b, t0 + r0 + k * ROWS, ds) : 0;
-            rx[k] = ok ? x[i] : T(0.0f);
-            rdt[k] = ok ? dt[i] : T(0.0f);
-            rz[k] = ok && z ? z[i] : T(0.0f);
-        }
-        const T *b = static_cast<const T *>(p.b), *c = static_cast<const T *>(p.c);
+            for (int k = 0; k < (UNITS + 31) / 32; k++) {
+                const int u = lane + 32 * k, tl = u / PER_ROW, e = (u % PER_ROW) * EPU;
+                const bool ok = t0 + tl < p.seqlen;
+                const int64_t i = at_btd(p, t.b, ok ? t0 + tl : 0, t.d0) + e;
 #pragma unroll
-        for (int k = 0; k < EB; k++) {
-            int e = threadIdx.x + k * kThreads, tl = e / C::NPAD, n = e % C::NPAD;
-            bool ok = e < C::T * C::NPAD && t0 + tl < p.seqlen && n < p.dstate;
-            int64_t i = ok ? at_btg(p, t.b, t0 + tl, t.g) + n : 0;
-            rb[k] = ok ? b[i] : T(0.0f);
-            rc[k] = ok ? c[i] : T(0.0f);
-        }
-    }
-
-    // Turns the prefetched chunk into what the scan reads: (delta, delta*x)
-    // per (step, channel), b and c per (step, state). Steps past the end
-    // and channels past the group get delta = 0: their state stays as is.
-    __device__ __forceinline__ void commit(const ScanParams &p, int t0, float2 *s_dd, float *s_b,
-                                           float *s_c)
-    {
+                for (int j = 0; j < 3; j++)
+                    if ((UNITS % 32 == 0 || u < UNITS) && (j < 2 || src[2]))
+                        cp_async<K::UX>(raw[j] + tl * C::WCH + e, src[j] + i, ok);
+            }
+            constexpr int BPR = K::RB / K::UB, BUNITS = C::T * BPR, EPB = K::UB / (int)sizeof(T);
 #pragma unroll
-        for (int k = 0; k < E; k++) {
-            int tl = r0 + k * ROWS;
-            if (tl >= C::T)
-                continue;
-            bool ok = row_ok(p, t0, k);
-            float x = fx_elem<T>::load(rx[k]);
-            float u = fx_elem<T>::load(rdt[k]) + bias;
-            float delta = ok ? (p.softplus ? softplus(u) : u) : 0.0f;
-            s_dd[tl * C::CH + cs] = make_float2(delta, delta * x);
-            xk[k] = x;
-            gate[k] = p.z ? silu(fx_elem<T>::load(rz[k])) : 1.0f;
-        }
+            for (int k = 0; k < (BUNITS + 31) / 32; k++) {
+                const int u = lane + 32 * k, tl = u / BPR, e = (u % BPR) * EPB;
+                const bool ok = t0 + tl < p.seqlen;
+                const int64_t i = at_btg(p, t.b, ok ? t0 + tl : 0, t.g) + e;
 #pragma unroll
-        for (int k = 0; k < EB; k++) {
-            int e = threadIdx.x + k * kThreads;
-            if (e < C::T * C::NPAD) {
-                s_b[e] = fx_elem<T>::load(rb[k]);
-                s_c[e] = fx_elem<T>::load(rc[k]);
+                for (int j = 0; j < 2; j++)
+                    if (BUNITS % 32 == 0 || u < BUNITS)
+                        cp_async<K::UB>(rawbc[j] + tl * C::NPAD + e, srcbc[j] + i, ok);
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < E; k++) {
+                const int tl = r0 + k * C::LANES;
+                if (tl >= C::T)
+                    continue;
+                const bool ok = row_ok(p, t0, k);
+                const int64_t i = ok ? at_btd(p, t.b, t0 + tl, ds) : 0;
+#pragma unroll
+                for (int j = 0; j < 3; j++)
+                    raw[j][tl * C::WCH + cs] = ok && src[j] ? src[j][i] : T(0.0f);
+            }
+            for (int e = lane; e < C::T * C::NPAD; e += 32) {
+                const int tl = e / C::NPAD, n = e % C::NPAD;
+                const bool ok = t0 + tl < p.seqlen && n < p.dstate;
+                const int64_t i = ok ? at_btg(p, t.b, t0 + tl, t.g) + n : 0;
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    rawbc[j][e] = ok ? srcbc[j][i] : T(0.0f);
             }
         }
     }
 
-    // y = (sum_n c h + d x) * silu(z) for the committed chunk.
-    __device__ __forceinline__ void epilogue(const ScanParams &p, const Tile &t, int t0,
-                                             const float *s_y)
+    // Turns the loaded chunk into what the scan reads. Steps past the end
+    // and channels past the group get delta = 0: their state stays. The
+    // options are tested once per chunk, so that the pairs' exps and
+    // polynomials interleave.
+    __device__ __forceinline__ void commit(const ScanParams &p, int t0, float *sm)
     {
-        T *y = static_cast<T *>(p.y);
+        const T *rx = reinterpret_cast<const T *>(sm + S::XR), *rdt = reinterpret_cast<const T *>(sm + S::DTR);
+        const T *rz = reinterpret_cast<const T *>(sm + S::ZR);
+        float delta[E];
 #pragma unroll
         for (int k = 0; k < E; k++) {
-            int tl = r0 + k * ROWS;
-            if (row_ok(p, t0, k))
-                y[at_btd(p, t.b, t0 + tl, ds)] =
-                    fx_elem<T>::store((s_y[tl * C::CH + cs] + dskip * xk[k]) * gate[k]);
+            const int at = cmin(r0 + k * C::LANES, C::T - 1) * C::WCH + cs; // rows past T: not used
+            xk[k] = fx_elem<T>::load(rx[at]);
+            delta[k] = fx_elem<T>::load(rdt[at]) + bias;
+        }
+        if (p.softplus) {
+#pragma unroll
+            for (int k = 0; k < E; k++)
+                delta[k] = softplus(delta[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < E; k++) {
+            const int tl = r0 + k * C::LANES;
+            if (tl < C::T) {
+                const float dk = row_ok(p, t0, k) ? delta[k] : 0.0f;
+                *reinterpret_cast<float2 *>(sm + S::DD + cs * S::DDS + 2 * tl) = make_float2(dk, dk * xk[k]);
+            }
+        }
+        if (p.z) {
+#pragma unroll
+            for (int k = 0; k < E; k++)
+                gate[k] = silu(fx_elem<T>::load(rz[cmin(r0 + k * C::LANES, C::T - 1) * C::WCH + cs]));
+        }
+        typedef typename Quad<T>::raw Raw;
+        const Raw *rb = reinterpret_cast<const Raw *>(sm + S::BR), *rc = reinterpret_cast<const Raw *>(sm + S::CR);
+#pragma unroll
+        for (int k = 0; k < (C::T * Q4 + 31) / 32; k++) {
+            const int s = lane + 32 * k;
+            if ((C::T * Q4) % 32 == 0 || s < C::T * Q4) {
+                *reinterpret_cast<float4 *>(sm + S::B + 4 * s) = Quad<T>::to_float(rb[s]);
+                *reinterpret_cast<float4 *>(sm + S::CC + 4 * s) = Quad<T>::to_float(rc[s]);
+            }
+        }
+    }
+
+    // y = (sum of the lanes' parts + d x) * silu(z) for the committed chunk.
+    __device__ __forceinline__ void epilogue(const ScanParams &p, const Tile &t, int t0, const float *sm)
+    {
+        // row r0 of the chunk; the lane's later rows are LANES rows apart
+        T *y = static_cast<T *>(p.y) + at_btd(p, t.b, min(t0 + r0, p.seqlen - 1), ds);
+#pragma unroll
+        for (int k = 0; k < E; k++) {
+            const int tl = r0 + k * C::LANES;
+            if (row_ok(p, t0, k)) {
+                const float sum = sum_parts<C::LANES>(sm + S::P + (tl * C::WCH + cs) * C::LANES);
+                y[(int64_t)(k * C::LANES) * p.dim] = fx_elem<T>::store((sum + dskip * xk[k]) * gate[k]);
+            }
         }
     }
 };
 
-// The scan over one staged chunk: `steps` steps (all T when FULL; the test
-// is block-uniform, so the shuffles stay converged).
-template <class C, bool FULL>
-__device__ __forceinline__ void fwd_scan_chunk(float (&h)[C::NPL], const float (&a2)[C::NPL],
-                                               const ScanLane<C> &lane, int steps,
-                                               const float2 *s_dd, const float *s_b,
-                                               const float *s_c, float *s_y)
+// The scan over one staged chunk (all T steps: padded steps have delta 0).
+// A step's operands are read from shared memory one step ahead, before the
+// store of the step's part of y: a load after a store to shared memory
+// cannot be moved above it, and would stall the step it feeds.
+template <typename T, class C>
+__device__ __forceinline__ void fwd_scan(const ScanParams &p, const Tile &t, int c, int q, bool ok,
+                                         int t0, float (&h)[C::NPL], const float (&a2)[C::NPL], float *sm)
 {
+    using S = FwdSmem<T, C>;
     constexpr int NPL = C::NPL;
+    const int lane = c * C::LANES + q;
+    const float *dd_row = sm + S::DD + c * S::DDS, *b_row = sm + S::B + q * NPL, *c_row = sm + S::CC + q * NPL;
+    float4 dd = *reinterpret_cast<const float4 *>(dd_row); // (delta, delta x) of steps s, s + 1
+    float bv[NPL], cv[NPL];
+    lds(bv, b_row);
+    lds(cv, c_row);
 #pragma unroll
     for (int s = 0; s < C::T; s++) {
-        if (FULL || s < steps) {
-            const float2 dd = s_dd[s * C::CH + lane.c]; // delta, delta * x
-            float bv[NPL], cv[NPL];
-            lds(bv, s_b + s * C::NPAD + lane.q * NPL);
-            lds(cv, s_c + s * C::NPAD + lane.q * NPL);
-            float acc = 0.0f;
+        const float delta = s % 2 ? dd.z : dd.x, dx = s % 2 ? dd.w : dd.y;
+        float bn[NPL], cn[NPL];
+        float4 ddn = dd;
+        if (s + 1 < C::T) {
+            if ((s + 1) % 2 == 0)
+                ddn = *reinterpret_cast<const float4 *>(dd_row + 2 * (s + 1));
+            lds(bn, b_row + (s + 1) * C::NPAD);
+            lds(cn, c_row + (s + 1) * C::NPAD);
+        }
+        float acc = 0.0f;
 #pragma unroll
-            for (int i = 0; i < NPL; i++) {
-                h[i] = fmaf(fast_exp2(dd.x * a2[i]), h[i], dd.y * bv[i]);
-                acc = fmaf(cv[i], h[i], acc);
+        for (int i = 0; i < NPL; i++) {
+            h[i] = fmaf(fast_exp2(delta * a2[i]), h[i], dx * bv[i]);
+            acc = fmaf(cv[i], h[i], acc);
+        }
+        sm[S::P + s * 32 + lane] = acc;
+        // the state entering every SAVE-step chunk, for the backward
+        if ((s + 1) % cmin(C::T, C::SAVE) == 0 && p.saved && ok) {
+            const int te = t0 + s + 1;
+            if (te % C::SAVE == 0 && te < p.seqlen) {
+                float *out = p.saved + (((int64_t)t.b * p.nsaved + te / C::SAVE - 1) * p.dim + t.d0 + c) * p.dstate;
+#pragma unroll
+                for (int i = 0; i < NPL; i++)
+                    if (q * NPL + i < p.dstate)
+                        out[q * NPL + i] = h[i];
             }
-            acc = lane_sum<C::LANES>(acc);
-            if (lane.q == 0)
-                s_y[s * C::CH + lane.c] = acc;
+        }
+        if (s + 1 < C::T) {
+            dd = ddn;
+#pragma unroll
+            for (int i = 0; i < NPL; i++)
+                bv[i] = bn[i], cv[i] = cn[i];
         }
     }
 }
 
-// The forward's shared memory, in floats: (delta, delta * x) and the
-// state sum per (step, channel), b and c per (step, state) of a chunk.
-template <class C> struct FwdSmem {
-    static constexpr int DD = 0;
-    static constexpr int B = DD + 2 * C::T * C::CH;
-    static constexpr int CC = B + C::T * C::NPAD;
-    static constexpr int Y = CC + C::T * C::NPAD;
-    static constexpr int TOTAL = Y + C::T * C::CH;
-    static constexpr size_t BYTES = sizeof(float) * TOTAL; // < 48 KB: no opt-in needed
-    static_assert(BYTES <= 48 * 1024, "forward shared memory fits the default limit");
-};
-
-template <typename T, class C>
-__global__ void __launch_bounds__(kThreads, 4) ssm_fwd_kernel(const ScanParams p)
+template <typename T, class C, bool FAST>
+__global__ void __launch_bounds__(kFwdMaxThreads, 4) ssm_fwd_kernel(const ScanParams p)
 {
-    constexpr int NPL = C::NPL, CH = C::CH, TS = C::T;
-    using S = FwdSmem<C>;
-    float *sm = block_smem();
-    float2 *s_dd = reinterpret_cast<float2 *>(sm + S::DD); // delta, delta * x
-    float *s_b = sm + S::B, *s_c = sm + S::CC, *s_y = sm + S::Y;
-
-    const Tile tile = tile_of(p, CH);
-    const ScanLane<C> lane(tile);
+    using S = FwdSmem<T, C>;
+    constexpr int NPL = C::NPL;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int index = blockIdx.x * (blockDim.x / 32) + warp;
+    if (index >= p.units)
+        return; // a whole warp: no barrier waits for it
+    float *sm = block_smem() + warp * S::WORDS;
+    const Tile tile = tile_at(p, index, C::WCH);
+    const int c = lane / C::LANES, q = lane % C::LANES, d = tile.d0 + c;
+    const bool ok = c < tile.nvalid;
     float a2[NPL], h[NPL];
-    load_a<C>(p, lane, a2, kLog2e);
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
-        int n = lane.n(i);
-        h[i] = lane.ok && n < p.dstate && p.h0
-                   ? load_any(p.h0, p.h0_type, at_state(p, tile.b, lane.d) + n) : 0.0f;
+        const int n = q * NPL + i;
+        const bool nok = ok && n < p.dstate;
+        a2[i] = nok ? load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * kLog2e : 0.0f;
+        h[i] = nok && p.h0 ? load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
     }
 
-    FwdStage<T, C> stage(p, tile);
-    const int chunks = (p.seqlen + TS - 1) / TS;
-    if (chunks > 0) {
-        stage.prefetch(p, tile, 0);
-        stage.commit(p, 0, s_dd, s_b, s_c);
-    }
-    __syncthreads();
+    FwdStage<T, C, FAST> stage(p, tile, lane);
+    const int chunks = (p.seqlen + C::T - 1) / C::T;
+    if (chunks > 0)
+        stage.load(p, tile, 0, sm);
     for (int k = 0; k < chunks; k++) {
-        const int t0 = k * TS, steps = min(TS, p.seqlen - t0);
+        const int t0 = k * C::T;
+        cp_wait();
+        __syncwarp(); // the chunk's raw inputs are in; the last chunk's parts of y are read
+        stage.commit(p, t0, sm);
+        __syncwarp(); // staged; the raw buffer is free
         if (k + 1 < chunks)
-            stage.prefetch(p, tile, t0 + TS); // lands during the scan below
-        if (steps == TS) // every chunk but maybe the last: no per-step test
-            fwd_scan_chunk<C, true>(h, a2, lane, TS, s_dd, s_b, s_c, s_y);
-        else
-            fwd_scan_chunk<C, false>(h, a2, lane, steps, s_dd, s_b, s_c, s_y);
-        const int t_end = t0 + TS;
-        if (p.saved && t_end % C::SAVE == 0 && t_end < p.seqlen && lane.ok) {
-            float *out = p.saved + (((int64_t)tile.b * p.nsaved + t_end / C::SAVE - 1) * p.dim + lane.d) * p.dstate;
-#pragma unroll
-            for (int i = 0; i < NPL; i++)
-                if (lane.n(i) < p.dstate)
-                    out[lane.n(i)] = h[i];
-        }
-        __syncthreads(); // s_y complete; s_dd, s_b, s_c free
-        stage.epilogue(p, tile, t0, s_y);
-        if (k + 1 < chunks)
-            stage.commit(p, t0 + TS, s_dd, s_b, s_c);
-        __syncthreads(); // the next chunk is staged; s_y free
+            stage.load(p, tile, t0 + C::T, sm); // lands during the scan
+        fwd_scan<T, C>(p, tile, c, q, ok, t0, h, a2, sm);
+        __syncwarp(); // the parts of y are written
+        stage.epilogue(p, tile, t0, sm);
     }
-    if (p.state && lane.ok) {
+    if (p.state && ok) {
 #pragma unroll
         for (int i = 0; i < NPL; i++)
-            if (lane.n(i) < p.dstate)
-                p.state[at_state(p, tile.b, lane.d) + lane.n(i)] = h[i];
+            if (q * NPL + i < p.dstate)
+                p.state[at_state(p, tile.b, d) + q * NPL + i] = h[i];
     }
 }
 
 // ---- single step ----
 
+// One group of LANES lanes per (batch, channel). Every load is issued
+// before the first store (the compiler cannot tell that the state does not
+// alias the inputs, and would otherwise wait for each load in turn).
 template <typename T, class C>
 __global__ void __launch_bounds__(kThreads) ssm_step_kernel(const StepParams p)
 {
     constexpr int NPL = C::NPL;
     const int q = threadIdx.x % C::LANES;
-    const int64_t ch = (int64_t)blockIdx.x * C::CH + threadIdx.x / C::LANES; // b * dim + d
+    const int64_t ch = (int64_t)blockIdx.x * (kThreads / C::LANES) + threadIdx.x / C::LANES; // b * dim + d
     const bool ok = ch < (int64_t)p.batch * p.dim;
     const int b = ok ? (int)(ch / p.dim) : 0, d = ok ? (int)(ch % p.dim) : 0;
     const int64_t row = ((int64_t)b * p.groups + d / p.cpg) * p.dstate;
-    float x = ok ? ld<T>(p.x, ch) : 0.0f;
-    float u = ok ? ld<T>(p.dt, ch) + (p.dt_bias ? load_any(p.dt_bias, p.bias_type, d) : 0.0f) : 0.0f;
-    float delta = ok ? (p.softplus ? softplus(u) : u) : 0.0f;
+    const float x = ok ? ld<T>(p.x, ch) : 0.0f;
+    const float u = ok ? ld<T>(p.dt, ch) + (p.dt_bias ? load_any(p.dt_bias, p.bias_type, d) : 0.0f) : 0.0f;
+    const float zv = ok && p.z ? ld<T>(p.z, ch) : 0.0f;
+    const float dskip = ok && p.d ? load_any(p.d, p.d_type, d) : 0.0f;
+    float h[NPL], a2[NPL], bv[NPL], cv[NPL];
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+        const int n = q * NPL + i;
+        const bool nok = ok && n < p.dstate;
+        h[i] = nok ? p.state[ch * p.dstate + n] : 0.0f;
+        a2[i] = nok ? load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * kLog2e : 0.0f;
+        bv[i] = nok ? ld<T>(p.b, row + n) : 0.0f;
+        cv[i] = nok ? ld<T>(p.c, row + n) : 0.0f;
+    }
+    const float delta = ok ? (p.softplus ? softplus(u) : u) : 0.0f, dx = delta * x;
     float acc = 0.0f;
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
-        int n = q * NPL + i;
-        bool nok = ok && n < p.dstate;
-        float *hp = p.state + ch * p.dstate + n;
-        float h = nok ? *hp : 0.0f;
-        float a2 = nok ? load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * kLog2e : 0.0f;
-        float bv = nok ? ld<T>(p.b, row + n) : 0.0f, cv = nok ? ld<T>(p.c, row + n) : 0.0f;
-        h = fmaf(fast_exp2(delta * a2), h, delta * bv * x);
-        if (nok)
-            *hp = h;
-        acc = fmaf(cv, h, acc);
+        h[i] = fmaf(fast_exp2(delta * a2[i]), h[i], dx * bv[i]);
+        acc = fmaf(cv[i], h[i], acc);
     }
+#pragma unroll
+    for (int i = 0; i < NPL; i++)
+        if (ok && q * NPL + i < p.dstate)
+            p.state[ch * p.dstate + q * NPL + i] = h[i];
     acc = lane_sum<C::LANES>(acc);
     if (ok && q == 0) {
-        float y = acc + (p.d ? load_any(p.d, p.d_type, d) : 0.0f) * x;
-        if (p.z)
-            y *= silu(ld<T>(p.z, ch));
-        static_cast<T *>(p.y)[ch] = fx_elem<T>::store(y);
+        const float y = acc + dskip * x;
+        static_cast<T *>(p.y)[ch] = fx_elem<T>::store(p.z ? y * silu(zv) : y);
     }
 }
 
 // ---- backward ----
+//
+// A block is BW warps over BW * WCH consecutive channels of one batch
+// element and group; every warp runs on its own (as in the forward) except
+// for one block barrier per chunk, where the warps add up their b and c
+// gradients. Chunks of K = SAVE steps, last to first. Per chunk, per warp:
+//   load       x, dt, z, dy, b, c of the chunk into the raw buffer (cp.async
+//              a chunk ahead, as in the forward) and the saved state
+//              entering the chunk into registers;
+//   commit     per (step, channel) pair: delta, delta * x, dyp = dy silu(z)
+//              for the scan lanes; x, dy silu'(z), softplus'(u) for the
+//              epilogue; b, c rows to f32;
+//   recompute  K steps forward from the saved state, the K states kept in
+//              registers (one exp per state and step); each lane's part of
+//              c . h (the pre-gate output, for dz) to shared memory;
+//   adjoint    K steps backward: the decay again (a second exp: cheaper than
+//              K more registers), g = c dyp + decay' g', the lane's parts of
+//              the sums over states of g decay h_prev a and g b (for ddt,
+//              dx) to shared memory, da summed in registers, and the
+//              gradients of b and c summed over the warp's channels by a
+//              transposing butterfly (each lane ends with one sum);
+//   epilogue   per pair: the parts summed, dx, ddt, dz written;
+//   block      the warps' b and c gradients added, one vector atomic per
+//              (step, 4 states) and block.
+// Nothing of size [batch, seqlen, dim, dstate] exists: the states of a
+// chunk live in registers.
 
-// The backward's shared memory, in floats (every offset a multiple of 4).
-template <class C> struct BwdSmem {
-    static constexpr int PLANE = C::SAVE * C::CH; // one value per (step, channel) of a chunk
-    // per (step, channel): inputs, then output gradients
-    static constexpr int X = 0, DELTA = 1, DYP = 2, DYZ = 3, DSP = 4, DX = 5, DDT = 6, DZ = 7;
-    static constexpr int B = 8 * PLANE;
-    static constexpr int CC = B + C::SAVE * C::NPAD;
-    static constexpr int HSUB = CC + C::SAVE * C::NPAD; // [NSUB][NPL/4][threads] float4
-    // b/c partial gradients [2][R][CH][PSTRIDE]; rows padded against bank conflicts
-    static constexpr int PSTRIDE = C::NPAD + (C::LANES == 1 ? 0 : C::LANES == 2 ? 4 : 8);
-    static constexpr int PART = HSUB + C::NSUB * C::NPL * kThreads;
-    // per thread, f64: the sums over time of the a gradient (NPL), d and dt_bias
-    static constexpr int SUMS = PART + 2 * C::R * C::CH * PSTRIDE;
-    static constexpr int NSUMS = C::NPL + 2;
-    static constexpr int TOTAL = SUMS + 2 * kThreads * NSUMS;
-    static constexpr size_t BYTES = sizeof(float) * TOTAL;
+template <typename T, class C> struct BwdSmem {
+    static constexpr int K = C::SAVE, WCH = C::WCH, NPAD = C::NPAD;
+    static constexpr int words(int elems) { return (elems * (int)sizeof(T) + 15) / 16 * 4; }
+    // per warp, in 4-byte words; raw inputs in the input type
+    static constexpr int XR = 0, DTR = XR + words(K * WCH), ZR = DTR + words(K * WCH);
+    static constexpr int DYR = ZR + words(K * WCH), BR = DYR + words(K * WCH);
+    static constexpr int CR = BR + words(K * NPAD);
+    static constexpr int INS = 4 * K + 4; // per channel: (delta, delta x, dyp, 0) per step
+    static constexpr int IN = CR + words(K * NPAD);
+    static constexpr int OWN = IN + WCH * INS; // [K][WCH] (x, dy silu'(z), softplus'(u), 0)
+    static constexpr int B = OWN + 4 * K * WCH, CC = B + K * NPAD; // f32 [K][NPAD]
+    static constexpr int PY = CC + K * NPAD;  // parts of c . h [K][32 lanes]
+    static constexpr int PR = PY + 32 * K;    // parts of sum g decay h a, of sum g b [K][2][32]
+    static constexpr int WARP = PR + 64 * K;
+    // per block after the warps: b and c gradients per warp [BW][K][2 * NPAD]
+    static constexpr int DBC = C::BW * WARP;
+    static constexpr int WORDS = DBC + C::BW * K * 2 * NPAD;
+    static constexpr size_t BYTES = sizeof(float) * WORDS;
+    static_assert(INS % 4 == 0, "float4 rows");
 };
 
-// Stages a backward chunk: per (step, channel) x, delta, dy*silu(z) (the
-// gradient reaching the pre-gate output), dy*silu'(z), d delta/d dt; per
-// (step, state) b and c. Steps past the end and channels past the group are
-// zero everywhere (delta = 0 keeps the state, zero dy adds nothing).
-template <typename T, class C>
-__device__ __forceinline__ void bwd_stage(const BwdParams &bp, const Tile &t, int t0, float *sm)
+template <typename T, class C> inline bool bwd_fast(const BwdParams &bp)
 {
-    using S = BwdSmem<C>;
+    typedef FwdCopy<T, C> K;
     const ScanParams &p = bp.f;
-    const int cs = threadIdx.x % C::CH, r0 = threadIdx.x / C::CH;
-    const bool cs_ok = cs < t.nvalid;
-    const int ds = t.d0 + cs;
-    const float bias = cs_ok && p.dt_bias ? load_any(p.dt_bias, p.bias_type, ds) : 0.0f;
+    return fwd_fast<T, C>(p) && p.cpg % (C::BW * C::WCH) == 0 &&
+           (bp.dy == nullptr || (uintptr_t)bp.dy % K::UX == 0);
+}
+
+// Sums each of the V values of a lane over the lanes that differ from it in
+// bits LO..4 (the channels of a warp), transposing as it goes: each round
+// sends half of the values still held to the partner and keeps the other
+// half, so the work halves every round. Afterwards lane l holds
+// max(1, V >> (5 - LO)) sums; sum_index gives the value each one is.
+template <int V, int LO> __device__ __forceinline__ void transpose_sum(float (&v)[V], int lane)
+{
+    int count = V;
 #pragma unroll
-    for (int k = 0; k < C::SAVE / C::LANES; k++) {
-        const int tl = r0 + k * C::LANES, at = tl * C::CH + cs;
-        const bool ok = cs_ok && t0 + tl < p.seqlen;
-        const int64_t i = ok ? at_btd(p, t.b, t0 + tl, ds) : 0;
-        float x = ok ? ld<T>(p.x, i) : 0.0f;
-        float u = ok ? ld<T>(p.dt, i) + bias : 0.0f;
-        float dy = ok ? ld<T>(bp.dy, i) : 0.0f;
-        float dyp = dy, dyz = 0.0f;
-        if (p.z) {
-            float z = ok ? ld<T>(p.z, i) : 0.0f;
-            dyp = dy * silu(z);
-            dyz = dy * silu_grad(z);
+    for (int b = 4; b >= LO; b--) {
+        const int m = 1 << b;
+        const bool upper = (lane & m) != 0;
+        if (count > 1) {
+            const int half = count / 2;
+#pragma unroll
+            for (int j = 0; j < half; j++) {
+                const float send = upper ? v[j] : v[j + half], keep = upper ? v[j + half] : v[j];
+                v[j] = keep + __shfl_xor_sync(kFullMask, send, m);
+            }
+            count = half;
+        } else {
+            v[0] += __shfl_xor_sync(kFullMask, v[0], m);
         }
-        sm[S::X * S::PLANE + at] = x;
-        sm[S::DELTA * S::PLANE + at] = ok ? (p.softplus ? softplus(u) : u) : 0.0f;
-        sm[S::DSP * S::PLANE + at] = ok ? (p.softplus ? softplus_grad(u) : 1.0f) : 0.0f;
-        sm[S::DYP * S::PLANE + at] = dyp;
-        sm[S::DYZ * S::PLANE + at] = dyz;
-    }
-    for (int e = threadIdx.x; e < C::SAVE * C::NPAD; e += kThreads) {
-        const int tl = e / C::NPAD, n = e % C::NPAD;
-        const bool ok = t0 + tl < p.seqlen && n < p.dstate;
-        const int64_t i = ok ? at_btg(p, t.b, t0 + tl, t.g) + n : 0;
-        sm[S::B + e] = ok ? ld<T>(p.b, i) : 0.0f;
-        sm[S::CC + e] = ok ? ld<T>(p.c, i) : 0.0f;
     }
 }
 
-// Writes a chunk's gradients of x, dt, z from shared memory, coalesced.
-template <typename T, class C>
-__device__ __forceinline__ void bwd_store(const BwdParams &bp, const Tile &t, int t0, const float *sm)
+template <int V, int LO> __device__ __forceinline__ int sum_index(int j, int lane)
 {
-    using S = BwdSmem<C>;
-    const ScanParams &p = bp.f;
-    const int cs = threadIdx.x % C::CH, r0 = threadIdx.x / C::CH;
-    if (cs >= t.nvalid)
-        return;
+    int count = V, idx = j;
 #pragma unroll
-    for (int k = 0; k < C::SAVE / C::LANES; k++) {
-        const int tl = r0 + k * C::LANES, at = tl * C::CH + cs;
-        if (t0 + tl >= p.seqlen)
-            continue;
-        const int64_t i = at_btd(p, t.b, t0 + tl, t.d0 + cs);
-        static_cast<T *>(bp.dx)[i] = fx_elem<T>::store(sm[S::DX * S::PLANE + at]);
-        static_cast<T *>(bp.ddt)[i] = fx_elem<T>::store(sm[S::DDT * S::PLANE + at]);
-        if (bp.dz)
-            static_cast<T *>(bp.dz)[i] = fx_elem<T>::store(sm[S::DZ * S::PLANE + at]);
-    }
+    for (int b = 4; b >= LO; b--)
+        if (count > 1) {
+            count /= 2;
+            if (lane & (1 << b))
+                idx += count;
+        }
+    return idx;
 }
+
+template <int N> __device__ __forceinline__ constexpr int log2i() { return N <= 1 ? 0 : 1 + log2i<N / 2>(); }
+
+template <typename T, class C, bool FAST> struct BwdStage {
+    using S = BwdSmem<T, C>;
+    typedef FwdCopy<T, C> K;
+    static constexpr int KS = C::SAVE;
+    static constexpr int E = (KS + C::LANES - 1) / C::LANES; // pairs per lane
+    static constexpr int Q4 = C::NPAD / 4;
+    int lane, cs, r0, ds;
+    bool cs_ok;
+    float bias, dskip;
+
+    __device__ BwdStage(const ScanParams &p, const Tile &t, int lane_) : lane(lane_)
+    {
+        cs = lane % C::WCH;
+        r0 = lane / C::WCH;
+        cs_ok = cs < t.nvalid;
+        ds = t.d0 + cs;
+        bias = cs_ok && p.dt_bias ? load_any(p.dt_bias, p.bias_type, ds) : 0.0f;
+        dskip = cs_ok && p.d ? load_any(p.d, p.d_type, ds) : 0.0f;
+    }
+
+    __device__ __forceinline__ bool row_ok(const ScanParams &p, int t0, int k) const
+    {
+        const int tl = r0 + k * C::LANES;
+        return cs_ok && tl < KS && t0 + tl < p.seqlen;
+    }
+
+    // As FwdStage::load, with dy as a fourth per-channel input.
+    __device__ __forceinline__ void load(const BwdParams &bp, const Tile &t, int t0, float *sm)
+    {
+        const ScanParams &p = bp.f;
+        T *raw[4] = {reinterpret_cast<T *>(sm + S::XR), reinterpret_cast<T *>(sm + S::DTR),
+                     reinterpret_cast<T *>(sm + S::ZR), reinterpret_cast<T *>(sm + S::DYR)};
+        const T *src[4] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt),
+                           static_cast<const T *>(p.z), static_cast<const T *>(bp.dy)};
+        T *rawbc[2] = {reinterpret_cast<T *>(sm + S::BR), reinterpret_cast<T *>(sm + S::CR)};
+        const T *srcbc[2] = {static_cast<const T *>(p.b), static_cast<const T *>(p.c)};
+        if constexpr (FAST && K::POSSIBLE) { // (bwd_fast is false when not POSSIBLE)
+            constexpr int PER_ROW = K::RX / K::UX, UNITS = KS * PER_ROW, EPU = K::UX / (int)sizeof(T);
+#pragma unroll
+            for (int k = 0; k < (UNITS + 31) / 32; k++) {
+                const int u = lane + 32 * k, tl = u / PER_ROW, e = (u % PER_ROW) * EPU;
+                const bool ok = t0 + tl < p.seqlen;
+                const int64_t i = at_btd(p, t.b, ok ? t0 + tl : 0, t.d0) + e;
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    if ((UNITS % 32 == 0 || u < UNITS) && (j != 2 || src[2]))
+                        cp_async<K::UX>(raw[j] + tl * C::WCH + e, src[j] + i, ok);
+            }
+            constexpr int BPR = K::RB / K::UB, BUNITS = KS * BPR, EPB = K::UB / (int)sizeof(T);
+#pragma unroll
+            for (int k = 0; k < (BUNITS + 31) / 32; k++) {
+                const int u = lane + 32 * k, tl = u / BPR, e = (u % BPR) * EPB;
+                const bool ok = t0 + tl < p.seqlen;
+                const int64_t i = at_btg(p, t.b, ok ? t0 + tl : 0, t.g) + e;
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    if (BUNITS % 32 == 0 || u < BUNITS)
+                        cp_async<K::UB>(rawbc[j] + tl * C::NPAD + e, srcbc[j] + i, ok);
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < E; k++) {
+                const int tl = r0 + k * C::LANES;
+                if (tl >= KS)
+                    continue;
+                const bool ok = row_ok(p, t0, k);
+                const int64_t i = ok ? at_btd(p, t.b, t0 + tl, ds) : 0;
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    raw[j][tl * C::WCH + cs] = ok && src[j] ? src[j][i] : T(0.0f);
+            }
+            for (int e = lane; e < KS * C::NPAD; e += 32) {
+                const int tl = e / C::NPAD, n = e % C::NPAD;
+                const bool ok = t0 + tl < p.seqlen && n < p.dstate;
+                const int64_t i = ok ? at_btg(p, t.b, t0 + tl, t.g) + n : 0;
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    rawbc[j][e] = ok ? srcbc[j][i] : T(0.0f);
+            }
+        }
+    }
+
+    // Steps past the end and channels past the group: delta = 0 and dy = 0,
+    // so the state and g pass through them unchanged and add nothing. The
+    // options are tested once per chunk (the pairs' exps interleave).
+    __device__ __forceinline__ void commit(const ScanParams &p, int t0, float *sm)
+    {
+        const T *rx = reinterpret_cast<const T *>(sm + S::XR), *rdt = reinterpret_cast<const T *>(sm + S::DTR);
+        const T *rz = reinterpret_cast<const T *>(sm + S::ZR), *rdy = reinterpret_cast<const T *>(sm + S::DYR);
+        float x[E], u[E], dy[E], delta[E], dsp[E], dyp[E], dyz[E];
+#pragma unroll
+        for (int k = 0; k < E; k++) {
+            const int at = cmin(r0 + k * C::LANES, KS - 1) * C::WCH + cs; // rows past KS: not used
+            x[k] = fx_elem<T>::load(rx[at]);
+            u[k] = fx_elem<T>::load(rdt[at]) + bias;
+            dy[k] = row_ok(p, t0, k) ? fx_elem<T>::load(rdy[at]) : 0.0f;
+            delta[k] = u[k], dsp[k] = 1.0f, dyp[k] = dy[k], dyz[k] = 0.0f;
+        }
+        if (p.softplus) {
+#pragma unroll
+            for (int k = 0; k < E; k++)
+                softplus_and_grad(u[k], delta[k], dsp[k]);
+        }
+        if (p.z) {
+#pragma unroll
+            for (int k = 0; k < E; k++) {
+                const float z = fx_elem<T>::load(rz[cmin(r0 + k * C::LANES, KS - 1) * C::WCH + cs]);
+                const float sz = sigmoid(z);
+                dyp[k] = dy[k] * z * sz;
+                dyz[k] = dy[k] * sz * fmaf(z, 1.0f - sz, 1.0f);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < E; k++) {
+            const int tl = r0 + k * C::LANES;
+            if (tl >= KS)
+                continue;
+            const float dk = row_ok(p, t0, k) ? delta[k] : 0.0f;
+            *reinterpret_cast<float4 *>(sm + S::IN + cs * S::INS + 4 * tl) = make_float4(dk, dk * x[k], dyp[k], 0.0f);
+            *reinterpret_cast<float4 *>(sm + S::OWN + 4 * (tl * C::WCH + cs)) = make_float4(x[k], dyz[k], dsp[k], 0.0f);
+        }
+        typedef typename Quad<T>::raw Raw;
+        const Raw *rb = reinterpret_cast<const Raw *>(sm + S::BR), *rc = reinterpret_cast<const Raw *>(sm + S::CR);
+#pragma unroll
+        for (int k = 0; k < (KS * Q4 + 31) / 32; k++) {
+            const int s = lane + 32 * k;
+            if ((KS * Q4) % 32 == 0 || s < KS * Q4) {
+                *reinterpret_cast<float4 *>(sm + S::B + 4 * s) = Quad<T>::to_float(rb[s]);
+                *reinterpret_cast<float4 *>(sm + S::CC + 4 * s) = Quad<T>::to_float(rc[s]);
+            }
+        }
+    }
+
+    // dx, ddt, dz of the chunk's pairs from the lanes' parts; the sums of
+    // dyp x (dd) and ddt (ddt_bias) of this lane's pairs into acc.
+    __device__ __forceinline__ void epilogue(const BwdParams &bp, const Tile &t, int t0, const float *sm,
+                                             float &acc_d, float &acc_bias)
+    {
+        const ScanParams &p = bp.f;
+        // row r0 of the chunk; the lane's later rows are LANES rows apart
+        const int64_t base = at_btd(p, t.b, min(t0 + r0, p.seqlen - 1), ds);
+        T *dx = static_cast<T *>(bp.dx) + base, *ddt_out = static_cast<T *>(bp.ddt) + base;
+        T *dz = bp.dz ? static_cast<T *>(bp.dz) + base : nullptr;
+#pragma unroll
+        for (int k = 0; k < E; k++) {
+            const int tl = r0 + k * C::LANES;
+            if (!row_ok(p, t0, k))
+                continue;
+            const int at = tl * C::WCH + cs;
+            const int64_t off = (int64_t)(k * C::LANES) * p.dim;
+            const float4 in = *reinterpret_cast<const float4 *>(sm + S::IN + cs * S::INS + 4 * tl);
+            const float4 own = *reinterpret_cast<const float4 *>(sm + S::OWN + 4 * at);
+            const float ypre = sum_parts<C::LANES>(sm + S::PY + at * C::LANES) + dskip * own.x;
+            const float *pr = sm + S::PR + tl * 64 + cs * C::LANES;
+            const float r_a = sum_parts<C::LANES>(pr), r_b = sum_parts<C::LANES>(pr + 32);
+            const float ddt = fmaf(r_a, kLn2, own.x * r_b) * own.z; // a was scaled by log2(e)
+            dx[off] = fx_elem<T>::store(fmaf(in.x, r_b, dskip * in.z));
+            ddt_out[off] = fx_elem<T>::store(ddt);
+            if (dz)
+                dz[off] = fx_elem<T>::store(ypre * own.y);
+            acc_d = fmaf(in.z, own.x, acc_d);
+            acc_bias += ddt;
+        }
+    }
+};
 
 // Adds 4 gradient sums at `dst` (n0..n0+3 of a row of dstate).
 __device__ __forceinline__ void add4(float *dst, int n0, int dstate, float4 v)
@@ -606,221 +967,207 @@ __device__ __forceinline__ void add4(float *dst, int n0, int dstate, float4 v)
             atomicAdd(dst + i, e[i]);
 }
 
-// Sums the partial b and c gradients of R steps over the block's channels
-// and adds them to the f32 sums: each float4 column (gradient, step, 4
-// states) is split over P adjacent lanes, which finish with shuffles; one
-// lane per column does the atomic.
-template <class C>
-__device__ __forceinline__ void bwd_reduce(const BwdParams &bp, const Tile &t, int t_first,
-                                           const float *part)
+template <typename T, class C, bool FAST>
+__global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const BwdParams bp)
 {
-    using S = BwdSmem<C>;
-    constexpr int N4 = C::NPAD / 4, COLS = 2 * C::R * N4;
-    constexpr int P = COLS >= kThreads ? 1 : kThreads / COLS; // lanes per column
-    constexpr int PER = COLS >= kThreads ? COLS / kThreads : 1; // columns per thread
-    constexpr int S4 = S::PSTRIDE / 4;
+    using S = BwdSmem<T, C>;
+    constexpr int NPL = C::NPL, KS = C::SAVE, LO = log2i<C::LANES>();
     const ScanParams &p = bp.f;
-    const float4 *src = reinterpret_cast<const float4 *>(part);
-    const int piece = threadIdx.x % P;
-#pragma unroll
-    for (int k = 0; k < PER; k++) {
-        const int col = threadIdx.x / P + k * (kThreads / P);
-        const int n4 = col % N4, r = (col / N4) % C::R, which = col / (N4 * C::R);
-        const float4 *base = src + (which * C::R + r) * C::CH * S4 + n4;
-        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-        for (int j = 0; j < C::CH / P; j++) {
-            float4 v = base[(piece + j * P) * S4];
-            sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
-        }
-#pragma unroll
-        for (int off = P / 2; off > 0; off >>= 1) {
-            sum.x += __shfl_xor_sync(kFullMask, sum.x, off);
-            sum.y += __shfl_xor_sync(kFullMask, sum.y, off);
-            sum.z += __shfl_xor_sync(kFullMask, sum.z, off);
-            sum.w += __shfl_xor_sync(kFullMask, sum.w, off);
-        }
-        const int tt = t_first + r, n0 = n4 * 4;
-        if (piece == 0 && tt < p.seqlen && n0 < p.dstate) {
-            float *acc = which == 0 ? bp.acc_db : bp.acc_dc;
-            add4(acc + at_btg(p, t.b, tt, t.g) + n0, n0, p.dstate, sum);
-        }
-    }
-}
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *sm = block_smem() + warp * S::WARP;
+    float *dbc = block_smem() + S::DBC;
+    Tile tile = tile_of(p, C::BW * C::WCH);
+    tile.d0 += warp * C::WCH;
+    tile.nvalid = max(0, min(C::WCH, tile.nvalid - warp * C::WCH));
+    const int c = lane / C::LANES, q = lane % C::LANES, d = tile.d0 + c;
+    const bool ok = c < tile.nvalid;
 
-template <typename T, class C>
-__global__ void __launch_bounds__(kThreads, 3) ssm_bwd_kernel(const BwdParams bp)
-{
-    constexpr int NPL = C::NPL, NPAD = C::NPAD, CH = C::CH, SUB = C::SUB, R = C::R;
-    using S = BwdSmem<C>;
-    float *sm = block_smem();
-    const ScanParams &p = bp.f;
-    const float *s_x = sm + S::X * S::PLANE, *s_delta = sm + S::DELTA * S::PLANE;
-    const float *s_dyp = sm + S::DYP * S::PLANE, *s_dyz = sm + S::DYZ * S::PLANE;
-    const float *s_dsp = sm + S::DSP * S::PLANE;
-    float *s_dx = sm + S::DX * S::PLANE, *s_ddt = sm + S::DDT * S::PLANE, *s_dz = sm + S::DZ * S::PLANE;
-    const float *s_b = sm + S::B, *s_c = sm + S::CC;
-    float4 *s_hsub = reinterpret_cast<float4 *>(sm + S::HSUB);
-    float *s_part = sm + S::PART;
-
-    const Tile tile = tile_of(p, CH);
-    const ScanLane<C> lane(tile);
-    const int c = lane.c, q = lane.q;
-    // Sums over time: f32 within a chunk, then f64 (in this thread's slot of
-    // shared memory: touched once per chunk, not worth registers), so that
-    // their rounding grows with the chunk length rather than the sequence's.
-    double *sums = reinterpret_cast<double *>(sm + S::SUMS) + threadIdx.x * S::NSUMS;
-    for (int i = 0; i < S::NSUMS; i++)
-        sums[i] = 0.0;
-    float a2[NPL], gs[NPL];
-    load_a<C>(p, lane, a2, kLog2e);
+    float a2[NPL], gs[NPL], hnext[NPL];
+    double sum_a[NPL];
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
-        int n = lane.n(i);
+        const int n = q * NPL + i;
+        const bool nok = ok && n < p.dstate;
+        a2[i] = nok ? load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * kLog2e : 0.0f;
         // dL/dh entering the last step from after it: the final state's gradient
-        gs[i] = lane.ok && n < p.dstate && bp.dstate
-                    ? load_any(bp.dstate, bp.dstate_type, at_state(p, tile.b, lane.d) + n) : 0.0f;
+        gs[i] = nok && bp.dstate ? load_any(bp.dstate, bp.dstate_type, at_state(p, tile.b, d) + n) : 0.0f;
+        sum_a[i] = 0.0;
     }
-    const float dskip = lane.ok && p.d ? load_any(p.d, p.d_type, lane.d) : 0.0f;
+    double sum_d = 0.0, sum_bias = 0.0;
+    BwdStage<T, C, FAST> stage(p, tile, lane);
 
-    const int chunks = (p.seqlen + C::SAVE - 1) / C::SAVE;
+    // The state entering chunk k: h0 (or zeros) for the first, else saved.
+    auto chunk_state = [&](int k, float (&h)[NPL]) {
+#pragma unroll
+        for (int i = 0; i < NPL; i++) {
+            const int n = q * NPL + i;
+            const bool nok = ok && n < p.dstate;
+            if (k == 0)
+                h[i] = nok && p.h0 ? load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
+            else
+                h[i] = nok ? p.saved[(((int64_t)tile.b * p.nsaved + k - 1) * p.dim + d) * p.dstate + n] : 0.0f;
+        }
+    };
+
+    const int chunks = (p.seqlen + KS - 1) / KS;
+    if (chunks > 0) {
+        stage.load(bp, tile, (chunks - 1) * KS, sm);
+        chunk_state(chunks - 1, hnext);
+    }
     for (int k = chunks - 1; k >= 0; k--) {
-        const int t0 = k * C::SAVE;
-        __syncthreads(); // the previous chunk's gradients are stored
-        bwd_stage<T, C>(bp, tile, t0, sm);
-        __syncthreads();
+        const int t0 = k * KS;
+        float h[NPL], hs[KS][NPL];
+#pragma unroll
+        for (int i = 0; i < NPL; i++)
+            h[i] = hnext[i];
+        cp_wait();
+        __syncwarp(); // the chunk's raw inputs are in; the last chunk's parts are read
+        stage.commit(p, t0, sm);
+        __syncwarp(); // staged; the raw buffer is free
+        if (k > 0) {
+            stage.load(bp, tile, t0 - KS, sm); // lands during this chunk
+            chunk_state(k - 1, hnext);
+        }
 
-        float acc_a[NPL], acc_d = 0.0f, acc_bias = 0.0f;
+        // recompute: the chunk's states, and each lane's part of c . h (a
+        // step's operands are read before the previous step's store, as in
+        // fwd_scan)
+        const float *in_row = sm + S::IN + c * S::INS, *b_row = sm + S::B + q * NPL, *c_row = sm + S::CC + q * NPL;
+        {
+            float4 in = *reinterpret_cast<const float4 *>(in_row);
+            float bv[NPL], cv[NPL];
+            lds(bv, b_row);
+            lds(cv, c_row);
+#pragma unroll
+            for (int s = 0; s < KS; s++) {
+                float4 inn = in;
+                float bn[NPL], cn[NPL];
+                if (s + 1 < KS) {
+                    inn = *reinterpret_cast<const float4 *>(in_row + 4 * (s + 1));
+                    lds(bn, b_row + (s + 1) * C::NPAD);
+                    lds(cn, c_row + (s + 1) * C::NPAD);
+                }
+                float yp = 0.0f;
+#pragma unroll
+                for (int i = 0; i < NPL; i++) {
+                    hs[s][i] = fmaf(fast_exp2(in.x * a2[i]), s > 0 ? hs[s - 1][i] : h[i], in.y * bv[i]);
+                    yp = fmaf(cv[i], hs[s][i], yp);
+                }
+                sm[S::PY + s * 32 + lane] = yp;
+                if (s + 1 < KS) {
+                    in = inn;
+#pragma unroll
+                    for (int i = 0; i < NPL; i++)
+                        bv[i] = bn[i], cv[i] = cn[i];
+                }
+            }
+        }
+
+        // adjoint, last step first
+        float *dbc_out = dbc + warp * KS * 2 * C::NPAD;
+        float acc_a[NPL];
 #pragma unroll
         for (int i = 0; i < NPL; i++)
             acc_a[i] = 0.0f;
-
-        // Pass 1: the state entering each sub-chunk.
-        float h[NPL];
+        {
+            float4 in = *reinterpret_cast<const float4 *>(in_row + 4 * (KS - 1));
+            float bv[NPL], cv[NPL];
+            lds(bv, b_row + (KS - 1) * C::NPAD);
+            lds(cv, c_row + (KS - 1) * C::NPAD);
 #pragma unroll
-        for (int i = 0; i < NPL; i++) {
-            int n = lane.n(i);
-            bool ok = lane.ok && n < p.dstate;
-            if (k == 0)
-                h[i] = ok && p.h0 ? load_any(p.h0, p.h0_type, at_state(p, tile.b, lane.d) + n) : 0.0f;
-            else
-                h[i] = ok ? p.saved[(((int64_t)tile.b * p.nsaved + k - 1) * p.dim + lane.d) * p.dstate + n]
-                          : 0.0f;
-        }
-        for (int j = 0; j < C::NSUB; j++) {
-#pragma unroll
-            for (int i = 0; i < NPL; i += 4)
-                s_hsub[(j * (NPL / 4) + i / 4) * kThreads + threadIdx.x] =
-                    make_float4(h[i], h[i + 1], h[i + 2], h[i + 3]);
-            if (j + 1 == C::NSUB)
-                break;
-#pragma unroll
-            for (int s = 0; s < SUB; s++) {
-                const int tl = j * SUB + s;
-                const float delta = s_delta[tl * CH + c], dx = delta * s_x[tl * CH + c];
-                float bv[NPL];
-                lds(bv, s_b + tl * NPAD + q * NPL);
-#pragma unroll
-                for (int i = 0; i < NPL; i++)
-                    h[i] = fmaf(fast_exp2(delta * a2[i]), h[i], dx * bv[i]);
-            }
-        }
-
-        // Pass 2: sub-chunks last to first; recompute, then the adjoint.
-        for (int j = C::NSUB - 1; j >= 0; j--) {
-            float h_in[NPL], hs[SUB][NPL], decay[SUB][NPL], ypre[SUB];
-#pragma unroll
-            for (int i = 0; i < NPL; i += 4) {
-                float4 v = s_hsub[(j * (NPL / 4) + i / 4) * kThreads + threadIdx.x];
-                h_in[i] = v.x, h_in[i + 1] = v.y, h_in[i + 2] = v.z, h_in[i + 3] = v.w;
-            }
-#pragma unroll
-            for (int s = 0; s < SUB; s++) {
-                const int tl = j * SUB + s;
-                const float delta = s_delta[tl * CH + c], x = s_x[tl * CH + c];
-                float bv[NPL];
-                lds(bv, s_b + tl * NPAD + q * NPL);
+            for (int s = KS - 1; s >= 0; s--) {
+                float4 inn = in;
+                float bn[NPL], cn[NPL];
+                if (s > 0) {
+                    inn = *reinterpret_cast<const float4 *>(in_row + 4 * (s - 1));
+                    lds(bn, b_row + (s - 1) * C::NPAD);
+                    lds(cn, c_row + (s - 1) * C::NPAD);
+                }
+                float r_a = 0.0f, r_b = 0.0f, pbc[2 * NPL];
 #pragma unroll
                 for (int i = 0; i < NPL; i++) {
-                    decay[s][i] = fast_exp2(delta * a2[i]);
-                    hs[s][i] = fmaf(decay[s][i], s > 0 ? hs[s - 1][i] : h_in[i], delta * x * bv[i]);
-                }
-                ypre[s] = 0.0f;
-                if (p.z) { // the pre-gate output, for dz
-                    float cv[NPL], acc = 0.0f;
-                    lds(cv, s_c + tl * NPAD + q * NPL);
-#pragma unroll
-                    for (int i = 0; i < NPL; i++)
-                        acc = fmaf(cv[i], hs[s][i], acc);
-                    ypre[s] = lane_sum<C::LANES>(acc) + dskip * x;
-                }
-            }
-#pragma unroll
-            for (int s = SUB - 1; s >= 0; s--) {
-                const int tl = j * SUB + s, at = tl * CH + c;
-                const float delta = s_delta[at], x = s_x[at], dyp = s_dyp[at], dx = delta * x;
-                float bv[NPL], cv[NPL], pb[NPL], pc[NPL];
-                lds(bv, s_b + tl * NPAD + q * NPL);
-                lds(cv, s_c + tl * NPAD + q * NPL);
-                // sum_n g*decay*h_prev*a (accumulated with a*log2(e)) and sum_n g*b
-                float r_a = 0.0f, r_b = 0.0f;
-#pragma unroll
-                for (int i = 0; i < NPL; i++) {
-                    const float prev = s > 0 ? hs[s - 1][i] : h_in[i];
-                    const float g = fmaf(cv[i], dyp, gs[i]); // dL/dh_t
-                    const float pr = g * (decay[s][i] * prev);
-                    acc_a[i] = fmaf(pr, delta, acc_a[i]);
+                    const float decay = fast_exp2(in.x * a2[i]);
+                    const float prev = s > 0 ? hs[s - 1][i] : h[i];
+                    const float g = fmaf(cv[i], in.z, gs[i]); // dL/dh_t
+                    const float pr = g * (decay * prev);
+                    acc_a[i] = fmaf(pr, in.x, acc_a[i]);
                     r_a = fmaf(pr, a2[i], r_a);
                     r_b = fmaf(g, bv[i], r_b);
-                    pb[i] = g * dx;
-                    pc[i] = dyp * hs[s][i];
-                    gs[i] = decay[s][i] * g; // dL/dh_{t-1} through h_t
+                    pbc[i] = g * in.y;             // db: g delta x
+                    pbc[NPL + i] = in.z * hs[s][i]; // dc: dyp h
+                    gs[i] = decay * g;             // dL/dh_{t-1} through h_t
                 }
-                r_a = lane_sum<C::LANES>(r_a) * kLn2;
-                r_b = lane_sum<C::LANES>(r_b);
-                if (q == 0) {
-                    const float ddt = (r_a + x * r_b) * s_dsp[at];
-                    s_dx[at] = fmaf(delta, r_b, dskip * dyp);
-                    s_ddt[at] = ddt;
-                    s_dz[at] = ypre[s] * s_dyz[at];
-                    acc_d = fmaf(dyp, x, acc_d);
-                    acc_bias += ddt;
+                sm[S::PR + s * 64 + lane] = r_a;
+                sm[S::PR + s * 64 + 32 + lane] = r_b;
+                transpose_sum<2 * NPL, LO>(pbc, lane);
+                constexpr int CNT = (2 * NPL) >> (5 - LO) > 0 ? (2 * NPL) >> (5 - LO) : 1;
+#pragma unroll
+                for (int j = 0; j < CNT; j++) {
+                    const int o = sum_index<2 * NPL, LO>(j, lane); // which * NPL + i
+                    dbc_out[s * 2 * C::NPAD + (o / NPL) * C::NPAD + q * NPL + o % NPL] = pbc[j];
                 }
-                float *row = s_part + ((s % R) * CH + c) * S::PSTRIDE + q * NPL;
-                sts(row, pb);
-                sts(row + R * CH * S::PSTRIDE, pc);
-                if (s % R == 0) { // partials of steps s .. s + R - 1 complete
-                    __syncthreads();
-                    bwd_reduce<C>(bp, tile, t0 + j * SUB + s, s_part);
-                    __syncthreads();
+                if (s > 0) {
+                    in = inn;
+#pragma unroll
+                    for (int i = 0; i < NPL; i++)
+                        bv[i] = bn[i], cv[i] = cn[i];
                 }
             }
         }
-        // The last reduction's barrier ordered every s_dx/s_ddt/s_dz write.
-        bwd_store<T, C>(bp, tile, t0, sm);
 #pragma unroll
         for (int i = 0; i < NPL; i++)
-            sums[i] += acc_a[i];
-        sums[NPL] += acc_d;
-        sums[NPL + 1] += acc_bias;
+            sum_a[i] += acc_a[i];
+        __syncwarp(); // the parts are written
+        float acc_d = 0.0f, acc_bias = 0.0f;
+        stage.epilogue(bp, tile, t0, sm, acc_d, acc_bias);
+        sum_d += acc_d;
+        sum_bias += acc_bias;
+
+        // the block's b and c gradients: the warps' sums added, one vector
+        // atomic per (step, 4 states)
+        __syncthreads();
+        const float *src = dbc;
+        constexpr int QUADS = KS * 2 * C::NPAD / 4;
+        for (int e = threadIdx.x; e < QUADS; e += C::BW * 32) {
+            const int tl = e / (2 * C::NPAD / 4), rest = e % (2 * C::NPAD / 4);
+            const int which = rest / (C::NPAD / 4), n0 = (rest % (C::NPAD / 4)) * 4;
+            if (t0 + tl >= p.seqlen || n0 >= p.dstate)
+                continue;
+            float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int w = 0; w < C::BW; w++) {
+                const float4 v = *reinterpret_cast<const float4 *>(src + (w * KS + tl) * 2 * C::NPAD + 4 * rest);
+                sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+            }
+            float *acc = which == 0 ? bp.acc_db : bp.acc_dc;
+            add4(acc + at_btg(p, tile.b, t0 + tl, tile.g) + n0, n0, p.dstate, sum);
+        }
+        __syncthreads(); // the buffer is read
     }
 
-    if (lane.ok) {
+    if (ok) {
 #pragma unroll
         for (int i = 0; i < NPL; i++) {
-            int n = lane.n(i);
+            const int n = q * NPL + i;
             if (n >= p.dstate)
                 continue;
-            atomicAdd(bp.acc_da + (int64_t)lane.d * p.dstate + n, (float)sums[i]);
+            atomicAdd(bp.acc_da + (int64_t)d * p.dstate + n, (float)sum_a[i]);
             if (bp.dh0) // after step 0, gs is dL/dh0
-                store_any(bp.dh0, bp.dh0_type, at_state(p, tile.b, lane.d) + n, gs[i]);
+                store_any(bp.dh0, bp.dh0_type, at_state(p, tile.b, d) + n, gs[i]);
         }
-        if (q == 0) {
-            if (p.d)
-                atomicAdd(bp.acc_dd + lane.d, (float)sums[NPL]);
-            if (p.dt_bias)
-                atomicAdd(bp.acc_dbias + lane.d, (float)sums[NPL + 1]);
-        }
+    }
+    // dd and ddt_bias: the lanes of one staging channel hold its rows' sums
+    float fd = (float)sum_d, fb = (float)sum_bias;
+#pragma unroll
+    for (int m = C::WCH; m < 32; m *= 2) {
+        fd += __shfl_xor_sync(kFullMask, fd, m);
+        fb += __shfl_xor_sync(kFullMask, fb, m);
+    }
+    if (stage.cs_ok && stage.r0 == 0) {
+        if (p.d)
+            atomicAdd(bp.acc_dd + stage.ds, fd);
+        if (p.dt_bias)
+            atomicAdd(bp.acc_dbias + stage.ds, fb);
     }
 }
 
@@ -845,10 +1192,15 @@ inline int check_dims(const fx_ssm_dims &n, const char *op, fx_status *st)
         if (v > INT_MAX)
             return fx_fail(st, FX_EBADARG, "%s: expected every dimension below 2^31 on CUDA, got %lld",
                            op, (long long)v);
+    if (n.batch * n.dim > INT_MAX) // work units are counted in ints
+        return fx_fail(st, FX_EBADARG, "%s: expected batch * dim below 2^31 on CUDA, got %lld", op,
+                       (long long)(n.batch * n.dim));
     return FX_OK;
 }
 
-template <class C> inline ScanParams scan_params(const fx_ssm_fwd_args *a)
+// Parameters of a scan cut into tiles of `ch` channels (WCH per warp for
+// the forward, CH per block for the backward).
+inline ScanParams scan_params(const fx_ssm_fwd_args *a, int ch)
 {
     ScanParams p = {};
     p.x = a->x->data, p.dt = a->dt->data, p.z = data_of(a->z), p.b = a->b->data, p.c = a->c->data;
@@ -858,7 +1210,8 @@ template <class C> inline ScanParams scan_params(const fx_ssm_fwd_args *a)
     p.batch = (int)a->n.batch, p.seqlen = (int)a->n.seqlen, p.dim = (int)a->n.dim;
     p.dstate = (int)a->n.dstate, p.groups = (int)a->n.groups;
     p.cpg = p.dim / p.groups;
-    p.tiles = (p.cpg + C::CH - 1) / C::CH;
+    p.tiles = (p.cpg + ch - 1) / ch;
+    p.units = p.batch * p.groups * p.tiles;
     p.softplus = a->dt_softplus;
     if (a->saved) {
         p.saved = static_cast<float *>(a->saved->data);
@@ -867,7 +1220,16 @@ template <class C> inline ScanParams scan_params(const fx_ssm_fwd_args *a)
     return p;
 }
 
-inline int64_t grid_of(const ScanParams &p) { return (int64_t)p.batch * p.groups * p.tiles; }
+inline int64_t grid_of(const ScanParams &p) { return p.units; }
+
+// Warps per forward block: 4 when there are enough warps to fill every SM
+// twice over (the warps of a block share L1 lines of b and c), else 1 so
+// that small problems spread over as many SMs as possible.
+template <typename T, class C> inline int fwd_block_warps(const ScanParams &p, int sm_count)
+{
+    const int most = cmin(kFwdMaxThreads / 32, (int)(kFwdMaxSmem / FwdSmem<T, C>::BYTES));
+    return p.units >= 8 * sm_count ? most : 1;
+}
 
 inline int check_saved(const fx_ssm_fwd_args *a, int64_t save, fx_status *st)
 {
@@ -906,7 +1268,8 @@ inline StepParams step_params(const fx_ssm_step_args *a)
 
 template <class C> inline int64_t step_grid(const StepParams &p)
 {
-    return ((int64_t)p.batch * p.dim + C::CH - 1) / C::CH;
+    const int per_block = kThreads / C::LANES;
+    return ((int64_t)p.batch * p.dim + per_block - 1) / per_block;
 }
 
 // `scratch`: BwdScratch::total zeroed floats.
@@ -914,7 +1277,7 @@ template <class C>
 inline BwdParams bwd_params(const fx_ssm_bwd_args *a, float *scratch, const BwdScratch &sz)
 {
     BwdParams bp = {};
-    bp.f = scan_params<C>(&a->fwd);
+    bp.f = scan_params(&a->fwd, C::BW * C::WCH);
     bp.dy = a->dy->data;
     bp.dstate = data_of(a->dstate), bp.dstate_type = type_of(a->dstate);
     bp.dx = a->dx->data, bp.ddt = a->ddt->data;

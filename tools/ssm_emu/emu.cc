@@ -73,6 +73,8 @@ void syncthreads()
     }
 }
 
+void syncwarp() { warp_barrier(current / 32); }
+
 float shfl_xor(float v, int lane_mask)
 {
     int lane = current % 32, w = current / 32;

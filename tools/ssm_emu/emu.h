@@ -2,7 +2,7 @@
 // (c_src/cuda/ssm_kernels.cuh) on a CPU, to check their logic where there is
 // no GPU. Every CUDA thread of a block is a fiber (ucontext, switched with
 // _setjmp/_longjmp); a fiber runs until it reaches a barrier, then yields:
-// __syncthreads waits for the block, a shuffle for its warp. Blocks run one
+// __syncthreads waits for the block, __syncwarp and a shuffle for the warp. Blocks run one
 // after the other, so shared memory is one buffer, poisoned with NaN before
 // each block (a read of a slot no thread wrote shows up in the results).
 // EMU_REVERSE=1 runs the fibers of a block in the reverse order (a missing
@@ -28,6 +28,7 @@ namespace emu {
 extern int current;
 extern dim3 block_idx, block_dim, grid_dim, thread_idx[1024];
 void syncthreads();
+void syncwarp();
 float shfl_xor(float v, int lane_mask);
 // Runs block `block` of a kernel with `threads` fibers.
 void run_block(unsigned block, int threads, const std::function<void()> &kernel);
@@ -39,6 +40,7 @@ void run_block(unsigned block, int threads, const std::function<void()> &kernel)
 #define gridDim (emu::grid_dim)
 
 inline void __syncthreads() { emu::syncthreads(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::syncwarp(); }
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask) { return emu::shfl_xor(v, lane_mask); }
 // One OS thread runs every fiber, and only at barriers do they switch.
 inline float atomicAdd(float *p, float v)

@@ -17,7 +17,7 @@ using namespace fx_ssm;
 
 namespace {
 
-void launch(int64_t grid, size_t smem_bytes, const std::function<void()> &kernel)
+void launch(int64_t grid, int threads, size_t smem_bytes, const std::function<void()> &kernel)
 {
     if (smem_bytes > sizeof smem) {
         fprintf(stderr, "emu: %zu bytes of shared memory asked\n", smem_bytes);
@@ -27,7 +27,7 @@ void launch(int64_t grid, size_t smem_bytes, const std::function<void()> &kernel
     for (int64_t b = 0; b < grid; b++) {
         for (float &v : smem)
             v = NAN;
-        emu::run_block((unsigned)b, kThreads, kernel);
+        emu::run_block((unsigned)b, threads, kernel);
     }
 }
 
@@ -49,12 +49,20 @@ int emu_forward(int, const fx_ssm_fwd_args *a, fx_status *st)
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         return with_cfg(a->n.dstate, [&](auto cfg) {
             typedef decltype(cfg) C;
-            ScanParams p = scan_params<C>(a);
+            ScanParams p = scan_params(a, C::WCH);
             p.y = a->y->data;
             p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
             if (check_saved(a, C::SAVE, st))
                 return st->code;
-            launch(grid_of(p), FwdSmem<C>::BYTES, [&] { ssm_fwd_kernel<T, C>(p); });
+            // as on a GPU of 4 SMs: blocks of one warp for small problems,
+            // of several for larger ones
+            const int warps = fwd_block_warps<T, C>(p, 4);
+            const size_t smem = warps * FwdSmem<T, C>::BYTES;
+            const int64_t grid = (p.units + warps - 1) / warps;
+            if (fwd_fast<T, C>(p))
+                launch(grid, 32 * warps, smem, [&] { ssm_fwd_kernel<T, C, true>(p); });
+            else
+                launch(grid, 32 * warps, smem, [&] { ssm_fwd_kernel<T, C, false>(p); });
             return (int)FX_OK;
         });
     });
@@ -69,7 +77,7 @@ int emu_step(int, const fx_ssm_step_args *a, fx_status *st)
         return with_cfg(a->n.dstate, [&](auto cfg) {
             typedef decltype(cfg) C;
             const StepParams p = step_params(a);
-            launch(step_grid<C>(p), 0, [&] { ssm_step_kernel<T, C>(p); });
+            launch(step_grid<C>(p), kThreads, 0, [&] { ssm_step_kernel<T, C>(p); });
             return (int)FX_OK;
         });
     });
@@ -94,7 +102,10 @@ int emu_backward(int, const fx_ssm_bwd_args *a, fx_status *st)
             if (check_saved(&a->fwd, C::SAVE, st))
                 return st->code;
             const BwdParams bp = bwd_params<C>(a, scratch, sz);
-            launch(grid_of(bp.f), BwdSmem<C>::BYTES, [&] { ssm_bwd_kernel<T, C>(bp); });
+            if (bwd_fast<T, C>(bp))
+                launch(grid_of(bp.f), C::BW * 32, BwdSmem<T, C>::BYTES, [&] { ssm_bwd_kernel<T, C, true>(bp); });
+            else
+                launch(grid_of(bp.f), C::BW * 32, BwdSmem<T, C>::BYTES, [&] { ssm_bwd_kernel<T, C, false>(bp); });
             convert_out(bp.acc_db, sz.n_bc, a->db);
             convert_out(bp.acc_dc, sz.n_bc, a->dc);
             convert_out(bp.acc_da, sz.n_a, a->da);

@@ -1,0 +1,328 @@
+// Timing of the selective scan's CUDA kernels outside the NIF: the kernels
+// are launched directly (no allocation, no host path) and timed with CUDA
+// events, median of `reps` runs, so that variants of one kernel (template
+// knobs, launch shapes) can be compared in one call on the GPU machine.
+// Built and run on the GPU machine by tools/ssm_bench/run.sh (steps build,
+// bench, ncu; also the ssm suite, compute-sanitizer and `make bench`). Not
+// part of `make`.
+//
+//   mode all   every case, one table (default)
+//   mode ncu   each main kernel once, for `ncu -k regex:ssm`
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda/ssm_kernels.cuh"
+
+using namespace fx_ssm;
+
+#define CK(call)                                                                             \
+    do {                                                                                     \
+        cudaError_t e_ = (call);                                                             \
+        if (e_ != cudaSuccess) {                                                             \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+static int g_sms;
+
+// ---- inputs ----
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float uniform(float lo, float hi)
+{
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return lo + (hi - lo) * (float)((rng >> 40) * (1.0 / 16777216.0));
+}
+
+struct DevBuf {
+    void *p = nullptr;
+    size_t bytes = 0;
+};
+
+static fx_tensor tensor(fx_dtype type, std::vector<int64_t> dims, float lo, float hi, bool fill = true)
+{
+    fx_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = type;
+    t.rank = (int)dims.size();
+    t.numel = 1;
+    for (int i = 0; i < t.rank; i++)
+        t.dims[i] = dims[i], t.numel *= dims[i];
+    size_t esz = type == FX_F32 ? 4 : 2;
+    t.nbytes = (size_t)t.numel * esz;
+    CK(cudaMalloc(&t.data, t.nbytes ? t.nbytes : 16));
+    if (fill && t.numel) {
+        std::vector<float> h((size_t)t.numel);
+        for (auto &v : h)
+            v = uniform(lo, hi);
+        if (type == FX_F32) {
+            CK(cudaMemcpy(t.data, h.data(), t.nbytes, cudaMemcpyHostToDevice));
+        } else {
+            std::vector<uint16_t> r((size_t)t.numel);
+            for (size_t i = 0; i < h.size(); i++) {
+                if (type == FX_BF16) {
+                    __nv_bfloat16 v = __float2bfloat16_rn(h[i]);
+                    r[i] = static_cast<__nv_bfloat16_raw>(v).x;
+                } else {
+                    __half v = __float2half_rn(h[i]);
+                    r[i] = static_cast<__half_raw>(v).x;
+                }
+            }
+            CK(cudaMemcpy(t.data, r.data(), t.nbytes, cudaMemcpyHostToDevice));
+        }
+    }
+    return t;
+}
+
+struct Problem {
+    int B, L, D, N;
+    fx_dtype type;
+    fx_tensor x, dt, z, a, b, c, d, bias, y, y2, state, saved, dy;
+    fx_ssm_fwd_args args;
+    Problem(int B_, int L_, int D_, int N_, fx_dtype type_)
+        : B(B_), L(L_), D(D_), N(N_), type(type_)
+    {
+        x = tensor(type, {B, L, D}, -1, 1);
+        dt = tensor(type, {B, L, D}, -4, 1);
+        z = tensor(type, {B, L, D}, -2, 2);
+        b = tensor(type, {B, L, N}, -1, 1);
+        c = tensor(type, {B, L, N}, -1, 1);
+        a = tensor(FX_F32, {D, N}, -3, -0.05f);
+        d = tensor(FX_F32, {D}, -1, 1);
+        bias = tensor(FX_F32, {D}, -1, 0.5f);
+        y = tensor(type, {B, L, D}, 0, 0, false);
+        y2 = tensor(type, {B, L, D}, 0, 0, false);
+        dy = tensor(type, {B, L, D}, -1, 1);
+        state = tensor(FX_F32, {B, D, N}, 0, 0, false);
+        const int64_t every = Cfg<4, 4>::SAVE, chunks = (L + every - 1) / every;
+        saved = tensor(FX_F32, {B, chunks > 1 ? chunks - 1 : 0, D, N}, 0, 0, false);
+        memset(&args, 0, sizeof args);
+        args.n = fx_ssm_dims{B, L, D, N, 1};
+        args.x = &x, args.dt = &dt, args.a = &a, args.b = &b, args.c = &c;
+        args.d = &d, args.z = &z, args.dt_bias = &bias, args.h0 = nullptr;
+        args.dt_softplus = true;
+        args.y = &y;
+        args.state = nullptr;
+        args.saved = nullptr;
+        args.save_every = every;
+    }
+};
+
+// ---- timing ----
+
+static cudaStream_t g_stream;
+
+static double time_us(const std::function<void()> &launch, int reps)
+{
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int i = 0; i < 3; i++)
+        launch();
+    CK(cudaStreamSynchronize(g_stream));
+    std::vector<double> t;
+    for (int i = 0; i < reps; i++) {
+        CK(cudaEventRecord(e0, g_stream));
+        launch();
+        CK(cudaEventRecord(e1, g_stream));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms * 1000.0);
+    }
+    CK(cudaGetLastError());
+    std::sort(t.begin(), t.end());
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return t[t.size() / 2];
+}
+
+static void row(const char *what, const Problem &p, double us, double bytes)
+{
+    printf("| %-30s | B%d L%d D%d N%d | %s | %9.2f | %7.0f |\n", what, p.B, p.L, p.D, p.N,
+           p.type == FX_F32 ? "f32 " : "bf16", us, bytes / us * 1e-3);
+    fflush(stdout);
+}
+
+// ---- launchers (as in ssm.cu, with the knobs exposed) ----
+
+template <typename T, class C = Cfg<4, 4>> static void launch_fwd(const fx_ssm_fwd_args *a, int warps_override = 0)
+{
+    ScanParams p = scan_params(a, C::WCH);
+    p.y = a->y->data;
+    p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
+    const int warps = warps_override ? warps_override : fwd_block_warps<T, C>(p, g_sms);
+    const unsigned grid = (unsigned)((p.units + warps - 1) / warps);
+    const size_t smem = warps * FwdSmem<T, C>::BYTES;
+    if (fwd_fast<T, C>(p)) {
+        CK(cudaFuncSetAttribute(ssm_fwd_kernel<T, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdMaxSmem));
+        ssm_fwd_kernel<T, C, true><<<grid, 32 * warps, smem, g_stream>>>(p);
+    } else {
+        CK(cudaFuncSetAttribute(ssm_fwd_kernel<T, C, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdMaxSmem));
+        ssm_fwd_kernel<T, C, false><<<grid, 32 * warps, smem, g_stream>>>(p);
+    }
+}
+
+template <typename T> static void launch_step(const StepParams &p)
+{
+    typedef Cfg<4, 4> C;
+    ssm_step_kernel<T, C><<<(unsigned)step_grid<C>(p), kThreads, 0, g_stream>>>(p);
+}
+
+// Gradients and f32 sums of one backward.
+struct Grads {
+    fx_tensor dx, ddt, dz, da, db, dc, dd, dbias;
+    float *scratch;
+    int64_t scratch_floats;
+    fx_ssm_bwd_args args;
+    Grads(Problem &pb, fx_tensor *saved)
+    {
+        dx = tensor(pb.type, {pb.B, pb.L, pb.D}, 0, 0, false);
+        ddt = tensor(pb.type, {pb.B, pb.L, pb.D}, 0, 0, false);
+        dz = tensor(pb.type, {pb.B, pb.L, pb.D}, 0, 0, false);
+        da = tensor(FX_F32, {pb.D, pb.N}, 0, 0, false);
+        db = tensor(pb.type, {pb.B, pb.L, pb.N}, 0, 0, false);
+        dc = tensor(pb.type, {pb.B, pb.L, pb.N}, 0, 0, false);
+        dd = tensor(FX_F32, {pb.D}, 0, 0, false);
+        dbias = tensor(FX_F32, {pb.D}, 0, 0, false);
+        scratch_floats = BwdScratch(pb.args.n).total;
+        CK(cudaMalloc(&scratch, sizeof(float) * scratch_floats));
+        memset(&args, 0, sizeof args);
+        args.fwd = pb.args;
+        args.fwd.saved = saved;
+        args.fwd.y = nullptr;
+        args.dy = &pb.dy;
+        args.dx = &dx, args.ddt = &ddt, args.dz = &dz, args.da = &da, args.db = &db, args.dc = &dc;
+        args.dd = &dd, args.ddt_bias = &dbias;
+    }
+};
+
+static void convert(const float *src, int64_t n, const fx_tensor &dst)
+{
+    ssm_convert_kernel<<<264, 256, 0, g_stream>>>(src, n, dst.data, (int)dst.dtype);
+}
+
+// As launch_backward in ssm.cu: zero the sums, the kernel, the conversions.
+template <typename T> static void launch_bwd(Grads &g, bool kernel_only = false)
+{
+    typedef Cfg<4, 4> C;
+    const BwdScratch sz(g.args.fwd.n);
+    if (!kernel_only)
+        CK(cudaMemsetAsync(g.scratch, 0, sizeof(float) * sz.total, g_stream));
+    const BwdParams bp = bwd_params<C>(&g.args, g.scratch, sz);
+    const size_t smem = BwdSmem<T, C>::BYTES;
+    if (bwd_fast<T, C>(bp)) {
+        CK(cudaFuncSetAttribute(ssm_bwd_kernel<T, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        ssm_bwd_kernel<T, C, true><<<(unsigned)grid_of(bp.f), C::BW * 32, smem, g_stream>>>(bp);
+    } else {
+        CK(cudaFuncSetAttribute(ssm_bwd_kernel<T, C, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        ssm_bwd_kernel<T, C, false><<<(unsigned)grid_of(bp.f), C::BW * 32, smem, g_stream>>>(bp);
+    }
+    if (!kernel_only) {
+        convert(bp.acc_db, sz.n_bc, g.db), convert(bp.acc_dc, sz.n_bc, g.dc), convert(bp.acc_da, sz.n_a, g.da);
+        convert(bp.acc_dd, sz.n_d, g.dd), convert(bp.acc_dbias, sz.n_d, g.dbias);
+    }
+}
+
+
+static StepParams step_of(Problem &pb)
+{
+    // the step on row t = 0 of the scan's inputs: [batch, dim] = first rows
+    // only when L == 1, which is how the step cases are made
+    StepParams s = {};
+    s.x = pb.x.data, s.dt = pb.dt.data, s.z = pb.z.data, s.b = pb.b.data, s.c = pb.c.data;
+    s.a = pb.a.data, s.d = pb.d.data, s.dt_bias = pb.bias.data;
+    s.a_type = s.d_type = s.bias_type = FX_F32;
+    s.batch = pb.B, s.dim = pb.D, s.dstate = pb.N, s.groups = 1, s.cpg = pb.D;
+    s.softplus = true;
+    s.state = static_cast<float *>(pb.state.data);
+    s.y = pb.y.data;
+    return s;
+}
+
+__global__ void empty_kernel(float *out)
+{
+    if (out && threadIdx.x == 0)
+        out[blockIdx.x] = 1.0f;
+}
+
+static double fwd_bytes(const Problem &p)
+{
+    double e = p.type == FX_F32 ? 4 : 2;
+    return 4.0 * p.B * p.L * p.D * e + 2.0 * p.B * p.L * p.N * e;
+}
+
+int main(int argc, char **argv)
+{
+    std::string mode = argc > 1 ? argv[1] : "all";
+    CK(cudaSetDevice(0));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    g_sms = prop.multiProcessorCount;
+    CK(cudaStreamCreate(&g_stream));
+    printf("device %s, %d SMs\n", prop.name, g_sms);
+
+    Problem big(8, 2048, 1536, 16, FX_F32);
+    Problem bigh(8, 2048, 1536, 16, FX_BF16);
+
+    if (mode == "ncu") {
+        launch_fwd<float>(&big.args);
+        launch_fwd<__nv_bfloat16>(&bigh.args);
+        big.args.saved = &big.saved;
+        launch_fwd<float>(&big.args);
+        big.args.saved = nullptr;
+        Grads g(big, &big.saved);
+        launch_bwd<float>(g);
+        CK(cudaDeviceSynchronize());
+        return 0;
+    }
+
+    printf("| kernel | shape | type | median us | GB/s |\n|---|---|---|---:|---:|\n");
+    const int R = 20;
+    row("fwd", big, time_us([&] { launch_fwd<float>(&big.args); }, R), fwd_bytes(big));
+    row("fwd", bigh, time_us([&] { launch_fwd<__nv_bfloat16>(&bigh.args); }, R), fwd_bytes(bigh));
+    {
+        big.args.saved = &big.saved;
+        row("fwd + saved states", big, time_us([&] { launch_fwd<float>(&big.args); }, R), fwd_bytes(big));
+        big.args.saved = nullptr;
+        Grads g(big, &big.saved);
+        big.args.saved = &big.saved;
+        launch_fwd<float>(&big.args); // the states the backward starts from
+        big.args.saved = nullptr;
+        row("bwd (memset, kernel, converts)", big, time_us([&] { launch_bwd<float>(g); }, 10), 0);
+        row("bwd kernel alone", big, time_us([&] { launch_bwd<float>(g, true); }, 10), 0);
+        row("fwd+bwd", big, time_us([&] {
+            big.args.saved = &big.saved;
+            launch_fwd<float>(&big.args);
+            big.args.saved = nullptr;
+            launch_bwd<float>(g);
+        }, 10), 0);
+    }
+    // small cases: several input sets so that L2 does not hold them all
+    {
+        std::vector<Problem *> sets;
+        for (int i = 0; i < 4; i++)
+            sets.push_back(new Problem(32, 60, 512, 16, FX_F32));
+        int k = 0;
+        for (int w : {1, 4})
+            row(w == 1 ? "fwd W1" : "fwd W4", *sets[0],
+                time_us([&] { launch_fwd<float>(&sets[k++ % 4]->args, w); }, 200), fwd_bytes(*sets[0]));
+    }
+    {
+        Problem s1(1, 32, 512, 16, FX_F32);
+        row("empty kernel (launch floor)", s1,
+            time_us([&] { empty_kernel<<<16, 128, 0, g_stream>>>(static_cast<float *>(s1.y2.data)); }, 300), 0);
+        row("fwd", s1, time_us([&] { launch_fwd<float>(&s1.args); }, 300), fwd_bytes(s1));
+        Problem st(1, 1, 512, 16, FX_F32);
+        StepParams sp = step_of(st);
+        row("step", st, time_us([&] { launch_step<float>(sp); }, 500), 0);
+    }
+    return 0;
+}
