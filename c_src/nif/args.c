@@ -1,5 +1,8 @@
 /* The one argument-parsing path every NIF uses, and the mapping of a
  * failed status onto an Erlang error. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "core/dtype.h"
@@ -13,12 +16,72 @@ typedef struct fx_ctx {
 
 ErlNifResourceType *fx_ctx_type;
 
-ERL_NIF_TERM fx_atom(ErlNifEnv *env, const char *name)
+/* Atoms by name, cached: the glue looks up the same few dozen names (option
+ * keys, map keys, true/false) on every call, and each erts lookup hashes the
+ * name and takes the atom table's lock. Atoms are never collected, so a
+ * term found once is valid in every env. Reads are lock-free: a slot's name
+ * is published (release) after its atom is written. */
+#define ATOM_CACHE_SLOTS 512
+
+typedef struct atom_slot {
+    _Atomic(const char *) name; /* a private copy; NULL while the slot is free */
+    ERL_NIF_TERM atom;
+} atom_slot;
+
+static atom_slot atom_cache[ATOM_CACHE_SLOTS];
+static pthread_mutex_t atom_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint32_t name_hash(const char *name)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        h = (h ^ *p) * 16777619u;
+    return h;
+}
+
+static ERL_NIF_TERM make_atom(ErlNifEnv *env, const char *name)
 {
     ERL_NIF_TERM atom;
     if (enif_make_existing_atom(env, name, &atom, ERL_NIF_LATIN1))
         return atom;
     return enif_make_atom(env, name);
+}
+
+/* The slot holding `name`, or the free slot where it belongs, or NULL when
+ * the table is full. */
+static atom_slot *atom_probe(const char *name, uint32_t hash, const char **found)
+{
+    for (unsigned i = 0; i < ATOM_CACHE_SLOTS; i++) {
+        atom_slot *slot = &atom_cache[(hash + i) % ATOM_CACHE_SLOTS];
+        const char *key = atomic_load_explicit(&slot->name, memory_order_acquire);
+        *found = key;
+        if (!key || strcmp(key, name) == 0)
+            return slot;
+    }
+    return NULL;
+}
+
+ERL_NIF_TERM fx_atom(ErlNifEnv *env, const char *name)
+{
+    uint32_t hash = name_hash(name);
+    const char *key;
+    atom_slot *slot = atom_probe(name, hash, &key);
+    if (slot && key)
+        return slot->atom;
+    ERL_NIF_TERM atom = make_atom(env, name);
+    size_t len = strlen(name);
+    if (!slot || len > 255)
+        return atom;
+    pthread_mutex_lock(&atom_cache_lock);
+    slot = atom_probe(name, hash, &key); /* another thread may have added it */
+    char *copy = slot && !key ? malloc(len + 1) : NULL;
+    if (copy) {
+        memcpy(copy, name, len + 1);
+        slot->atom = atom;
+        atomic_store_explicit(&slot->name, copy, memory_order_release);
+    }
+    pthread_mutex_unlock(&atom_cache_lock);
+    return atom;
 }
 
 ERL_NIF_TERM fx_make_string(ErlNifEnv *env, const char *s)
@@ -303,6 +366,25 @@ int fx_arg_int64(fx_call *c, ERL_NIF_TERM term, const char *name, int64_t *out)
 
 /* ---- option maps ---- */
 
+static bool allowed_key(ErlNifEnv *env, ERL_NIF_TERM key, const char *const *allowed)
+{
+    for (const char *const *a = allowed; *a; a++)
+        if (enif_is_identical(key, fx_atom(env, *a)))
+            return true;
+    return false;
+}
+
+static int unknown_option(fx_call *c, ERL_NIF_TERM key, const char *const *allowed)
+{
+    char list[512] = "";
+    size_t used = 0;
+    for (const char *const *a = allowed; *a && used < sizeof list; a++)
+        used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", a == allowed ? "" : ", ", *a);
+    char text[96];
+    fx_format_term(text, sizeof text, key);
+    return fx_fail(&c->st, FX_EBADARG, "opts: expected only the options %s, got %s", list, text);
+}
+
 int fx_arg_opts(fx_call *c, ERL_NIF_TERM term, const char *const *allowed)
 {
     if (!enif_is_map(c->env, term))
@@ -312,22 +394,8 @@ int fx_arg_opts(fx_call *c, ERL_NIF_TERM term, const char *const *allowed)
     int rc = FX_OK;
     enif_map_iterator_create(c->env, term, &it, ERL_NIF_MAP_ITERATOR_FIRST);
     while (rc == FX_OK && enif_map_iterator_get_pair(c->env, &it, &key, &value)) {
-        char name[64];
-        bool known = false;
-        if (enif_get_atom(c->env, key, name, sizeof name, ERL_NIF_LATIN1))
-            for (const char *const *a = allowed; *a && !known; a++)
-                known = strcmp(*a, name) == 0;
-        if (!known) {
-            char list[512] = "";
-            size_t used = 0;
-            for (const char *const *a = allowed; *a && used < sizeof list; a++)
-                used += (size_t)snprintf(list + used, sizeof list - used, "%s%s",
-                                         a == allowed ? "" : ", ", *a);
-            char text[96];
-            fx_format_term(text, sizeof text, key);
-            rc = fx_fail(&c->st, FX_EBADARG, "opts: expected only the options %s, got %s", list,
-                         text);
-        }
+        if (!allowed_key(c->env, key, allowed))
+            rc = unknown_option(c, key, allowed);
         enif_map_iterator_next(c->env, &it);
     }
     enif_map_iterator_destroy(c->env, &it);
