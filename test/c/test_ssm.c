@@ -744,6 +744,121 @@ START_TEST(cpu_gradients_match_finite_differences)
 }
 END_TEST
 
+/* ---- an independent backward for the gradients that are sums ----
+ *
+ * a, d and dt_bias sum terms over batch and time, b and c over the channels
+ * of a group. A float sum of terms t_i is off by about eps * ||t||, however
+ * small the sum: when the terms cancel (one element when dim is 1), its
+ * relative error says nothing of the kernel. This backward, plain loops in
+ * f64 like forward_naive, gives each such gradient with the squares of its
+ * terms, so that the check can judge the error against max(|sum|, ||t||). */
+enum { G_A = 2, G_B = 3, G_C = 4, G_D = 5, G_BIAS = 7 };
+static const int sum_grad_index[] = {G_A, G_B, G_C, G_D, G_BIAS};
+
+typedef struct sum_grads {
+    double *g[9], *sq[9]; /* indexed as input_names; NULL where not a sum */
+} sum_grads;
+
+static void sum_add(sum_grads *r, int k, int64_t e, double term)
+{
+    r->g[k][e] += term;
+    r->sq[k][e] += term * term;
+}
+
+/* The states h_0..h_L of one channel, into hist[(L + 1) * N]. */
+static void channel_states(const host_inputs *h, int64_t b, int64_t d, double *hist)
+{
+    const spec *s = &h->s;
+    int64_t L = s->seqlen, D = s->dim, N = s->dstate, G = s->groups, g = d / (D / G);
+    for (int64_t k = 0; k < N; k++)
+        hist[k] = h->h0 ? h->h0[(b * D + d) * N + k] : 0.0;
+    for (int64_t t = 0; t < L; t++) {
+        int64_t i = (b * L + t) * D + d, row = ((b * L + t) * G + g) * N;
+        double u = h->dt[i] + (h->bias ? h->bias[d] : 0.0);
+        double delta = (s->opts & OPT_SOFTPLUS) ? (u > 20 ? u : log(1.0 + exp(u))) : u;
+        for (int64_t k = 0; k < N; k++)
+            hist[(t + 1) * N + k] = exp(delta * h->a[d * N + k]) * hist[t * N + k] +
+                                    delta * h->b[row + k] * h->x[i];
+    }
+}
+
+/* Walks one channel backwards from dstate, adding every term. */
+static void channel_backward(const host_inputs *h, int64_t b, int64_t d, const double *dy,
+                             const double *dstate, const double *hist, double *dh, sum_grads *r)
+{
+    const spec *s = &h->s;
+    int64_t L = s->seqlen, D = s->dim, N = s->dstate, G = s->groups, g = d / (D / G);
+    for (int64_t k = 0; k < N; k++)
+        dh[k] = dstate ? dstate[(b * D + d) * N + k] : 0.0;
+    for (int64_t t = L - 1; t >= 0; t--) {
+        int64_t i = (b * L + t) * D + d, row = ((b * L + t) * G + g) * N;
+        double u = h->dt[i] + (h->bias ? h->bias[d] : 0.0), x = h->x[i];
+        bool softplus = (s->opts & OPT_SOFTPLUS) != 0;
+        double delta = softplus ? (u > 20 ? u : log(1.0 + exp(u))) : u;
+        double dsoftplus = softplus && u <= 20 ? 1.0 / (1.0 + exp(-u)) : 1.0;
+        double gate = h->z ? h->z[i] / (1.0 + exp(-h->z[i])) : 1.0, gy = dy[i] * gate;
+        double ddelta = 0.0;
+        for (int64_t k = 0; k < N; k++) {
+            double a = h->a[d * N + k], decay = exp(delta * a), prev = hist[t * N + k];
+            dh[k] += h->c[row + k] * gy;
+            sum_add(r, G_A, d * N + k, dh[k] * decay * delta * prev);
+            sum_add(r, G_B, row + k, dh[k] * delta * x);
+            sum_add(r, G_C, row + k, gy * hist[(t + 1) * N + k]);
+            ddelta += dh[k] * (a * decay * prev + h->b[row + k] * x);
+            dh[k] *= decay;
+        }
+        sum_add(r, G_D, d, gy * x);
+        sum_add(r, G_BIAS, d, ddelta * dsoftplus);
+    }
+}
+
+static sum_grads backward_sums_naive(const host_inputs *h, const double *dy, const double *dstate)
+{
+    const spec *s = &h->s;
+    int64_t sizes[9] = {0, 0, s->dim * s->dstate, n_bc(s), n_bc(s), s->dim, 0, s->dim, 0};
+    sum_grads r = {0};
+    for (int j = 0; j < 5; j++) {
+        int k = sum_grad_index[j];
+        r.g[k] = alloc_f64(sizes[k]);
+        r.sq[k] = alloc_f64(sizes[k]);
+    }
+    double *hist = alloc_f64((s->seqlen + 1) * s->dstate), *dh = alloc_f64(s->dstate);
+    for (int64_t b = 0; b < s->batch; b++)
+        for (int64_t d = 0; d < s->dim; d++) {
+            channel_states(h, b, d, hist);
+            channel_backward(h, b, d, dy, dstate, hist, dh, &r);
+        }
+    free(hist);
+    free(dh);
+    return r;
+}
+
+static void sum_grads_free(sum_grads *r)
+{
+    for (int k = 0; k < 9; k++) {
+        free(r->g[k]);
+        free(r->sq[k]);
+    }
+}
+
+/* ||got - want|| / max(||want||, ||terms||): rel-L2, but a sum that
+ * cancelled is judged against the size of what it summed. */
+static double sum_rel_l2(const double *got, const double *want, const double *sq, int64_t n)
+{
+    double diff = 0, ref = 0, terms = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(got[i]) || isnan(want[i]))
+            return INFINITY;
+        diff += (got[i] - want[i]) * (got[i] - want[i]);
+        ref += want[i] * want[i];
+        terms += sq[i];
+    }
+    double scale = fmax(ref, terms);
+    if (scale == 0)
+        return diff == 0 ? 0 : INFINITY;
+    return sqrt(diff / scale);
+}
+
 /* The device backward against the CPU backward on f64 copies of the same
  * values (on cpu: f32 and 16-bit inputs against f64). */
 static void check_backward_case(spec s, fx_dtype type, fx_dtype param_type, bool with_dstate)
@@ -760,11 +875,19 @@ static void check_backward_case(spec s, fx_dtype type, fx_dtype param_type, bool
     int64_t sizes[9] = {n_btd(&s), n_btd(&s), s.dim * s.dstate, n_bc(&s), n_bc(&s),
                         s.dim, n_btd(&s), s.dim, n_state(&s)};
     double tol = type_tolerance(type);
-    /* Terms summed into each element: a, d, dt_bias over batch and time; b,
-     * c over the channels of a group. An f32 sum of n random-sign terms is
-     * off by ~eps*sqrt(n) of their scale, which a sum that cancels down to
-     * a small value (one element when dim is 1) turns into a large relative
-     * error: such gradients get a tolerance growing with sqrt(n). */
+    /* The sums' terms, from an independent backward that must agree with
+     * the CPU backward first. */
+    sum_grads sums = backward_sums_naive(&h, dy, dstate);
+    for (int j = 0; j < COUNT(sum_grad_index); j++) {
+        int k = sum_grad_index[j];
+        if (!want.g[k] || sizes[k] == 0)
+            continue;
+        double err = sum_rel_l2(want.g[k], sums.g[k], sums.sq[k], sizes[k]);
+        ck_assert_msg(err <= 1e-10, "d%s: cpu backward vs plain loops: %.3g for %s (seed %llu)",
+                      input_names[k], err, spec_text(&s, FX_F64), (unsigned long long)fx_test_seed());
+    }
+    /* A sum of n terms in f32 rounds n times: the tolerance of the sums
+     * grows with sqrt(n) (beyond 16 terms). */
     double terms[9] = {1, 1, (double)(s.batch * s.seqlen), (double)(s.dim / s.groups),
                        (double)(s.dim / s.groups), (double)(s.batch * s.seqlen), 1,
                        (double)(s.batch * s.seqlen), 1};
@@ -776,10 +899,12 @@ static void check_backward_case(spec s, fx_dtype type, fx_dtype param_type, bool
          * rounded to it. */
         bool param = k == 2 || k == 5 || k == 7 || k == 8;
         double t = (param ? fmax(type_tolerance(param_type), tol) : tol) * fmax(1.0, sqrt(terms[k]) / 4);
-        char what[32];
-        snprintf(what, sizeof what, "d%s", input_names[k]);
-        CHECK_CLOSE(what, got.g[k], want.g[k], sizes[k], t, &s, type);
+        double err = sums.sq[k] ? sum_rel_l2(got.g[k], want.g[k], sums.sq[k], sizes[k])
+                                : fx_rel_l2(got.g[k], want.g[k], sizes[k]);
+        ck_assert_msg(err <= t, "d%s: rel-L2 %.3g > %.3g for %s (seed %llu)", input_names[k], err,
+                      t, spec_text(&s, type), (unsigned long long)fx_test_seed());
     }
+    sum_grads_free(&sums);
     grads_free(&got);
     grads_free(&want);
     free(dy);
