@@ -133,8 +133,8 @@ static int forward_with(fx_cuda_device *d, int dev, const fx_linrec_fwd_args *a,
     const fwd_params prm = make_fwd_params(a);
     if constexpr (V > 1) {
         if (large_launch(&a->p)) {
-            constexpr int S = pipe_steps<KIND, T, V>();
-            constexpr int keep = pipe_keeps<KIND, T, V>();
+            constexpr int S = pipe_steps<KIND, T, V, G>();
+            constexpr int keep = pipe_keeps<KIND, T, V, G>();
             const plan pl = make_plan(d, &a->p, V, G, S, a->max_tile_steps);
             fxscan::tiling t = make_tiling(&a->p, pl, a->p.reverse);
             return launch_pipelined(d, dev, forward_pipelined_kernel<KIND, T, V, G, S, keep, CG, false>,

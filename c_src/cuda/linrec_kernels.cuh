@@ -457,15 +457,18 @@ template <int KIND, typename T, int V> inline size_t fwd_stage_bytes(int steps, 
 // data needs no barrier; one barrier per tile guards the scan's shared
 // memory and hands out the ticket.
 constexpr int kPipeBlocks = 3;
-constexpr int kPipeStageBytes = 32 * 1024; // one buffer (a block has two)
+// A block's share of an SM's shared memory (228 KB on sm_90, 1 KB of it
+// reserved per block): the scan's own and the two stage buffers.
+constexpr int kPipeBlockShared = 228 * 1024 / kPipeBlocks - 1024;
 
-// Steps a thread stages per tile: one buffer holds every step's inputs (at
-// most 8 steps, 4 for liquid, whose per-step dt takes registers: more
-// spill at kPipeBlocks' 80 registers).
-template <int KIND, typename T, int V> constexpr int pipe_steps()
+// Steps a thread stages per tile: the most that two buffers fit beside the
+// scan's shared memory (4 for f32 with two inputs: 32 KB buffers), at most
+// 8 (4 for liquid, whose per-step dt takes registers: more would spill at
+// kPipeBlocks' 80 registers).
+template <int KIND, typename T, int V, int G> constexpr int pipe_steps()
 {
-    constexpr int fit = kPipeStageBytes / (nseq<KIND>() * fxscan::kBlockThreads *
-                                           (int)sizeof(typename fxscan::pack<T, V>::R));
+    constexpr int buffer = (kPipeBlockShared - (int)sizeof(fxscan::pipe_smem<G, V>)) / 2;
+    constexpr int fit = buffer / (nseq<KIND>() * fxscan::kBlockThreads * (int)sizeof(typename fxscan::pack<T, V>::R));
     constexpr int most = KIND == FX_LINREC_LIQUID ? 4 : 8;
     return clamp_steps(fit < most ? fit : most);
 }
@@ -475,12 +478,12 @@ template <int KIND, typename T, int V> constexpr int pipe_steps()
 // first pass (f32 with two inputs or more: (a, b) of V channels is two
 // slots). The scan's map is its inputs: it reads them again.
 enum { kRecompute, kKeepRegs, kKeepSlots };
-template <int KIND, typename T, int V> constexpr int pipe_keeps()
+template <int KIND, typename T, int V, int G> constexpr int pipe_keeps()
 {
-    return KIND == FX_LINREC_SCAN                                                  ? kRecompute
-           : sizeof(T) == 4 && nseq<KIND>() >= 2                                   ? kKeepSlots
-           : 2 * V * pipe_steps<KIND, T, V>() <= 16                                ? kKeepRegs
-                                                                                   : kRecompute;
+    return KIND == FX_LINREC_SCAN                               ? kRecompute
+           : sizeof(T) == 4 && V == 4 && nseq<KIND>() >= 2      ? kKeepSlots
+           : 2 * V * pipe_steps<KIND, T, V, G>() <= 16          ? kKeepRegs
+                                                                : kRecompute;
 }
 
 // Shared memory the pipelined forward's two buffers take.

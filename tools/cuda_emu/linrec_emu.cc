@@ -173,8 +173,8 @@ template <int KIND> void emu_forward_staged(const fx_linrec_fwd_args *a, const l
 template <int KIND, int G> void emu_forward_pipelined(const fx_linrec_fwd_args *a, const lr_case &c)
 {
     fx_cuda_device d = {132};
-    constexpr int S = pipe_steps<KIND, float, 4>();
-    constexpr int KEEP = G == 8 ? pipe_keeps<KIND, float, 4>() : kRecompute;
+    constexpr int S = pipe_steps<KIND, float, 4, G>();
+    constexpr int KEEP = G == 8 ? pipe_keeps<KIND, float, 4, G>() : kRecompute;
     plan pl = make_plan(&d, &a->p, 4, G, S, a->max_tile_steps);
     fxscan::tiling t = make_tiling(&a->p, pl, a->p.reverse);
     const fwd_params prm = make_fwd_params(a);

@@ -13,6 +13,7 @@ void lv_register_other(std::vector<lv_variant> &out)
     out.push_back({"pipe8 recompute", LQ, 0, pipe<LQ, float, 4, 8, 8, kRecompute>});
     out.push_back({"pipe4 recompute", LQ, 0, pipe<LQ, float, 4, 8, 4, kRecompute>});
     out.push_back({"reg8 (main)", MG, 1, reg<MG, __nv_bfloat16, 4, 16, fwd_steps<MG, __nv_bfloat16, 4>()>});
+    out.push_back({"pipe7 recompute", MG, 1, pipe<MG, __nv_bfloat16, 4, 16, 7, kRecompute>});
     out.push_back({"pipe8 recompute", MG, 1, pipe<MG, __nv_bfloat16, 4, 16, 8, kRecompute>});
     out.push_back({"pipe4 recompute", MG, 1, pipe<MG, __nv_bfloat16, 4, 16, 4, kRecompute>});
     out.push_back({"pipe2 keep", MG, 1, pipe<MG, __nv_bfloat16, 4, 16, 2, kKeepRegs>});
