@@ -95,33 +95,6 @@ static int launch_tiles(fx_cuda_device *d, int dev, Single single, Chained chain
     return fx_cuda_launched(d, what, st);
 }
 
-// Launches a pipelined kernel: kPipeBlocks persistent blocks per SM (or one
-// per tile, if fewer) that take the plan's tiles by ticket. The tickets live
-// in the look-back scratch, so single-tile launches take its lock too.
-template <typename Kernel, typename Params>
-static int launch_pipelined(fx_cuda_device *d, int dev, Kernel single, Kernel chained, const Params &prm,
-                            const plan &pl, fxscan::tiling &t, size_t stage_bytes, const char *what, fx_status *st)
-{
-    if (!plan_fits(pl))
-        return fx_fail(st, FX_EBADARG, "%s: %lld tiles is more than one launch can take", what,
-                       (long long)(pl.ctiles * pl.ttiles));
-    const int64_t tiles = pl.ctiles * pl.ttiles, most = (int64_t)kPipeBlocks * d->sm_count;
-    const unsigned blocks = (unsigned)(tiles < most ? tiles : most), threads = 32 * pl.warps;
-    Kernel kernel = pl.ttiles == 1 ? single : chained;
-    if (stage_bytes > 48 * 1024)
-        FX_CUDA_TRY(d, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)stage_bytes),
-                    "cudaFuncSetAttribute (linrec staging)", st);
-    std::lock_guard<std::mutex> held(scratch[dev].lock);
-    if (prepare_lookback(d, dev, t, pl.vec * pl.group, st))
-        return st->code;
-    kernel<<<blocks, threads, stage_bytes, d->stream>>>(prm, t);
-#ifdef FXLR_STATS
-    if (pl.ttiles > 1)
-        print_stats<<<1, 1, 0, d->stream>>>((unsigned)tiles);
-#endif
-    return fx_cuda_launched(d, what, st);
-}
-
 // Candidate g exists for mingru and minlstm only.
 template <int KIND> constexpr bool has_cand() { return KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM; }
 
@@ -131,15 +104,14 @@ template <int KIND, typename T, int V, int G, bool CG>
 static int forward_with(fx_cuda_device *d, int dev, const fx_linrec_fwd_args *a, fx_status *st)
 {
     const fwd_params prm = make_fwd_params(a);
-    if constexpr (V > 1) {
+    if constexpr (V > 1 && fwd_stages<KIND, T>()) {
         if (large_launch(&a->p)) {
-            constexpr int S = pipe_steps<KIND, T, V, G>();
-            constexpr int keep = pipe_keeps<KIND, T, V, G>();
+            constexpr int S = kStagedFwdSteps;
             const plan pl = make_plan(d, &a->p, V, G, S, a->max_tile_steps);
             fxscan::tiling t = make_tiling(&a->p, pl, a->p.reverse);
-            return launch_pipelined(d, dev, forward_pipelined_kernel<KIND, T, V, G, S, keep, CG, false>,
-                                    forward_pipelined_kernel<KIND, T, V, G, S, keep, CG, true>, prm, pl, t,
-                                    pipe_stage_bytes<KIND, T, V>(pl.steps, pl.warps), "linrec forward kernel", st);
+            return launch_tiles(d, dev, forward_staged_kernel<KIND, T, V, G, S, CG, false>,
+                                forward_staged_kernel<KIND, T, V, G, S, CG, true>, prm, pl, t,
+                                fwd_stage_bytes<KIND, T, V>(pl.steps, pl.warps), "linrec forward kernel", st);
         }
     }
     constexpr int S = fwd_steps<KIND, T, V>();

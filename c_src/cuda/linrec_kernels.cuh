@@ -444,201 +444,6 @@ template <int KIND, typename T, int V> inline size_t fwd_stage_bytes(int steps, 
     return (size_t)steps * nseq<KIND>() * 32 * warps * sizeof(typename fxscan::pack<T, V>::R);
 }
 
-// ---- the pipelined forward ----
-//
-// Persistent blocks (kPipeBlocks per SM) take tiles by ticket, in increasing
-// order (fxscan::take_tickets), and keep the next tile's inputs in flight
-// (cp.async into the second of two stage buffers) while they scan the
-// current one and store its h: each block always has loads outstanding,
-// where the one-tile-per-block kernels above load, then compute and store
-// with nothing of their own in flight. Thread 0 takes the ticket after next
-// while the block works on the current tile, so the atomic's round trip is
-// hidden. A thread copies its own slots and reads them back itself: the
-// data needs no barrier; one barrier per tile guards the scan's shared
-// memory and hands out the ticket.
-constexpr int kPipeBlocks = 3;
-// A block's share of an SM's shared memory (228 KB on sm_90, 1 KB of it
-// reserved per block): the scan's own and the two stage buffers.
-constexpr int kPipeBlockShared = 228 * 1024 / kPipeBlocks - 1024;
-
-// Steps a thread stages per tile: the most that two buffers fit beside the
-// scan's shared memory (4 for f32 with two inputs: 32 KB buffers), at most
-// 8 (4 for liquid, whose per-step dt takes registers: more would spill at
-// kPipeBlocks' 80 registers).
-template <int KIND, typename T, int V, int G> constexpr int pipe_steps()
-{
-    constexpr int buffer = (kPipeBlockShared - (int)sizeof(fxscan::pipe_smem<G, V>)) / 2;
-    constexpr int fit = buffer / (nseq<KIND>() * fxscan::kBlockThreads * (int)sizeof(typename fxscan::pack<T, V>::R));
-    constexpr int most = KIND == FX_LINREC_LIQUID ? 4 : 8;
-    return clamp_steps(fit < most ? fit : most);
-}
-
-// Where the second pass finds each step's (a, b): computed again from the
-// inputs' slots, kept in registers, or written over the inputs' slots by the
-// first pass (f32 with two inputs or more: (a, b) of V channels is two
-// slots). The scan's map is its inputs: it reads them again.
-enum { kRecompute, kKeepRegs, kKeepSlots };
-template <int KIND, typename T, int V, int G> constexpr int pipe_keeps()
-{
-    return KIND == FX_LINREC_SCAN                               ? kRecompute
-           : sizeof(T) == 4 && V == 4 && nseq<KIND>() >= 2      ? kKeepSlots
-           : 2 * V * pipe_steps<KIND, T, V, G>() <= 16          ? kKeepRegs
-                                                                : kRecompute;
-}
-
-// Shared memory the pipelined forward's two buffers take.
-template <int KIND, typename T, int V> inline size_t pipe_stage_bytes(int steps, int warps)
-{
-    return 2 * fwd_stage_bytes<KIND, T, V>(steps, warps);
-}
-
-template <int KIND, typename T, int V, int G, int S, int KEEP, bool CG, bool CHAINED>
-__global__ void __launch_bounds__(fxscan::kBlockThreads, kPipeBlocks)
-    forward_pipelined_kernel(const fwd_params p, const fxscan::tiling t)
-{
-    constexpr int N = nseq<KIND>();
-    static_assert(KEEP != kKeepSlots || (sizeof(T) == 4 && V == 4 && N >= 2), "(a, b) of V channels takes two f32 slots");
-    typedef fxscan::pack<T, V> pk;
-    typedef typename pk::R R;
-    typedef fxscan::pipe_smem<G, V> shared_t;
-    FXSCAN_SHARED(shared_t, sm);
-    FXSCAN_STAGE(stage_bytes);
-    const unsigned threads = blockDim.x, tiles = (unsigned)t.ctiles * (unsigned)t.ttiles;
-    // Slot (c, k) of buffer `buf`: own[buf * per_buf + (c * N + k) * threads]
-    // (a buffer holds the plan's t.steps <= S steps).
-    R *const own = reinterpret_cast<R *>(stage_bytes) + threadIdx.x;
-    const unsigned per_buf = (unsigned)t.steps * N * threads;
-    const int64_t H = t.hidden;
-
-    auto issue = [&](unsigned tile, int buf) {
-        if (tile < tiles) {
-            const fxscan::place at = fxscan::locate_tile<G, V, CHAINED>(t, tile);
-            const fxscan::rows r = fxscan::rows_of(t, at);
-#pragma unroll
-            for (int c = 0; c < S; c++)
-                if (c < r.count)
-#pragma unroll
-                    for (int k = 0; k < N; k++)
-                        fxscan::copy_async(own + buf * per_buf + (c * N + k) * threads,
-                                           reinterpret_cast<const R *>(static_cast<const T *>(p.in.seq[k]) +
-                                                                       r.off0 + c * r.stride));
-        }
-        fxscan::copy_commit();
-    };
-
-    const unsigned first = fxscan::take_tickets(t, 2);
-    if (threadIdx.x == 0)
-        sm.ticket = first;
-    __syncthreads();
-    unsigned cur = sm.ticket, nxt = cur + 1;
-    int buf = 0;
-    issue(cur, 0);
-    while (cur < tiles) {
-        issue(nxt, buf ^ 1);
-        const unsigned after = nxt < tiles ? fxscan::take_tickets(t, 1) : ~0u;
-
-        const fxscan::place at = fxscan::locate_tile<G, V, CHAINED>(t, cur);
-        const fxscan::rows r = fxscan::rows_of(t, at);
-        float dt[S];
-#pragma unroll
-        for (int c = 0; c < S; c++)
-            dt[c] = step_dt<KIND, T>(p.in, at, r, t, c);
-        chan ch[V];
-        load_chan<KIND, T, V>(p.in, at.h, at.live, ch);
-        float init[V];
-#pragma unroll
-        for (int v = 0; v < V; v++)
-            init[v] = at.tt == 0 && at.live && p.h0 ? fxscan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v)
-                                                    : 0.f;
-        // (the previous tile's status travels during the first pass)
-        fxscan::word peek_w[V];
-        fxscan::peek_load<G, V, CHAINED>(t, at, peek_w);
-        fxscan::copy_wait_prior(); // this tile's slots are in (the next tile's may not be)
-
-        R *const slots = own + buf * per_buf;
-        auto read_step = [&](int c, pk (&xc)[N]) {
-#pragma unroll
-            for (int k = 0; k < N; k++)
-                xc[k] = c < r.count ? pk{slots[(c * N + k) * threads]} : pad_pack<KIND, T, V>(k);
-        };
-        auto step_map = [&](int c, int v, const pk (&xc)[N]) {
-            float xs[3];
-            step_inputs<N>(xc, v, xs);
-            return coeff<KIND, CG>(xs, ch[v], dt[c]);
-        };
-
-        // A step's (a, b) over its two first slots, as f32 (kKeepSlots).
-        auto slot_maps = [&](int c) { return reinterpret_cast<float *>(slots + c * N * threads); };
-        auto slot_map = [&](int c, int v) {
-            const float *f = slot_maps(c);
-            return affine{f[v], f[threads * V + v]};
-        };
-
-        affine mine[V], kept[KEEP == kKeepRegs ? S : 1][V];
-#pragma unroll
-        for (int v = 0; v < V; v++)
-            mine[v] = fxscan::identity();
-#pragma unroll
-        for (int c = 0; c < S; c++) {
-            pk xc[N];
-            read_step(c, xc);
-            affine m[V];
-#pragma unroll
-            for (int v = 0; v < V; v++) {
-                m[v] = step_map(c, v, xc);
-                if constexpr (KEEP == kKeepRegs)
-                    kept[c][v] = m[v];
-                mine[v] = fxscan::compose(mine[v], m[v]);
-            }
-            if constexpr (KEEP == kKeepSlots) {
-                if (c < r.count) { // (a step that does not exist is read as the identity)
-                    float4 *f = reinterpret_cast<float4 *>(slot_maps(c));
-                    f[0] = make_float4(m[0].a, m[1].a, m[2].a, m[3].a);
-                    f[threads] = make_float4(m[0].b, m[1].b, m[2].b, m[3].b);
-                }
-            }
-        }
-
-        float peek_h[V], hv[V];
-        const bool peeked = fxscan::peek_found<G, V, CHAINED>(t, at, peek_w, peek_h);
-        fxscan::scan_tile<G, V, CHAINED>(t, at, mine, init, peeked, peek_h, sm.scan, hv);
-
-#pragma unroll
-        for (int c = 0; c < S; c++) {
-            pk xc[N];
-            if constexpr (KEEP == kRecompute)
-                read_step(c, xc);
-#pragma unroll
-            for (int v = 0; v < V; v++) {
-                if constexpr (KEEP == kKeepRegs)
-                    hv[v] = fxscan::apply(kept[c][v], hv[v]);
-                else if constexpr (KEEP == kKeepSlots)
-                    hv[v] = c < r.count ? fxscan::apply(slot_map(c, v), hv[v]) : hv[v];
-                else
-                    hv[v] = fxscan::apply(step_map(c, v, xc), hv[v]);
-            }
-            if (c < r.count)
-                fxscan::store_stream<T, V>(static_cast<T *>(p.h) + r.off0 + c * r.stride, hv);
-        }
-        if (p.state && at.live && at.tt == t.ttiles - 1 && at.seg == t.segs - 1)
-#pragma unroll
-            for (int v = 0; v < V; v++)
-                p.state[at.b * H + at.h + v] = hv[v];
-
-        // Every thread is past this tile's scan (its shared memory is free)
-        // before the next tile's; thread 0 hands out the ticket after next
-        // (written after the scan's barrier, which every thread reaches
-        // after reading the last one).
-        if (threadIdx.x == 0)
-            sm.ticket = after;
-        __syncthreads();
-        cur = nxt;
-        nxt = sm.ticket;
-        buf ^= 1;
-    }
-    fxscan::release_tickets(t);
-}
-
 // ---- backward ----
 
 struct bwd_params {
@@ -1006,18 +811,15 @@ inline step_params make_step_params(const fx_linrec_step_args *a)
     return prm;
 }
 
-// The look-back scratch of a launch: the pipelined kernels' tickets, then
-// the statuses, two words per channel and tile.
-constexpr size_t kTicketBytes = 64;
+// The look-back statuses of a launch: two words per channel and tile.
 inline size_t lookback_bytes(const fxscan::tiling &t, int width)
 {
-    return kTicketBytes + (size_t)t.ctiles * t.ttiles * width * 2 * sizeof(fxscan::word);
+    return (size_t)t.ctiles * t.ttiles * width * 2 * sizeof(fxscan::word);
 }
 
 inline void carve_lookback(char *base, uint32_t epoch, fxscan::tiling &t)
 {
-    t.lb.tickets = (unsigned *)base;
-    t.lb.status = (fxscan::word *)(base + kTicketBytes);
+    t.lb.status = (fxscan::word *)base;
     t.lb.epoch = epoch;
 }
 

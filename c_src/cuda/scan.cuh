@@ -99,9 +99,8 @@ enum : int { kEmpty = 0, kAggregate = 1, kInclusive = 2 };
 typedef unsigned long long word;
 
 struct lookback {
-    word *status;      // [tiles][W channels][2]
-    uint32_t epoch;    // 1 .. 2^30 - 1, new for every launch
-    unsigned *tickets; // the pipelined kernels' [next tile, blocks done]: 0 between launches
+    word *status;   // [tiles][W channels][2]
+    uint32_t epoch; // 1 .. 2^30 - 1, new for every launch
 };
 
 struct tiling {
@@ -178,18 +177,17 @@ struct place {
     bool live;              // its channels exist and its segment is in the tile
 };
 
-// Where a thread of the block that scans `tile` is. (32-bit divisions:
-// 64-bit ones are a long software sequence, and every thread of every
-// block runs this.)
+// Block i scans tile i. (32-bit divisions: 64-bit ones are a long
+// software sequence, and every thread of every block runs this.)
 template <int G, int V, bool CHAINED>
-__device__ __forceinline__ place locate_tile(const tiling &t, unsigned tile)
+__device__ __forceinline__ place locate(const tiling &t)
 {
     place at;
     at.lane = threadIdx.x & 31;
     at.warp = threadIdx.x >> 5;
     at.seg = threadIdx.x / G;
     at.q = threadIdx.x % G;
-    const unsigned ctiles = (unsigned)t.ctiles, htiles = (unsigned)t.htiles;
+    const unsigned tile = blockIdx.x, ctiles = (unsigned)t.ctiles, htiles = (unsigned)t.htiles;
     const unsigned tt = CHAINED ? tile / ctiles : 0u, ct = tile - tt * ctiles, b = ct / htiles;
     at.tt = tt;
     at.ct = ct;
@@ -198,41 +196,6 @@ __device__ __forceinline__ place locate_tile(const tiling &t, unsigned tile)
     at.live = at.h < t.hidden && at.seg < t.segs; // hidden % V == 0 when V > 1
     at.p0 = (at.tt * t.segs + at.seg) * (int64_t)t.steps;
     return at;
-}
-
-// Block i scans tile i (the one-tile-per-block kernels).
-template <int G, int V, bool CHAINED> __device__ __forceinline__ place locate(const tiling &t)
-{
-    return locate_tile<G, V, CHAINED>(t, blockIdx.x);
-}
-
-// ---- tickets (the pipelined kernels) ----
-//
-// Persistent blocks take tiles in increasing order from a counter:
-// tickets[0] is the next tile to hand out, tickets[1] counts the blocks
-// that have finished; the last block to finish sets both back to 0 for the
-// next launch (nothing takes a ticket after it: every block has taken its
-// last one). A tile that a look-back waits for has a smaller ticket, so it
-// was taken by a running block, which finishes its smaller tickets first:
-// no deadlock, whatever the residency.
-
-// Thread 0 takes `n` consecutive tickets; returns the first (only thread 0's
-// value means anything).
-__device__ __forceinline__ unsigned take_tickets(const tiling &t, unsigned n)
-{
-    return threadIdx.x == 0 ? atomicAdd(t.lb.tickets, n) : 0u;
-}
-
-// Called by every thread once the block has taken its last ticket.
-__device__ __forceinline__ void release_tickets(const tiling &t)
-{
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(t.lb.tickets + 1, 1u) == gridDim.x - 1) {
-            atomicExch(t.lb.tickets, 0u);
-            atomicExch(t.lb.tickets + 1, 0u);
-        }
-    }
 }
 
 // ---- reductions within a group of G lanes (full-warp shuffles) ----
@@ -283,55 +246,26 @@ template <int W, int SEGW> struct smem {
 
 template <int G, int V> using tile_smem = smem<G * V, 32 / G>;
 
-// The pipelined kernels' shared memory: the scan's, and the next ticket.
-// (One object: the emulator gives a block one shared region.)
-template <int G, int V> struct pipe_smem {
-    tile_smem<G, V> scan;
-    unsigned ticket;
-};
-
 // Called by warp 0 as soon as the tile's loads are issued: reads the
 // previous tile's status while the data is on its way. When that tile's
 // inclusive state is already there (the usual case when many channel tiles
 // run side by side), the look-back costs nothing more. Other warps, the
 // first time tile and single-tile launches get false.
-// In two halves, so that work can go on while the status travels:
-// peek_load issues the reads, peek_found looks at what came.
 template <int G, int V, bool CHAINED>
-__device__ __forceinline__ void peek_load(const tiling &t, const place &at, word (&w)[V])
-{
-#pragma unroll
-    for (int v = 0; v < V; v++)
-        w[v] = 0;
-    if (!CHAINED || at.tt == 0 || at.warp != 0)
-        return;
-    const word *rec = t.lb.status + (((int64_t)at.ct * t.ttiles + at.tt - 1) * (G * V) + at.q * V) * 2;
-#pragma unroll
-    for (int v = 0; v < V; v++)
-        w[v] = load_relaxed(rec + 2 * v + 1);
-}
-
-template <int G, int V, bool CHAINED>
-__device__ __forceinline__ bool peek_found(const tiling &t, const place &at, const word (&w)[V], float (&h)[V])
+__device__ __forceinline__ bool peek(const tiling &t, const place &at, float (&h)[V])
 {
     if (!CHAINED || at.tt == 0 || at.warp != 0)
         return false;
+    const word *rec = t.lb.status + (((int64_t)at.ct * t.ttiles + at.tt - 1) * (G * V) + at.q * V) * 2;
     const uint32_t want = inclusive_tag(t.lb);
     bool ok = true;
 #pragma unroll
     for (int v = 0; v < V; v++) {
-        ok = ok && word_tag(w[v]) == want;
-        h[v] = word_value(w[v]);
+        word w = load_relaxed(rec + 2 * v + 1);
+        ok = ok && word_tag(w) == want;
+        h[v] = word_value(w);
     }
     return __all_sync(0xffffffffu, ok);
-}
-
-template <int G, int V, bool CHAINED>
-__device__ __forceinline__ bool peek(const tiling &t, const place &at, float (&h)[V])
-{
-    word w[V];
-    peek_load<G, V, CHAINED>(t, at, w);
-    return peek_found<G, V, CHAINED>(t, at, w, h);
 }
 
 // Warp 0, group 0 (the G lanes of segment 0) publishes the tile's status.
@@ -581,22 +515,6 @@ __device__ __forceinline__ void copy_wait()
 {
 #ifndef FXSCAN_EMULATION
     asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-}
-
-// The copies issued since the last commit form a group (possibly empty).
-__device__ __forceinline__ void copy_commit()
-{
-#ifndef FXSCAN_EMULATION
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-// Waits for every committed group but the newest.
-__device__ __forceinline__ void copy_wait_prior()
-{
-#ifndef FXSCAN_EMULATION
-    asm volatile("cp.async.wait_group 1;" ::: "memory");
 #endif
 }
 

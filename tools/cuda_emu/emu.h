@@ -36,10 +36,6 @@ struct uint2 {
 struct uint4 {
     unsigned x, y, z, w;
 };
-struct float4 {
-    float x, y, z, w;
-};
-inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
 void *emu_shared(size_t bytes);
 void *emu_stage(); // the block's dynamic shared memory (emu_launch's stage_bytes)

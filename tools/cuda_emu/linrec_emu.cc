@@ -79,18 +79,16 @@ struct lr_case {
     int reverse, cand_g, h0, dstate, dt_tensor, max_tile, concurrent;
     int vec, group; // channels per lane and lanes per row: 1 and 32, 4 and 8 (f32), 4 and 16 (bf16/f16)
     int staged;     // the forward with its inputs in shared memory (f32 layout)
-    int pipelined;  // the pipelined forward (vector layouts), on this many persistent blocks
 };
 
 std::string describe(const lr_case &c)
 {
     char text[256];
-    snprintf(text, sizeof text,
-             "%s B%lld L%lld H%lld%s%s%s%s%s tile=%d blocks=%d vec=%d group=%d staged=%d pipelined=%d",
+    snprintf(text, sizeof text, "%s B%lld L%lld H%lld%s%s%s%s%s tile=%d blocks=%d vec=%d group=%d staged=%d",
              (const char *[]){"linear_scan", "mingru", "minlstm", "liquid"}[c.kind], (long long)c.B,
              (long long)c.L, (long long)c.H, c.reverse ? " reverse" : "", c.cand_g ? " g" : "",
              c.h0 ? " h0" : "", c.dstate ? " dstate" : "", c.dt_tensor ? " dt=tensor" : "", c.max_tile,
-             c.concurrent, c.vec, c.group, c.staged, c.pipelined);
+             c.concurrent, c.vec, c.group, c.staged);
     return text;
 }
 
@@ -101,27 +99,19 @@ uint32_t epoch;
 int failures;
 
 // As linrec.cu's launch_tiles: block i scans tile i; the look-back scratch
-// when tiles chain. `kernel(chained)` runs one thread of the block. With
-// `persistent` blocks (the pipelined kernel, as launch_pipelined): that many
-// blocks take the tiles by ticket, and the scratch (tickets) is always there.
+// when tiles chain. `kernel(chained)` runs one thread of the block.
 template <typename F>
-void launch(fxscan::tiling &t, const plan &pl, const lr_case &c, F &&kernel, size_t stage_bytes = 0,
-            unsigned persistent = 0)
+void launch(fxscan::tiling &t, const plan &pl, const lr_case &c, F &&kernel, size_t stage_bytes = 0)
 {
     const bool chained = t.ttiles > 1;
-    if (chained || persistent) {
+    if (chained) {
         size_t need = (lookback_bytes(t, pl.vec * pl.group) + 7) / 8;
         if (need > scratch.size())
             scratch.assign(need, 0);
         carve_lookback(reinterpret_cast<char *>(scratch.data()), ++epoch, t);
     }
-    const unsigned tiles = (unsigned)(t.ctiles * t.ttiles);
-    emu_launch(persistent ? std::min(persistent, tiles) : tiles, 32 * pl.warps, c.concurrent,
-               [&] { kernel(chained); }, stage_bytes);
-    if (persistent && (scratch[0] & 0xffffffffull) != 0) { // the tickets are back to 0 for the next launch
-        printf("FAIL tickets not reset (%llx) after %s\n", scratch[0], describe(c).c_str());
-        failures++;
-    }
+    emu_launch((unsigned)(t.ctiles * t.ttiles), 32 * pl.warps, c.concurrent, [&] { kernel(chained); },
+               stage_bytes);
 }
 
 // The kernels with V channels per lane and G lanes per row: (1, 32) is
@@ -166,37 +156,9 @@ template <int KIND> void emu_forward_staged(const fx_linrec_fwd_args *a, const l
         fwd_stage_bytes<KIND, float, 4>(pl.steps, pl.warps));
 }
 
-// The pipelined forward (persistent blocks, tickets, two stage buffers) on
-// a vector layout: with the production's choice of what the second pass
-// reads on the f32 layout (G = 8: (a, b) written over the slots for mingru
-// and minlstm), recomputed on the 16-bit layout's (G = 16, as bf16 runs).
-template <int KIND, int G> void emu_forward_pipelined(const fx_linrec_fwd_args *a, const lr_case &c)
-{
-    fx_cuda_device d = {132};
-    constexpr int S = pipe_steps<KIND, float, 4, G>();
-    constexpr int KEEP = G == 8 ? pipe_keeps<KIND, float, 4, G>() : kRecompute;
-    plan pl = make_plan(&d, &a->p, 4, G, S, a->max_tile_steps);
-    fxscan::tiling t = make_tiling(&a->p, pl, a->p.reverse);
-    const fwd_params prm = make_fwd_params(a);
-    constexpr bool cg = KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM;
-    launch(
-        t, pl, c,
-        [&](bool chained) {
-            if (a->p.candidate_g)
-                chained ? forward_pipelined_kernel<KIND, float, 4, G, S, KEEP, cg, true>(prm, t)
-                        : forward_pipelined_kernel<KIND, float, 4, G, S, KEEP, cg, false>(prm, t);
-            else
-                chained ? forward_pipelined_kernel<KIND, float, 4, G, S, KEEP, false, true>(prm, t)
-                        : forward_pipelined_kernel<KIND, float, 4, G, S, KEEP, false, false>(prm, t);
-        },
-        pipe_stage_bytes<KIND, float, 4>(pl.steps, pl.warps), (unsigned)c.pipelined);
-}
-
 template <int KIND> void emu_forward(const fx_linrec_fwd_args *a, const lr_case &c)
 {
-    if (c.vec == 4 && c.pipelined)
-        c.group == 8 ? emu_forward_pipelined<KIND, 8>(a, c) : emu_forward_pipelined<KIND, 16>(a, c);
-    else if (c.vec == 4 && c.group == 8 && c.staged)
+    if (c.vec == 4 && c.group == 8 && c.staged)
         emu_forward_staged<KIND>(a, c);
     else if (c.vec == 4 && c.group == 16)
         emu_forward_with<KIND, 4, 16>(a, c);
@@ -417,13 +379,13 @@ int main(int argc, char **argv)
     const int tiles[] = {0, 1, 2, 3, 5, 17, 40};
     const int nshapes = sizeof shapes / sizeof shapes[0], ntiles = sizeof tiles / sizeof tiles[0];
     int runs = 0;
-    if (getenv("EMU_CASE")) { // kind,B,L,H,reverse,g,h0,dstate,dt,tile,blocks[,vec,group[,staged,pipelined]]
+    if (getenv("EMU_CASE")) { // kind,B,L,H,reverse,g,h0,dstate,dt,tile,blocks[,vec,group]
         lr_case c = {};
         c.vec = 1;
         c.group = 32;
-        sscanf(getenv("EMU_CASE"), "%d,%lld,%lld,%lld,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d", &c.kind,
+        sscanf(getenv("EMU_CASE"), "%d,%lld,%lld,%lld,%d,%d,%d,%d,%d,%d,%d,%d,%d", &c.kind,
                (long long *)&c.B, (long long *)&c.L, (long long *)&c.H, &c.reverse, &c.cand_g, &c.h0,
-               &c.dstate, &c.dt_tensor, &c.max_tile, &c.concurrent, &c.vec, &c.group, &c.staged, &c.pipelined);
+               &c.dstate, &c.dt_tensor, &c.max_tile, &c.concurrent, &c.vec, &c.group);
         run_case(c);
         printf("%s: %d failures\n", describe(c).c_str(), failures);
         return failures ? 1 : 0;
@@ -446,33 +408,6 @@ int main(int argc, char **argv)
         c.vec = layout ? 4 : 1;
         c.group = layout == 0 ? 32 : layout == 1 ? 8 : 16;
         c.staged = layout == 1 && (i / 5) % 2;
-        c.pipelined = layout && !c.staged && (i / 3) % 3 != 2 ? 1 + (i / 4) % 5 : 0;
-        if (c.pipelined && c.concurrent > c.pipelined)
-            c.concurrent = c.pipelined;
-        run_case(c);
-        runs++;
-    }
-    // The pipelined forward on every op and both vector layouts, chained
-    // (forced short tiles, and the plan's own) and single-tile, on 1 to 3
-    // persistent blocks.
-    const int64_t pshapes[][3] = {{2, 90, 44}, {1, 200, 68}, {3, 40, 36}};
-    for (int i = 0; i < 24 && count >= 32; i++) {
-        lr_case c = {};
-        c.kind = i % 4;
-        const int64_t *s = pshapes[(i / 4) % 3];
-        c.B = s[0];
-        c.L = s[1];
-        c.H = s[2];
-        c.vec = 4;
-        c.group = (i / 4) % 2 ? 16 : 8;
-        c.reverse = (i / 3) % 2;
-        c.cand_g = (i / 5) % 2;
-        c.h0 = (i / 2) % 2;
-        c.dstate = 1;
-        c.dt_tensor = (i / 8) % 2;
-        c.max_tile = (const int[]){5, 17, 0}[(i / 8) % 3];
-        c.pipelined = 1 + i % 3;
-        c.concurrent = 1 + (i / 2) % c.pipelined;
         run_case(c);
         runs++;
     }
