@@ -10,7 +10,5 @@ void lv_register_plain(std::vector<lv_variant> &out)
 {
     constexpr int MG = FX_LINREC_MINGRU, SC = FX_LINREC_SCAN;
     out.push_back({"staged8 plain stores", MG, 0, staged<MG, float, 4, 8, 8>});
-    out.push_back({"pipe4 slots plain stores", MG, 0, pipe<MG, float, 4, 8, 4, kKeepSlots>});
-    out.push_back({"pipe4 recompute plain stores", MG, 0, pipe<MG, float, 4, 8, 4, kRecompute>});
-    out.push_back({"pipe4 plain stores", SC, 0, pipe<SC, float, 4, 8, 4, kRecompute>});
+    out.push_back({"reg8 plain stores", SC, 0, reg<SC, float, 4, 8, 8>});
 }

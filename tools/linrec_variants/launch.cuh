@@ -94,20 +94,6 @@ template <int KIND, typename T, int V, int G, int S> cudaError_t staged(const lv
                        (unsigned)(pl.ctiles * pl.ttiles), fwd_stage_bytes<KIND, T, V>(pl.steps, pl.warps), info);
 }
 
-// The pipelined kernel: persistent blocks, tickets, two stage buffers.
-template <int KIND, typename T, int V, int G, int S, int KEEP>
-cudaError_t pipe(const lv_args &a, lv_info *info)
-{
-    const fx_linrec_problem p = problem<KIND, T>(a);
-    const plan pl = plan_for(a, p, V, G, S);
-    fxscan::tiling t = make_tiling(&p, pl, 0);
-    const int64_t tiles = pl.ctiles * pl.ttiles,
-                  most = (int64_t)(a.blocks_per_sm ? a.blocks_per_sm : kPipeBlocks) * a.sm_count;
-    return launch_with(forward_pipelined_kernel<KIND, T, V, G, S, KEEP, false, true>, a, pl, t,
-                       (unsigned)(tiles < most ? tiles : most), pipe_stage_bytes<KIND, T, V>(pl.steps, pl.warps),
-                       info);
-}
-
 } // namespace lvimpl
 
 #endif

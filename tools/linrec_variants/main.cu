@@ -1,8 +1,10 @@
 // tools/linrec_variants: the linrec forward kernels launched directly, several
 // variants per case, each timed with device events after a spin (as
 // tools/linrec_bench does) and checked against the first variant of its case
-// (the kernel main used before). Also: where h is written (pool, cudaMalloc,
-// compressible memory) against time, for the L2 compression question.
+// (the kernel the backend uses). Add a variant: a launcher in launch.cuh (or
+// an existing one with other template arguments) and a line in a k_*.cu
+// file. Also: where h is written (pool, cudaMalloc, compressible memory)
+// against time, for the L2 compression question.
 //
 //   make build/linrec_variants     (GPU machine; links the CUDA driver)
 //   build/linrec_variants [--reps N] [--cases 0,3]   timings
@@ -356,17 +358,15 @@ int main(int argc, char **argv)
                "% copy", "rel-L2", "regs", "local", "per SM", "grid", "tiles", "ttile");
     }
 
-    // The kernels a profile wants: the main kernel and the pipelined ones on
-    // the target cases.
+    // The kernels a profile wants: main's on the target cases, and the
+    // 16-channel tiles on the thin one.
     auto profiled = [&](int ci, const std::string &name) {
         if (compress_only)
             return false;
-        if (ci == 0)
-            return name == "staged8 (main)" || name == "pipe4 slots" || name == "pipe4 recompute";
-        if (ci == 1)
-            return name == "reg8 (main)" || name == "pipe4";
+        if (ci == 0 || ci == 1)
+            return name.find("(main)") != std::string::npos;
         if (ci == 3)
-            return name == "staged8 (main)" || name == "pipe4 slots";
+            return name == "staged8 (main)" || name == "staged8 w16";
         return false;
     };
 
@@ -384,10 +384,7 @@ int main(int argc, char **argv)
                 continue;
             if (ncu && !profiled(ci, v.name))
                 continue;
-            for (int per_sm : {0, 2}) {
-                if (per_sm && (ncu || v.name.compare(0, 4, "pipe") != 0 || !(ci == 0 || ci == 2 || ci == 3)))
-                    continue;
-                a.blocks_per_sm = per_sm;
+            {
                 lv_info info = {};
                 CHECK(cudaMemsetAsync(b.h, 0xff, n * (c.bf16 ? 2 : 4), E.stream)); // NaN: unwritten fails
                 cudaError_t err = run(E, v, a, &info);
@@ -409,7 +406,7 @@ int main(int argc, char **argv)
                 first = false;
                 const double us = time_us(E, reps, [&] { CHECK(run(E, v, a, nullptr)); });
                 const double gbs = bytes / (us * 1e3);
-                std::string name = v.name + (per_sm ? " 2/SM" : "");
+                const std::string &name = v.name;
                 printf("%-32s %-30s %9.2f %7.0f %7.1f %9.2e %5d %5d %6d %6u %7lld %6lld\n", c.label, name.c_str(), us,
                        gbs, 100 * gbs / copy_bw, err_l2, info.regs, info.local_bytes, info.per_sm, info.grid,
                        info.tiles, info.tiles / info.ttiles);
@@ -435,13 +432,10 @@ int main(int argc, char **argv)
             describe_allocation("cuMemCreate COMP_GENERIC", h_comp);
         lv_args a;
         setup_case(E, c, b, a);
-        const lv_variant *main_v = nullptr, *pipe_v = nullptr;
-        for (const lv_variant &v : all) {
+        const lv_variant *main_v = nullptr;
+        for (const lv_variant &v : all)
             if (v.kind == c.kind && !v.bf16 && v.name == "staged8 (main)")
                 main_v = &v;
-            if (v.kind == c.kind && !v.bf16 && v.name == "pipe4 slots")
-                pipe_v = &v;
-        }
         struct target {
             const char *name;
             void *p;
@@ -450,7 +444,6 @@ int main(int argc, char **argv)
             if (!tg.p)
                 continue;
             a.h = tg.p;
-            a.blocks_per_sm = 0;
             const int64_t n4 = n / 4;
             if (ncu) {
                 CHECK(run(E, *main_v, a, nullptr));
@@ -460,17 +453,16 @@ int main(int argc, char **argv)
                 continue;
             }
             const double t_main = time_us(E, reps, [&] { CHECK(run(E, *main_v, a, nullptr)); });
-            const double t_pipe = time_us(E, reps, [&] { CHECK(run(E, *pipe_v, a, nullptr)); });
             const double t_rand = time_us(E, reps, [&] {
                 write_only<<<4 * E.sm_count, 256, 0, E.stream>>>((float4 *)tg.p, n4, 0);
             });
             const double t_zero = time_us(E, reps, [&] {
                 write_only<<<4 * E.sm_count, 256, 0, E.stream>>>((float4 *)tg.p, n4, 1);
             });
-            printf("  %-14s mingru %s %.2f us, %s %.2f us; write-only %zu MB: random %.2f us (%.0f GB/s), zeros "
-                   "%.2f us (%.0f GB/s)\n",
-                   tg.name, main_v->name.c_str(), t_main, pipe_v->name.c_str(), t_pipe, hbytes >> 20, t_rand,
-                   hbytes / (t_rand * 1e3), t_zero, hbytes / (t_zero * 1e3));
+            printf("  %-14s mingru %s %.2f us; write-only %zu MB: random %.2f us (%.0f GB/s), zeros %.2f us "
+                   "(%.0f GB/s)\n",
+                   tg.name, main_v->name.c_str(), t_main, hbytes >> 20, t_rand, hbytes / (t_rand * 1e3), t_zero,
+                   hbytes / (t_zero * 1e3));
         }
         CHECK(cudaFree(h_malloc));
     }

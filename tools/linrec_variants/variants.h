@@ -1,5 +1,5 @@
-// tools/linrec_variants: the linrec forward kernels launched directly (no
-// op layer, no pool), several variants of each, for kernel work on a GPU.
+// tools/linrec_variants: the linrec forward kernels launched directly
+// (below the op layer), several variants of each, for kernel work on a GPU.
 // What the kernel files (k_*.cu) and the driver (main.cu) share: plain
 // types only, so that a kernel file may be compiled with the kernels'
 // namespaces renamed (k_plain.cu: the same kernels with default stores).
@@ -19,10 +19,9 @@ struct lv_args {
     float dt_value;
     void *h;
     float *state;     // NULL: not wanted
-    char *scratch;    // zeroed once; tickets come back to 0 after each launch
+    char *scratch;    // look-back statuses (zeroed once)
     uint32_t epoch;   // new for every launch
     int sm_count;
-    int blocks_per_sm; // pipelined kernels: 0 = kPipeBlocks
     cudaStream_t stream;
 };
 
