@@ -801,9 +801,9 @@ END_TEST
 
 /* Large enough that the backend's own tiling uses several time tiles and
  * many channel tiles, as in the benchmarks but smaller. Launches of 2^20
- * elements or more take the pipelined forward (persistent blocks): the
- * first shape chains its tiles, the last fits one time tile; the quick
- * (sanitizer) run keeps both, at their smallest large size. */
+ * elements or more take the large-launch kernels (MinGRU f32: the staged
+ * forward): the first shape chains its tiles, the last fits one time tile;
+ * the quick (sanitizer) run keeps both, at their smallest large size. */
 START_TEST(cuda_matches_cpu_auto_tiling)
 {
     fx_device *dev = fx_test_device();
