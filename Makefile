@@ -101,6 +101,21 @@ $(BUILD)/linrec_emu: $(EMU_SRC) $(wildcard tools/cuda_emu/*.h tools/cuda_emu/cud
 $(BUILD)/linrec_bench: tools/linrec_bench.c $(BUILD)/libfusex_core.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libfusex_core.a $(LDLIBS)
 
+# Variants of the linrec forward kernels launched directly, timed and
+# cross-checked (GPU only; see tools/linrec_variants/main.cu). One object per
+# file so they compile in parallel; k_plain.cu is the same kernels with
+# default-policy stores, their namespaces renamed.
+LV_SRC   := $(wildcard tools/linrec_variants/*.cu)
+LV_OBJ   := $(LV_SRC:%.cu=$(BUILD)/%.o)
+LV_FLAGS := -O3 -lineinfo -std=c++17 -gencode arch=compute_90,code=sm_90 -Iinclude -Ic_src -Itools/linrec_variants \
+            --expt-relaxed-constexpr -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
+LV_PLAIN := -DFXSCAN_PLAIN_STORES -Dfxscan=fxscan_plain -Dfxlinrec=fxlinrec_plain -Dlvimpl=lvimpl_plain
+$(BUILD)/tools/linrec_variants/%.o: tools/linrec_variants/%.cu $(wildcard tools/linrec_variants/*.h*) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(LV_FLAGS) $(if $(findstring k_plain,$@),$(LV_PLAIN)) -c $< -o $@
+$(BUILD)/linrec_variants: $(LV_OBJ)
+	$(NVCC) -gencode arch=compute_90,code=sm_90 -o $@ $^
+
 test-emu: $(BUILD)/linrec_emu
 	$(BUILD)/linrec_emu $${FUSEX_SEED:-$$(date +%s)} 32
 

@@ -66,7 +66,10 @@ static int prepare_lookback(fx_cuda_device *d, int dev, fxscan::tiling &t, int w
 // Launches the kernel for the plan's tiles: the single-tile one (no
 // look-back) or the chained one, with the look-back scratch prepared (and
 // its lock held through the launch). `stage_bytes`: the staged forward's
-// dynamic shared memory.
+// dynamic shared memory. A block gets 48 KB of static and dynamic shared
+// memory together unless its kernel opts in to more; the scan's own static
+// part is ~10 KB, so any staging opts in (large launches only, where the
+// call costs nothing next to the kernel).
 template <typename Single, typename Chained, typename Params>
 static int launch_tiles(fx_cuda_device *d, int dev, Single single, Chained chained, const Params &prm,
                         const plan &pl, fxscan::tiling &t, size_t stage_bytes, const char *what, fx_status *st)
@@ -76,13 +79,13 @@ static int launch_tiles(fx_cuda_device *d, int dev, Single single, Chained chain
                        (long long)(pl.ctiles * pl.ttiles));
     const unsigned blocks = (unsigned)(pl.ctiles * pl.ttiles), threads = 32 * pl.warps;
     if (pl.ttiles == 1) {
-        if (stage_bytes > 48 * 1024)
+        if (stage_bytes > 0)
             FX_CUDA_TRY(d, cudaFuncSetAttribute(single, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)stage_bytes),
                         "cudaFuncSetAttribute (linrec staging)", st);
         single<<<blocks, threads, stage_bytes, d->stream>>>(prm, t);
         return fx_cuda_launched(d, what, st);
     }
-    if (stage_bytes > 48 * 1024)
+    if (stage_bytes > 0)
         FX_CUDA_TRY(d, cudaFuncSetAttribute(chained, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)stage_bytes),
                     "cudaFuncSetAttribute (linrec staging)", st);
     std::lock_guard<std::mutex> held(scratch[dev].lock);
