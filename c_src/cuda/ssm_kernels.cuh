@@ -24,6 +24,8 @@
 #include <limits.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "cuda/common.cuh"
 #include "fusex_ssm.h"
 
@@ -193,9 +195,17 @@ template <typename T> struct Quad {
     typedef uint2 raw; // four 16-bit floats, the first in the low half of x
     __device__ __forceinline__ static float elem(uint32_t word, int half)
     {
-        typename Raw16<T>::type r;
-        r.x = (unsigned short)(half ? word >> 16 : word);
-        return fx_elem<T>::load(T(r));
+        if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+            // a bf16 is the top half of its f32: one instruction per element
+            const uint32_t bits = half ? word & 0xffff0000u : word << 16;
+            float f;
+            memcpy(&f, &bits, sizeof f);
+            return f;
+        } else {
+            typename Raw16<T>::type r;
+            r.x = (unsigned short)(half ? word >> 16 : word);
+            return fx_elem<T>::load(T(r));
+        }
     }
     __device__ __forceinline__ static float4 to_float(raw r)
     {
@@ -216,10 +226,11 @@ template <int LANES> __device__ __forceinline__ float sum_parts(const float *p)
         const float2 v = *reinterpret_cast<const float2 *>(p);
         return v.x + v.y;
     } else {
-        float s = 0.0f;
+        float4 v = *reinterpret_cast<const float4 *>(p);
+        float s = (v.x + v.y) + (v.z + v.w);
 #pragma unroll
-        for (int i = 0; i < LANES; i += 4) {
-            const float4 v = *reinterpret_cast<const float4 *>(p + i);
+        for (int i = 4; i < LANES; i += 4) {
+            v = *reinterpret_cast<const float4 *>(p + i);
             s += (v.x + v.y) + (v.z + v.w);
         }
         return s;
@@ -313,41 +324,68 @@ __device__ __forceinline__ int64_t at_state(const ScanParams &p, int b, int d)
 // One warp is one batch element x a tile of WCH = 32 / LANES channels of one
 // group, and never waits for another warp: a block is W warps side by side,
 // each with its own FwdSmem words of shared memory, so the only
-// synchronisation is __syncwarp. Per chunk of T steps:
-//   load     the chunk's x, dt, z, b, c as they are (input type) into the
-//            warp's raw buffer: cp.async, issued a chunk ahead so that the
-//            copies land while the previous chunk is scanned (FAST: tiles
-//            full and rows aligned, which the launcher checks), or plain
-//            loads and stores for odd shapes;
-//   commit   lane l takes the (step, channel) pairs of channel l % WCH (rows
-//            l / WCH, + LANES, ...): delta, delta * x for the scan; x and
-//            silu(z) kept in registers for the epilogue; b and c rows
-//            converted to f32;
+// synchronisation is __syncwarp. Per chunk of TS steps:
+//   load     a chunk ahead (it lands while the previous chunk is scanned):
+//            the chunk's b and c rows as they are (input type) into one of
+//            two buffers, by cp.async (FAST: tiles full and rows aligned,
+//            which the launcher checks) or plain loads and stores for odd
+//            shapes; and each staging lane's x, dt, z straight into
+//            registers (vector loads on the FAST path);
+//   commit   lane l takes CV consecutive channels of a row (rows l / LPR,
+//            + RPP, ...): delta, delta * x for the scan; x and silu(z) kept
+//            in registers for the epilogue;
 //   scan     lanes (channel l / LANES, states (l % LANES) * NPL ...) walk
-//            the T steps: per state one exp and three FMAs, per step one
-//            store of the lane's part of y's sum over states, so no shuffle
-//            sits between a step and the next;
-//   epilogue the staging lane adds the LANES parts of each of its pairs,
-//            adds d * x, applies the gate and writes y.
+//            the TS steps: per state one exp and three FMAs, the exps LOOK
+//            steps ahead of the FMAs that use them (the only dependency from
+//            a step to the next is one FMA per state); b and c read where
+//            they landed (16-bit rows converted as they are read); per step
+//            one store of the lane's part of y's sum over states, so no
+//            shuffle sits between a step and the next;
+//   epilogue the staging lane adds the LANES parts of each of its channels,
+//            adds d * x, applies the gate and writes its CV values of y with
+//            one store. It shares a phase (no barrier between) with the next
+//            chunk's commit.
+// The busiest unit is the SM's shared-memory data path (one 128-byte
+// wavefront per clock, for the loads into registers of all four schedulers'
+// warps): the scan's b and c reads are 4 floats each per lane and step,
+// whoever else reads the same row, so nothing goes through shared memory
+// that does not have to (x, dt, z go to registers directly; b and c are
+// not copied again as f32; the copies' rows are bank-conflict free).
 
-template <typename T, class C> struct FwdSmem {
+// Knobs of the forward kernel (tools/ssm_bench times other values): LOOK,
+// the steps between a decay's exp and the FMA that uses it; FENCE, a
+// scheduling fence after every FENCE steps of the scan (0: none), without
+// which ptxas sinks each exp to just above its first use.
+template <int LOOK_ = 2, int FENCE_ = 1> struct FwdTune {
+    static constexpr int LOOK = LOOK_, FENCE = FENCE_;
+};
+typedef FwdTune<> FwdDefault;
+
+template <typename T, class C, class U = FwdDefault> struct FwdSmem {
+    static constexpr int TS = C::T; // steps per chunk
+    static constexpr int LOOK = cmin(U::LOOK, TS - 1);
+    // staging: CV consecutive channels of one row per lane and pass; LPR
+    // lanes per row, RPP rows per pass, NP passes per chunk
+    static constexpr int CV = cmax(1, cmin(cmin(4, C::WCH), C::WCH * TS / 32));
+    static constexpr int LPR = C::WCH / CV, RPP = 32 / LPR, NP = (TS + RPP - 1) / RPP;
+    static constexpr bool ALL_ROWS = RPP * NP == TS; // every lane has a row in every pass
     // in 4-byte words; every region starts 16-byte aligned
     static constexpr int words(int elems) { return (elems * (int)sizeof(T) + 15) / 16 * 4; }
-    static constexpr int XR = 0;                        // raw x [T][WCH], input type
-    static constexpr int DTR = XR + words(C::T * C::WCH); // raw dt
-    static constexpr int ZR = DTR + words(C::T * C::WCH); // raw z
-    static constexpr int BR = ZR + words(C::T * C::WCH);  // raw b [T][NPAD]
-    static constexpr int CR = BR + words(C::T * C::NPAD); // raw c
+    static constexpr int BCW = words(TS * C::NPAD); // one chunk of b or c [TS][NPAD], input type
+    static constexpr int BR = 0;                    // b, chunk k in buffer k % 2
+    static constexpr int CR = BR + 2 * BCW;         // c
     // per channel: (delta, delta * x) per step; +4 floats puts the channels
     // of a warp's float4 loads in different banks
-    static constexpr int DDS = 2 * C::T + 4;
-    static constexpr int DD = CR + words(C::T * C::NPAD);
-    static constexpr int B = DD + C::WCH * DDS;   // b [T][NPAD], f32
-    static constexpr int CC = B + C::T * C::NPAD; // c [T][NPAD], f32
-    static constexpr int P = CC + C::T * C::NPAD; // parts of y [T][32 lanes]
-    static constexpr int WORDS = P + C::T * 32;   // per warp
+    static constexpr int DDS = 2 * TS + 4;
+    static constexpr int DD = CR + 2 * BCW;
+    // parts of y [TS][PS]: a row per step, padded so that the staging lanes'
+    // float4 reads of different rows fall in different banks
+    static constexpr int PS = 36;
+    static constexpr int P = DD + C::WCH * DDS;
+    static constexpr int WORDS = P + TS * PS; // per warp
     static constexpr size_t BYTES = sizeof(float) * WORDS;
-    static_assert(DDS % 4 == 0, "float4 rows");
+    static_assert(DDS % 4 == 0 && TS % 2 == 0, "float4 rows of two steps");
+    static_assert(C::SAVE % TS == 0, "saves fall on chunk ends");
 };
 
 // What the FAST load needs: full tiles, and rows of x, dt, z, b, c that
@@ -367,7 +405,7 @@ template <typename T, class C> inline bool fwd_fast(const ScanParams &p)
     return K::POSSIBLE && p.cpg % C::WCH == 0 && p.dstate == C::NPAD &&
            (int64_t)p.dim * sizeof(T) % K::UX == 0 && aligned(p.x, K::UX) && aligned(p.dt, K::UX) &&
            aligned(p.z, K::UX) && (int64_t)p.groups * p.dstate * sizeof(T) % K::UB == 0 &&
-           aligned(p.b, K::UB) && aligned(p.c, K::UB);
+           aligned(p.b, K::UB) && aligned(p.c, K::UB) && aligned(p.y, K::UX);
 }
 
 // A copy of BYTES (4, 8 or 16) from global to shared memory that lands
@@ -396,132 +434,262 @@ __device__ __forceinline__ void cp_wait()
 #endif
 }
 
-template <typename T, class C, bool FAST> struct FwdStage {
-    using S = FwdSmem<T, C>;
+// A scheduling fence: ptxas keeps every instruction on its side of a read
+// of the clock. Its list scheduler would otherwise sink each exp to just
+// above its first use (its static latency model allows it), where the warp
+// waits whenever the SFU is shared with the other warps. The reads are
+// folded into `clocks`, which the caller stores, so that they are kept.
+__device__ __forceinline__ void sched_fence(unsigned &clocks)
+{
+#ifdef __CUDA_ARCH__
+    unsigned c;
+    asm volatile("mov.u32 %0, %%clock;" : "=r"(c));
+    clocks ^= c;
+#else
+    (void)clocks;
+#endif
+}
+
+// CV consecutive elements of the input type as 32-bit words (16-bit types
+// two to a word, the first in the low half), so that a load into registers
+// is converted to f32 only where the values are used.
+template <typename T, int CV> struct Pack {
+    static constexpr int W = sizeof(T) == 4 ? CV : (CV + 1) / 2;
+    uint32_t w[W];
+
+    // All CV from an address aligned to their size.
+    __device__ __forceinline__ void load(const T *p)
+    {
+        if constexpr (W == 4) {
+            const uint4 v = *reinterpret_cast<const uint4 *>(p);
+            w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+        } else if constexpr (W == 2) {
+            const uint2 v = *reinterpret_cast<const uint2 *>(p);
+            w[0] = v.x, w[1] = v.y;
+        } else if constexpr (sizeof(T) * CV == 4) {
+            w[0] = *reinterpret_cast<const uint32_t *>(p);
+        } else {
+            w[0] = static_cast<typename Raw16<T>::type>(p[0]).x; // one 16-bit element
+        }
+    }
+
+    // Element e, or zero.
+    __device__ __forceinline__ void load_one(const T *p, int e, bool ok)
+    {
+        if constexpr (sizeof(T) == 4) {
+            w[e] = ok ? *reinterpret_cast<const uint32_t *>(p + e) : 0u;
+        } else {
+            const uint32_t bits = ok ? static_cast<typename Raw16<T>::type>(p[e]).x : 0u;
+            w[e / 2] = e % 2 ? w[e / 2] | bits << 16 : bits;
+        }
+    }
+
+    __device__ __forceinline__ float get(int e) const
+    {
+        if constexpr (sizeof(T) == 4) {
+            float f;
+            memcpy(&f, &w[e], sizeof f);
+            return f;
+        } else {
+            return Quad<T>::elem(w[e / 2], e % 2);
+        }
+    }
+};
+
+template <typename T> __device__ __forceinline__ uint32_t bits16(float v)
+{
+    const typename Raw16<T>::type r = fx_elem<T>::store(v);
+    return r.x;
+}
+
+// CV floats to CV consecutive elements of the input type (aligned to their size).
+template <typename T, int CV> __device__ __forceinline__ void st_vec(T *p, const float (&v)[CV])
+{
+    if constexpr (sizeof(T) == 4 && CV == 4) {
+        *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    } else if constexpr (sizeof(T) == 4 && CV == 2) {
+        *reinterpret_cast<float2 *>(p) = make_float2(v[0], v[1]);
+    } else if constexpr (CV == 4) {
+        *reinterpret_cast<uint2 *>(p) =
+            make_uint2(bits16<T>(v[0]) | bits16<T>(v[1]) << 16, bits16<T>(v[2]) | bits16<T>(v[3]) << 16);
+    } else if constexpr (CV == 2) {
+        *reinterpret_cast<uint32_t *>(p) = bits16<T>(v[0]) | bits16<T>(v[1]) << 16;
+    } else {
+        p[0] = fx_elem<T>::store(v[0]);
+    }
+}
+
+// 4 consecutive elements of the input type in shared memory (aligned to
+// their size) as floats.
+template <typename T> __device__ __forceinline__ void lds4(float *v, const T *p)
+{
+    const float4 f = Quad<T>::to_float(*reinterpret_cast<const typename Quad<T>::raw *>(p));
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+}
+
+template <typename T, class C, class U, bool FAST> struct FwdStage {
+    using S = FwdSmem<T, C, U>;
     typedef FwdCopy<T, C> K;
-    static constexpr int E = (C::T + C::LANES - 1) / C::LANES; // pairs per lane
-    static constexpr int Q4 = C::NPAD / 4;                     // quads per b row
-    int lane, cs, r0, ds;
-    bool cs_ok;
-    float bias, dskip;
-    float xk[E], gate[E]; // x and silu(z) of the committed chunk, for the epilogue
+    static constexpr int TS = S::TS, CV = S::CV, NP = S::NP;
+    // FAST copies of b and c: unit u = lane + 32 k of UB bytes, u / BPR rows
+    // into the chunk (consecutive lanes, consecutive bytes)
+    static constexpr int BPR = K::RB / K::UB, BUNITS = TS * BPR, NUB = (BUNITS + 31) / 32;
+    static constexpr int EPB = K::UB / (int)sizeof(T);
+    int lane, r0, c0; // staging: rows r0, r0 + RPP, ...; channels c0 .. c0 + CV - 1 of the tile
+    const T *bsrc, *csrc; // FAST: the lane's first unit of b, c in the next chunk to load
+    int64_t ox;           // its first element of x (dt, z) in the next chunk to load
+    int64_t oy;           // and of y in the next chunk to write
+    float bias[CV], dskip[CV];
+    Pack<T, CV> in[3][NP];          // x, dt, z of the next chunk to commit
+    float xk[NP][CV], gate[NP][CV]; // x and silu(z) of the committed chunk, for the epilogue
 
     __device__ FwdStage(const ScanParams &p, const Tile &t, int lane_) : lane(lane_)
     {
-        cs = lane % C::WCH;
-        r0 = lane / C::WCH;
-        cs_ok = cs < t.nvalid;
-        ds = t.d0 + cs;
-        bias = cs_ok && p.dt_bias ? load_any(p.dt_bias, p.bias_type, ds) : 0.0f;
-        dskip = cs_ok && p.d ? load_any(p.d, p.d_type, ds) : 0.0f;
+        r0 = lane / S::LPR;
+        c0 = lane % S::LPR * CV;
 #pragma unroll
-        for (int k = 0; k < E; k++)
-            xk[k] = 0.0f, gate[k] = 1.0f;
+        for (int v = 0; v < CV; v++) {
+            const bool cok = c0 + v < t.nvalid;
+            bias[v] = cok && p.dt_bias ? load_any(p.dt_bias, p.bias_type, t.d0 + c0 + v) : 0.0f;
+            dskip[v] = cok && p.d ? load_any(p.d, p.d_type, t.d0 + c0 + v) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < NP; k++)
+#pragma unroll
+            for (int v = 0; v < CV; v++)
+                xk[k][v] = 0.0f, gate[k][v] = 1.0f;
+        ox = oy = at_btd(p, t.b, r0, t.d0 + c0);
+        if constexpr (FAST) {
+            const int64_t ob = at_btg(p, t.b, lane / BPR, t.g) + lane % BPR * EPB;
+            bsrc = static_cast<const T *>(p.b) + ob;
+            csrc = static_cast<const T *>(p.c) + ob;
+        }
     }
 
-    __device__ __forceinline__ bool row_ok(const ScanParams &p, int t0, int k) const
+    // The FAST copies of the next chunk's b and c, rows from t0 (FULL: all
+    // inside the sequence; else rows past the end are zeros, read from the
+    // tensors' first element).
+    template <bool FULL> __device__ __forceinline__ void copy_bc(const ScanParams &p, int t0, float *sm, int buf)
     {
-        const int tl = r0 + k * C::LANES;
-        return cs_ok && tl < C::T && t0 + tl < p.seqlen;
+        const int64_t row = (int64_t)p.groups * p.dstate;
+#pragma unroll
+        for (int k = 0; k < NUB; k++) {
+            const int u = lane + 32 * k;
+            if (BUNITS % 32 == 0 || u < BUNITS) {
+                const bool ok = FULL || t0 + u / BPR < p.seqlen;
+                const int64_t at = (32 * k / BPR) * row + 32 * k % BPR * EPB; // from the lane's first unit
+                T *dst = reinterpret_cast<T *>(sm + S::BR + buf * S::BCW) + u * EPB;
+                cp_async<K::UB>(dst, ok ? bsrc + at : static_cast<const T *>(p.b), ok);
+                dst = reinterpret_cast<T *>(sm + S::CR + buf * S::BCW) + u * EPB;
+                cp_async<K::UB>(dst, ok ? csrc + at : static_cast<const T *>(p.c), ok);
+            }
+        }
     }
 
-    // Starts (FAST) or does the loads of chunk [t0, t0 + T) into the raw
-    // buffer; rows past the end and channels past the group are zeros.
-    __device__ __forceinline__ void load(const ScanParams &p, const Tile &t, int t0, float *sm)
+    // Starts the loads of chunk [t0, t0 + TS): b and c into buffer `buf`
+    // (rows past the end and states past dstate are zeros), the lane's x,
+    // dt, z into `in` (rows past the end and channels past the group are
+    // zeros).
+    __device__ __forceinline__ void load(const ScanParams &p, const Tile &t, int t0, float *sm, int buf)
     {
-        T *raw[3] = {reinterpret_cast<T *>(sm + S::XR), reinterpret_cast<T *>(sm + S::DTR),
-                     reinterpret_cast<T *>(sm + S::ZR)};
         const T *src[3] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt),
                            static_cast<const T *>(p.z)};
-        T *rawbc[2] = {reinterpret_cast<T *>(sm + S::BR), reinterpret_cast<T *>(sm + S::CR)};
-        const T *srcbc[2] = {static_cast<const T *>(p.b), static_cast<const T *>(p.c)};
-        if constexpr (FAST && K::POSSIBLE) { // (fwd_fast is false when not POSSIBLE)
-            constexpr int PER_ROW = K::RX / K::UX, UNITS = C::T * PER_ROW, EPU = K::UX / (int)sizeof(T);
+        const int rows = p.seqlen - t0;
 #pragma unroll
-            for (int k = 0; k < (UNITS + 31) / 32; k++) {
-                const int u = lane + 32 * k, tl = u / PER_ROW, e = (u % PER_ROW) * EPU;
-                const bool ok = t0 + tl < p.seqlen;
-                const int64_t i = at_btd(p, t.b, ok ? t0 + tl : 0, t.d0) + e;
+        for (int k = 0; k < NP; k++) {
+            const int r = r0 + k * S::RPP;
+            const bool ok = (S::ALL_ROWS || r < TS) && r < rows;
+            const int64_t at = ox + (int64_t)(k * S::RPP) * p.dim;
 #pragma unroll
-                for (int j = 0; j < 3; j++)
-                    if ((UNITS % 32 == 0 || u < UNITS) && (j < 2 || src[2]))
-                        cp_async<K::UX>(raw[j] + tl * C::WCH + e, src[j] + i, ok);
-            }
-            constexpr int BPR = K::RB / K::UB, BUNITS = C::T * BPR, EPB = K::UB / (int)sizeof(T);
-#pragma unroll
-            for (int k = 0; k < (BUNITS + 31) / 32; k++) {
-                const int u = lane + 32 * k, tl = u / BPR, e = (u % BPR) * EPB;
-                const bool ok = t0 + tl < p.seqlen;
-                const int64_t i = at_btg(p, t.b, ok ? t0 + tl : 0, t.g) + e;
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-                    if (BUNITS % 32 == 0 || u < BUNITS)
-                        cp_async<K::UB>(rawbc[j] + tl * C::NPAD + e, srcbc[j] + i, ok);
-            }
-        } else {
-#pragma unroll
-            for (int k = 0; k < E; k++) {
-                const int tl = r0 + k * C::LANES;
-                if (tl >= C::T)
+            for (int j = 0; j < 3; j++) {
+                if (j == 2 && !src[2])
                     continue;
-                const bool ok = row_ok(p, t0, k);
-                const int64_t i = ok ? at_btd(p, t.b, t0 + tl, ds) : 0;
+                if (FAST && ok) {
+                    in[j][k].load(src[j] + at);
+                } else {
 #pragma unroll
-                for (int j = 0; j < 3; j++)
-                    raw[j][tl * C::WCH + cs] = ok && src[j] ? src[j][i] : T(0.0f);
+                    for (int v = 0; v < CV; v++)
+                        in[j][k].load_one(src[j] + at, v, ok && (FAST || c0 + v < t.nvalid));
+                }
             }
-            for (int e = lane; e < C::T * C::NPAD; e += 32) {
+        }
+        ox += (int64_t)TS * p.dim;
+        if constexpr (FAST && K::POSSIBLE) { // (fwd_fast is false when not POSSIBLE)
+            if (t0 + TS <= p.seqlen)
+                copy_bc<true>(p, t0, sm, buf);
+            else
+                copy_bc<false>(p, t0, sm, buf);
+            const int64_t rows_bc = (int64_t)TS * p.groups * p.dstate;
+            bsrc += rows_bc, csrc += rows_bc;
+        } else {
+            T *raw[2] = {reinterpret_cast<T *>(sm + S::BR + buf * S::BCW),
+                         reinterpret_cast<T *>(sm + S::CR + buf * S::BCW)};
+            const T *inbc[2] = {static_cast<const T *>(p.b), static_cast<const T *>(p.c)};
+            for (int e = lane; e < TS * C::NPAD; e += 32) {
                 const int tl = e / C::NPAD, n = e % C::NPAD;
-                const bool ok = t0 + tl < p.seqlen && n < p.dstate;
+                const bool ok = tl < rows && n < p.dstate;
                 const int64_t i = ok ? at_btg(p, t.b, t0 + tl, t.g) + n : 0;
 #pragma unroll
                 for (int j = 0; j < 2; j++)
-                    rawbc[j][e] = ok ? srcbc[j][i] : T(0.0f);
+                    raw[j][e] = ok ? inbc[j][i] : T(0.0f);
             }
         }
+    }
+
+    __device__ __forceinline__ static void softplus_all(float (&delta)[NP][CV])
+    {
+#pragma unroll
+        for (int k = 0; k < NP; k++)
+#pragma unroll
+            for (int v = 0; v < CV; v++)
+                delta[k][v] = softplus(delta[k][v]);
+    }
+
+    __device__ __forceinline__ void gates()
+    {
+#pragma unroll
+        for (int k = 0; k < NP; k++)
+#pragma unroll
+            for (int v = 0; v < CV; v++)
+                gate[k][v] = silu(in[2][k].get(v));
     }
 
     // Turns the loaded chunk into what the scan reads. Steps past the end
     // and channels past the group get delta = 0: their state stays. The
-    // options are tested once per chunk, so that the pairs' exps and
-    // polynomials interleave.
-    __device__ __forceinline__ void commit(const ScanParams &p, int t0, float *sm)
+    // options are tested once per chunk, so that the exps and polynomials
+    // of a lane's values interleave.
+    __device__ __forceinline__ void commit(const ScanParams &p, const Tile &t, int t0, float *sm)
     {
-        const T *rx = reinterpret_cast<const T *>(sm + S::XR), *rdt = reinterpret_cast<const T *>(sm + S::DTR);
-        const T *rz = reinterpret_cast<const T *>(sm + S::ZR);
-        float delta[E];
+        float delta[NP][CV];
 #pragma unroll
-        for (int k = 0; k < E; k++) {
-            const int at = cmin(r0 + k * C::LANES, C::T - 1) * C::WCH + cs; // rows past T: not used
-            xk[k] = fx_elem<T>::load(rx[at]);
-            delta[k] = fx_elem<T>::load(rdt[at]) + bias;
-        }
-        if (p.softplus) {
+        for (int k = 0; k < NP; k++)
 #pragma unroll
-            for (int k = 0; k < E; k++)
-                delta[k] = softplus(delta[k]);
-        }
-#pragma unroll
-        for (int k = 0; k < E; k++) {
-            const int tl = r0 + k * C::LANES;
-            if (tl < C::T) {
-                const float dk = row_ok(p, t0, k) ? delta[k] : 0.0f;
-                *reinterpret_cast<float2 *>(sm + S::DD + cs * S::DDS + 2 * tl) = make_float2(dk, dk * xk[k]);
+            for (int v = 0; v < CV; v++) {
+                xk[k][v] = in[0][k].get(v);
+                delta[k][v] = in[1][k].get(v) + bias[v];
             }
+        // both options (Mamba's case) in one block, so that the gate's exps
+        // and reciprocals interleave with softplus's polynomials
+        if (p.softplus && p.z) {
+            softplus_all(delta);
+            gates();
+        } else {
+            if (p.softplus)
+                softplus_all(delta);
+            if (p.z)
+                gates();
         }
-        if (p.z) {
+        const int rows = p.seqlen - t0;
 #pragma unroll
-            for (int k = 0; k < E; k++)
-                gate[k] = silu(fx_elem<T>::load(rz[cmin(r0 + k * C::LANES, C::T - 1) * C::WCH + cs]));
-        }
-        typedef typename Quad<T>::raw Raw;
-        const Raw *rb = reinterpret_cast<const Raw *>(sm + S::BR), *rc = reinterpret_cast<const Raw *>(sm + S::CR);
+        for (int k = 0; k < NP; k++) {
+            const int r = r0 + k * S::RPP;
+            if (S::ALL_ROWS || r < TS) {
 #pragma unroll
-        for (int k = 0; k < (C::T * Q4 + 31) / 32; k++) {
-            const int s = lane + 32 * k;
-            if ((C::T * Q4) % 32 == 0 || s < C::T * Q4) {
-                *reinterpret_cast<float4 *>(sm + S::B + 4 * s) = Quad<T>::to_float(rb[s]);
-                *reinterpret_cast<float4 *>(sm + S::CC + 4 * s) = Quad<T>::to_float(rc[s]);
+                for (int v = 0; v < CV; v++) {
+                    const bool ok = r < rows && (FAST || c0 + v < t.nvalid);
+                    const float dk = ok ? delta[k][v] : 0.0f;
+                    *reinterpret_cast<float2 *>(sm + S::DD + (c0 + v) * S::DDS + 2 * r) = make_float2(dk, dk * xk[k][v]);
+                }
             }
         }
     }
@@ -529,77 +697,106 @@ template <typename T, class C, bool FAST> struct FwdStage {
     // y = (sum of the lanes' parts + d x) * silu(z) for the committed chunk.
     __device__ __forceinline__ void epilogue(const ScanParams &p, const Tile &t, int t0, const float *sm)
     {
-        // row r0 of the chunk; the lane's later rows are LANES rows apart
-        T *y = static_cast<T *>(p.y) + at_btd(p, t.b, min(t0 + r0, p.seqlen - 1), ds);
+        const int rows = p.seqlen - t0;
 #pragma unroll
-        for (int k = 0; k < E; k++) {
-            const int tl = r0 + k * C::LANES;
-            if (row_ok(p, t0, k)) {
-                const float sum = sum_parts<C::LANES>(sm + S::P + (tl * C::WCH + cs) * C::LANES);
-                y[(int64_t)(k * C::LANES) * p.dim] = fx_elem<T>::store((sum + dskip * xk[k]) * gate[k]);
+        for (int k = 0; k < NP; k++) {
+            const int r = r0 + k * S::RPP;
+            if ((S::ALL_ROWS || r < TS) && r < rows) {
+                float yv[CV];
+#pragma unroll
+                for (int v = 0; v < CV; v++) {
+                    const float sum = sum_parts<C::LANES>(sm + S::P + r * S::PS + (c0 + v) * C::LANES);
+                    yv[v] = (sum + dskip[v] * xk[k][v]) * gate[k][v];
+                }
+                T *y = static_cast<T *>(p.y) + oy + (int64_t)(k * S::RPP) * p.dim;
+                if constexpr (FAST) {
+                    st_vec<T, CV>(y, yv);
+                } else {
+#pragma unroll
+                    for (int v = 0; v < CV; v++)
+                        if (c0 + v < t.nvalid)
+                            y[v] = fx_elem<T>::store(yv[v]);
+                }
             }
         }
+        oy += (int64_t)TS * p.dim;
     }
 };
 
-// The scan over one staged chunk (all T steps: padded steps have delta 0).
-// A step's operands are read from shared memory one step ahead, before the
-// store of the step's part of y: a load after a store to shared memory
-// cannot be moved above it, and would stall the step it feeds.
-template <typename T, class C>
-__device__ __forceinline__ void fwd_scan(const ScanParams &p, const Tile &t, int c, int q, bool ok,
-                                         int t0, float (&h)[C::NPL], const float (&a2)[C::NPL], float *sm)
+// The scan over one staged chunk (all TS steps: padded steps have delta 0).
+// Step s's chain (h = decay h + delta x b, y's part c . h) uses the decays
+// and increments computed LOOK steps earlier, from operands read from
+// shared memory a step before that; c is read a step ahead. Every load is
+// issued before the store of the current step's part of y: a load after a
+// store to shared memory cannot be moved above it, and would stall the step
+// it feeds.
+template <typename T, class C, class U>
+__device__ __forceinline__ void fwd_scan(const ScanParams &p, const Tile &t, int c, int q, bool ok, int t0,
+                                         float (&h)[C::NPL], const float (&a2)[C::NPL], int buf, float *sm)
 {
-    using S = FwdSmem<T, C>;
-    constexpr int NPL = C::NPL;
+    using S = FwdSmem<T, C, U>;
+    constexpr int NPL = C::NPL, TS = S::TS, LOOK = S::LOOK;
     const int lane = c * C::LANES + q;
-    const float *dd_row = sm + S::DD + c * S::DDS, *b_row = sm + S::B + q * NPL, *c_row = sm + S::CC + q * NPL;
-    float4 dd = *reinterpret_cast<const float4 *>(dd_row); // (delta, delta x) of steps s, s + 1
-    float bv[NPL], cv[NPL];
-    lds(bv, b_row);
-    lds(cv, c_row);
+    const float *dd_row = sm + S::DD + c * S::DDS;
+    const T *b_row = reinterpret_cast<const T *>(sm + S::BR + buf * S::BCW) + q * NPL;
+    const T *c_row = reinterpret_cast<const T *>(sm + S::CR + buf * S::BCW) + q * NPL;
+    float4 dd[TS / 2];                // (delta, delta x) of steps 2i, 2i + 1
+    float bv[TS][NPL], cv[TS][NPL];   // b and c of a step
+    float dec[TS][NPL], inc[TS][NPL]; // exp(delta a) and delta x b of a step
+    unsigned clocks = 0;              // the fences' clock reads
 #pragma unroll
-    for (int s = 0; s < C::T; s++) {
-        const float delta = s % 2 ? dd.z : dd.x, dx = s % 2 ? dd.w : dd.y;
-        float bn[NPL], cn[NPL];
-        float4 ddn = dd;
-        if (s + 1 < C::T) {
-            if ((s + 1) % 2 == 0)
-                ddn = *reinterpret_cast<const float4 *>(dd_row + 2 * (s + 1));
-            lds(bn, b_row + (s + 1) * C::NPAD);
-            lds(cn, c_row + (s + 1) * C::NPAD);
+    for (int s = -LOOK - 1; s < TS; s++) {
+        const int so = s + LOOK + 1; // the operands of step so's exps
+        if (so >= 0 && so < TS) {
+            if (so % 2 == 0)
+                dd[so / 2] = *reinterpret_cast<const float4 *>(dd_row + 2 * so);
+#pragma unroll
+            for (int i = 0; i < NPL; i += 4)
+                lds4<T>(bv[so] + i, b_row + so * C::NPAD + i);
         }
+        if (s + 1 >= 0 && s + 1 < TS) {
+#pragma unroll
+            for (int i = 0; i < NPL; i += 4)
+                lds4<T>(cv[s + 1] + i, c_row + (s + 1) * C::NPAD + i);
+        }
+        const int se = s + LOOK; // step se's exps and increments
+        if (se >= 0 && se < TS) {
+            const float delta = se % 2 ? dd[se / 2].z : dd[se / 2].x, dx = se % 2 ? dd[se / 2].w : dd[se / 2].y;
+#pragma unroll
+            for (int i = 0; i < NPL; i++) {
+                dec[se][i] = fast_exp2(delta * a2[i]);
+                inc[se][i] = dx * bv[se][i];
+            }
+        }
+        if (s < 0)
+            continue;
         float acc = 0.0f;
 #pragma unroll
         for (int i = 0; i < NPL; i++) {
-            h[i] = fmaf(fast_exp2(delta * a2[i]), h[i], dx * bv[i]);
-            acc = fmaf(cv[i], h[i], acc);
+            h[i] = fmaf(dec[s][i], h[i], inc[s][i]);
+            acc = fmaf(cv[s][i], h[i], acc);
         }
-        sm[S::P + s * 32 + lane] = acc;
-        // the state entering every SAVE-step chunk, for the backward
-        if ((s + 1) % cmin(C::T, C::SAVE) == 0 && p.saved && ok) {
-            const int te = t0 + s + 1;
-            if (te % C::SAVE == 0 && te < p.seqlen) {
-                float *out = p.saved + (((int64_t)t.b * p.nsaved + te / C::SAVE - 1) * p.dim + t.d0 + c) * p.dstate;
+        sm[S::P + s * S::PS + lane] = acc;
+        if (U::FENCE && s % U::FENCE == U::FENCE - 1)
+            sched_fence(clocks);
+    }
+    if (U::FENCE && lane == 0) // a pad word of P: keeps the fences
+        reinterpret_cast<unsigned *>(sm)[S::P + S::PS - 1] = clocks;
+    // the state entering every SAVE-step chunk, for the backward
+    const int te = t0 + TS;
+    if (p.saved && ok && te % C::SAVE == 0 && te < p.seqlen) {
+        float *out = p.saved + (((int64_t)t.b * p.nsaved + te / C::SAVE - 1) * p.dim + t.d0 + c) * p.dstate;
 #pragma unroll
-                for (int i = 0; i < NPL; i++)
-                    if (q * NPL + i < p.dstate)
-                        out[q * NPL + i] = h[i];
-            }
-        }
-        if (s + 1 < C::T) {
-            dd = ddn;
-#pragma unroll
-            for (int i = 0; i < NPL; i++)
-                bv[i] = bn[i], cv[i] = cn[i];
-        }
+        for (int i = 0; i < NPL; i++)
+            if (q * NPL + i < p.dstate)
+                out[q * NPL + i] = h[i];
     }
 }
 
-template <typename T, class C, bool FAST>
+template <typename T, class C, bool FAST, class U = FwdDefault>
 __global__ void __launch_bounds__(kFwdMaxThreads, 4) ssm_fwd_kernel(const ScanParams p)
 {
-    using S = FwdSmem<T, C>;
+    using S = FwdSmem<T, C, U>;
     constexpr int NPL = C::NPL;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int index = blockIdx.x * (blockDim.x / 32) + warp;
@@ -618,21 +815,25 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 4) ssm_fwd_kernel(const ScanPa
         h[i] = nok && p.h0 ? load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
     }
 
-    FwdStage<T, C, FAST> stage(p, tile, lane);
-    const int chunks = (p.seqlen + C::T - 1) / C::T;
-    if (chunks > 0)
-        stage.load(p, tile, 0, sm);
-    for (int k = 0; k < chunks; k++) {
-        const int t0 = k * C::T;
+    FwdStage<T, C, U, FAST> stage(p, tile, lane);
+    const int chunks = (p.seqlen + S::TS - 1) / S::TS;
+    if (chunks > 0) {
+        stage.load(p, tile, 0, sm, 0);
+        stage.commit(p, tile, 0, sm);
         cp_wait();
-        __syncwarp(); // the chunk's raw inputs are in; the last chunk's parts of y are read
-        stage.commit(p, t0, sm);
-        __syncwarp(); // staged; the raw buffer is free
+        __syncwarp(); // chunk 0's b, c and (delta, delta x) are in
+    }
+    for (int k = 0; k < chunks; k++) {
+        const int t0 = k * S::TS;
         if (k + 1 < chunks)
-            stage.load(p, tile, t0 + C::T, sm); // lands during the scan
-        fwd_scan<T, C>(p, tile, c, q, ok, t0, h, a2, sm);
-        __syncwarp(); // the parts of y are written
+            stage.load(p, tile, t0 + S::TS, sm, (k + 1) % 2); // lands during the scan
+        fwd_scan<T, C, U>(p, tile, c, q, ok, t0, h, a2, k % 2, sm);
+        cp_wait();
+        __syncwarp(); // the parts of y are written, chunk k + 1's b and c are in
         stage.epilogue(p, tile, t0, sm);
+        if (k + 1 < chunks)
+            stage.commit(p, tile, t0 + S::TS, sm);
+        __syncwarp(); // chunk k + 1's (delta, delta x) are in
     }
     if (p.state && ok) {
 #pragma unroll
@@ -1225,9 +1426,9 @@ inline int64_t grid_of(const ScanParams &p) { return p.units; }
 // Warps per forward block: 4 when there are enough warps to fill every SM
 // twice over (the warps of a block share L1 lines of b and c), else 1 so
 // that small problems spread over as many SMs as possible.
-template <typename T, class C> inline int fwd_block_warps(const ScanParams &p, int sm_count)
+template <typename T, class C, class U = FwdDefault> inline int fwd_block_warps(const ScanParams &p, int sm_count)
 {
-    const int most = cmin(kFwdMaxThreads / 32, (int)(kFwdMaxSmem / FwdSmem<T, C>::BYTES));
+    const int most = cmin(kFwdMaxThreads / 32, (int)(kFwdMaxSmem / FwdSmem<T, C, U>::BYTES));
     return p.units >= 8 * sm_count ? most : 1;
 }
 

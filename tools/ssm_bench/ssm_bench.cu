@@ -18,6 +18,10 @@
 #include <vector>
 
 #include "cuda/ssm_kernels.cuh"
+#ifdef SSM_BASELINE // copies of earlier ssm_kernels.cuh, namespaces fx_ssm_base and fx_ssm_v1
+#include "baseline_kernels.cuh"
+#include "v1_kernels.cuh"
+#endif
 
 using namespace fx_ssm;
 
@@ -153,21 +157,121 @@ static void row(const char *what, const Problem &p, double us, double bytes)
 
 // ---- launchers (as in ssm.cu, with the knobs exposed) ----
 
-template <typename T, class C = Cfg<4, 4>> static void launch_fwd(const fx_ssm_fwd_args *a, int warps_override = 0)
+template <typename T, class U = FwdDefault, class C = Cfg<4, 4>>
+static void launch_fwd(const fx_ssm_fwd_args *a, int warps_override = 0)
 {
     ScanParams p = scan_params(a, C::WCH);
     p.y = a->y->data;
     p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
-    const int warps = warps_override ? warps_override : fwd_block_warps<T, C>(p, g_sms);
+    const int warps = warps_override ? warps_override : fwd_block_warps<T, C, U>(p, g_sms);
     const unsigned grid = (unsigned)((p.units + warps - 1) / warps);
-    const size_t smem = warps * FwdSmem<T, C>::BYTES;
+    const size_t smem = warps * FwdSmem<T, C, U>::BYTES;
     if (fwd_fast<T, C>(p)) {
-        CK(cudaFuncSetAttribute(ssm_fwd_kernel<T, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdMaxSmem));
-        ssm_fwd_kernel<T, C, true><<<grid, 32 * warps, smem, g_stream>>>(p);
+        CK(cudaFuncSetAttribute(ssm_fwd_kernel<T, C, true, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdMaxSmem));
+        ssm_fwd_kernel<T, C, true, U><<<grid, 32 * warps, smem, g_stream>>>(p);
     } else {
-        CK(cudaFuncSetAttribute(ssm_fwd_kernel<T, C, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdMaxSmem));
-        ssm_fwd_kernel<T, C, false><<<grid, 32 * warps, smem, g_stream>>>(p);
+        CK(cudaFuncSetAttribute(ssm_fwd_kernel<T, C, false, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdMaxSmem));
+        ssm_fwd_kernel<T, C, false, U><<<grid, 32 * warps, smem, g_stream>>>(p);
     }
+}
+
+#ifdef SSM_BASELINE
+// The forward of the baseline copy, launched as its ssm.cu did.
+template <typename T> static void launch_fwd_base(const fx_ssm_fwd_args *a)
+{
+    namespace B = fx_ssm_base;
+    typedef B::Cfg<4, 4> C;
+    B::ScanParams p = B::scan_params(a, C::WCH);
+    p.y = a->y->data;
+    p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
+    const int warps = B::fwd_block_warps<T, C>(p, g_sms);
+    const unsigned grid = (unsigned)((p.units + warps - 1) / warps);
+    const size_t smem = warps * B::FwdSmem<T, C>::BYTES;
+    if (!B::fwd_fast<T, C>(p)) {
+        fprintf(stderr, "baseline: not the fast path\n");
+        exit(1);
+    }
+    CK(cudaFuncSetAttribute(B::ssm_fwd_kernel<T, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, B::kFwdMaxSmem));
+    B::ssm_fwd_kernel<T, C, true><<<grid, 32 * warps, smem, g_stream>>>(p);
+}
+
+// The forward of the second copy (its default knobs), as its ssm.cu did.
+template <typename T> static void launch_fwd_v1(const fx_ssm_fwd_args *a)
+{
+    namespace V = fx_ssm_v1;
+    typedef V::Cfg<4, 4> C;
+    V::ScanParams p = V::scan_params(a, C::WCH);
+    p.y = a->y->data;
+    p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
+    const int warps = V::fwd_block_warps<T, C>(p, g_sms);
+    const unsigned grid = (unsigned)((p.units + warps - 1) / warps);
+    const size_t smem = warps * V::FwdSmem<T, C>::BYTES;
+    if (!V::fwd_fast<T, C>(p)) {
+        fprintf(stderr, "v1: not the fast path\n");
+        exit(1);
+    }
+    CK(cudaFuncSetAttribute(V::ssm_fwd_kernel<T, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, V::kFwdMaxSmem));
+    V::ssm_fwd_kernel<T, C, true><<<grid, 32 * warps, smem, g_stream>>>(p);
+}
+#endif
+
+// rel-L2 distance of two outputs of the input type (on the host).
+static double rel_l2(const fx_tensor &a, const fx_tensor &b)
+{
+    const size_t n = (size_t)a.numel;
+    std::vector<float> x(n), y(n);
+    if (a.dtype == FX_F32) {
+        CK(cudaMemcpy(x.data(), a.data, a.nbytes, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(y.data(), b.data, b.nbytes, cudaMemcpyDeviceToHost));
+    } else {
+        std::vector<uint16_t> rx(n), ry(n);
+        CK(cudaMemcpy(rx.data(), a.data, a.nbytes, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(ry.data(), b.data, b.nbytes, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u = (uint32_t)rx[i] << 16, v = (uint32_t)ry[i] << 16; // bf16
+            memcpy(&x[i], &u, 4), memcpy(&y[i], &v, 4);
+        }
+    }
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = (double)x[i] - y[i];
+        num += d * d, den += (double)y[i] * y[i];
+        if (std::isnan(x[i]))
+            return NAN;
+    }
+    return std::sqrt(num / den);
+}
+
+// The forward variants: each timed on the large case (f32, bf16) and on
+// the two small ones (f32), its output compared with the reference
+// launcher's (the baseline's where built with it).
+struct Variant {
+    const char *name;
+    std::function<void(const fx_ssm_fwd_args *)> f32, bf16;
+};
+
+template <class U> static Variant variant(const char *name)
+{
+    return Variant{name, [](const fx_ssm_fwd_args *a) { launch_fwd<float, U>(a); },
+                   [](const fx_ssm_fwd_args *a) { launch_fwd<__nv_bfloat16, U>(a); }};
+}
+
+static std::vector<Variant> variants()
+{
+    std::vector<Variant> v;
+#ifdef SSM_BASELINE
+    v.push_back(Variant{"baseline (main)", [](const fx_ssm_fwd_args *a) { launch_fwd_base<float>(a); },
+                        [](const fx_ssm_fwd_args *a) { launch_fwd_base<__nv_bfloat16>(a); }});
+    v.push_back(Variant{"v1 (b57ebe3)", [](const fx_ssm_fwd_args *a) { launch_fwd_v1<float>(a); },
+                        [](const fx_ssm_fwd_args *a) { launch_fwd_v1<__nv_bfloat16>(a); }});
+#endif
+    v.push_back(variant<FwdDefault>("default"));
+#ifdef SSM_VARIANTS
+    v.push_back(variant<FwdTune<2, 0>>("LOOK 2, no fence"));
+    v.push_back(variant<FwdTune<3, 2>>("LOOK 3, fence every 2 steps"));
+    v.push_back(variant<FwdTune<1, 1>>("LOOK 1, fence every step"));
+#endif
+    return v;
 }
 
 template <typename T> static void launch_step(const StepParams &p)
@@ -271,6 +375,46 @@ int main(int argc, char **argv)
 
     Problem big(8, 2048, 1536, 16, FX_F32);
     Problem bigh(8, 2048, 1536, 16, FX_BF16);
+
+    if (mode == "variants" || mode == "ncu-variants") {
+        std::vector<Variant> vs = variants();
+        if (mode == "ncu-variants") { // each f32 variant once, for ncu
+            for (auto &v : vs)
+                v.f32(&big.args);
+            CK(cudaDeviceSynchronize());
+            return 0;
+        }
+        std::vector<Problem *> mid;
+        for (int i = 0; i < 4; i++)
+            mid.push_back(new Problem(32, 60, 512, 16, FX_F32));
+        Problem s1(1, 32, 512, 16, FX_F32);
+        // reference outputs: the first variant's, in y2
+        fx_tensor *outs[3] = {&big.y, &bigh.y, &s1.y};
+        auto ref = [&](Problem &pb, const std::function<void(const fx_ssm_fwd_args *)> &f) {
+            fx_ssm_fwd_args a = pb.args;
+            a.y = &pb.y2;
+            f(&a);
+            CK(cudaDeviceSynchronize());
+        };
+        ref(big, vs[0].f32), ref(bigh, vs[0].bf16), ref(s1, vs[0].f32);
+        (void)outs;
+        printf("| variant | f32 B8 L2048 us | bf16 us | f32 B32 L60 us | f32 B1 L32 us | rel-L2 vs first (f32, bf16, B1) |\n");
+        printf("|---|---:|---:|---:|---:|---|\n");
+        for (auto &v : vs) {
+            CK(cudaMemset(big.y.data, 0xff, big.y.nbytes));
+            CK(cudaMemset(bigh.y.data, 0xff, bigh.y.nbytes));
+            CK(cudaMemset(s1.y.data, 0xff, s1.y.nbytes));
+            const double t32 = time_us([&] { v.f32(&big.args); }, 20);
+            const double t16 = time_us([&] { v.bf16(&bigh.args); }, 20);
+            int k = 0;
+            const double tm = time_us([&] { v.f32(&mid[k++ % 4]->args); }, 200);
+            const double ts = time_us([&] { v.f32(&s1.args); }, 300);
+            printf("| %s | %.1f | %.1f | %.2f | %.2f | %.2e, %.2e, %.2e |\n", v.name, t32, t16, tm, ts,
+                   rel_l2(big.y, big.y2), rel_l2(bigh.y, bigh.y2), rel_l2(s1.y, s1.y2));
+            fflush(stdout);
+        }
+        return 0;
+    }
 
     if (mode == "ncu") {
         launch_fwd<float>(&big.args);
