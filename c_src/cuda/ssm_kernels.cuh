@@ -24,8 +24,6 @@
 #include <limits.h>
 #include <string.h>
 
-#include <type_traits>
-
 #include "cuda/common.cuh"
 #include "fusex_ssm.h"
 
@@ -195,17 +193,9 @@ template <typename T> struct Quad {
     typedef uint2 raw; // four 16-bit floats, the first in the low half of x
     __device__ __forceinline__ static float elem(uint32_t word, int half)
     {
-        if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-            // a bf16 is the top half of its f32: one instruction per element
-            const uint32_t bits = half ? word & 0xffff0000u : word << 16;
-            float f;
-            memcpy(&f, &bits, sizeof f);
-            return f;
-        } else {
-            typename Raw16<T>::type r;
-            r.x = (unsigned short)(half ? word >> 16 : word);
-            return fx_elem<T>::load(T(r));
-        }
+        typename Raw16<T>::type r;
+        r.x = (unsigned short)(half ? word >> 16 : word);
+        return fx_elem<T>::load(T(r));
     }
     __device__ __forceinline__ static float4 to_float(raw r)
     {
@@ -325,45 +315,41 @@ __device__ __forceinline__ int64_t at_state(const ScanParams &p, int b, int d)
 // group, and never waits for another warp: a block is W warps side by side,
 // each with its own FwdSmem words of shared memory, so the only
 // synchronisation is __syncwarp. Per chunk of TS steps:
-//   load     a chunk ahead (it lands while the previous chunk is scanned):
-//            the chunk's b and c rows as they are (input type) into one of
-//            two buffers, by cp.async (FAST: tiles full and rows aligned,
-//            which the launcher checks) or plain loads and stores for odd
-//            shapes; and each staging lane's x, dt, z straight into
-//            registers (vector loads on the FAST path);
+//   load     the chunk's x, dt, z, b, c as they are (input type) into the
+//            warp's raw buffers: cp.async, issued a chunk ahead so that the
+//            copies land while the previous chunk is scanned (FAST: tiles
+//            full and rows aligned, which the launcher checks; each lane
+//            copies whole 16-byte pieces of one row, at offsets that advance
+//            by a chunk), or plain loads and stores for odd shapes;
 //   commit   lane l takes CV consecutive channels of a row (rows l / LPR,
 //            + RPP, ...): delta, delta * x for the scan; x and silu(z) kept
-//            in registers for the epilogue;
+//            in registers for the epilogue; 16-bit b and c rows converted to
+//            f32 (f32 rows are read where they land: two raw buffers);
 //   scan     lanes (channel l / LANES, states (l % LANES) * NPL ...) walk
 //            the TS steps: per state one exp and three FMAs, the exps LOOK
 //            steps ahead of the FMAs that use them (the only dependency from
-//            a step to the next is one FMA per state); b and c read where
-//            they landed (16-bit rows converted as they are read); per step
-//            one store of the lane's part of y's sum over states, so no
-//            shuffle sits between a step and the next;
+//            a step to the next is one FMA per state); per step one store of
+//            the lane's part of y's sum over states, so no shuffle sits
+//            between a step and the next;
 //   epilogue the staging lane adds the LANES parts of each of its channels,
 //            adds d * x, applies the gate and writes its CV values of y with
 //            one store. It shares a phase (no barrier between) with the next
 //            chunk's commit.
-// The busiest unit is the SM's shared-memory data path (one 128-byte
-// wavefront per clock, for the loads into registers of all four schedulers'
-// warps): the scan's b and c reads are 4 floats each per lane and step,
-// whoever else reads the same row, so nothing goes through shared memory
-// that does not have to (x, dt, z go to registers directly; b and c are
-// not copied again as f32; the copies' rows are bank-conflict free).
 
 // Knobs of the forward kernel (tools/ssm_bench times other values): LOOK,
 // the steps between a decay's exp and the FMA that uses it; FENCE, a
 // scheduling fence after every FENCE steps of the scan (0: none), without
-// which ptxas sinks each exp to just above its first use.
-template <int LOOK_ = 2, int FENCE_ = 1> struct FwdTune {
-    static constexpr int LOOK = LOOK_, FENCE = FENCE_;
+// which ptxas sinks each exp to just above its first use; TF, the steps
+// per chunk (0: the configuration's T).
+template <int LOOK_ = 2, int FENCE_ = 1, int TF_ = 0> struct FwdTune {
+    static constexpr int LOOK = LOOK_, FENCE = FENCE_, TF = TF_;
 };
 typedef FwdTune<> FwdDefault;
 
 template <typename T, class C, class U = FwdDefault> struct FwdSmem {
-    static constexpr int TS = C::T; // steps per chunk
+    static constexpr int TS = U::TF ? U::TF : C::T; // steps per chunk
     static constexpr int LOOK = cmin(U::LOOK, TS - 1);
+    static constexpr bool F32 = sizeof(T) == 4; // b, c read where they land
     // staging: CV consecutive channels of one row per lane and pass; LPR
     // lanes per row, RPP rows per pass, NP passes per chunk
     static constexpr int CV = cmax(1, cmin(cmin(4, C::WCH), C::WCH * TS / 32));
@@ -371,21 +357,27 @@ template <typename T, class C, class U = FwdDefault> struct FwdSmem {
     static constexpr bool ALL_ROWS = RPP * NP == TS; // every lane has a row in every pass
     // in 4-byte words; every region starts 16-byte aligned
     static constexpr int words(int elems) { return (elems * (int)sizeof(T) + 15) / 16 * 4; }
-    static constexpr int BCW = words(TS * C::NPAD); // one chunk of b or c [TS][NPAD], input type
-    static constexpr int BR = 0;                    // b, chunk k in buffer k % 2
-    static constexpr int CR = BR + 2 * BCW;         // c
+    static constexpr int XR = 0;                     // raw x [TS][WCH], input type
+    static constexpr int DTR = XR + words(TS * C::WCH); // raw dt
+    static constexpr int ZR = DTR + words(TS * C::WCH); // raw z
+    static constexpr int NBUF = F32 ? 2 : 1;            // raw b, c: chunk k in buffer k % NBUF
+    static constexpr int BCW = words(TS * C::NPAD);     // one raw b or c chunk [TS][NPAD]
+    static constexpr int BR = ZR + words(TS * C::WCH);  // raw b
+    static constexpr int CR = BR + NBUF * BCW;          // raw c
     // per channel: (delta, delta * x) per step; +4 floats puts the channels
     // of a warp's float4 loads in different banks
     static constexpr int DDS = 2 * TS + 4;
-    static constexpr int DD = CR + 2 * BCW;
+    static constexpr int DD = CR + NBUF * BCW;
+    static constexpr int B = DD + C::WCH * DDS;            // f32 b [TS][NPAD] (16-bit inputs)
+    static constexpr int CC = B + (F32 ? 0 : TS * C::NPAD); // f32 c
     // parts of y [TS][PS]: a row per step, padded so that the staging lanes'
     // float4 reads of different rows fall in different banks
     static constexpr int PS = 36;
-    static constexpr int P = DD + C::WCH * DDS;
+    static constexpr int P = CC + (F32 ? 0 : TS * C::NPAD);
     static constexpr int WORDS = P + TS * PS; // per warp
     static constexpr size_t BYTES = sizeof(float) * WORDS;
     static_assert(DDS % 4 == 0 && TS % 2 == 0, "float4 rows of two steps");
-    static_assert(C::SAVE % TS == 0, "saves fall on chunk ends");
+    static_assert(TS % C::SAVE == 0 || C::SAVE % TS == 0, "saves fall on chunk steps");
 };
 
 // What the FAST load needs: full tiles, and rows of x, dt, z, b, c that
@@ -450,51 +442,22 @@ __device__ __forceinline__ void sched_fence(unsigned &clocks)
 #endif
 }
 
-// CV consecutive elements of the input type as 32-bit words (16-bit types
-// two to a word, the first in the low half), so that a load into registers
-// is converted to f32 only where the values are used.
-template <typename T, int CV> struct Pack {
-    static constexpr int W = sizeof(T) == 4 ? CV : (CV + 1) / 2;
-    uint32_t w[W];
-
-    // All CV from an address aligned to their size.
-    __device__ __forceinline__ void load(const T *p)
-    {
-        if constexpr (W == 4) {
-            const uint4 v = *reinterpret_cast<const uint4 *>(p);
-            w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-        } else if constexpr (W == 2) {
-            const uint2 v = *reinterpret_cast<const uint2 *>(p);
-            w[0] = v.x, w[1] = v.y;
-        } else if constexpr (sizeof(T) * CV == 4) {
-            w[0] = *reinterpret_cast<const uint32_t *>(p);
-        } else {
-            w[0] = static_cast<typename Raw16<T>::type>(p[0]).x; // one 16-bit element
-        }
+// CV consecutive elements of the input type (aligned to their size) as floats.
+template <typename T, int CV> __device__ __forceinline__ void ld_vec(float (&v)[CV], const T *p)
+{
+    if constexpr (CV == 4) {
+        const float4 f = Quad<T>::to_float(*reinterpret_cast<const typename Quad<T>::raw *>(p));
+        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    } else if constexpr (CV == 2 && sizeof(T) == 4) {
+        const float2 f = *reinterpret_cast<const float2 *>(p);
+        v[0] = f.x, v[1] = f.y;
+    } else if constexpr (CV == 2) {
+        const uint32_t w = *reinterpret_cast<const uint32_t *>(p);
+        v[0] = Quad<T>::elem(w, 0), v[1] = Quad<T>::elem(w, 1);
+    } else {
+        v[0] = fx_elem<T>::load(p[0]);
     }
-
-    // Element e, or zero.
-    __device__ __forceinline__ void load_one(const T *p, int e, bool ok)
-    {
-        if constexpr (sizeof(T) == 4) {
-            w[e] = ok ? *reinterpret_cast<const uint32_t *>(p + e) : 0u;
-        } else {
-            const uint32_t bits = ok ? static_cast<typename Raw16<T>::type>(p[e]).x : 0u;
-            w[e / 2] = e % 2 ? w[e / 2] | bits << 16 : bits;
-        }
-    }
-
-    __device__ __forceinline__ float get(int e) const
-    {
-        if constexpr (sizeof(T) == 4) {
-            float f;
-            memcpy(&f, &w[e], sizeof f);
-            return f;
-        } else {
-            return Quad<T>::elem(w[e / 2], e % 2);
-        }
-    }
-};
+}
 
 template <typename T> __device__ __forceinline__ uint32_t bits16(float v)
 {
@@ -519,28 +482,21 @@ template <typename T, int CV> __device__ __forceinline__ void st_vec(T *p, const
     }
 }
 
-// 4 consecutive elements of the input type in shared memory (aligned to
-// their size) as floats.
-template <typename T> __device__ __forceinline__ void lds4(float *v, const T *p)
-{
-    const float4 f = Quad<T>::to_float(*reinterpret_cast<const typename Quad<T>::raw *>(p));
-    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-}
-
 template <typename T, class C, class U, bool FAST> struct FwdStage {
     using S = FwdSmem<T, C, U>;
     typedef FwdCopy<T, C> K;
     static constexpr int TS = S::TS, CV = S::CV, NP = S::NP;
-    // FAST copies of b and c: unit u = lane + 32 k of UB bytes, u / BPR rows
-    // into the chunk (consecutive lanes, consecutive bytes)
+    // FAST loads: each lane copies NU consecutive units of UX (UB) bytes,
+    // all in one row
+    static constexpr int PER_ROW = K::RX / K::UX, UNITS = TS * PER_ROW, NUX = (UNITS + 31) / 32;
+    static constexpr int EPU = K::UX / (int)sizeof(T);
     static constexpr int BPR = K::RB / K::UB, BUNITS = TS * BPR, NUB = (BUNITS + 31) / 32;
     static constexpr int EPB = K::UB / (int)sizeof(T);
+    static_assert(PER_ROW % NUX == 0 && BPR % NUB == 0, "a lane's copies lie in one row");
     int lane, r0, c0; // staging: rows r0, r0 + RPP, ...; channels c0 .. c0 + CV - 1 of the tile
-    const T *bsrc, *csrc; // FAST: the lane's first unit of b, c in the next chunk to load
-    int64_t ox;           // its first element of x (dt, z) in the next chunk to load
-    int64_t oy;           // and of y in the next chunk to write
+    const T *src[5];  // FAST: the lane's first element of x, dt, z, b, c in the next chunk to load
+    int64_t oy;       // its first element of y in the next chunk to write
     float bias[CV], dskip[CV];
-    Pack<T, CV> in[3][NP];          // x, dt, z of the next chunk to commit
     float xk[NP][CV], gate[NP][CV]; // x and silu(z) of the committed chunk, for the epilogue
 
     __device__ FwdStage(const ScanParams &p, const Tile &t, int lane_) : lane(lane_)
@@ -558,80 +514,85 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
 #pragma unroll
             for (int v = 0; v < CV; v++)
                 xk[k][v] = 0.0f, gate[k][v] = 1.0f;
-        ox = oy = at_btd(p, t.b, r0, t.d0 + c0);
         if constexpr (FAST) {
-            const int64_t ob = at_btg(p, t.b, lane / BPR, t.g) + lane % BPR * EPB;
-            bsrc = static_cast<const T *>(p.b) + ob;
-            csrc = static_cast<const T *>(p.c) + ob;
+            const int ux = lane * NUX, ub = lane * NUB;
+            const int64_t ox = at_btd(p, t.b, ux / PER_ROW, t.d0) + ux % PER_ROW * EPU;
+            const int64_t ob = at_btg(p, t.b, ub / BPR, t.g) + ub % BPR * EPB;
+            src[0] = static_cast<const T *>(p.x) + ox, src[1] = static_cast<const T *>(p.dt) + ox;
+            src[2] = p.z ? static_cast<const T *>(p.z) + ox : nullptr;
+            src[3] = static_cast<const T *>(p.b) + ob, src[4] = static_cast<const T *>(p.c) + ob;
         }
+        oy = at_btd(p, t.b, r0, t.d0 + c0);
     }
 
-    // The FAST copies of the next chunk's b and c, rows from t0 (FULL: all
-    // inside the sequence; else rows past the end are zeros, read from the
-    // tensors' first element).
-    template <bool FULL> __device__ __forceinline__ void copy_bc(const ScanParams &p, int t0, float *sm, int buf)
+    // The FAST copies of the next chunk, rows from t0 (FULL: all inside the
+    // sequence; else rows past the end are zeros, read from the tensors'
+    // first element).
+    template <bool FULL> __device__ __forceinline__ void copy(const ScanParams &p, int t0, float *sm, int buf)
     {
-        const int64_t row = (int64_t)p.groups * p.dstate;
+        const int ux = lane * NUX, ub = lane * NUB; // a unit's place in the raw buffer is its place in the rows
+        if (UNITS % 32 == 0 || ux < UNITS) {
+            const bool ok = FULL || t0 + ux / PER_ROW < p.seqlen;
+            const void *base[3] = {p.x, p.dt, p.z};
+            const int at[3] = {S::XR, S::DTR, S::ZR};
 #pragma unroll
-        for (int k = 0; k < NUB; k++) {
-            const int u = lane + 32 * k;
-            if (BUNITS % 32 == 0 || u < BUNITS) {
-                const bool ok = FULL || t0 + u / BPR < p.seqlen;
-                const int64_t at = (32 * k / BPR) * row + 32 * k % BPR * EPB; // from the lane's first unit
-                T *dst = reinterpret_cast<T *>(sm + S::BR + buf * S::BCW) + u * EPB;
-                cp_async<K::UB>(dst, ok ? bsrc + at : static_cast<const T *>(p.b), ok);
-                dst = reinterpret_cast<T *>(sm + S::CR + buf * S::BCW) + u * EPB;
-                cp_async<K::UB>(dst, ok ? csrc + at : static_cast<const T *>(p.c), ok);
-            }
+            for (int j = 0; j < 3; j++)
+#pragma unroll
+                for (int k = 0; k < NUX; k++)
+                    if (j < 2 || src[2])
+                        cp_async<K::UX>(reinterpret_cast<T *>(sm + at[j]) + (ux + k) * EPU,
+                                        ok ? src[j] + k * EPU : static_cast<const T *>(base[j]), ok);
+        }
+        if (BUNITS % 32 == 0 || ub < BUNITS) {
+            const bool ok = FULL || t0 + ub / BPR < p.seqlen;
+            const void *base[2] = {p.b, p.c};
+            const int at[2] = {S::BR, S::CR};
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int k = 0; k < NUB; k++)
+                    cp_async<K::UB>(reinterpret_cast<T *>(sm + at[j] + buf * S::BCW) + (ub + k) * EPB,
+                                    ok ? src[3 + j] + k * EPB : static_cast<const T *>(base[j]), ok);
         }
     }
 
-    // Starts the loads of chunk [t0, t0 + TS): b and c into buffer `buf`
-    // (rows past the end and states past dstate are zeros), the lane's x,
-    // dt, z into `in` (rows past the end and channels past the group are
-    // zeros).
+    // Starts (FAST) or does the loads of chunk [t0, t0 + TS) into the raw
+    // buffers (b and c into buffer `buf`); rows past the end and channels
+    // past the group are zeros.
     __device__ __forceinline__ void load(const ScanParams &p, const Tile &t, int t0, float *sm, int buf)
     {
-        const T *src[3] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt),
-                           static_cast<const T *>(p.z)};
-        const int rows = p.seqlen - t0;
-#pragma unroll
-        for (int k = 0; k < NP; k++) {
-            const int r = r0 + k * S::RPP;
-            const bool ok = (S::ALL_ROWS || r < TS) && r < rows;
-            const int64_t at = ox + (int64_t)(k * S::RPP) * p.dim;
-#pragma unroll
-            for (int j = 0; j < 3; j++) {
-                if (j == 2 && !src[2])
-                    continue;
-                if (FAST && ok) {
-                    in[j][k].load(src[j] + at);
-                } else {
-#pragma unroll
-                    for (int v = 0; v < CV; v++)
-                        in[j][k].load_one(src[j] + at, v, ok && (FAST || c0 + v < t.nvalid));
-                }
-            }
-        }
-        ox += (int64_t)TS * p.dim;
         if constexpr (FAST && K::POSSIBLE) { // (fwd_fast is false when not POSSIBLE)
             if (t0 + TS <= p.seqlen)
-                copy_bc<true>(p, t0, sm, buf);
+                copy<true>(p, t0, sm, buf);
             else
-                copy_bc<false>(p, t0, sm, buf);
-            const int64_t rows_bc = (int64_t)TS * p.groups * p.dstate;
-            bsrc += rows_bc, csrc += rows_bc;
+                copy<false>(p, t0, sm, buf);
+            const int64_t rows = (int64_t)TS * p.dim, rows_bc = (int64_t)TS * p.groups * p.dstate;
+            src[0] += rows, src[1] += rows, src[3] += rows_bc, src[4] += rows_bc;
+            if (src[2])
+                src[2] += rows;
         } else {
-            T *raw[2] = {reinterpret_cast<T *>(sm + S::BR + buf * S::BCW),
-                         reinterpret_cast<T *>(sm + S::CR + buf * S::BCW)};
+            T *raw[3] = {reinterpret_cast<T *>(sm + S::XR), reinterpret_cast<T *>(sm + S::DTR),
+                         reinterpret_cast<T *>(sm + S::ZR)};
+            const T *in[3] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt),
+                              static_cast<const T *>(p.z)};
+            T *rawbc[2] = {reinterpret_cast<T *>(sm + S::BR + buf * S::BCW),
+                           reinterpret_cast<T *>(sm + S::CR + buf * S::BCW)};
             const T *inbc[2] = {static_cast<const T *>(p.b), static_cast<const T *>(p.c)};
+            for (int e = lane; e < TS * C::WCH; e += 32) {
+                const int tl = e / C::WCH, cc = e % C::WCH;
+                const bool ok = t0 + tl < p.seqlen && cc < t.nvalid;
+                const int64_t i = ok ? at_btd(p, t.b, t0 + tl, t.d0 + cc) : 0;
+#pragma unroll
+                for (int j = 0; j < 3; j++)
+                    raw[j][e] = ok && in[j] ? in[j][i] : T(0.0f);
+            }
             for (int e = lane; e < TS * C::NPAD; e += 32) {
                 const int tl = e / C::NPAD, n = e % C::NPAD;
-                const bool ok = tl < rows && n < p.dstate;
+                const bool ok = t0 + tl < p.seqlen && n < p.dstate;
                 const int64_t i = ok ? at_btg(p, t.b, t0 + tl, t.g) + n : 0;
 #pragma unroll
                 for (int j = 0; j < 2; j++)
-                    raw[j][e] = ok ? inbc[j][i] : T(0.0f);
+                    rawbc[j][e] = ok ? inbc[j][i] : T(0.0f);
             }
         }
     }
@@ -645,39 +606,46 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
                 delta[k][v] = softplus(delta[k][v]);
     }
 
-    __device__ __forceinline__ void gates()
+    __device__ __forceinline__ void gates(const T *rz)
     {
 #pragma unroll
-        for (int k = 0; k < NP; k++)
+        for (int k = 0; k < NP; k++) {
+            float zv[CV];
+            ld_vec<T, CV>(zv, rz + cmin(r0 + k * S::RPP, TS - 1) * C::WCH + c0);
 #pragma unroll
             for (int v = 0; v < CV; v++)
-                gate[k][v] = silu(in[2][k].get(v));
+                gate[k][v] = silu(zv[v]);
+        }
     }
 
     // Turns the loaded chunk into what the scan reads. Steps past the end
     // and channels past the group get delta = 0: their state stays. The
     // options are tested once per chunk, so that the exps and polynomials
     // of a lane's values interleave.
-    __device__ __forceinline__ void commit(const ScanParams &p, const Tile &t, int t0, float *sm)
+    __device__ __forceinline__ void commit(const ScanParams &p, const Tile &t, int t0, float *sm, int buf)
     {
+        const T *rx = reinterpret_cast<const T *>(sm + S::XR), *rdt = reinterpret_cast<const T *>(sm + S::DTR);
+        const T *rz = reinterpret_cast<const T *>(sm + S::ZR);
         float delta[NP][CV];
 #pragma unroll
-        for (int k = 0; k < NP; k++)
+        for (int k = 0; k < NP; k++) {
+            const int at = cmin(r0 + k * S::RPP, TS - 1) * C::WCH + c0; // rows past TS: not used
+            ld_vec<T, CV>(xk[k], rx + at);
+            ld_vec<T, CV>(delta[k], rdt + at);
 #pragma unroll
-            for (int v = 0; v < CV; v++) {
-                xk[k][v] = in[0][k].get(v);
-                delta[k][v] = in[1][k].get(v) + bias[v];
-            }
+            for (int v = 0; v < CV; v++)
+                delta[k][v] += bias[v];
+        }
         // both options (Mamba's case) in one block, so that the gate's exps
         // and reciprocals interleave with softplus's polynomials
         if (p.softplus && p.z) {
             softplus_all(delta);
-            gates();
+            gates(rz);
         } else {
             if (p.softplus)
                 softplus_all(delta);
             if (p.z)
-                gates();
+                gates(rz);
         }
         const int rows = p.seqlen - t0;
 #pragma unroll
@@ -689,6 +657,20 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
                     const bool ok = r < rows && (FAST || c0 + v < t.nvalid);
                     const float dk = ok ? delta[k][v] : 0.0f;
                     *reinterpret_cast<float2 *>(sm + S::DD + (c0 + v) * S::DDS + 2 * r) = make_float2(dk, dk * xk[k][v]);
+                }
+            }
+        }
+        if constexpr (!S::F32) {
+            typedef typename Quad<T>::raw Raw;
+            constexpr int Q4 = C::NPAD / 4; // quads per b row
+            const Raw *rb = reinterpret_cast<const Raw *>(sm + S::BR + buf * S::BCW);
+            const Raw *rc = reinterpret_cast<const Raw *>(sm + S::CR + buf * S::BCW);
+#pragma unroll
+            for (int k = 0; k < (TS * Q4 + 31) / 32; k++) {
+                const int s = lane + 32 * k;
+                if ((TS * Q4) % 32 == 0 || s < TS * Q4) {
+                    *reinterpret_cast<float4 *>(sm + S::B + 4 * s) = Quad<T>::to_float(rb[s]);
+                    *reinterpret_cast<float4 *>(sm + S::CC + 4 * s) = Quad<T>::to_float(rc[s]);
                 }
             }
         }
@@ -732,33 +714,27 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
 // it feeds.
 template <typename T, class C, class U>
 __device__ __forceinline__ void fwd_scan(const ScanParams &p, const Tile &t, int c, int q, bool ok, int t0,
-                                         float (&h)[C::NPL], const float (&a2)[C::NPL], int buf, float *sm)
+                                         float (&h)[C::NPL], const float (&a2)[C::NPL], const float *bsrc,
+                                         const float *csrc, float *sm)
 {
     using S = FwdSmem<T, C, U>;
     constexpr int NPL = C::NPL, TS = S::TS, LOOK = S::LOOK;
     const int lane = c * C::LANES + q;
-    const float *dd_row = sm + S::DD + c * S::DDS;
-    const T *b_row = reinterpret_cast<const T *>(sm + S::BR + buf * S::BCW) + q * NPL;
-    const T *c_row = reinterpret_cast<const T *>(sm + S::CR + buf * S::BCW) + q * NPL;
+    const float *dd_row = sm + S::DD + c * S::DDS, *b_row = bsrc + q * NPL, *c_row = csrc + q * NPL;
     float4 dd[TS / 2];                // (delta, delta x) of steps 2i, 2i + 1
     float bv[TS][NPL], cv[TS][NPL];   // b and c of a step
     float dec[TS][NPL], inc[TS][NPL]; // exp(delta a) and delta x b of a step
-    unsigned clocks = 0;              // the fences' clock reads
+    unsigned clocks = 0; // the fences' clock reads (kept by a store to a pad word of P)
 #pragma unroll
     for (int s = -LOOK - 1; s < TS; s++) {
         const int so = s + LOOK + 1; // the operands of step so's exps
         if (so >= 0 && so < TS) {
             if (so % 2 == 0)
                 dd[so / 2] = *reinterpret_cast<const float4 *>(dd_row + 2 * so);
-#pragma unroll
-            for (int i = 0; i < NPL; i += 4)
-                lds4<T>(bv[so] + i, b_row + so * C::NPAD + i);
+            lds(bv[so], b_row + so * C::NPAD);
         }
-        if (s + 1 >= 0 && s + 1 < TS) {
-#pragma unroll
-            for (int i = 0; i < NPL; i += 4)
-                lds4<T>(cv[s + 1] + i, c_row + (s + 1) * C::NPAD + i);
-        }
+        if (s + 1 >= 0 && s + 1 < TS)
+            lds(cv[s + 1], c_row + (s + 1) * C::NPAD);
         const int se = s + LOOK; // step se's exps and increments
         if (se >= 0 && se < TS) {
             const float delta = se % 2 ? dd[se / 2].z : dd[se / 2].x, dx = se % 2 ? dd[se / 2].w : dd[se / 2].y;
@@ -779,18 +755,20 @@ __device__ __forceinline__ void fwd_scan(const ScanParams &p, const Tile &t, int
         sm[S::P + s * S::PS + lane] = acc;
         if (U::FENCE && s % U::FENCE == U::FENCE - 1)
             sched_fence(clocks);
-    }
-    if (U::FENCE && lane == 0) // a pad word of P: keeps the fences
-        reinterpret_cast<unsigned *>(sm)[S::P + S::PS - 1] = clocks;
-    // the state entering every SAVE-step chunk, for the backward
-    const int te = t0 + TS;
-    if (p.saved && ok && te % C::SAVE == 0 && te < p.seqlen) {
-        float *out = p.saved + (((int64_t)t.b * p.nsaved + te / C::SAVE - 1) * p.dim + t.d0 + c) * p.dstate;
+        // the state entering every SAVE-step chunk, for the backward
+        if ((s + 1) % cmin(TS, C::SAVE) == 0 && p.saved && ok) {
+            const int te = t0 + s + 1;
+            if (te % C::SAVE == 0 && te < p.seqlen) {
+                float *out = p.saved + (((int64_t)t.b * p.nsaved + te / C::SAVE - 1) * p.dim + t.d0 + c) * p.dstate;
 #pragma unroll
-        for (int i = 0; i < NPL; i++)
-            if (q * NPL + i < p.dstate)
-                out[q * NPL + i] = h[i];
+                for (int i = 0; i < NPL; i++)
+                    if (q * NPL + i < p.dstate)
+                        out[q * NPL + i] = h[i];
+            }
+        }
     }
+    if (U::FENCE && lane == 0)
+        reinterpret_cast<unsigned *>(sm)[S::P + S::PS - 1] = clocks;
 }
 
 template <typename T, class C, bool FAST, class U = FwdDefault>
@@ -819,21 +797,24 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 4) ssm_fwd_kernel(const ScanPa
     const int chunks = (p.seqlen + S::TS - 1) / S::TS;
     if (chunks > 0) {
         stage.load(p, tile, 0, sm, 0);
-        stage.commit(p, tile, 0, sm);
         cp_wait();
-        __syncwarp(); // chunk 0's b, c and (delta, delta x) are in
+        __syncwarp();
+        stage.commit(p, tile, 0, sm, 0);
+        __syncwarp();
     }
     for (int k = 0; k < chunks; k++) {
-        const int t0 = k * S::TS;
+        const int t0 = k * S::TS, buf = k % S::NBUF, next = (k + 1) % S::NBUF;
         if (k + 1 < chunks)
-            stage.load(p, tile, t0 + S::TS, sm, (k + 1) % 2); // lands during the scan
-        fwd_scan<T, C, U>(p, tile, c, q, ok, t0, h, a2, k % 2, sm);
+            stage.load(p, tile, t0 + S::TS, sm, next); // lands during the scan
+        const float *bsrc = S::F32 ? sm + S::BR + buf * S::BCW : sm + S::B;
+        const float *csrc = S::F32 ? sm + S::CR + buf * S::BCW : sm + S::CC;
+        fwd_scan<T, C, U>(p, tile, c, q, ok, t0, h, a2, bsrc, csrc, sm);
         cp_wait();
-        __syncwarp(); // the parts of y are written, chunk k + 1's b and c are in
+        __syncwarp(); // the parts of y are written; the next chunk's inputs are in
         stage.epilogue(p, tile, t0, sm);
         if (k + 1 < chunks)
-            stage.commit(p, tile, t0 + S::TS, sm);
-        __syncwarp(); // chunk k + 1's (delta, delta x) are in
+            stage.commit(p, tile, t0 + S::TS, sm, next);
+        __syncwarp(); // staged; the raw x, dt, z buffer is free
     }
     if (p.state && ok) {
 #pragma unroll

@@ -18,9 +18,8 @@
 #include <vector>
 
 #include "cuda/ssm_kernels.cuh"
-#ifdef SSM_BASELINE // copies of earlier ssm_kernels.cuh, namespaces fx_ssm_base and fx_ssm_v1
+#ifdef SSM_BASELINE // a copy of an earlier ssm_kernels.cuh in namespace fx_ssm_base
 #include "baseline_kernels.cuh"
-#include "v1_kernels.cuh"
 #endif
 
 using namespace fx_ssm;
@@ -194,25 +193,6 @@ template <typename T> static void launch_fwd_base(const fx_ssm_fwd_args *a)
     CK(cudaFuncSetAttribute(B::ssm_fwd_kernel<T, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, B::kFwdMaxSmem));
     B::ssm_fwd_kernel<T, C, true><<<grid, 32 * warps, smem, g_stream>>>(p);
 }
-
-// The forward of the second copy (its default knobs), as its ssm.cu did.
-template <typename T> static void launch_fwd_v1(const fx_ssm_fwd_args *a)
-{
-    namespace V = fx_ssm_v1;
-    typedef V::Cfg<4, 4> C;
-    V::ScanParams p = V::scan_params(a, C::WCH);
-    p.y = a->y->data;
-    p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
-    const int warps = V::fwd_block_warps<T, C>(p, g_sms);
-    const unsigned grid = (unsigned)((p.units + warps - 1) / warps);
-    const size_t smem = warps * V::FwdSmem<T, C>::BYTES;
-    if (!V::fwd_fast<T, C>(p)) {
-        fprintf(stderr, "v1: not the fast path\n");
-        exit(1);
-    }
-    CK(cudaFuncSetAttribute(V::ssm_fwd_kernel<T, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, V::kFwdMaxSmem));
-    V::ssm_fwd_kernel<T, C, true><<<grid, 32 * warps, smem, g_stream>>>(p);
-}
 #endif
 
 // rel-L2 distance of two outputs of the input type (on the host).
@@ -262,14 +242,14 @@ static std::vector<Variant> variants()
 #ifdef SSM_BASELINE
     v.push_back(Variant{"baseline (main)", [](const fx_ssm_fwd_args *a) { launch_fwd_base<float>(a); },
                         [](const fx_ssm_fwd_args *a) { launch_fwd_base<__nv_bfloat16>(a); }});
-    v.push_back(Variant{"v1 (b57ebe3)", [](const fx_ssm_fwd_args *a) { launch_fwd_v1<float>(a); },
-                        [](const fx_ssm_fwd_args *a) { launch_fwd_v1<__nv_bfloat16>(a); }});
 #endif
     v.push_back(variant<FwdDefault>("default"));
 #ifdef SSM_VARIANTS
     v.push_back(variant<FwdTune<2, 0>>("LOOK 2, no fence"));
+    v.push_back(variant<FwdTune<0, 0>>("LOOK 0, no fence"));
     v.push_back(variant<FwdTune<3, 2>>("LOOK 3, fence every 2 steps"));
-    v.push_back(variant<FwdTune<1, 1>>("LOOK 1, fence every step"));
+    v.push_back(variant<FwdTune<3, 1>>("LOOK 3, fence every step"));
+    v.push_back(variant<FwdTune<2, 1, 32>>("LOOK 2, fence every step, 32-step chunks"));
 #endif
     return v;
 }
