@@ -208,6 +208,29 @@ static fwd_out forward_reference(const host_inputs *h, bool want_state)
     return o;
 }
 
+/* delta of element i (channel d): dt + dt_bias, through softplus if asked. */
+static double naive_delta(const host_inputs *h, int64_t i, int64_t d)
+{
+    double u = h->dt[i] + (h->bias ? h->bias[d] : 0.0);
+    return (h->s.opts & OPT_SOFTPLUS) ? (u > 20 ? u : log(1.0 + exp(u))) : u;
+}
+
+/* The states h_0..h_L of one channel, into hist[(L + 1) * N]. */
+static void channel_states(const host_inputs *h, int64_t b, int64_t d, double *hist)
+{
+    const spec *s = &h->s;
+    int64_t L = s->seqlen, D = s->dim, N = s->dstate, G = s->groups, g = d / (D / G);
+    for (int64_t k = 0; k < N; k++)
+        hist[k] = h->h0 ? h->h0[(b * D + d) * N + k] : 0.0;
+    for (int64_t t = 0; t < L; t++) {
+        int64_t i = (b * L + t) * D + d, row = ((b * L + t) * G + g) * N;
+        double delta = naive_delta(h, i, d);
+        for (int64_t k = 0; k < N; k++)
+            hist[(t + 1) * N + k] = exp(delta * h->a[d * N + k]) * hist[t * N + k] +
+                                    delta * h->b[row + k] * h->x[i];
+    }
+}
+
 /* An independent forward: the equations as plain loops, one channel at a
  * time. The cpu backend is checked against it. */
 static fwd_out forward_naive(const host_inputs *h)
@@ -215,21 +238,17 @@ static fwd_out forward_naive(const host_inputs *h)
     const spec *s = &h->s;
     int64_t B = s->batch, L = s->seqlen, D = s->dim, N = s->dstate, G = s->groups;
     fwd_out o = {alloc_f64(n_btd(s)), alloc_f64(n_state(s))};
+    double *hist = alloc_f64((L + 1) * N);
     for (int64_t b = 0; b < B; b++)
         for (int64_t d = 0; d < D; d++) {
             int64_t g = d / (D / G);
-            double *hs = o.state + (b * D + d) * N;
-            for (int64_t k = 0; k < N; k++)
-                hs[k] = h->h0 ? h->h0[(b * D + d) * N + k] : 0.0;
+            channel_states(h, b, d, hist);
+            memcpy(o.state + (b * D + d) * N, hist + L * N, sizeof(double) * (size_t)N);
             for (int64_t t = 0; t < L; t++) {
                 int64_t i = (b * L + t) * D + d, row = ((b * L + t) * G + g) * N;
-                double u = h->dt[i] + (h->bias ? h->bias[d] : 0.0);
-                double delta = (s->opts & OPT_SOFTPLUS) ? (u > 20 ? u : log(1.0 + exp(u))) : u;
                 double y = 0.0;
-                for (int64_t k = 0; k < N; k++) {
-                    hs[k] = exp(delta * h->a[d * N + k]) * hs[k] + delta * h->b[row + k] * h->x[i];
-                    y += h->c[row + k] * hs[k];
-                }
+                for (int64_t k = 0; k < N; k++)
+                    y += h->c[row + k] * hist[(t + 1) * N + k];
                 if (h->d)
                     y += h->d[d] * h->x[i];
                 if (h->z)
@@ -237,6 +256,7 @@ static fwd_out forward_naive(const host_inputs *h)
                 o.y[i] = y;
             }
         }
+    free(hist);
     return o;
 }
 
@@ -765,23 +785,6 @@ static void sum_add(sum_grads *r, int k, int64_t e, double term)
     r->sq[k][e] += term * term;
 }
 
-/* The states h_0..h_L of one channel, into hist[(L + 1) * N]. */
-static void channel_states(const host_inputs *h, int64_t b, int64_t d, double *hist)
-{
-    const spec *s = &h->s;
-    int64_t L = s->seqlen, D = s->dim, N = s->dstate, G = s->groups, g = d / (D / G);
-    for (int64_t k = 0; k < N; k++)
-        hist[k] = h->h0 ? h->h0[(b * D + d) * N + k] : 0.0;
-    for (int64_t t = 0; t < L; t++) {
-        int64_t i = (b * L + t) * D + d, row = ((b * L + t) * G + g) * N;
-        double u = h->dt[i] + (h->bias ? h->bias[d] : 0.0);
-        double delta = (s->opts & OPT_SOFTPLUS) ? (u > 20 ? u : log(1.0 + exp(u))) : u;
-        for (int64_t k = 0; k < N; k++)
-            hist[(t + 1) * N + k] = exp(delta * h->a[d * N + k]) * hist[t * N + k] +
-                                    delta * h->b[row + k] * h->x[i];
-    }
-}
-
 /* Walks one channel backwards from dstate, adding every term. */
 static void channel_backward(const host_inputs *h, int64_t b, int64_t d, const double *dy,
                              const double *dstate, const double *hist, double *dh, sum_grads *r)
@@ -793,9 +796,8 @@ static void channel_backward(const host_inputs *h, int64_t b, int64_t d, const d
     for (int64_t t = L - 1; t >= 0; t--) {
         int64_t i = (b * L + t) * D + d, row = ((b * L + t) * G + g) * N;
         double u = h->dt[i] + (h->bias ? h->bias[d] : 0.0), x = h->x[i];
-        bool softplus = (s->opts & OPT_SOFTPLUS) != 0;
-        double delta = softplus ? (u > 20 ? u : log(1.0 + exp(u))) : u;
-        double dsoftplus = softplus && u <= 20 ? 1.0 / (1.0 + exp(-u)) : 1.0;
+        double delta = naive_delta(h, i, d);
+        double dsoftplus = (s->opts & OPT_SOFTPLUS) && u <= 20 ? 1.0 / (1.0 + exp(-u)) : 1.0;
         double gate = h->z ? h->z[i] / (1.0 + exp(-h->z[i])) : 1.0, gy = dy[i] * gate;
         double ddelta = 0.0;
         for (int64_t k = 0; k < N; k++) {
