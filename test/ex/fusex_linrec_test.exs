@@ -4,27 +4,18 @@ defmodule FusexLinrecTest do
   use ExUnit.Case, async: false
 
   alias Fusex.Tensor, as: FT
-
-  defp device, do: Fusex.default_device()
-  defp f32(values), do: for(v <- values, into: <<>>, do: <<v::float-32-native>>)
-  defp handle(shape, lo \\ -1.0, hi \\ 1.0) do
-    n = shape |> Tuple.to_list() |> Enum.product()
-    FT.from_binary(f32(for _ <- 1..n, do: lo + (hi - lo) * :rand.uniform()), {:f, 32}, shape, device: device())
-  end
-
-  defp bytes(%FT{} = t), do: FT.to_binary(t)
-  defp bytes(ref) when is_reference(ref), do: :fusex.to_binary(ref)
+  import Fusex.TestHandles
 
   @seq {2, 7, 5}
   @frame {2, 5}
 
   test "forward ops match the Erlang API, with every result shape" do
-    a = handle(@seq, 0.0, 1.0)
-    b = handle(@seq)
-    c = handle(@seq)
-    tau = handle({5}, 0.5, 2.0)
-    drive = handle({5})
-    h0 = handle(@frame)
+    a = random_handle(@seq, 0.0, 1.0)
+    b = random_handle(@seq)
+    c = random_handle(@seq)
+    tau = random_handle({5}, 0.5, 2.0)
+    drive = random_handle({5})
+    h0 = random_handle(@frame)
 
     cases = [
       {fn o -> Fusex.linear_scan(a, b, o) end, fn o -> :fusex.linear_scan(a.ref, b.ref, o) end},
@@ -42,9 +33,9 @@ defmodule FusexLinrecTest do
   end
 
   test "backward through a saved context matches the Erlang API" do
-    z = handle(@seq)
-    cand = handle(@seq)
-    dh = handle(@seq)
+    z = random_handle(@seq)
+    cand = random_handle(@seq)
+    dh = random_handle(@seq)
     {_h, ctx} = Fusex.mingru(z, cand, save_for_backward: true, candidate_activation: :g)
     {_erl_h, erl_ctx} = :fusex.mingru(z.ref, cand.ref, %{save_for_backward: true, candidate_activation: :g})
     grads = Fusex.mingru_backward(dh, ctx)
@@ -56,9 +47,9 @@ defmodule FusexLinrecTest do
   test "steps update the state handle in place, like the Erlang API" do
     state = FT.from_binary(f32(List.duplicate(0.25, 10)), {:f, 32}, @frame, device: device())
     erl_state = :fusex.tensor(f32(List.duplicate(0.25, 10)), {:f, 32}, @frame, %{device: device()})
-    f = handle(@frame)
-    i = handle(@frame)
-    cand = handle(@frame)
+    f = random_handle(@frame)
+    i = random_handle(@frame)
+    cand = random_handle(@frame)
 
     for _ <- 1..3 do
       h = Fusex.minlstm_step(state, f, i, cand)
@@ -74,7 +65,7 @@ defmodule FusexLinrecTest do
   end
 
   test "bad options raise the Erlang message" do
-    a = handle(@seq)
+    a = random_handle(@seq)
     assert_raise ArgumentError, ~r/^opts: expected only the options/, fn -> Fusex.linear_scan(a, a, bogus: 1) end
   end
 end

@@ -4,10 +4,8 @@ defmodule FusexOptimTest do
   use ExUnit.Case, async: false
 
   alias Fusex.Tensor, as: FT
+  import Fusex.TestHandles
 
-  defp device, do: Fusex.default_device()
-  defp f32(values), do: for(v <- values, into: <<>>, do: <<v::float-32-native>>)
-  defp handle(values, shape), do: FT.from_binary(f32(values), {:f, 32}, shape, device: device())
   defp random(n), do: for(_ <- 1..n, do: :rand.uniform() - 0.5)
 
   # The same parameters twice (one set for Elixir, one for Erlang) and grads.

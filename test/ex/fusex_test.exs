@@ -4,16 +4,11 @@ defmodule FusexTest do
   use ExUnit.Case, async: false
 
   alias Fusex.Tensor, as: FT
+  import Fusex.TestHandles
 
-  defp device, do: Fusex.default_device()
-
-  defp f32(values), do: for(v <- values, into: <<>>, do: <<v::float-32-native>>)
   defp from_f32(bin), do: for(<<v::float-32-native <- bin>>, do: v)
 
   defp random_f32(n), do: for(_ <- 1..n, do: :rand.normal())
-
-  defp handle(values, shape, opts \\ []),
-    do: FT.from_binary(f32(values), {:f, 32}, shape, Keyword.put_new(opts, :device, device()))
 
   describe "handles" do
     test "round trip, shape, type and device" do
