@@ -11,19 +11,16 @@ namespace {
 // Blocks above 48 KB of shared memory need the kernel's opt-in, once per
 // device and kernel.
 template <typename T, class C, bool FAST>
-int launch_forward(fx_cuda_device *d, const ScanParams &p, fx_status *st)
+int launch_forward(fx_cuda_device *d, const FwdLaunch &l, fx_status *st)
 {
     auto kernel = ssm_fwd_kernel<T, C, FAST>;
-    const int warps = fwd_block_warps<T, C>(p, d->sm_count);
-    const size_t smem = warps * FwdSmem<T, C>::BYTES;
     static std::atomic<bool> opted[FX_CUDA_MAX_DEVICES];
-    if (smem > 48 * 1024 && !opted[d->ordinal].load(std::memory_order_relaxed)) {
+    if (l.smem > 48 * 1024 && !opted[d->ordinal].load(std::memory_order_relaxed)) {
         FX_CUDA_TRY(d, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdMaxSmem),
                     "cudaFuncSetAttribute (selective_scan forward)", st);
         opted[d->ordinal].store(true, std::memory_order_relaxed);
     }
-    const unsigned grid = (unsigned)((p.units + warps - 1) / warps);
-    kernel<<<grid, 32 * warps, smem, d->stream>>>(p);
+    kernel<<<(unsigned)l.grid, 32 * l.warps, l.smem, d->stream>>>(l.p);
     return fx_cuda_launched(d, "selective_scan forward kernel", st);
 }
 
@@ -36,15 +33,12 @@ int cuda_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         return with_cfg(a->n.dstate, [&](auto cfg) {
             typedef decltype(cfg) C;
-            ScanParams p = scan_params(a, C::WCH);
-            p.y = a->y->data;
-            p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
-            if (check_saved(a, C::SAVE, st))
+            FwdLaunch l{};
+            if (fwd_launch<T, C>(a, d->sm_count, &l, st))
                 return st->code;
-            if (p.units == 0)
+            if (l.p.units == 0)
                 return (int)FX_OK;
-            return fwd_fast<T, C>(p) ? launch_forward<T, C, true>(d, p, st)
-                                     : launch_forward<T, C, false>(d, p, st);
+            return l.fast ? launch_forward<T, C, true>(d, l, st) : launch_forward<T, C, false>(d, l, st);
         });
     });
 }

@@ -1421,6 +1421,31 @@ inline int check_saved(const fx_ssm_fwd_args *a, int64_t save, fx_status *st)
     return FX_OK;
 }
 
+// A forward launch: its parameters (outputs included) and block shape, as
+// the launcher (ssm.cu) and the CPU emulator (tools/ssm_emu) both use them.
+struct FwdLaunch {
+    ScanParams p;
+    int warps;
+    size_t smem;
+    int64_t grid;
+    bool fast;
+};
+
+template <typename T, class C>
+inline int fwd_launch(const fx_ssm_fwd_args *a, int sm_count, FwdLaunch *l, fx_status *st)
+{
+    if (check_saved(a, C::SAVE, st))
+        return st->code;
+    l->p = scan_params(a, C::WCH);
+    l->p.y = a->y->data;
+    l->p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
+    l->warps = fwd_block_warps<T, C>(l->p, sm_count);
+    l->smem = l->warps * FwdSmem<T, C>::BYTES;
+    l->grid = (l->p.units + l->warps - 1) / l->warps;
+    l->fast = fwd_fast<T, C>(l->p);
+    return FX_OK;
+}
+
 // One f32 scratch for the summed gradients: [db][dc][da][dd][ddt_bias]
 // (db first so that its rows are 16-byte aligned for vector atomics).
 struct BwdScratch {

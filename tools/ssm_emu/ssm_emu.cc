@@ -49,20 +49,16 @@ int emu_forward(int, const fx_ssm_fwd_args *a, fx_status *st)
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         return with_cfg(a->n.dstate, [&](auto cfg) {
             typedef decltype(cfg) C;
-            ScanParams p = scan_params(a, C::WCH);
-            p.y = a->y->data;
-            p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
-            if (check_saved(a, C::SAVE, st))
-                return st->code;
             // as on a GPU of 4 SMs: blocks of one warp for small problems,
             // of several for larger ones
-            const int warps = fwd_block_warps<T, C>(p, 4);
-            const size_t smem = warps * FwdSmem<T, C>::BYTES;
-            const int64_t grid = (p.units + warps - 1) / warps;
-            if (fwd_fast<T, C>(p))
-                launch(grid, 32 * warps, smem, [&] { ssm_fwd_kernel<T, C, true>(p); });
+            FwdLaunch l{};
+            if (fwd_launch<T, C>(a, 4, &l, st))
+                return st->code;
+            const ScanParams &p = l.p;
+            if (l.fast)
+                launch(l.grid, 32 * l.warps, l.smem, [&] { ssm_fwd_kernel<T, C, true>(p); });
             else
-                launch(grid, 32 * warps, smem, [&] { ssm_fwd_kernel<T, C, false>(p); });
+                launch(l.grid, 32 * l.warps, l.smem, [&] { ssm_fwd_kernel<T, C, false>(p); });
             return (int)FX_OK;
         });
     });
