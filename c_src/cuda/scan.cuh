@@ -246,6 +246,14 @@ template <int W, int SEGW> struct smem {
 
 template <int G, int V> using tile_smem = smem<G * V, 32 / G>;
 
+// The status words ([V channels][aggregate, inclusive]) of this segment's
+// channels in time tile `tt` of its channel tile.
+template <int G, int V>
+__device__ __forceinline__ word *status_of(const tiling &t, const place &at, int64_t tt)
+{
+    return t.lb.status + (((int64_t)at.ct * t.ttiles + tt) * (G * V) + at.q * V) * 2;
+}
+
 // Called by warp 0 as soon as the tile's loads are issued: reads the
 // previous tile's status while the data is on its way. When that tile's
 // inclusive state is already there (the usual case when many channel tiles
@@ -256,7 +264,7 @@ __device__ __forceinline__ bool peek(const tiling &t, const place &at, float (&h
 {
     if (!CHAINED || at.tt == 0 || at.warp != 0)
         return false;
-    const word *rec = t.lb.status + (((int64_t)at.ct * t.ttiles + at.tt - 1) * (G * V) + at.q * V) * 2;
+    const word *rec = status_of<G, V>(t, at, at.tt - 1);
     const uint32_t want = inclusive_tag(t.lb);
     bool ok = true;
 #pragma unroll
@@ -272,7 +280,7 @@ __device__ __forceinline__ bool peek(const tiling &t, const place &at, float (&h
 template <int G, int V>
 __device__ __forceinline__ void publish_aggregate(const tiling &t, const place &at, const affine (&m)[V])
 {
-    word *rec = t.lb.status + (((int64_t)at.ct * t.ttiles + at.tt) * (G * V) + at.q * V) * 2;
+    word *rec = status_of<G, V>(t, at, at.tt);
     const uint32_t tag = aggregate_tag(t.lb);
 #pragma unroll
     for (int v = 0; v < V; v++)
@@ -282,7 +290,7 @@ __device__ __forceinline__ void publish_aggregate(const tiling &t, const place &
 template <int G, int V>
 __device__ __forceinline__ void publish_inclusive(const tiling &t, const place &at, const float (&h)[V])
 {
-    word *rec = t.lb.status + (((int64_t)at.ct * t.ttiles + at.tt) * (G * V) + at.q * V) * 2;
+    word *rec = status_of<G, V>(t, at, at.tt);
     const uint32_t tag = inclusive_tag(t.lb);
 #pragma unroll
     for (int v = 0; v < V; v++)
@@ -296,12 +304,11 @@ template <int G, int V>
 __device__ __forceinline__ void read_window(const tiling &t, const place &at, int64_t next,
                                             tile_smem<G, V> &sm)
 {
-    constexpr int W = G * V;
     const int e = at.warp * (32 / G) + at.lane / G;
     const int64_t j = next - 1 - e;
     int lo = kEmpty, hi = kEmpty;
     if (j >= 0) {
-        const word *rec = t.lb.status + (((int64_t)at.ct * t.ttiles + j) * W + at.q * V) * 2;
+        const word *rec = status_of<G, V>(t, at, j);
         const uint32_t agg = aggregate_tag(t.lb), incl = inclusive_tag(t.lb);
         lo = kInclusive;
 #pragma unroll
