@@ -71,8 +71,10 @@ int fx_test_quick(void)
     return q && *q && strcmp(q, "0") != 0;
 }
 
-void fx_test_tensor(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
-                    const double *values, fx_tensor *out)
+/* A tensor of `dtype` and `dims` on `dev` holding `values` (f64, converted),
+ * or, with no values, every byte 0xff: NaN in every float type. */
+static void upload_host(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                        const double *values, fx_tensor *out)
 {
     fx_status st;
     fx_status_clear(&st);
@@ -80,26 +82,26 @@ void fx_test_tensor(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dim
     size_t nbytes;
     ck_assert_int_eq(fx_shape_nbytes("test", dtype, rank, dims, &numel, &nbytes, &st), FX_OK);
     void *host = malloc(nbytes ? nbytes : 1);
-    for (int64_t i = 0; i < numel; i++)
-        fx_store_f64(host, dtype, i, values[i]);
+    if (values)
+        for (int64_t i = 0; i < numel; i++)
+            fx_store_f64(host, dtype, i, values[i]);
+    else
+        memset(host, 0xff, nbytes);
     fx_op_from_host(dev, dtype, rank, dims, host, nbytes, out, &st);
     free(host);
     FX_CK_OK(st);
 }
 
+void fx_test_tensor(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                    const double *values, fx_tensor *out)
+{
+    upload_host(dev, dtype, rank, dims, values, out);
+}
+
 void fx_test_poisoned(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
                       fx_tensor *out)
 {
-    fx_status st;
-    fx_status_clear(&st);
-    int64_t numel;
-    size_t nbytes;
-    ck_assert_int_eq(fx_shape_nbytes("test", dtype, rank, dims, &numel, &nbytes, &st), FX_OK);
-    void *host = malloc(nbytes ? nbytes : 1);
-    memset(host, 0xff, nbytes);
-    fx_op_from_host(dev, dtype, rank, dims, host, nbytes, out, &st);
-    free(host);
-    FX_CK_OK(st);
+    upload_host(dev, dtype, rank, dims, NULL, out);
 }
 
 double *fx_test_read(const fx_tensor *t)
