@@ -281,10 +281,10 @@ void fx_cuda_linrec_shutdown(void)
             continue;
         fx_status st;
         fx_status_clear(&st);
-        if (fx_cuda_device *d = fx_cuda_enter(dev, &st)) {
-            (void)cudaFreeAsync(s.base, d->stream); // after the work that used it
-            (void)cudaStreamSynchronize(d->stream);
-        }
+        // after the work that used it; the backend's shutdown then waits
+        // for every stream once
+        if (fx_cuda_device *d = fx_cuda_enter(dev, &st))
+            (void)cudaFreeAsync(s.base, d->stream);
         s.base = nullptr;
         s.bytes = 0;
     }
