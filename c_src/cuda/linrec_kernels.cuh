@@ -281,37 +281,6 @@ struct fwd_params {
     float *state; // NULL: not wanted
 };
 
-// What a forward tile needs besides its steps' inputs: each step's dt
-// (Liquid), the channels' parameters, and the state it starts from (h0 on
-// the first time tile, else zeros until the carry is known).
-template <int KIND, typename T, int V, int S>
-__device__ __forceinline__ void fwd_tile_params(const fwd_params &p, const fxscan::tiling &t, const fxscan::place &at,
-                                                const fxscan::rows &r, float (&dt)[S], chan (&ch)[V],
-                                                float (&init)[V])
-{
-#pragma unroll
-    for (int c = 0; c < S; c++)
-        dt[c] = step_dt<KIND, T>(p.in, at, r, t, c);
-    load_chan<KIND, T, V>(p.in, at.h, at.live, ch);
-#pragma unroll
-    for (int v = 0; v < V; v++)
-        init[v] = at.tt == 0 && at.live && p.h0
-                      ? fxscan::load_state<T>(p.h0, p.h0_f32, at.b * t.hidden + at.h + v)
-                      : 0.f;
-}
-
-// The last segment of the last tile ends on the final state (steps past
-// the end are identities).
-template <int V>
-__device__ __forceinline__ void fwd_final_state(const fwd_params &p, const fxscan::tiling &t, const fxscan::place &at,
-                                                const float (&hv)[V])
-{
-    if (p.state && at.live && at.tt == t.ttiles - 1 && at.seg == t.segs - 1)
-#pragma unroll
-        for (int v = 0; v < V; v++)
-            p.state[at.b * t.hidden + at.h + v] = hv[v];
-}
-
 // S: the steps a thread can hold (t.steps <= S). CG: candidate g.
 // CHAINED: more than one time tile (the look-back).
 template <int KIND, typename T, int V, int G, int S, bool CG, bool CHAINED>
@@ -324,6 +293,7 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
     FXSCAN_SHARED(shared_t, sm);
     const fxscan::place at = fxscan::locate<G, V, CHAINED>(t);
     const fxscan::rows r = fxscan::rows_of(t, at);
+    const int64_t H = t.hidden;
 
     // Every load first, so that they are all in flight together.
     pk x[S][N];
@@ -334,9 +304,17 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
             x[c][k] = c < r.count
                           ? fxscan::load_stream<T, V>(static_cast<const T *>(p.in.seq[k]) + r.off0 + c * r.stride)
                           : pad_pack<KIND, T, V>(k);
-    float dt[S], init[V];
+    float dt[S];
+#pragma unroll
+    for (int c = 0; c < S; c++)
+        dt[c] = step_dt<KIND, T>(p.in, at, r, t, c);
     chan ch[V];
-    fwd_tile_params<KIND, T, V, S>(p, t, at, r, dt, ch, init);
+    load_chan<KIND, T, V>(p.in, at.h, at.live, ch);
+    float init[V];
+#pragma unroll
+    for (int v = 0; v < V; v++)
+        init[v] = at.tt == 0 && at.live && p.h0 ? fxscan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v)
+                                                : 0.f;
     float peek_h[V];
     const bool peeked = fxscan::peek<G, V, CHAINED>(t, at, peek_h);
 
@@ -367,7 +345,12 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
         if (c < r.count)
             fxscan::store_stream<T, V>(static_cast<T *>(p.h) + r.off0 + c * r.stride, hv);
     }
-    fwd_final_state<V>(p, t, at, hv);
+    // The last segment of the last tile ends on the final state (steps
+    // past the end are identities).
+    if (p.state && at.live && at.tt == t.ttiles - 1 && at.seg == t.segs - 1)
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            p.state[at.b * H + at.h + v] = hv[v];
 }
 
 // The forward with the inputs staged in shared memory (cp.async) rather
@@ -386,6 +369,7 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kStagedBlocks)
     const R *slots = reinterpret_cast<const R *>(stage_bytes) + threadIdx.x;
     const fxscan::place at = fxscan::locate<G, V, CHAINED>(t);
     const fxscan::rows r = fxscan::rows_of(t, at);
+    const int64_t H = t.hidden;
     const unsigned threads = blockDim.x;
 
 #pragma unroll
@@ -396,9 +380,17 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kStagedBlocks)
                 fxscan::copy_async(reinterpret_cast<R *>(stage_bytes) + (c * N + k) * threads + threadIdx.x,
                                    reinterpret_cast<const R *>(static_cast<const T *>(p.in.seq[k]) + r.off0 +
                                                                c * r.stride));
-    float dt[S], init[V];
+    float dt[S];
+#pragma unroll
+    for (int c = 0; c < S; c++)
+        dt[c] = step_dt<KIND, T>(p.in, at, r, t, c);
     chan ch[V];
-    fwd_tile_params<KIND, T, V, S>(p, t, at, r, dt, ch, init);
+    load_chan<KIND, T, V>(p.in, at.h, at.live, ch);
+    float init[V];
+#pragma unroll
+    for (int v = 0; v < V; v++)
+        init[v] = at.tt == 0 && at.live && p.h0 ? fxscan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v)
+                                                : 0.f;
     float peek_h[V];
     const bool peeked = fxscan::peek<G, V, CHAINED>(t, at, peek_h);
     fxscan::copy_wait();
@@ -440,7 +432,10 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kStagedBlocks)
         if (c < r.count)
             fxscan::store_stream<T, V>(static_cast<T *>(p.h) + r.off0 + c * r.stride, hv);
     }
-    fwd_final_state<V>(p, t, at, hv);
+    if (p.state && at.live && at.tt == t.ttiles - 1 && at.seg == t.segs - 1)
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            p.state[at.b * H + at.h + v] = hv[v];
 }
 
 // Shared memory the staged forward's slots take: the inputs of every step.
