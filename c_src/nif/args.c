@@ -1,5 +1,6 @@
 /* The one argument-parsing path every NIF uses, and the mapping of a
  * failed status onto an Erlang error. */
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <stdatomic.h>
@@ -112,19 +113,31 @@ void fx_call_init(fx_call *c, ErlNifEnv *env)
     c->nallocs = 0;
 }
 
+/* Room for `more` held tensors (a list's worth at once, not by doubling). */
+static int reserve_held(fx_call *c, unsigned more)
+{
+    if ((size_t)c->nheld + more <= (size_t)c->cap)
+        return FX_OK;
+    size_t cap = (size_t)c->cap * 2;
+    if (cap < (size_t)c->nheld + more)
+        cap = (size_t)c->nheld + more;
+    if (cap > INT_MAX)
+        return fx_fail(&c->st, FX_EBADARG, "too many tensors in one call (%zu)", cap);
+    fx_tensor **grown = enif_alloc(sizeof *grown * cap);
+    if (!grown)
+        return fx_fail(&c->st, FX_ENOMEM, "out of host memory tracking tensors");
+    memcpy(grown, c->held, sizeof *grown * (size_t)c->nheld);
+    if (c->held != c->inline_held)
+        enif_free(c->held);
+    c->held = grown;
+    c->cap = (int)cap;
+    return FX_OK;
+}
+
 int fx_call_hold(fx_call *c, fx_tensor *t)
 {
-    if (c->nheld == c->cap) {
-        int cap = c->cap * 2;
-        fx_tensor **grown = enif_alloc(sizeof *grown * (size_t)cap);
-        if (!grown)
-            return fx_fail(&c->st, FX_ENOMEM, "out of host memory tracking tensors");
-        memcpy(grown, c->held, sizeof *grown * (size_t)c->nheld);
-        if (c->held != c->inline_held)
-            enif_free(c->held);
-        c->held = grown;
-        c->cap = cap;
-    }
+    if (reserve_held(c, 1) != FX_OK)
+        return c->st.code;
     c->held[c->nheld++] = t;
     return FX_OK;
 }
@@ -141,7 +154,8 @@ static ERL_NIF_TERM status_reason(ErlNifEnv *env, const fx_status *st)
     }
 }
 
-void *fx_call_alloc(fx_call *c, size_t nbytes)
+/* Scratch memory freed at the end of the call, not zeroed. */
+static void *call_alloc_raw(fx_call *c, size_t nbytes)
 {
     if (c->nallocs == FX_CALL_MAX_ALLOCS) {
         fx_fail(&c->st, FX_EINTERNAL, "too many scratch allocations in one call");
@@ -152,8 +166,15 @@ void *fx_call_alloc(fx_call *c, size_t nbytes)
         fx_fail(&c->st, FX_ENOMEM, "out of host memory (%zu bytes of scratch)", nbytes);
         return NULL;
     }
-    memset(p, 0, nbytes);
     c->allocs[c->nallocs++] = p;
+    return p;
+}
+
+void *fx_call_alloc(fx_call *c, size_t nbytes)
+{
+    void *p = call_alloc_raw(c, nbytes);
+    if (p)
+        memset(p, 0, nbytes);
     return p;
 }
 
@@ -185,9 +206,10 @@ static int bad(fx_call *c, const char *name, const char *expected, ERL_NIF_TERM 
 int fx_arg_tensor(fx_call *c, ERL_NIF_TERM term, const char *name, fx_tensor *out)
 {
     fx_handle *h;
-    memset(out, 0, sizeof *out);
-    if (!enif_get_resource(c->env, term, fx_tensor_type, (void **)&h))
+    if (!enif_get_resource(c->env, term, fx_tensor_type, (void **)&h)) {
+        memset(out, 0, sizeof *out);
         return bad(c, name, "a fusex tensor", term);
+    }
     if (fx_handle_acquire(h, name, out, &c->st) != FX_OK)
         return c->st.code;
     return fx_call_hold(c, out);
@@ -220,8 +242,10 @@ int fx_arg_tensor_list(fx_call *c, ERL_NIF_TERM term, const char *name, fx_tenso
         return bad(c, name, "a list of fusex tensors", term);
     if (*count == 0)
         return FX_OK;
-    fx_tensor *items = fx_call_alloc(c, sizeof *items * *count);
-    if (!items)
+    /* not zeroed: fx_arg_tensor fills each item, and the items after one
+     * that fails are never read */
+    fx_tensor *items = call_alloc_raw(c, sizeof *items * *count);
+    if (!items || reserve_held(c, *count) != FX_OK)
         return c->st.code;
     *out = items;
     ERL_NIF_TERM head, tail = term;
