@@ -14,6 +14,7 @@
 #define FUSEX_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,7 +25,7 @@ extern "C" {
 
 /* Bumped whenever fx_backend or an argument struct changes layout. The core
  * refuses a backend whose version or struct size differs from its own. */
-#define FX_ABI_VERSION 2
+#define FX_ABI_VERSION 3
 
 #define FX_MAX_RANK 8
 
@@ -201,6 +202,13 @@ typedef struct fx_backend {
      * this device and, where the driver says, that `nbytes` from it lie in
      * one allocation. NULL: nothing can be checked (host memory). */
     int (*pointer_check)(int dev, const void *ptr, size_t nbytes, fx_status *st);
+
+    /* `upload` for callers that must not wait (a normal Erlang scheduler):
+     * enqueues the copy and sets *done, or, where that would wait for a
+     * staging slot or a lock, enqueues nothing and leaves *done false.
+     * NULL: every upload may wait. */
+    int (*try_upload)(int dev, void *dst, const void *src, size_t nbytes, bool *done,
+                      fx_status *st);
 } fx_backend;
 
 /* The one symbol priv/fusex_cuda.so exports. */

@@ -467,15 +467,34 @@ static void build_slots(fx_optim_state *s, const fx_tensor *params, const fx_ten
     }
 }
 
-/* Uploads the slots when they differ from what the device holds. A table
- * that changed is checked for aliasing first (an unchanged one passed). */
-static int sync_table(fx_optim_state *s, const fx_tensor *params, const fx_tensor *grads,
-                      fx_status *st)
+/* The upload of a changed table; with `nowait`, only when the backend can
+ * do it without waiting (*done false, nothing enqueued, otherwise). */
+static int upload_table(fx_optim_state *s, size_t bytes, bool nowait, bool *done, fx_status *st)
 {
+    const fx_backend *b = s->device->backend;
+    *done = false;
+    if (!nowait) {
+        *done = b->upload(s->device->ordinal, s->table.data, s->next_slots, bytes, st) == FX_OK;
+        return st->code;
+    }
+    if (!b->try_upload)
+        return FX_OK;
+    return b->try_upload(s->device->ordinal, s->table.data, s->next_slots, bytes, done, st);
+}
+
+/* Uploads the slots when they differ from what the device holds. A table
+ * that changed is checked for aliasing first (an unchanged one passed).
+ * *ready: the device holds the table (false only with `nowait`). */
+static int sync_table(fx_optim_state *s, const fx_tensor *params, const fx_tensor *grads,
+                      bool nowait, bool *ready, fx_status *st)
+{
+    *ready = false;
     build_slots(s, params, grads);
     size_t bytes = sizeof(fx_optim_slot) * s->n;
-    if (s->slots_valid && memcmp(s->next_slots, s->host_slots, bytes) == 0)
+    if (s->slots_valid && memcmp(s->next_slots, s->host_slots, bytes) == 0) {
+        *ready = true;
         return FX_OK;
+    }
     ptr_index *sorted = sorted_params(params, s->n, st);
     if (!sorted)
         return st->code;
@@ -485,13 +504,19 @@ static int sync_table(fx_optim_state *s, const fx_tensor *params, const fx_tenso
     free(sorted);
     if (rc != FX_OK)
         return rc;
-    s->slots_valid = false;
-    if (s->device->backend->upload(s->device->ordinal, s->table.data, s->next_slots, bytes, st))
+    bool uploaded;
+    /* a failed upload may have written part of the device's table */
+    if (upload_table(s, bytes, nowait, &uploaded, st) != FX_OK) {
+        s->slots_valid = false;
         return st->code;
+    }
+    if (!uploaded)
+        return FX_OK;
     fx_optim_slot *held = s->host_slots;
     s->host_slots = s->next_slots;
     s->next_slots = held;
     s->slots_valid = true;
+    *ready = true;
     return FX_OK;
 }
 
@@ -522,10 +547,11 @@ static void fill_args(const fx_optim_state *s, const fx_optim_hyper *h, fx_dtype
     a->skipped = s->skipped.data;
 }
 
-int fx_op_optim_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
-                     unsigned nparams, const fx_tensor *grads, unsigned ngrads,
-                     const fx_optim_hyper *h, fx_status *st)
+static int optim_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
+                      unsigned nparams, const fx_tensor *grads, unsigned ngrads,
+                      const fx_optim_hyper *h, bool nowait, bool *done, fx_status *st)
 {
+    *done = false;
     if (kind != s->kind)
         return fx_fail(st, FX_EBADARG, "state: expected an %s state (from %s), got an %s state",
                        fx_optim_kind_name(kind), fx_optim_init_name(kind),
@@ -535,13 +561,33 @@ int fx_op_optim_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *par
         fx_optim_check_hyper(kind, h, st) || check_kind_options(s, h, st) ||
         check_step_lists(s, params, nparams, grads, ngrads, st))
         return st->code;
-    pthread_mutex_lock(&s->lock);
-    int rc = sync_table(s, params, grads, st);
-    if (rc == FX_OK) {
+    if (!nowait)
+        pthread_mutex_lock(&s->lock);
+    else if (pthread_mutex_trylock(&s->lock) != 0)
+        return FX_OK;
+    bool ready;
+    int rc = sync_table(s, params, grads, nowait, &ready, st);
+    if (rc == FX_OK && ready) {
         fx_optim_args args;
         fill_args(s, h, grads[0].dtype, &args);
         rc = ops->step(s->device->ordinal, &args, st);
+        *done = rc == FX_OK;
     }
     pthread_mutex_unlock(&s->lock);
     return rc;
+}
+
+int fx_op_optim_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
+                     unsigned nparams, const fx_tensor *grads, unsigned ngrads,
+                     const fx_optim_hyper *h, fx_status *st)
+{
+    bool done;
+    return optim_step(s, kind, params, nparams, grads, ngrads, h, false, &done, st);
+}
+
+int fx_op_optim_try_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
+                         unsigned nparams, const fx_tensor *grads, unsigned ngrads,
+                         const fx_optim_hyper *h, bool *done, fx_status *st)
+{
+    return optim_step(s, kind, params, nparams, grads, ngrads, h, true, done, st);
 }

@@ -72,6 +72,15 @@ int fx_op_optim_init(fx_optim_kind kind, const fx_tensor *params, unsigned n,
 int fx_op_optim_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
                      unsigned nparams, const fx_tensor *grads, unsigned ngrads,
                      const fx_optim_hyper *h, fx_status *st);
+/* The same step for a caller that must not wait (a normal scheduler): with
+ * the same checks and errors, but where the step would wait (the state in
+ * use by another call, a changed table whose upload must wait for a
+ * staging slot, a device whose backend cannot upload without waiting) it
+ * enqueues nothing and leaves *done false: the caller then makes the
+ * blocking call. */
+int fx_op_optim_try_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
+                         unsigned nparams, const fx_tensor *grads, unsigned ngrads,
+                         const fx_optim_hyper *h, bool *done, fx_status *st);
 
 /* Drops the state's references (its memory goes when no handle shares it). */
 void fx_optim_state_free(fx_optim_state *s);

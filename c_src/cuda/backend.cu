@@ -199,6 +199,42 @@ static int staged_transfer(int dev, transfer_fn fn, void *dst, const void *src, 
     return rc;
 }
 
+// The upload of a small table (an optimizer's slots) from a normal Erlang
+// scheduler: only when the staging lock is free and the slots it needs have
+// finished their last copies, so that nothing below waits.
+#define TRY_UPLOAD_MAX PARALLEL_COPY_MIN
+
+static bool slots_free(staging *s, size_t chunks)
+{
+    for (size_t i = 0; i < chunks; i++) {
+        cudaError_t err = cudaEventQuery(s->done[(s->next + i) % STAGE_SLOTS]);
+        if (err != cudaSuccess) {
+            if (err == cudaErrorNotReady)
+                (void)cudaGetLastError();
+            return false; // any other error shows in the waiting upload
+        }
+    }
+    return true;
+}
+
+static int cuda_try_upload(int dev, void *dst, const void *src, size_t n, bool *done, fx_status *st)
+{
+    *done = false;
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    staging *s = &stages[dev];
+    if (n >= TRY_UPLOAD_MAX || pthread_mutex_trylock(&s->lock) != 0)
+        return FX_OK;
+    int rc = FX_OK;
+    if (s->ready && slots_free(s, (n + STAGE_CHUNK - 1) / STAGE_CHUNK)) {
+        rc = upload_chunks(d, s, (char *)dst, (const char *)src, n, st);
+        *done = rc == FX_OK;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
 // ---- the table ----
 
 static int cuda_init(fx_status *st)
@@ -440,6 +476,7 @@ static const fx_backend cuda_backend = {
     fx_cuda_ipc_close,
     fx_cuda_device_synchronize,
     fx_cuda_pointer_check,
+    cuda_try_upload,
 };
 
 extern "C" __attribute__((visibility("default"))) const fx_backend *fusex_cuda_backend(void)

@@ -100,6 +100,21 @@ ERL_NIF_TERM fx_schedule_enqueue(ErlNifEnv *env, const char *name, fx_nif_fn *fn
     return enif_schedule_nif(env, name, ERL_NIF_DIRTY_JOB_IO_BOUND, fn, argc, argv);
 }
 
+ERL_NIF_TERM fx_schedule_try(ErlNifEnv *env, const char *name, fx_try_nif_fn *try_fn, fx_nif_fn *fn,
+                             int argc, const ERL_NIF_TERM argv[])
+{
+    fx_device *dev = call_device(env, argc, argv);
+    if (!on_gpu(dev))
+        return enif_schedule_nif(env, name, ERL_NIF_DIRTY_JOB_CPU_BOUND, fn, argc, argv);
+    if (fx_device_enqueue_inline(dev)) {
+        bool done = false;
+        ERL_NIF_TERM result = try_fn(env, argc, argv, &done);
+        if (done)
+            return result;
+    }
+    return enif_schedule_nif(env, name, ERL_NIF_DIRTY_JOB_IO_BOUND, fn, argc, argv);
+}
+
 static ErlNifFunc nif_funcs[] = {
     FX_TENSOR_NIFS,
     FX_POINTER_NIFS,

@@ -97,6 +97,16 @@ ERL_NIF_TERM fx_schedule_dirty(ErlNifEnv *env, const char *name, fx_nif_fn *fn, 
 ERL_NIF_TERM fx_schedule_enqueue(ErlNifEnv *env, const char *name, fx_nif_fn *fn, int argc,
                                  const ERL_NIF_TERM argv[]);
 
+/* An op that may enqueue only or may have to wait, depending on what it
+ * finds (the optimizer step: a changed table may wait for a staging slot).
+ * On CUDA with a short queue `try_fn` runs on the calling scheduler and
+ * must not wait: it sets *done when its result (or error) is final, and
+ * leaves it false, with nothing enqueued, when it would wait; `fn`, the
+ * same op allowed to wait, then runs on a dirty scheduler. */
+typedef ERL_NIF_TERM fx_try_nif_fn(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[], bool *done);
+ERL_NIF_TERM fx_schedule_try(ErlNifEnv *env, const char *name, fx_try_nif_fn *try_fn, fx_nif_fn *fn,
+                             int argc, const ERL_NIF_TERM argv[]);
+
 /* FX_DIRTY_NIF(nif_add) defines nif_add_entry, which reschedules nif_add;
  * register the entry as a normal NIF: {"add", 2, nif_add_entry, 0}.
  * FX_ENQUEUE_NIF(fn) is the same for enqueue-only ops (fx_schedule_enqueue). */

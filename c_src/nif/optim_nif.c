@@ -165,25 +165,49 @@ static ERL_NIF_TERM nif_optim_init(ErlNifEnv *env, int argc, const ERL_NIF_TERM 
     return fx_call_finish(&c, enif_make_tuple2(env, ctx, tensors));
 }
 
-FX_DIRTY_NIF(nif_optim_step)
-static ERL_NIF_TERM nif_optim_step(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+/* The step's body. With `done` NULL it may wait (a dirty scheduler);
+ * else it never waits and leaves *done false when it enqueued nothing. */
+static ERL_NIF_TERM optim_step(ErlNifEnv *env, const ERL_NIF_TERM argv[], bool *done)
 {
-    (void)argc;
     fx_call c;
     fx_optim_kind kind = FX_OPTIM_ADAMW;
     void *data;
     fx_tensor *params, *grads;
     unsigned np, ng;
     fx_optim_hyper h;
+    bool enqueued = true;
     fx_call_init(&c, env);
-    if (arg_kind(&c, argv[0], &kind) || fx_arg_ctx(&c, argv[1], "state", OPTIM_CTX, &data) ||
-        fx_arg_tensor_list(&c, argv[2], "params", &params, &np) ||
-        fx_arg_tensor_list(&c, argv[3], "grads", &grads, &ng) ||
-        fx_arg_opts(&c, argv[4], kind == FX_OPTIM_ADAMW ? adamw_step_keys : sgd_step_keys))
-        return fx_call_finish(&c, 0);
-    fx_optim_state *s = data;
-    if (parse_hyper(&c, kind, argv[4], &s->defaults, &h))
-        return fx_call_finish(&c, 0);
-    fx_op_optim_step(s, kind, params, np, grads, ng, &h, &c.st);
+    if (!arg_kind(&c, argv[0], &kind) && !fx_arg_ctx(&c, argv[1], "state", OPTIM_CTX, &data) &&
+        !fx_arg_tensor_list(&c, argv[2], "params", &params, &np) &&
+        !fx_arg_tensor_list(&c, argv[3], "grads", &grads, &ng) &&
+        !fx_arg_opts(&c, argv[4], kind == FX_OPTIM_ADAMW ? adamw_step_keys : sgd_step_keys) &&
+        !parse_hyper(&c, kind, argv[4], &((fx_optim_state *)data)->defaults, &h)) {
+        if (done)
+            fx_op_optim_try_step(data, kind, params, np, grads, ng, &h, &enqueued, &c.st);
+        else
+            fx_op_optim_step(data, kind, params, np, grads, ng, &h, &c.st);
+    }
+    if (done)
+        *done = enqueued || c.st.code != FX_OK;
     return fx_call_finish(&c, fx_atom(env, "ok"));
+}
+
+static ERL_NIF_TERM nif_optim_step(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    return optim_step(env, argv, NULL);
+}
+
+static ERL_NIF_TERM try_optim_step(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[], bool *done)
+{
+    (void)argc;
+    return optim_step(env, argv, done);
+}
+
+/* A step whose table did not change is two launches at most: it runs on
+ * the calling scheduler, saving the hop to a dirty one and the wake-up of
+ * one that slept. */
+ERL_NIF_TERM nif_optim_step_entry(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    return fx_schedule_try(env, "nif_optim_step", try_optim_step, nif_optim_step, argc, argv);
 }

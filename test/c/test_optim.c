@@ -4,6 +4,8 @@
  * inputs; the skip on non-finite gradients byte for byte; the reported
  * norm; misaligned tensors; every validation message. */
 #include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1034,6 +1036,75 @@ START_TEST(empty_tensors_still_count)
 }
 END_TEST
 
+/* Same values, read back as f64 (the tensors' own bytes are f32). */
+static void expect_same(const fx_tensor *a, const fx_tensor *b, const char *what)
+{
+    double *va = fx_test_read(a), *vb = fx_test_read(b);
+    for (int64_t i = 0; i < a->numel; i++)
+        ck_assert_msg(va[i] == vb[i], "%s[%lld]: %.10g against %.10g", what, (long long)i, va[i],
+                      vb[i]);
+    free(va);
+    free(vb);
+}
+
+static bool try_step(fx_optim_state *s, const fx_tensor *params, const fx_tensor *grads,
+                     const fx_optim_hyper *h)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    bool done = true;
+    ck_assert_int_eq(fx_op_optim_try_step(s, s->kind, params, 2, grads, 2, h, &done, &st), FX_OK);
+    return done;
+}
+
+/* The step that must not wait (it runs on a normal scheduler): it does
+ * nothing where it would wait (the state in use by another call; a
+ * changed table that the backend cannot upload without waiting: always
+ * on the CPU backend, which has no try_upload), never refuses an
+ * unchanged table, and what it enqueues is the waiting step's work. */
+START_TEST(try_step_never_waits)
+{
+    fx_device *dev = fx_test_device();
+    fx_tensor p[2], q[2], g[2];
+    int64_t d0[1] = {3}, d1[2] = {1, 1};
+    literal_params(dev, p);
+    literal_params(dev, q);
+    fx_test_tensor(dev, FX_F32, 1, d0, lit_g[0], &g[0]);
+    fx_test_tensor(dev, FX_F32, 2, d1, lit_g[0] + 3, &g[1]);
+    fx_optim_config cfg = {fx_optim_default_hyper(FX_OPTIM_ADAMW), false};
+    cfg.defaults.lr = 0.1;
+    fx_optim_state *s = init_ok(FX_OPTIM_ADAMW, p, 2, &cfg), *ref = init_ok(FX_OPTIM_ADAMW, q, 2, &cfg);
+
+    pthread_mutex_lock(&s->lock);
+    ck_assert(!try_step(s, p, g, &cfg.defaults));
+    pthread_mutex_unlock(&s->lock);
+    ck_assert_int_eq(read_step(s), 0);
+
+    bool done = try_step(s, p, g, &cfg.defaults); /* the first table with grads */
+    if (!dev->backend->try_upload)
+        ck_assert(!done);
+    ck_assert_int_eq(read_step(s), done ? 1 : 0);
+    if (!done)
+        step_ok(s, p, g, 2, &cfg.defaults);
+    step_ok(ref, q, g, 2, &cfg.defaults);
+
+    ck_assert(try_step(s, p, g, &cfg.defaults)); /* unchanged: never waits */
+    step_ok(ref, q, g, 2, &cfg.defaults);
+    ck_assert_int_eq(read_step(s), 2);
+    ck_assert_int_eq(read_step(ref), 2);
+    for (int i = 0; i < 2; i++) {
+        expect_same(&p[i], &q[i], "param");
+        expect_same(&s->buf0[i], &ref->buf0[i], "exp_avg");
+        expect_same(&s->buf1[i], &ref->buf1[i], "exp_avg_sq");
+    }
+    fx_optim_state_free(s);
+    fx_optim_state_free(ref);
+    release_list(p, 2);
+    release_list(q, 2);
+    release_list(g, 2);
+}
+END_TEST
+
 /* ---- validation: every message ---- */
 
 static void expect_init_error(fx_optim_kind kind, const fx_tensor *params, unsigned n,
@@ -1259,6 +1330,7 @@ Suite *fx_suite_optim(void)
     tcase_add_test(edges, misaligned_tensors);
     tcase_add_test(edges, blocks_stride_over_chunks);
     tcase_add_test(edges, empty_tensors_still_count);
+    tcase_add_test(edges, try_step_never_waits);
     tcase_add_test(edges, init_validation);
     tcase_add_test(edges, hyper_validation);
     tcase_add_test(edges, step_validation);
