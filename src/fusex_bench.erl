@@ -26,11 +26,13 @@
                         teardown => fun((term()) -> term()),
                         reps => pos_integer(), target_us => number(),
                         e2e_target_us => number(), kernel => boolean(),
-                        sync => boolean(), batch => pos_integer()}.
+                        sync => boolean(), batch => pos_integer(), overhead => boolean()}.
 %% `kernel => false': no device-event timing (host-only calls, transfers);
 %% GB/s then comes from the end-to-end time. `sync => false': the
 %% end-to-end time is the call alone. `batch => N': each end-to-end sample
 %% times N calls and divides (for calls of a few microseconds).
+%% `overhead => true': the e2e column shows end-to-end minus kernel time
+%% (both medians of this run): what the Erlang call adds to the kernel.
 -type row() :: #{atom() => term()}.
 
 -define(CASE_MODULES, [fusex_bench_core, fusex_bench_ssm, fusex_bench_linrec, fusex_bench_optim,
@@ -130,7 +132,11 @@ measure(Device, Case = #{op := Op, setup := Setup}, Bandwidth, Opts) ->
         #{op => Op, shape => maps:get(shape, Case), dtype => maps:get(dtype, Case),
           device => Device, median_us => Kernel, gbs => Gbs,
           pct => case Gbs of undefined -> undefined; _ -> 100 * Gbs / Bandwidth end,
-          e2e_us => E2e, target_us => maps:get(target_us, Case, undefined),
+          e2e_us => case maps:get(overhead, Case, false) of
+                        true -> E2e - Kernel;
+                        false -> E2e
+                    end,
+          target_us => maps:get(target_us, Case, undefined),
           e2e_target_us => maps:get(e2e_target_us, Case, undefined)}
     after
         (maps:get(teardown, Case, fun(_) -> ok end))(State),

@@ -31,6 +31,18 @@ cases(Device) ->
        reps => Reps, target_us => 560, e2e_target_us => 590,
        setup => fun() -> setup(Device, adamw, {f, 32}, {f, 32}, #{}) end,
        run => fun step/2, teardown => fun teardown/1},
+     %% The issue's "call overhead on top of kernel time" for this step:
+     %% end-to-end minus kernel, both medians of the same run.
+     #{op => <<"adamw_step, e2e minus kernel">>, shape => Shape, dtype => {f, 32}, bytes => 0,
+       reps => Reps, overhead => true, e2e_target_us => 30,
+       setup => fun() -> setup(Device, adamw, {f, 32}, {f, 32}, #{}) end,
+       run => fun step/2, teardown => fun teardown/1},
+     %% A training loop's gradients are new tensors every step: the table
+     %% changes, is checked for aliasing and uploaded each time.
+     #{op => <<"adamw_step, new grads each step, e2e minus kernel">>, shape => Shape,
+       dtype => {f, 32}, bytes => 0, reps => Reps, overhead => true,
+       setup => fun() -> setup_alternating(Device) end,
+       run => fun step_alternating/2, teardown => fun teardown_alternating/1},
      #{op => <<"adamw_step max_grad_norm">>, shape => Shape, dtype => {f, 32}, bytes => 32 * N,
        reps => Reps, target_us => 672,
        setup => fun() -> setup(Device, adamw, {f, 32}, {f, 32}, #{max_grad_norm => 1.0}) end,
@@ -61,6 +73,21 @@ setup(Device, Kind, ParamType, GradType, Opts) ->
     State = init(Kind, Params, Opts),
     fusex:synchronize(Device),
     {Kind, State, Params, Grads}.
+
+%% Two sets of gradients, used in turn.
+setup_alternating(Device) ->
+    {adamw, State, Params, Grads} = setup(Device, adamw, {f, 32}, {f, 32}, #{}),
+    Grads2 = [fusex_bench:uniform({f, 32}, S, -0.01, 0.01, Device) || S <- model_shapes()],
+    fusex:synchronize(Device),
+    {State, Params, {Grads, Grads2}}.
+
+step_alternating({State, Params, Sets}, I) ->
+    fusex:adamw_step(State, Params, element(1 + I rem 2, Sets), #{}),
+    ok.
+
+teardown_alternating({State, Params, {Grads, Grads2}}) ->
+    [fusex:free(T) || T <- Grads2],
+    teardown({adamw, State, Params, Grads}).
 
 setup_tiny(Device) ->
     Params = [fusex:zeros({f, 32}, {1}, #{device => Device}) || _ <- model_shapes()],
