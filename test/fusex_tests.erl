@@ -123,6 +123,26 @@ synchronize_test() ->
     ?assertEqual(ok, fusex:synchronize(device())),
     ?assertEqual(ok, fusex:synchronize(cpu)).
 
+%% synchronize waits for work of any length: within its polling rounds on
+%% the calling scheduler (300 us of GPU busy-wait) and past them, where it
+%% moves to a dirty IO scheduler (3 ms). It must not return before the work
+%% is done: on CUDA the wall time from the launch is at least the kernel's.
+synchronize_waits_for_long_work_test_() ->
+    {timeout, 30,
+     fun() ->
+             Device = device(),
+             [begin
+                  T0 = erlang:monotonic_time(microsecond),
+                  ok = fusex_nif:busy_wait(Device, Us),
+                  ok = fusex:synchronize(Device),
+                  Waited = erlang:monotonic_time(microsecond) - T0,
+                  case Device of
+                      cpu -> ok;
+                      _ -> ?assert(Waited >= Us)
+                  end
+              end || Us <- [300, 3000, 300]]
+     end}.
+
 %% ---- bad input: every kind raises a badarg naming the argument ----
 
 bad_input_test_() ->

@@ -263,19 +263,30 @@ static ERL_NIF_TERM nif_synchronize_blocking(ErlNifEnv *env, int argc, const ERL
 }
 
 /* Waiting on work that finishes within microseconds is the common case
- * (a small op, then its result is read), and a hop to a dirty scheduler
- * costs about as much as that wait. So poll on this scheduler for a short,
- * bounded time and move to a dirty IO scheduler only for longer waits. */
-#define SYNC_POLL_NS 20000
+ * (a small op, then its result is read), and so is waiting on a few
+ * hundred microseconds (an optimizer step, a training step's kernels). A
+ * blocking wait on a dirty IO scheduler costs ~20 µs after the work ends on
+ * the lent VMs: the hop there, and the wake-up of the normal scheduler that
+ * takes the process back. So the wait polls the stream on the calling
+ * scheduler in rounds of at most SYNC_ROUND_NS, rescheduling itself between
+ * rounds (enif_schedule_nif on a normal scheduler: other processes run in
+ * between, as with any yielding NIF), and moves to dirty IO only once it
+ * has polled for SYNC_POLL_NS, where those 20 µs are 2 % of the wait. */
+#define SYNC_ROUND_NS 10000
+#define SYNC_POLL_NS 1000000
 
-ERL_NIF_TERM nif_synchronize_entry(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+/* argv: the tensor or device, and the time the wait began (ns). */
+static ERL_NIF_TERM synchronize_poll(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     fx_call c;
     fx_device *dev;
+    ErlNifSInt64 began;
     fx_call_init(&c, env);
     if (sync_target(&c, argv[0], &dev))
         return fx_call_finish(&c, 0);
-    ErlNifTime start = enif_monotonic_time(ERL_NIF_NSEC);
+    if (argc != 2 || !enif_get_int64(env, argv[1], &began))
+        return enif_make_badarg(env);
+    ErlNifTime round = enif_monotonic_time(ERL_NIF_NSEC), now;
     do {
         int idle = 0;
         if (dev->backend->is_idle(dev->ordinal, &idle, &c.st) != FX_OK)
@@ -284,9 +295,21 @@ ERL_NIF_TERM nif_synchronize_entry(ErlNifEnv *env, int argc, const ERL_NIF_TERM 
             fx_device_note_idle(dev);
             return ok(&c);
         }
-    } while (enif_monotonic_time(ERL_NIF_NSEC) - start < SYNC_POLL_NS);
-    return enif_schedule_nif(env, "synchronize", ERL_NIF_DIRTY_JOB_IO_BOUND,
-                             nif_synchronize_blocking, argc, argv);
+        now = enif_monotonic_time(ERL_NIF_NSEC);
+    } while (now - round < SYNC_ROUND_NS);
+    if (now - began >= SYNC_POLL_NS)
+        return enif_schedule_nif(env, "synchronize", ERL_NIF_DIRTY_JOB_IO_BOUND,
+                                 nif_synchronize_blocking, 1, argv);
+    /* a round is ~1 % of a 1 ms time slice */
+    (void)enif_consume_timeslice(env, 1);
+    return enif_schedule_nif(env, "synchronize", 0, synchronize_poll, 2, argv);
+}
+
+ERL_NIF_TERM nif_synchronize_entry(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    ERL_NIF_TERM args[2] = {argv[0], enif_make_int64(env, enif_monotonic_time(ERL_NIF_NSEC))};
+    return synchronize_poll(env, 2, args);
 }
 
 FX_ENQUEUE_NIF(nif_convert)
