@@ -100,7 +100,7 @@ static int check_param_type(fx_status *st, const fx_tensor *p, bool master_weigh
                    fx_dtype_name(t));
 }
 
-typedef struct ptr_index {
+typedef struct fx_ptr_index {
     const void *ptr;
     unsigned index;
 } ptr_index;
@@ -113,19 +113,12 @@ static int cmp_ptr_index(const void *a, const void *b)
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
-/* Params sorted by address, for the aliasing checks (malloc'd; NULL and
- * st set when out of memory). */
-static ptr_index *sorted_params(const fx_tensor *params, unsigned n, fx_status *st)
+/* Params sorted by address into `sorted` (n long), for the aliasing checks. */
+static void sort_params(const fx_tensor *params, unsigned n, ptr_index *sorted)
 {
-    ptr_index *sorted = malloc(sizeof *sorted * n);
-    if (!sorted) {
-        fx_fail(st, FX_ENOMEM, "out of host memory checking %u params", n);
-        return NULL;
-    }
     for (unsigned i = 0; i < n; i++)
         sorted[i] = (ptr_index){params[i].data, i};
     qsort(sorted, n, sizeof *sorted, cmp_ptr_index);
-    return sorted;
 }
 
 /* Updating one memory twice in one step would race: every param must be
@@ -181,9 +174,10 @@ static int check_init_params(const fx_tensor *params, unsigned n, bool master_we
             return fx_fail(st, FX_EBADARG, "%s: expected type %s (the type of params[0]), got %s",
                            name, fx_dtype_name(params[0].dtype), fx_dtype_name(params[i].dtype));
     }
-    ptr_index *sorted = sorted_params(params, n, st);
+    ptr_index *sorted = malloc(sizeof *sorted * n);
     if (!sorted)
-        return st->code;
+        return fx_fail(st, FX_ENOMEM, "out of host memory checking %u params", n);
+    sort_params(params, n, sorted);
     check_params_distinct(sorted, n, st);
     free(sorted);
     return st->code;
@@ -260,6 +254,7 @@ void fx_optim_state_free(fx_optim_state *s)
     free(s->shapes);
     free(s->host_slots);
     free(s->next_slots);
+    free(s->sorted_params);
     free(s->chunk_tensor);
     pthread_mutex_destroy(&s->lock);
     free(s);
@@ -275,8 +270,9 @@ static int alloc_arrays(fx_optim_state *s, fx_status *st)
     s->buf2 = calloc(n, sizeof *s->buf2);
     s->host_slots = calloc(n, sizeof *s->host_slots);
     s->next_slots = calloc(n, sizeof *s->next_slots);
+    s->sorted_params = calloc(n, sizeof *s->sorted_params);
     if (!s->shapes || !s->master_t || !s->buf0 || !s->buf1 || !s->buf2 || !s->host_slots ||
-        !s->next_slots)
+        !s->next_slots || !s->sorted_params)
         return fx_fail(st, FX_ENOMEM, "out of host memory for an optimizer state of %u tensors", n);
     return FX_OK;
 }
@@ -467,6 +463,15 @@ static void build_slots(fx_optim_state *s, const fx_tensor *params, const fx_ten
     }
 }
 
+/* Do the params of the step being built sit where the device table's do? */
+static bool same_params(const fx_optim_state *s)
+{
+    for (unsigned i = 0; i < s->n; i++)
+        if (s->next_slots[i].param != s->host_slots[i].param)
+            return false;
+    return true;
+}
+
 /* The upload of a changed table; with `nowait`, only when the backend can
  * do it without waiting (*done false, nothing enqueued, otherwise). */
 static int upload_table(fx_optim_state *s, size_t bytes, bool nowait, bool *done, fx_status *st)
@@ -495,15 +500,14 @@ static int sync_table(fx_optim_state *s, const fx_tensor *params, const fx_tenso
         *ready = true;
         return FX_OK;
     }
-    ptr_index *sorted = sorted_params(params, s->n, st);
-    if (!sorted)
+    if (!(s->slots_valid && same_params(s))) {
+        s->slots_valid = false; /* sorted_params no longer matches host_slots */
+        sort_params(params, s->n, s->sorted_params);
+        if (check_params_distinct(s->sorted_params, s->n, st) != FX_OK)
+            return st->code;
+    }
+    if (check_grads_apart(s->sorted_params, s->n, grads, st) != FX_OK)
         return st->code;
-    int rc = check_params_distinct(sorted, s->n, st);
-    if (rc == FX_OK)
-        rc = check_grads_apart(sorted, s->n, grads, st);
-    free(sorted);
-    if (rc != FX_OK)
-        return rc;
     bool uploaded;
     /* a failed upload may have written part of the device's table */
     if (upload_table(s, bytes, nowait, &uploaded, st) != FX_OK) {

@@ -1291,6 +1291,21 @@ START_TEST(step_validation)
     ck_assert_int_eq(read_step(s), 0);
     step_ok(s, p, g, 2, h);
     ck_assert_int_eq(read_step(s), 1);
+    /* the aliasing checks again, now that the device table's params are
+     * known (the state keeps them sorted) */
+    expect_step_error(s, FX_OPTIM_ADAMW, p, 2, alias_grads, 2, h,
+                      "grads[1]: expected a tensor distinct from every param, got the memory of params[0]");
+    fx_tensor alias_other[2] = {p[1], g[1]};
+    expect_step_error(s, FX_OPTIM_ADAMW, p, 2, alias_other, 2, h,
+                      "grads[0]: expected a tensor distinct from every param, got the memory of params[1]");
+    expect_step_error(s, FX_OPTIM_ADAMW, same_params, 2, g, 2, h,
+                      "params[1]: expected a tensor distinct from params[0], got the same memory");
+    fx_tensor swapped[2] = {p[1], p[0]}; /* a new table, its params sorted again */
+    step_ok(s, swapped, g, 2, h);
+    expect_step_error(s, FX_OPTIM_ADAMW, swapped, 2, alias_grads, 2, h,
+                      "grads[1]: expected a tensor distinct from every param, got the memory of params[1]");
+    step_ok(s, p, g, 2, h);
+    ck_assert_int_eq(read_step(s), 3);
     fx_optim_state_free(s);
 
     fx_optim_config sgd = {fx_optim_default_hyper(FX_OPTIM_SGD), false};
