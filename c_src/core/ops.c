@@ -11,9 +11,8 @@ int fx_op_from_host(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dim
     return fx_op_from_host_flags(dev, dtype, rank, dims, data, datalen, FX_ALLOC_DEFAULT, out, st);
 }
 
-int fx_op_from_host_flags(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
-                          const void *data, size_t datalen, unsigned flags, fx_tensor *out,
-                          fx_status *st)
+static int check_host_data(fx_dtype dtype, int rank, const int64_t *dims, size_t datalen,
+                           fx_status *st)
 {
     int64_t numel;
     size_t nbytes;
@@ -25,13 +24,43 @@ int fx_op_from_host_flags(fx_device *dev, fx_dtype dtype, int rank, const int64_
         return fx_fail(st, FX_EBADARG, "data: expected %zu bytes (shape %s of %s), got %zu bytes",
                        nbytes, shape, fx_dtype_name(dtype), datalen);
     }
-    if (fx_tensor_alloc_flags(dev, dtype, rank, dims, flags, out, st) != FX_OK)
+    return FX_OK;
+}
+
+int fx_op_from_host_flags(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                          const void *data, size_t datalen, unsigned flags, fx_tensor *out,
+                          fx_status *st)
+{
+    if (check_host_data(dtype, rank, dims, datalen, st) != FX_OK ||
+        fx_tensor_alloc_flags(dev, dtype, rank, dims, flags, out, st) != FX_OK)
         return st->code;
-    if (nbytes > 0 && dev->backend->upload(dev->ordinal, out->data, data, nbytes, st) != FX_OK) {
+    if (datalen > 0 && dev->backend->upload(dev->ordinal, out->data, data, datalen, st) != FX_OK) {
         fx_tensor_release(out);
         return st->code;
     }
     return FX_OK;
+}
+
+int fx_op_try_from_host(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                        const void *data, size_t datalen, fx_tensor *out, bool *done,
+                        fx_status *st)
+{
+    *done = false;
+    memset(out, 0, sizeof *out);
+    if (check_host_data(dtype, rank, dims, datalen, st) != FX_OK)
+        return st->code;
+    if (!dev->backend->try_upload)
+        return FX_OK;
+    if (fx_tensor_alloc(dev, dtype, rank, dims, out, st) != FX_OK)
+        return st->code;
+    bool uploaded = datalen == 0;
+    if (!uploaded &&
+        dev->backend->try_upload(dev->ordinal, out->data, data, datalen, &uploaded, st) != FX_OK)
+        uploaded = false;
+    if (!uploaded) /* a stream-ordered free: nothing waits */
+        fx_tensor_release(out);
+    *done = uploaded;
+    return st->code;
 }
 
 int fx_op_zeros(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims, fx_tensor *out,

@@ -33,6 +33,13 @@ int fx_op_from_host_flags(fx_device *dev, fx_dtype dtype, int rank, const int64_
                           fx_status *st);
 int fx_op_zeros_flags(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
                       unsigned flags, fx_tensor *out, fx_status *st);
+/* fx_op_from_host (default allocation) for a caller that must not wait:
+ * the same checks and errors, but where the upload would wait (a staging
+ * slot still in use, or a backend without try_upload) it leaves *done
+ * false and `out` empty: the caller then makes the blocking call. */
+int fx_op_try_from_host(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
+                        const void *data, size_t datalen, fx_tensor *out, bool *done,
+                        fx_status *st);
 int fx_op_copy_to_flags(const fx_tensor *t, fx_device *dev, unsigned flags, fx_tensor *out,
                         fx_status *st);
 

@@ -165,10 +165,10 @@ ERL_NIF_TERM nif_nop(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 
 /* ---- device work (dirty schedulers) ---- */
 
-FX_DIRTY_NIF(nif_tensor)
-static ERL_NIF_TERM nif_tensor(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+/* The body of tensor/5. With `done` NULL it may wait (a dirty scheduler);
+ * else it never waits and leaves *done false when it made nothing. */
+static ERL_NIF_TERM tensor_from_host(ErlNifEnv *env, const ERL_NIF_TERM argv[], bool *done)
 {
-    (void)argc;
     fx_call c;
     ErlNifBinary data;
     fx_dtype dtype;
@@ -176,14 +176,43 @@ static ERL_NIF_TERM nif_tensor(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv
     int64_t dims[FX_MAX_RANK];
     fx_device *dev;
     fx_tensor out = {0};
-    bool ipc;
+    bool ipc, made = true;
     fx_call_init(&c, env);
     if (!fx_arg_binary(&c, argv[0], "data", &data) && !fx_arg_dtype(&c, argv[1], "type", &dtype) &&
         !fx_arg_shape(&c, argv[2], "shape", &rank, dims) && !fx_arg_device(&c, argv[3], "device", &dev) &&
-        !fx_arg_bool(&c, argv[4], "ipc", &ipc))
-        fx_op_from_host_flags(dev, dtype, rank, dims, data.data, data.size,
-                              ipc ? FX_ALLOC_IPC : FX_ALLOC_DEFAULT, &out, &c.st);
+        !fx_arg_bool(&c, argv[4], "ipc", &ipc)) {
+        if (done && !ipc) /* IPC memory is cudaMalloc'd: that may wait */
+            fx_op_try_from_host(dev, dtype, rank, dims, data.data, data.size, &out, &made, &c.st);
+        else if (done)
+            made = false;
+        else
+            fx_op_from_host_flags(dev, dtype, rank, dims, data.data, data.size,
+                                  ipc ? FX_ALLOC_IPC : FX_ALLOC_DEFAULT, &out, &c.st);
+    }
+    if (done)
+        *done = made || c.st.code != FX_OK;
+    if (!made && c.st.code == FX_OK)
+        return fx_call_finish(&c, 0);
     return fx_call_return_tensor(&c, &out);
+}
+
+static ERL_NIF_TERM nif_tensor(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    return tensor_from_host(env, argv, NULL);
+}
+
+static ERL_NIF_TERM try_tensor(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[], bool *done)
+{
+    (void)argc;
+    return tensor_from_host(env, argv, done);
+}
+
+/* A small upload through a free staging slot only enqueues: it runs on the
+ * calling scheduler (the inference path uploads a frame's inputs). */
+ERL_NIF_TERM nif_tensor_entry(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    return fx_schedule_try(env, "nif_tensor", try_tensor, nif_tensor, argc, argv);
 }
 
 FX_ENQUEUE_NIF(nif_zeros)

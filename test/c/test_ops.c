@@ -1,6 +1,8 @@
 /* Op layer: transfers, cast, elementwise maths and their validation, on the
  * device under test, checked against the CPU backend. */
 #include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +40,43 @@ START_TEST(transfer_round_trips)
         free(src);
         free(back);
     }
+}
+END_TEST
+
+/* The upload that must not wait (a normal scheduler's): the same checks;
+ * on a backend that can upload without waiting, an idle device's small
+ * upload is done and reads back; otherwise nothing is made and no memory
+ * is kept. */
+START_TEST(try_from_host_never_waits)
+{
+    fx_device *dev = fx_test_device();
+    fx_status st;
+    fx_status_clear(&st);
+    unsigned char src[1000], back[1000];
+    for (size_t i = 0; i < sizeof src; i++)
+        src[i] = (unsigned char)fx_rand_uniform(0, 256);
+    int64_t dims[1] = {(int64_t)sizeof src}, wrong[1] = {999};
+    fx_tensor t;
+    bool done = true;
+    ck_assert_int_eq(fx_op_try_from_host(dev, FX_U8, 1, wrong, src, sizeof src, &t, &done, &st),
+                     FX_EBADARG);
+    ck_assert_str_eq(st.msg, "data: expected 999 bytes (shape {999} of {u,8}), got 1000 bytes");
+    ck_assert_ptr_null(t.buffer);
+
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_op_synchronize(dev, &st), FX_OK);
+    long long live0 = atomic_load(&dev->live_tensors), alloc0 = atomic_load(&dev->allocated);
+    ck_assert_int_eq(fx_op_try_from_host(dev, FX_U8, 1, dims, src, sizeof src, &t, &done, &st), FX_OK);
+    ck_assert(done == (dev->backend->try_upload != NULL));
+    if (!done) {
+        ck_assert_ptr_null(t.buffer);
+        ck_assert_int_eq(atomic_load(&dev->allocated), alloc0);
+        ck_assert_int_eq(atomic_load(&dev->live_tensors), live0);
+        return;
+    }
+    ck_assert_int_eq(fx_op_to_host(&t, back, &st), FX_OK);
+    ck_assert(memcmp(src, back, sizeof src) == 0);
+    fx_tensor_release(&t);
 }
 END_TEST
 
@@ -260,6 +299,7 @@ Suite *fx_suite_ops(void)
     TCase *tc = tcase_create("tensor ops");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, transfer_round_trips);
+    tcase_add_test(tc, try_from_host_never_waits);
     tcase_add_test(tc, copy_between_devices);
     tcase_add_test(tc, cast_matches_cpu_bitwise);
     tcase_add_test(tc, binary_ops_match_reference);
