@@ -209,6 +209,12 @@ typedef struct fx_backend {
      * NULL: every upload may wait. */
     int (*try_upload)(int dev, void *dst, const void *src, size_t nbytes, bool *done,
                       fx_status *st);
+    /* `download` for callers that must not wait: only a small one (the
+     * backend's limit), and only once all enqueued work has finished: then
+     * it copies at once and sets *done; otherwise it leaves *done false.
+     * NULL: every download may wait. */
+    int (*try_download)(int dev, void *dst, const void *src, size_t nbytes, bool *done,
+                        fx_status *st);
 } fx_backend;
 
 /* The one symbol priv/fusex_cuda.so exports. */

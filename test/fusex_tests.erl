@@ -143,6 +143,26 @@ synchronize_waits_for_long_work_test_() ->
               end || Us <- [300, 3000, 300]]
      end}.
 
+%% to_binary reads a result only after the work that writes it, whether it
+%% polls on the calling scheduler (small tensors: 300 us of GPU work ahead)
+%% or waits on dirty IO (past 1 ms of polling; tensors above 64 KB).
+to_binary_waits_for_its_writer_test_() ->
+    {timeout, 30,
+     fun() ->
+             Device = device(),
+             [begin
+                  Values = [float(I rem 1000) || I <- lists:seq(1, N)],
+                  T = fusex:tensor(<< <<V:32/float-native>> || V <- Values >>, {f, 32}, {N},
+                                   #{device => Device}),
+                  ok = fusex_nif:busy_wait(Device, Us),
+                  R = fusex:scale(T, 2.0),
+                  Want = << <<(2 * V):32/float-native>> || V <- Values >>,
+                  ?assertEqual(Want, fusex:to_binary(R)),
+                  [fusex:free(X) || X <- [T, R]]
+              end || {N, Us} <- [{1, 300}, {4000, 300}, {16384, 300}, {16385, 300},
+                                 {1000, 3000}, {100000, 3000}]]
+     end}.
+
 %% ---- bad input: every kind raises a badarg naming the argument ----
 
 bad_input_test_() ->

@@ -82,6 +82,26 @@ int fx_op_zeros_flags(fx_device *dev, fx_dtype dtype, int rank, const int64_t *d
     return FX_OK;
 }
 
+/* Matches the CUDA backend's limit; larger downloads go through the
+ * pinned staging ring on a dirty scheduler. */
+#define TRY_TO_HOST_MAX ((size_t)64 << 10)
+
+int fx_op_try_to_host(const fx_tensor *t, void *dst, bool *done, bool *eligible, fx_status *st)
+{
+    const fx_backend *b = t->device->backend;
+    *done = false;
+    *eligible = b->try_download && t->nbytes <= TRY_TO_HOST_MAX;
+    if (!*eligible)
+        return FX_OK;
+    if (t->nbytes == 0) {
+        *done = true;
+        return FX_OK;
+    }
+    if (b->try_download(t->device->ordinal, dst, t->data, t->nbytes, done, st) == FX_OK && *done)
+        fx_device_note_idle(t->device); /* it found the stream idle */
+    return st->code;
+}
+
 int fx_op_to_host(const fx_tensor *t, void *dst, fx_status *st)
 {
     if (t->nbytes == 0)

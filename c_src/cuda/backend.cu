@@ -235,6 +235,35 @@ static int cuda_try_upload(int dev, void *dst, const void *src, size_t n, bool *
     return rc;
 }
 
+// A small download from a normal Erlang scheduler: once the work stream is
+// idle, everything that wrote the source has finished, and the copy goes on
+// a stream of its own, so that work enqueued meanwhile by other callers does
+// not hold it up: it waits only for its own few kilobytes.
+#define TRY_DOWNLOAD_MAX ((size_t)64 << 10)
+
+static int cuda_try_download(int dev, void *dst, const void *src, size_t n, bool *done,
+                             fx_status *st)
+{
+    *done = false;
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    if (n > TRY_DOWNLOAD_MAX)
+        return FX_OK;
+    cudaError_t err = cudaStreamQuery(d->stream);
+    if (err == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        return FX_OK;
+    }
+    if (err != cudaSuccess)
+        return fx_cuda_fail(d, err, "cudaStreamQuery", st);
+    FX_CUDA_TRY(d, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, d->copy_stream),
+                "cudaMemcpyAsync (small download)", st);
+    FX_CUDA_TRY(d, cudaStreamSynchronize(d->copy_stream), "cudaStreamSynchronize (small download)", st);
+    *done = true;
+    return FX_OK;
+}
+
 // ---- the table ----
 
 static int cuda_init(fx_status *st)
@@ -259,6 +288,8 @@ static int cuda_init(fx_status *st)
         d->shared_per_block_optin = prop.sharedMemPerBlockOptin;
         FX_CUDA_TRY(d, cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking),
                     "cudaStreamCreate", st);
+        FX_CUDA_TRY(d, cudaStreamCreateWithFlags(&d->copy_stream, cudaStreamNonBlocking),
+                    "cudaStreamCreate (copies)", st);
         // Keep freed blocks in the pool: allocation then costs no driver call.
         cudaMemPool_t pool;
         FX_CUDA_TRY(d, cudaDeviceGetDefaultMemPool(&pool, i), "cudaDeviceGetDefaultMemPool", st);
@@ -281,6 +312,7 @@ static void cuda_shutdown(void)
         if (!d)
             continue;
         (void)cudaStreamSynchronize(d->stream);
+        (void)cudaStreamSynchronize(d->copy_stream);
         staging *s = &stages[i];
         pthread_mutex_lock(&s->lock);
         if (s->ready) {
@@ -477,6 +509,7 @@ static const fx_backend cuda_backend = {
     fx_cuda_device_synchronize,
     fx_cuda_pointer_check,
     cuda_try_upload,
+    cuda_try_download,
 };
 
 extern "C" __attribute__((visibility("default"))) const fx_backend *fusex_cuda_backend(void)

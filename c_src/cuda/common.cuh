@@ -16,6 +16,7 @@
 struct fx_cuda_device {
     int ordinal;
     cudaStream_t stream;
+    cudaStream_t copy_stream; // small downloads once `stream` is idle (try_download)
     int sm_count;
     int max_threads_per_sm;
     size_t shared_per_block_optin;

@@ -165,6 +165,12 @@ ERL_NIF_TERM nif_nop(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 
 /* ---- device work (dirty schedulers) ---- */
 
+/* Waits polled on a normal scheduler (synchronize, small downloads): rounds
+ * of at most SYNC_ROUND_NS between reschedulings, SYNC_POLL_NS in all before
+ * a move to dirty IO; see nif_synchronize_entry for why. */
+#define SYNC_ROUND_NS 10000
+#define SYNC_POLL_NS 1000000
+
 /* The body of tensor/5. With `done` NULL it may wait (a dirty scheduler);
  * else it never waits and leaves *done false when it made nothing. */
 static ERL_NIF_TERM tensor_from_host(ErlNifEnv *env, const ERL_NIF_TERM argv[], bool *done)
@@ -233,7 +239,6 @@ static ERL_NIF_TERM nif_zeros(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     return fx_call_return_tensor(&c, &out);
 }
 
-FX_DIRTY_NIF(nif_to_binary)
 static ERL_NIF_TERM nif_to_binary(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
@@ -252,6 +257,65 @@ static ERL_NIF_TERM nif_to_binary(ErlNifEnv *env, int argc, const ERL_NIF_TERM a
         return fx_call_finish(&c, 0);
     }
     return fx_call_finish(&c, enif_make_binary(env, &bin));
+}
+
+/* One try of a download that must not wait. *outcome: 0 the result (a
+ * binary or an error), 1 the device still has queued work, 2 this tensor
+ * never takes this path (a large one, or a device without try_download). */
+static ERL_NIF_TERM try_to_binary(ErlNifEnv *env, ERL_NIF_TERM tensor, int *outcome)
+{
+    fx_call c;
+    fx_tensor t;
+    ErlNifBinary bin;
+    bool done = false, eligible = false;
+    *outcome = 0;
+    fx_call_init(&c, env);
+    if (fx_arg_tensor(&c, tensor, "tensor", &t))
+        return fx_call_finish(&c, 0);
+    if (!enif_alloc_binary(t.nbytes, &bin)) {
+        fx_fail(&c.st, FX_ENOMEM, "out of host memory for a %zu-byte binary", t.nbytes);
+        return fx_call_finish(&c, 0);
+    }
+    if (fx_op_try_to_host(&t, bin.data, &done, &eligible, &c.st) == FX_OK && done)
+        return fx_call_finish(&c, enif_make_binary(env, &bin));
+    enif_release_binary(&bin);
+    if (c.st.code == FX_OK)
+        *outcome = eligible ? 1 : 2;
+    return fx_call_finish(&c, 0);
+}
+
+/* A small result read back right after its kernels (the inference path)
+ * waits here as synchronize does: polling the device in yielding rounds on
+ * the calling scheduler, then copying at once; past SYNC_POLL_NS, or for a
+ * large tensor, the download moves to dirty IO. argv: the tensor, and the
+ * time the wait began (ns). */
+static ERL_NIF_TERM to_binary_poll(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    ErlNifSInt64 began;
+    if (argc != 2 || !enif_get_int64(env, argv[1], &began))
+        return enif_make_badarg(env);
+    ErlNifTime round = enif_monotonic_time(ERL_NIF_NSEC), now;
+    int outcome;
+    do {
+        ERL_NIF_TERM result = try_to_binary(env, argv[0], &outcome);
+        if (outcome == 0)
+            return result;
+        now = enif_monotonic_time(ERL_NIF_NSEC);
+    } while (outcome == 1 && now - round < SYNC_ROUND_NS);
+    if (outcome == 2 || now - began >= SYNC_POLL_NS)
+        return enif_schedule_nif(env, "to_binary", ERL_NIF_DIRTY_JOB_IO_BOUND, nif_to_binary, 1, argv);
+    (void)enif_consume_timeslice(env, 1);
+    return enif_schedule_nif(env, "to_binary", 0, to_binary_poll, 2, argv);
+}
+
+ERL_NIF_TERM nif_to_binary_entry(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    fx_handle *h;
+    if (!enif_get_resource(env, argv[0], fx_tensor_type, (void **)&h) ||
+        h->device->kind != FX_DEVICE_CUDA) /* CPU copies, and bad arguments, on dirty CPU */
+        return fx_schedule_dirty(env, "to_binary", nif_to_binary, argc, argv);
+    ERL_NIF_TERM args[2] = {argv[0], enif_make_int64(env, enif_monotonic_time(ERL_NIF_NSEC))};
+    return to_binary_poll(env, 2, args);
 }
 
 FX_DIRTY_NIF(nif_copy)
@@ -301,8 +365,6 @@ static ERL_NIF_TERM nif_synchronize_blocking(ErlNifEnv *env, int argc, const ERL
  * rounds (enif_schedule_nif on a normal scheduler: other processes run in
  * between, as with any yielding NIF), and moves to dirty IO only once it
  * has polled for SYNC_POLL_NS, where those 20 µs are 2 % of the wait. */
-#define SYNC_ROUND_NS 10000
-#define SYNC_POLL_NS 1000000
 
 /* argv: the tensor or device, and the time the wait began (ns). */
 static ERL_NIF_TERM synchronize_poll(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
