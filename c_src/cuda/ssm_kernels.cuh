@@ -311,8 +311,9 @@ __device__ __forceinline__ int64_t at_state(const ScanParams &p, int b, int d)
 
 // ---- forward ----
 //
-// One warp is one batch element x a tile of WCH = 32 / LANES channels of one
-// group, and never waits for another warp: a block is W warps side by side,
+// One warp is one batch element x a tile of WT = CPL * WCH channels of one
+// group (WCH = 32 / LANES; CPL, FwdTune's channels per lane: 1 by default),
+// and never waits for another warp: a block is W warps side by side,
 // each with its own FwdSmem words of shared memory, so the only
 // synchronisation is __syncwarp. Per chunk of TS steps:
 //   load     the chunk's x, dt, z, b, c as they are (input type) into the
@@ -325,12 +326,13 @@ __device__ __forceinline__ int64_t at_state(const ScanParams &p, int b, int d)
 //            + RPP, ...): delta, delta * x for the scan; x and silu(z) kept
 //            in registers for the epilogue; 16-bit b and c rows converted to
 //            f32 (f32 rows are read where they land: two raw buffers);
-//   scan     lanes (channel l / LANES, states (l % LANES) * NPL ...) walk
-//            the TS steps: per state one exp and three FMAs, the exps LOOK
-//            steps ahead of the FMAs that use them (the only dependency from
-//            a step to the next is one FMA per state); per step one store of
-//            the lane's part of y's sum over states, so no shuffle sits
-//            between a step and the next;
+//   scan     lanes (channels l / LANES + j * WCH for j < CPL, states
+//            (l % LANES) * NPL ...) walk the TS steps: per state one exp and
+//            three FMAs, the exps LOOK steps ahead of the FMAs that use them
+//            (the only dependency from a step to the next is one FMA per
+//            state); per step and channel one store of the lane's part of
+//            y's sum over states, so no shuffle sits between a step and the
+//            next;
 //   epilogue the staging lane adds the LANES parts of each of its channels,
 //            adds d * x, applies the gate and writes its CV values of y with
 //            one store. It shares a phase (no barrier between) with the next
