@@ -147,14 +147,11 @@ $(BUILD)/ssm_emu/testutil.o: test/c/testutil.c test/c/testutil.h $(HEADERS)
 $(BUILD)/ssm_emu/ssm_emu: $(SSM_EMU_OBJ) $(BUILD)/libfusex_core.a
 	$(CXX) -o $@ $(SSM_EMU_OBJ) $(BUILD)/libfusex_core.a -lcheck -lsubunit -lrt $(LDLIBS)
 
-# FUSEX_QUICK=1 for a short run; the whole sweep takes a minute or two, and
-# runs twice: with the forward the library launches, then with two channels
-# per lane (EMU_SSM_CPL=2, a variant tools/ssm_bench times).
+# FUSEX_QUICK=1 for a short run; the whole sweep takes a minute or two.
 test-emu-ssm:
 ifneq ($(NVCC),)
 	$(MAKE) $(BUILD)/ssm_emu/ssm_emu
 	$(BUILD)/ssm_emu/ssm_emu
-	EMU_SSM_CPL=2 $(BUILD)/ssm_emu/ssm_emu
 else
 	@echo "test-emu-ssm: skipped (nvcc and the CUDA headers not found)"
 endif

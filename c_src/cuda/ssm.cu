@@ -9,11 +9,11 @@ namespace fx_ssm {
 namespace {
 
 // Blocks above 48 KB of shared memory need the kernel's opt-in, once per
-// device and kernel. U: the knobs fwd_launch built `l` for.
-template <typename T, class C, bool FAST, class U>
+// device and kernel.
+template <typename T, class C, bool FAST>
 int launch_forward(fx_cuda_device *d, const FwdLaunch &l, fx_status *st)
 {
-    auto kernel = ssm_fwd_kernel<T, C, FAST, U>;
+    auto kernel = ssm_fwd_kernel<T, C, FAST>;
     static std::atomic<bool> opted[FX_CUDA_MAX_DEVICES];
     if (l.smem > 48 * 1024 && !opted[d->ordinal].load(std::memory_order_relaxed)) {
         FX_CUDA_TRY(d, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdMaxSmem),
@@ -33,13 +33,12 @@ int cuda_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         return with_cfg(a->n.dstate, [&](auto cfg) {
             typedef decltype(cfg) C;
-            typedef FwdFor<C> U; // the kernel's knobs (channels per lane included)
             FwdLaunch l{};
-            if (fwd_launch<T, C, U>(a, d->sm_count, &l, st))
+            if (fwd_launch<T, C>(a, d->sm_count, &l, st))
                 return st->code;
             if (l.p.units == 0)
                 return (int)FX_OK;
-            return l.fast ? launch_forward<T, C, true, U>(d, l, st) : launch_forward<T, C, false, U>(d, l, st);
+            return l.fast ? launch_forward<T, C, true>(d, l, st) : launch_forward<T, C, false>(d, l, st);
         });
     });
 }

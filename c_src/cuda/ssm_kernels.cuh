@@ -311,9 +311,8 @@ __device__ __forceinline__ int64_t at_state(const ScanParams &p, int b, int d)
 
 // ---- forward ----
 //
-// One warp is one batch element x a tile of WT = CPL * WCH channels of one
-// group (WCH = 32 / LANES; CPL, FwdTune's channels per lane: 1 by default),
-// and never waits for another warp: a block is W warps side by side,
+// One warp is one batch element x a tile of WCH = 32 / LANES channels of one
+// group, and never waits for another warp: a block is W warps side by side,
 // each with its own FwdSmem words of shared memory, so the only
 // synchronisation is __syncwarp. Per chunk of TS steps:
 //   load     the chunk's x, dt, z, b, c as they are (input type) into the
@@ -326,13 +325,12 @@ __device__ __forceinline__ int64_t at_state(const ScanParams &p, int b, int d)
 //            + RPP, ...): delta, delta * x for the scan; x and silu(z) kept
 //            in registers for the epilogue; 16-bit b and c rows converted to
 //            f32 (f32 rows are read where they land: two raw buffers);
-//   scan     lanes (channels l / LANES + j * WCH for j < CPL, states
-//            (l % LANES) * NPL ...) walk the TS steps: per state one exp and
-//            three FMAs, the exps LOOK steps ahead of the FMAs that use them
-//            (the only dependency from a step to the next is one FMA per
-//            state); per step and channel one store of the lane's part of
-//            y's sum over states, so no shuffle sits between a step and the
-//            next;
+//   scan     lanes (channel l / LANES, states (l % LANES) * NPL ...) walk
+//            the TS steps: per state one exp and three FMAs, the exps LOOK
+//            steps ahead of the FMAs that use them (the only dependency from
+//            a step to the next is one FMA per state); per step one store of
+//            the lane's part of y's sum over states, so no shuffle sits
+//            between a step and the next;
 //   epilogue the staging lane adds the LANES parts of each of its channels,
 //            adds d * x, applies the gate and writes its CV values of y with
 //            one store. It shares a phase (no barrier between) with the next
@@ -342,94 +340,61 @@ __device__ __forceinline__ int64_t at_state(const ScanParams &p, int b, int d)
 // the steps between a decay's exp and the FMA that uses it; FENCE, a
 // scheduling fence after every FENCE steps of the scan (0: none), without
 // which ptxas sinks each exp to just above its first use; TF, the steps
-// per chunk (0: the configuration's T, shortened for CPL 2 as FwdSmem
-// says); CPL, the channels whose states a lane holds (1 or 2): with 2, a
-// lane holds the same NPL states of channels c and c + WCH, so every b and
-// c value it reads from shared memory feeds two updates (half the scan's
-// b, c wavefronts per state-step), and a warp covers WT = CPL * WCH
-// channels (half the warps).
-template <int LOOK_ = 2, int FENCE_ = 1, int TF_ = 0, int CPL_ = 1> struct FwdTune {
-    static constexpr int LOOK = LOOK_, FENCE = FENCE_, TF = TF_, CPL = CPL_;
-    static_assert(CPL == 1 || CPL == 2, "one or two channels per lane");
+// per chunk (0: the configuration's T).
+template <int LOOK_ = 2, int FENCE_ = 1, int TF_ = 0> struct FwdTune {
+    static constexpr int LOOK = LOOK_, FENCE = FENCE_, TF = TF_;
 };
 typedef FwdTune<> FwdDefault;
 
-// The knobs the library launches (ssm.cu, and tools/ssm_emu) for
-// configuration C. Two channels per lane as the default would be
-// FwdTune<2, 1, 0, 2> here (or a choice on C, e.g. only for Cfg<4, 4>).
-template <class C> using FwdFor = FwdDefault;
-
 template <typename T, class C, class U = FwdDefault> struct FwdSmem {
-    static constexpr int CPL = U::CPL;
-    static constexpr int WT = C::WCH * CPL; // channels of a warp's tile
-    // steps per chunk: as Cfg's T, at most 8 (step, channel) pairs per
-    // staging lane (TS * WT <= 256)
-    static constexpr int TS = U::TF ? U::TF : cmin(C::T, 8 * C::LANES / CPL);
+    static constexpr int TS = U::TF ? U::TF : C::T; // steps per chunk
     static constexpr int LOOK = cmin(U::LOOK, TS - 1);
     static constexpr bool F32 = sizeof(T) == 4; // b, c read where they land
     // staging: CV consecutive channels of one row per lane and pass; LPR
     // lanes per row, RPP rows per pass, NP passes per chunk
-    static constexpr int CV = cmax(1, cmin(cmin(4, WT), WT * TS / 32));
-    static constexpr int LPR = WT / CV, RPP = 32 / LPR, NP = (TS + RPP - 1) / RPP;
+    static constexpr int CV = cmax(1, cmin(cmin(4, C::WCH), C::WCH * TS / 32));
+    static constexpr int LPR = C::WCH / CV, RPP = 32 / LPR, NP = (TS + RPP - 1) / RPP;
     static constexpr bool ALL_ROWS = RPP * NP == TS; // every lane has a row in every pass
     // in 4-byte words; every region starts 16-byte aligned
     static constexpr int words(int elems) { return (elems * (int)sizeof(T) + 15) / 16 * 4; }
-    static constexpr int XR = 0;                     // raw x [TS][WT], input type
-    static constexpr int DTR = XR + words(TS * WT);  // raw dt
-    static constexpr int ZR = DTR + words(TS * WT);  // raw z
+    static constexpr int XR = 0;                     // raw x [TS][WCH], input type
+    static constexpr int DTR = XR + words(TS * C::WCH); // raw dt
+    static constexpr int ZR = DTR + words(TS * C::WCH); // raw z
     static constexpr int NBUF = F32 ? 2 : 1;            // raw b, c: chunk k in buffer k % NBUF
     static constexpr int BCW = words(TS * C::NPAD);     // one raw b or c chunk [TS][NPAD]
-    static constexpr int BR = ZR + words(TS * WT);      // raw b
+    static constexpr int BR = ZR + words(TS * C::WCH);  // raw b
     static constexpr int CR = BR + NBUF * BCW;          // raw c
     // per channel: (delta, delta * x) per step; +4 floats puts the channels
     // of a warp's float4 loads in different banks
     static constexpr int DDS = 2 * TS + 4;
     static constexpr int DD = CR + NBUF * BCW;
-    static constexpr int B = DD + WT * DDS;                 // f32 b [TS][NPAD] (16-bit inputs)
+    static constexpr int B = DD + C::WCH * DDS;            // f32 b [TS][NPAD] (16-bit inputs)
     static constexpr int CC = B + (F32 ? 0 : TS * C::NPAD); // f32 c
-    // parts of y [TS][PS]: a row per step, lane l's part of its j-th
-    // channel at JS * j + l; padded so that the staging lanes' float4 reads
-    // of different rows and channels fall in different banks (CPL 2: of
-    // the 8 lanes of a quarter-warp, 4 read a row at channel offsets 0, 16
-    // (+ 8 for j = 1) words, 4 the next row 76 = 12 mod 32 words on)
-    static constexpr int JS = CPL == 1 ? 32 : 40;
-    static constexpr int PS = CPL == 1 ? 36 : 76;
+    // parts of y [TS][PS]: a row per step, padded so that the staging lanes'
+    // float4 reads of different rows fall in different banks
+    static constexpr int PS = 36;
     static constexpr int P = CC + (F32 ? 0 : TS * C::NPAD);
     static constexpr int WORDS = P + TS * PS; // per warp
     static constexpr size_t BYTES = sizeof(float) * WORDS;
     static_assert(DDS % 4 == 0 && TS % 2 == 0, "float4 rows of two steps");
     static_assert(TS % C::SAVE == 0 || C::SAVE % TS == 0, "saves fall on chunk steps");
-    static_assert(JS * (CPL - 1) + 32 < PS, "the last word of a row is a pad (the fences' clocks)");
-
-    // Where channel ch (of the tile) has its LANES parts in a row of P.
-    // (Forced inline: a call here, inlined later, changes how NVVM treats
-    // the epilogue, and the CPL 1 kernels would no longer be main's.)
-    __device__ __forceinline__ static constexpr int part(int ch)
-    {
-        if constexpr (CPL == 1)
-            return ch * C::LANES;
-        else
-            return ch / C::WCH * JS + ch % C::WCH * C::LANES;
-    }
 };
 
-// What the FAST load needs: full tiles (of WT channels), and rows of x,
-// dt, z, b, c that split into aligned copies of UX (x, dt, z) and UB (b, c)
-// bytes.
-template <typename T, class C, int WT = C::WCH> struct FwdCopy {
-    static constexpr int RX = WT * (int)sizeof(T);      // bytes of a tile's row of x
+// What the FAST load needs: full tiles, and rows of x, dt, z, b, c that
+// split into aligned copies of UX (x, dt, z) and UB (b, c) bytes.
+template <typename T, class C> struct FwdCopy {
+    static constexpr int RX = C::WCH * (int)sizeof(T);  // bytes of a tile's row of x
     static constexpr int UX = RX < 16 ? RX : 16;
     static constexpr int RB = C::NPAD * (int)sizeof(T); // bytes of a row of b
     static constexpr int UB = RB < 16 ? RB : 16;
     static constexpr bool POSSIBLE = RX >= 4; // cp.async copies 4, 8 or 16 bytes
 };
 
-template <typename T, class C, class U = FwdDefault> inline bool fwd_fast(const ScanParams &p)
+template <typename T, class C> inline bool fwd_fast(const ScanParams &p)
 {
-    constexpr int WT = FwdSmem<T, C, U>::WT;
-    typedef FwdCopy<T, C, WT> K;
+    typedef FwdCopy<T, C> K;
     auto aligned = [](const void *ptr, int unit) { return ptr == nullptr || (uintptr_t)ptr % unit == 0; };
-    return K::POSSIBLE && p.cpg % WT == 0 && p.dstate == C::NPAD &&
+    return K::POSSIBLE && p.cpg % C::WCH == 0 && p.dstate == C::NPAD &&
            (int64_t)p.dim * sizeof(T) % K::UX == 0 && aligned(p.x, K::UX) && aligned(p.dt, K::UX) &&
            aligned(p.z, K::UX) && (int64_t)p.groups * p.dstate * sizeof(T) % K::UB == 0 &&
            aligned(p.b, K::UB) && aligned(p.c, K::UB) && aligned(p.y, K::UX);
@@ -519,8 +484,8 @@ template <typename T, int CV> __device__ __forceinline__ void st_vec(T *p, const
 
 template <typename T, class C, class U, bool FAST> struct FwdStage {
     using S = FwdSmem<T, C, U>;
-    typedef FwdCopy<T, C, S::WT> K;
-    static constexpr int TS = S::TS, CV = S::CV, NP = S::NP, WT = S::WT;
+    typedef FwdCopy<T, C> K;
+    static constexpr int TS = S::TS, CV = S::CV, NP = S::NP;
     // FAST loads: each lane copies NU consecutive units of UX (UB) bytes,
     // all in one row
     static constexpr int PER_ROW = K::RX / K::UX, UNITS = TS * PER_ROW, NUX = (UNITS + 31) / 32;
@@ -613,8 +578,8 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
             T *rawbc[2] = {reinterpret_cast<T *>(sm + S::BR + buf * S::BCW),
                            reinterpret_cast<T *>(sm + S::CR + buf * S::BCW)};
             const T *inbc[2] = {static_cast<const T *>(p.b), static_cast<const T *>(p.c)};
-            for (int e = lane; e < TS * WT; e += 32) {
-                const int tl = e / WT, cc = e % WT;
+            for (int e = lane; e < TS * C::WCH; e += 32) {
+                const int tl = e / C::WCH, cc = e % C::WCH;
                 const bool ok = t0 + tl < p.seqlen && cc < t.nvalid;
                 const int64_t i = ok ? at_btd(p, t.b, t0 + tl, t.d0 + cc) : 0;
 #pragma unroll
@@ -646,7 +611,7 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
 #pragma unroll
         for (int k = 0; k < NP; k++) {
             float zv[CV];
-            ld_vec<T, CV>(zv, rz + cmin(r0 + k * S::RPP, TS - 1) * WT + c0);
+            ld_vec<T, CV>(zv, rz + cmin(r0 + k * S::RPP, TS - 1) * C::WCH + c0);
 #pragma unroll
             for (int v = 0; v < CV; v++)
                 gate[k][v] = silu(zv[v]);
@@ -664,7 +629,7 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
         float delta[NP][CV];
 #pragma unroll
         for (int k = 0; k < NP; k++) {
-            const int at = cmin(r0 + k * S::RPP, TS - 1) * WT + c0; // rows past TS: not used
+            const int at = cmin(r0 + k * S::RPP, TS - 1) * C::WCH + c0; // rows past TS: not used
             ld_vec<T, CV>(xk[k], rx + at);
             ld_vec<T, CV>(delta[k], rdt + at);
 #pragma unroll
@@ -722,7 +687,7 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
                 float yv[CV];
 #pragma unroll
                 for (int v = 0; v < CV; v++) {
-                    const float sum = sum_parts<C::LANES>(sm + S::P + r * S::PS + S::part(c0 + v));
+                    const float sum = sum_parts<C::LANES>(sm + S::P + r * S::PS + (c0 + v) * C::LANES);
                     yv[v] = (sum + dskip[v] * xk[k][v]) * gate[k][v];
                 }
                 T *y = static_cast<T *>(p.y) + oy + (int64_t)(k * S::RPP) * p.dim;
@@ -744,76 +709,61 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
 // Step s's chain (h = decay h + delta x b, y's part c . h) uses the decays
 // and increments computed LOOK steps earlier, from operands read from
 // shared memory a step before that; c is read a step ahead. Every load is
-// issued before the store of the current step's parts of y: a load after a
+// issued before the store of the current step's part of y: a load after a
 // store to shared memory cannot be moved above it, and would stall the step
-// it feeds. The lane holds states q * NPL ... of channels c + j * WCH of the
-// tile, j < CPL (ok, ok_hi: channel j = 0, 1 inside the group): with CPL 2
-// each b and c value read serves both chains.
+// it feeds.
 template <typename T, class C, class U>
-__device__ __forceinline__ void fwd_scan(const ScanParams &p, const Tile &t, int c, int q, bool ok, bool ok_hi,
-                                         int t0, float (&h)[U::CPL][C::NPL], const float (&a2)[U::CPL][C::NPL],
-                                         const float *bsrc, const float *csrc, float *sm)
+__device__ __forceinline__ void fwd_scan(const ScanParams &p, const Tile &t, int c, int q, bool ok, int t0,
+                                         float (&h)[C::NPL], const float (&a2)[C::NPL], const float *bsrc,
+                                         const float *csrc, float *sm)
 {
     using S = FwdSmem<T, C, U>;
-    constexpr int NPL = C::NPL, TS = S::TS, LOOK = S::LOOK, CPL = U::CPL;
+    constexpr int NPL = C::NPL, TS = S::TS, LOOK = S::LOOK;
     const int lane = c * C::LANES + q;
     const float *dd_row = sm + S::DD + c * S::DDS, *b_row = bsrc + q * NPL, *c_row = csrc + q * NPL;
-    float4 dd[CPL][TS / 2];                     // (delta, delta x) of steps 2i, 2i + 1
-    float bv[TS][NPL], cv[TS][NPL];             // b and c of a step
-    float dec[CPL][TS][NPL], inc[CPL][TS][NPL]; // exp(delta a) and delta x b of a step
+    float4 dd[TS / 2];                // (delta, delta x) of steps 2i, 2i + 1
+    float bv[TS][NPL], cv[TS][NPL];   // b and c of a step
+    float dec[TS][NPL], inc[TS][NPL]; // exp(delta a) and delta x b of a step
     unsigned clocks = 0; // the fences' clock reads (kept by a store to a pad word of P)
 #pragma unroll
     for (int s = -LOOK - 1; s < TS; s++) {
         const int so = s + LOOK + 1; // the operands of step so's exps
         if (so >= 0 && so < TS) {
             if (so % 2 == 0)
-#pragma unroll
-                for (int j = 0; j < CPL; j++)
-                    dd[j][so / 2] = *reinterpret_cast<const float4 *>(dd_row + j * C::WCH * S::DDS + 2 * so);
+                dd[so / 2] = *reinterpret_cast<const float4 *>(dd_row + 2 * so);
             lds(bv[so], b_row + so * C::NPAD);
         }
         if (s + 1 >= 0 && s + 1 < TS)
             lds(cv[s + 1], c_row + (s + 1) * C::NPAD);
         const int se = s + LOOK; // step se's exps and increments
         if (se >= 0 && se < TS) {
+            const float delta = se % 2 ? dd[se / 2].z : dd[se / 2].x, dx = se % 2 ? dd[se / 2].w : dd[se / 2].y;
 #pragma unroll
-            for (int j = 0; j < CPL; j++) {
-                const float delta = se % 2 ? dd[j][se / 2].z : dd[j][se / 2].x;
-                const float dx = se % 2 ? dd[j][se / 2].w : dd[j][se / 2].y;
-#pragma unroll
-                for (int i = 0; i < NPL; i++) {
-                    dec[j][se][i] = fast_exp2(delta * a2[j][i]);
-                    inc[j][se][i] = dx * bv[se][i];
-                }
+            for (int i = 0; i < NPL; i++) {
+                dec[se][i] = fast_exp2(delta * a2[i]);
+                inc[se][i] = dx * bv[se][i];
             }
         }
         if (s < 0)
             continue;
+        float acc = 0.0f;
 #pragma unroll
-        for (int j = 0; j < CPL; j++) {
-            float acc = 0.0f;
-#pragma unroll
-            for (int i = 0; i < NPL; i++) {
-                h[j][i] = fmaf(dec[j][s][i], h[j][i], inc[j][s][i]);
-                acc = fmaf(cv[s][i], h[j][i], acc);
-            }
-            sm[S::P + s * S::PS + j * S::JS + lane] = acc;
+        for (int i = 0; i < NPL; i++) {
+            h[i] = fmaf(dec[s][i], h[i], inc[s][i]);
+            acc = fmaf(cv[s][i], h[i], acc);
         }
+        sm[S::P + s * S::PS + lane] = acc;
         if (U::FENCE && s % U::FENCE == U::FENCE - 1)
             sched_fence(clocks);
         // the state entering every SAVE-step chunk, for the backward
+        if ((s + 1) % cmin(TS, C::SAVE) == 0 && p.saved && ok) {
+            const int te = t0 + s + 1;
+            if (te % C::SAVE == 0 && te < p.seqlen) {
+                float *out = p.saved + (((int64_t)t.b * p.nsaved + te / C::SAVE - 1) * p.dim + t.d0 + c) * p.dstate;
 #pragma unroll
-        for (int j = 0; j < CPL; j++) {
-            if ((s + 1) % cmin(TS, C::SAVE) == 0 && p.saved && (j ? ok_hi : ok)) {
-                const int te = t0 + s + 1;
-                if (te % C::SAVE == 0 && te < p.seqlen) {
-                    float *out = p.saved + (((int64_t)t.b * p.nsaved + te / C::SAVE - 1) * p.dim + t.d0 + c +
-                                            j * C::WCH) * p.dstate;
-#pragma unroll
-                    for (int i = 0; i < NPL; i++)
-                        if (q * NPL + i < p.dstate)
-                            out[q * NPL + i] = h[j][i];
-                }
+                for (int i = 0; i < NPL; i++)
+                    if (q * NPL + i < p.dstate)
+                        out[q * NPL + i] = h[i];
             }
         }
     }
@@ -821,35 +771,26 @@ __device__ __forceinline__ void fwd_scan(const ScanParams &p, const Tile &t, int
         reinterpret_cast<unsigned *>(sm)[S::P + S::PS - 1] = clocks;
 }
 
-// CPL 2 lanes hold twice the states and decays: a looser register bound
-// (at most ~8 of their warps per SM in the large cases anyway).
-template <class U> constexpr int fwd_min_blocks() { return U::CPL == 1 ? 4 : 2; }
-
 template <typename T, class C, bool FAST, class U = FwdDefault>
-__global__ void __launch_bounds__(kFwdMaxThreads, fwd_min_blocks<U>()) ssm_fwd_kernel(const ScanParams p)
+__global__ void __launch_bounds__(kFwdMaxThreads, 4) ssm_fwd_kernel(const ScanParams p)
 {
     using S = FwdSmem<T, C, U>;
-    constexpr int NPL = C::NPL, CPL = U::CPL;
+    constexpr int NPL = C::NPL;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int index = blockIdx.x * (blockDim.x / 32) + warp;
     if (index >= p.units)
         return; // a whole warp: no barrier waits for it
     float *sm = block_smem() + warp * S::WORDS;
-    const Tile tile = tile_at(p, index, S::WT);
-    const int c = lane / C::LANES, q = lane % C::LANES, d0 = tile.d0 + c; // d0 + j * WCH: channel j
-    // channels j = 0 and 1 inside the group (CPL 1: the first only)
-    const bool ok = c < tile.nvalid, ok_hi = CPL > 1 && C::WCH + c < tile.nvalid;
-    float a2[CPL][NPL], h[CPL][NPL];
+    const Tile tile = tile_at(p, index, C::WCH);
+    const int c = lane / C::LANES, q = lane % C::LANES, d = tile.d0 + c;
+    const bool ok = c < tile.nvalid;
+    float a2[NPL], h[NPL];
 #pragma unroll
-    for (int j = 0; j < CPL; j++) {
-        const int d = d0 + j * C::WCH;
-#pragma unroll
-        for (int i = 0; i < NPL; i++) {
-            const int n = q * NPL + i;
-            const bool nok = (j ? ok_hi : ok) && n < p.dstate;
-            a2[j][i] = nok ? load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * kLog2e : 0.0f;
-            h[j][i] = nok && p.h0 ? load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
-        }
+    for (int i = 0; i < NPL; i++) {
+        const int n = q * NPL + i;
+        const bool nok = ok && n < p.dstate;
+        a2[i] = nok ? load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * kLog2e : 0.0f;
+        h[i] = nok && p.h0 ? load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
     }
 
     FwdStage<T, C, U, FAST> stage(p, tile, lane);
@@ -867,7 +808,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads, fwd_min_blocks<U>()) ssm_fwd_k
             stage.load(p, tile, t0 + S::TS, sm, next); // lands during the scan
         const float *bsrc = S::F32 ? sm + S::BR + buf * S::BCW : sm + S::B;
         const float *csrc = S::F32 ? sm + S::CR + buf * S::BCW : sm + S::CC;
-        fwd_scan<T, C, U>(p, tile, c, q, ok, ok_hi, t0, h, a2, bsrc, csrc, sm);
+        fwd_scan<T, C, U>(p, tile, c, q, ok, t0, h, a2, bsrc, csrc, sm);
         cp_wait();
         __syncwarp(); // the parts of y are written; the next chunk's inputs are in
         stage.epilogue(p, tile, t0, sm);
@@ -875,15 +816,11 @@ __global__ void __launch_bounds__(kFwdMaxThreads, fwd_min_blocks<U>()) ssm_fwd_k
             stage.commit(p, tile, t0 + S::TS, sm, next);
         __syncwarp(); // staged; the raw x, dt, z buffer is free
     }
+    if (p.state && ok) {
 #pragma unroll
-    for (int j = 0; j < CPL; j++) {
-        if (p.state && (j ? ok_hi : ok)) {
-            const int d = d0 + j * C::WCH;
-#pragma unroll
-            for (int i = 0; i < NPL; i++)
-                if (q * NPL + i < p.dstate)
-                    p.state[at_state(p, tile.b, d) + q * NPL + i] = h[j][i];
-        }
+        for (int i = 0; i < NPL; i++)
+            if (q * NPL + i < p.dstate)
+                p.state[at_state(p, tile.b, d) + q * NPL + i] = h[i];
     }
 }
 
@@ -1443,7 +1380,7 @@ inline int check_dims(const fx_ssm_dims &n, const char *op, fx_status *st)
     return FX_OK;
 }
 
-// Parameters of a scan cut into tiles of `ch` channels (WT per warp for
+// Parameters of a scan cut into tiles of `ch` channels (WCH per warp for
 // the forward, CH per block for the backward).
 inline ScanParams scan_params(const fx_ssm_fwd_args *a, int ch)
 {
@@ -1494,20 +1431,18 @@ struct FwdLaunch {
     bool fast;
 };
 
-// U: the kernel's knobs (FwdFor<C> in the library); the tiles are its WT
-// channels wide.
-template <typename T, class C, class U = FwdFor<C>>
+template <typename T, class C>
 inline int fwd_launch(const fx_ssm_fwd_args *a, int sm_count, FwdLaunch *l, fx_status *st)
 {
     if (check_saved(a, C::SAVE, st))
         return st->code;
-    l->p = scan_params(a, FwdSmem<T, C, U>::WT);
+    l->p = scan_params(a, C::WCH);
     l->p.y = a->y->data;
     l->p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
-    l->warps = fwd_block_warps<T, C, U>(l->p, sm_count);
-    l->smem = l->warps * FwdSmem<T, C, U>::BYTES;
+    l->warps = fwd_block_warps<T, C>(l->p, sm_count);
+    l->smem = l->warps * FwdSmem<T, C>::BYTES;
     l->grid = (l->p.units + l->warps - 1) / l->warps;
-    l->fast = fwd_fast<T, C, U>(l->p);
+    l->fast = fwd_fast<T, C>(l->p);
     return FX_OK;
 }
 

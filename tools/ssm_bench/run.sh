@@ -1,14 +1,11 @@
 #!/usr/bin/env bash
 # Builds and runs tools/ssm_bench on the GPU machine; logs under $OUT.
-#   tools/ssm_bench/run.sh [steps...]   steps: build bench-build check bench variants check-variants
-#   ncu sanitize erl-bench (default: build check bench ncu); QUICK=0 for the whole ssm suite
+#   tools/ssm_bench/run.sh [steps...]   steps: build check bench variants ncu sanitize erl-bench
+#   (default: build check bench ncu); QUICK=0 for the whole ssm suite
 #   build: the library and the Check binary (TARGETS), and build/ssm_bench
 #   unless it is there already (e.g. built elsewhere with the variants:
-#   BENCH_DEFS="-DSSM_BASELINE -DSSM_VARIANTS -DSSM_CPL", see ssm_bench.cu)
-#   bench-build: build/ssm_bench only (no library, no Erlang), with BENCH_DEFS
+#   BENCH_DEFS="-DSSM_BASELINE -DSSM_VARIANTS", see ssm_bench.cu)
 #   variants: the forward variants compiled into build/ssm_bench, one table
-#   check-variants: those variants' outputs on awkward shapes against a CPU
-#   reference (ssm_bench check; the library's own suite is the check step)
 #   NCU_SECTIONS="..." overrides the profiled sections; NCU_KERNELS a regex;
 #   NCU_MODE the bench mode profiled (ncu: the main kernels, ncu-variants).
 set -uo pipefail
@@ -29,15 +26,6 @@ for s in $steps; do
             echo "== bench build rc=$? $((SECONDS - start))s"
         fi
         tail -n 3 "$OUT/build.log" ;;
-    bench-build)
-        mkdir -p build
-        timeout 100 nvcc $NVCC_FLAGS ${BENCH_DEFS:-} tools/ssm_bench/ssm_bench.cu -o build/ssm_bench > "$OUT/bench-build.log" 2>&1
-        echo "== bench build rc=$? $((SECONDS - start))s"
-        tail -n 3 "$OUT/bench-build.log" ;;
-    check-variants)
-        timeout 60 build/ssm_bench check > "$OUT/check-variants.txt" 2>&1
-        echo "== check-variants rc=$? $((SECONDS - start))s"
-        grep -E "FAIL|NO \||^check:|^device" "$OUT/check-variants.txt" | head -40 ;;
     variants)
         timeout 120 build/ssm_bench variants > "$OUT/variants.txt" 2>&1
         echo "== variants rc=$? $((SECONDS - start))s"

@@ -35,9 +35,7 @@ int main(void)
     atomic_init(&emu_device.allocated, 0);
     atomic_init(&emu_device.peak, 0);
     atomic_init(&emu_device.live_tensors, 0);
-    const char *cpl = getenv("EMU_SSM_CPL");
-    fprintf(stderr, "fusex ssm Check suite on the CUDA kernels, emulated on the CPU%s\n",
-            cpl && atoi(cpl) == 2 ? " (forward: two channels per lane)" : "");
+    fprintf(stderr, "fusex ssm Check suite on the CUDA kernels, emulated on the CPU\n");
     fx_test_seed();
     SRunner *sr = srunner_create(fx_suite_ssm());
     srunner_set_fork_status(sr, CK_NOFORK);

@@ -41,39 +41,25 @@ template <typename F> int with_type(fx_dtype t, F &&body)
     }
 }
 
-// The forward with knobs U, as on a GPU of 4 SMs: blocks of one warp for
-// small problems, of several for larger ones.
-template <typename T, class C, class U> int forward_with(const fx_ssm_fwd_args *a, fx_status *st)
-{
-    FwdLaunch l{};
-    if (fwd_launch<T, C, U>(a, 4, &l, st))
-        return st->code;
-    const ScanParams &p = l.p;
-    if (l.fast)
-        launch(l.grid, 32 * l.warps, l.smem, [&] { ssm_fwd_kernel<T, C, true, U>(p); });
-    else
-        launch(l.grid, 32 * l.warps, l.smem, [&] { ssm_fwd_kernel<T, C, false, U>(p); });
-    return (int)FX_OK;
-}
-
-// EMU_SSM_CPL=2: the forward with two channels per lane (FwdTune's CPL)
-// whatever the library launches, so that the suite checks that variant.
-bool two_channels_per_lane()
-{
-    const char *v = getenv("EMU_SSM_CPL");
-    return v && atoi(v) == 2;
-}
-
 int emu_forward(int, const fx_ssm_fwd_args *a, fx_status *st)
 {
     if (check_dims(a->n, "selective_scan", st))
         return st->code;
-    const bool cpl2 = two_channels_per_lane();
     return with_type(a->x->dtype, [&](auto *tag) {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         return with_cfg(a->n.dstate, [&](auto cfg) {
             typedef decltype(cfg) C;
-            return cpl2 ? forward_with<T, C, FwdTune<2, 1, 0, 2>>(a, st) : forward_with<T, C, FwdFor<C>>(a, st);
+            // as on a GPU of 4 SMs: blocks of one warp for small problems,
+            // of several for larger ones
+            FwdLaunch l{};
+            if (fwd_launch<T, C>(a, 4, &l, st))
+                return st->code;
+            const ScanParams &p = l.p;
+            if (l.fast)
+                launch(l.grid, 32 * l.warps, l.smem, [&] { ssm_fwd_kernel<T, C, true>(p); });
+            else
+                launch(l.grid, 32 * l.warps, l.smem, [&] { ssm_fwd_kernel<T, C, false>(p); });
+            return (int)FX_OK;
         });
     });
 }
