@@ -444,6 +444,124 @@ template <int KIND, typename T, int V> inline size_t fwd_stage_bytes(int steps, 
     return (size_t)steps * nseq<KIND>() * 32 * warps * sizeof(typename fxscan::pack<T, V>::R);
 }
 
+// ---- forward, reduce ahead and fix up behind (long, thin problems) ----
+//
+// Two visits per tile (cuda/scan.cuh, visit_of): the reduce visit loads
+// the tile's inputs, composes its (a, b) and publishes the aggregate; the
+// fix-up visit loads them again (L2 by then), takes the carry from the
+// statuses, rescans and writes h. STAGED: the inputs wait in shared memory
+// (cp.async) and each pass computes (a, b) from them, as in
+// forward_staged_kernel; otherwise they are loaded into registers and the
+// first pass keeps the maps for the second, as in forward_kernel.
+template <int KIND, typename T, int V, int G, int S, bool CG, bool STAGED>
+__global__ void __launch_bounds__(fxscan::kBlockThreads, STAGED ? kStagedBlocks : kRegBlocks)
+    forward_ahead_kernel(const fwd_params p, const fxscan::tiling t)
+{
+    constexpr int N = nseq<KIND>();
+    typedef fxscan::pack<T, V> pk;
+    typedef typename pk::R R;
+    typedef fxscan::tile_smem<G, V> shared_t;
+    FXSCAN_SHARED(shared_t, sm);
+    FXSCAN_STAGE(stage_bytes);
+    R *const slots = reinterpret_cast<R *>(stage_bytes) + threadIdx.x;
+    const fxscan::visit vis = fxscan::visit_of(t, blockIdx.x);
+    const fxscan::place at = fxscan::locate_tile<G, V, true>(t, vis.tile);
+    if (!vis.fixup && !fxscan::aggregate_wanted(t, at))
+        return; // (the whole block)
+    const fxscan::rows r = fxscan::rows_of(t, at);
+    const int64_t H = t.hidden;
+    const unsigned threads = blockDim.x;
+
+    // Every load first. The reduce visit's stay in L2 for the fix-up; the
+    // fix-up's are the last use.
+    pk x[STAGED ? 1 : S][N];
+#pragma unroll
+    for (int c = 0; c < S; c++)
+#pragma unroll
+        for (int k = 0; k < N; k++) {
+            const T *src = static_cast<const T *>(p.in.seq[k]) + r.off0 + c * r.stride;
+            if constexpr (STAGED) {
+                if (c < r.count)
+                    fxscan::copy_async(slots + (c * N + k) * threads, reinterpret_cast<const R *>(src));
+            } else {
+                x[c][k] = c >= r.count ? pad_pack<KIND, T, V>(k)
+                          : vis.fixup  ? fxscan::load_stream<T, V>(src)
+                                       : fxscan::load_keep<T, V>(src);
+            }
+        }
+    float dt[S];
+#pragma unroll
+    for (int c = 0; c < S; c++)
+        dt[c] = step_dt<KIND, T>(p.in, at, r, t, c);
+    chan ch[V];
+    load_chan<KIND, T, V>(p.in, at.h, at.live, ch);
+
+    // Step c's map for channel v, from the inputs.
+    auto step_map = [&](int c, int v) {
+        pk xc[N];
+#pragma unroll
+        for (int k = 0; k < N; k++)
+            if constexpr (STAGED)
+                xc[k] = c < r.count ? pk{slots[(c * N + k) * threads]} : pad_pack<KIND, T, V>(k);
+            else
+                xc[k] = x[STAGED ? 0 : c][k];
+        float xs[3];
+        step_inputs<N>(xc, v, xs);
+        return coeff<KIND, CG>(xs, ch[v], dt[c]);
+    };
+    affine kept[STAGED ? 1 : S][V]; // the register kernel's maps, from the first pass to the second
+    auto compose_steps = [&](affine (&mine)[V]) {
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            mine[v] = fxscan::identity();
+#pragma unroll
+        for (int c = 0; c < S; c++)
+#pragma unroll
+            for (int v = 0; v < V; v++) {
+                const affine m = step_map(c, v);
+                if constexpr (!STAGED)
+                    kept[c][v] = m;
+                mine[v] = fxscan::compose(mine[v], m);
+            }
+    };
+
+    affine mine[V];
+    if (!vis.fixup) {
+        if constexpr (STAGED)
+            fxscan::copy_wait();
+        compose_steps(mine);
+        fxscan::reduce_tile<G, V>(t, at, mine, sm);
+        return;
+    }
+
+    float init[V];
+#pragma unroll
+    for (int v = 0; v < V; v++)
+        init[v] = at.tt == 0 && at.live && p.h0 ? fxscan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v)
+                                                : 0.f;
+    float peek_h[V];
+    const bool peeked = fxscan::peek<G, V, true>(t, at, peek_h);
+    if constexpr (STAGED)
+        fxscan::copy_wait();
+    compose_steps(mine);
+
+    float hv[V];
+    fxscan::scan_tile<G, V, true, true>(t, at, mine, init, peeked, peek_h, sm, hv);
+
+#pragma unroll
+    for (int c = 0; c < S; c++) {
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            hv[v] = fxscan::apply(STAGED ? step_map(c, v) : kept[STAGED ? 0 : c][v], hv[v]);
+        if (c < r.count)
+            fxscan::store_stream<T, V>(static_cast<T *>(p.h) + r.off0 + c * r.stride, hv);
+    }
+    if (p.state && at.live && at.tt == t.ttiles - 1 && at.seg == t.segs - 1)
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            p.state[at.b * H + at.h + v] = hv[v];
+}
+
 // ---- backward ----
 
 struct bwd_params {
@@ -689,6 +807,42 @@ inline plan make_plan(const fx_cuda_device *d, const fx_linrec_problem *p, int v
     pl.ttiles = (L + span - 1) / span;
     pl.warps = (pl.segs * group + 31) / 32;
     return pl;
+}
+
+// Ahead launches (forward_ahead_kernel) where chains of time tiles are few
+// and long: there many tiles of one chain are resident at once, each
+// waiting on its predecessors' loads (bench/RESULTS.md, linrec-thin: B1
+// L65536 H256 is 8 chains of 256 tiles against ~400 resident blocks).
+// With at least one resident block per chain (the big benchmarks: 384 or
+// more chains of 4 to 8 tiles) a tile's predecessor has finished by the
+// time it starts and the one-visit kernels stay. THE SWITCH: build with
+// -DFXLR_NO_AHEAD to launch main's kernels everywhere.
+constexpr int kAheadMinTimeTiles = 8;
+constexpr int kAheadSmsPerChain = 4;
+
+inline bool ahead_fits(const fx_cuda_device *d, const plan &pl)
+{
+#ifdef FXLR_NO_AHEAD
+    (void)d;
+    (void)pl;
+    return false;
+#else
+    return pl.ttiles >= kAheadMinTimeTiles && pl.ctiles * kAheadSmsPerChain <= d->sm_count &&
+           2 * pl.ctiles * pl.ttiles <= 0x7fffffff;
+#endif
+}
+
+// How far the reduce visits run ahead of the fix-ups, in tiles: about
+// `bytes` of inputs (16 MB: more than the resident blocks' worth, so a
+// fix-up's aggregates are published when it starts, and little enough
+// that its inputs are still in the 50 MB L2 of an H100/H200).
+constexpr int64_t kAheadLeadBytes = 16 << 20;
+
+template <int KIND, typename T> inline int ahead_lead(const plan &pl, int64_t bytes)
+{
+    const int64_t tile_bytes = (int64_t)pl.segs * pl.steps * pl.vec * pl.group * nseq<KIND>() * (int64_t)sizeof(T);
+    const int64_t tiles = pl.ctiles * pl.ttiles, lead = bytes / tile_bytes;
+    return (int)(lead < 1 ? 1 : lead > tiles ? tiles : lead);
 }
 
 inline fxscan::tiling make_tiling(const fx_linrec_problem *p, const plan &pl, int flip)
