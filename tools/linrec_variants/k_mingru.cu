@@ -11,8 +11,6 @@ void lv_register_mingru(std::vector<lv_variant> &out)
     // 16-channel tiles (64-byte rows): twice the chains of tiles, each
     // twice as long in time (the thin case's look-back).
     out.push_back({"staged8 w16", K, 0, staged<K, float, 4, 4, 8>});
-    // 8-channel tiles (32-byte rows): four times the chains, a quarter as long.
-    out.push_back({"staged8 w8", K, 0, staged<K, float, 4, 2, 8>});
     // Reduce ahead, fix up behind (the backend's choice where chains are
     // few and long: the thin case): the lead in MB of inputs, staged or in
     // registers, 16-channel tiles.
