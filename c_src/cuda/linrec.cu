@@ -63,25 +63,6 @@ static int prepare_lookback(fx_cuda_device *d, int dev, fxscan::tiling &t, int w
     return FX_OK;
 }
 
-// Launches `blocks` blocks of a kernel whose tiles chain, with the
-// look-back scratch prepared (and its lock held through the launch).
-template <typename Kernel, typename Params>
-static int launch_chained(fx_cuda_device *d, int dev, Kernel kernel, const Params &prm, const plan &pl,
-                          fxscan::tiling &t, unsigned blocks, size_t stage_bytes, const char *what, fx_status *st)
-{
-    if (stage_bytes > 0)
-        FX_CUDA_TRY(d, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)stage_bytes),
-                    "cudaFuncSetAttribute (linrec staging)", st);
-    std::lock_guard<std::mutex> held(scratch[dev].lock);
-    if (prepare_lookback(d, dev, t, pl.vec * pl.group, st))
-        return st->code;
-    kernel<<<blocks, 32 * pl.warps, stage_bytes, d->stream>>>(prm, t);
-#ifdef FXLR_STATS
-    print_stats<<<1, 1, 0, d->stream>>>(blocks);
-#endif
-    return fx_cuda_launched(d, what, st);
-}
-
 // Launches the kernel for the plan's tiles: the single-tile one (no
 // look-back) or the chained one, with the look-back scratch prepared (and
 // its lock held through the launch). `stage_bytes`: the staged forward's
@@ -104,50 +85,43 @@ static int launch_tiles(fx_cuda_device *d, int dev, Single single, Chained chain
         single<<<blocks, threads, stage_bytes, d->stream>>>(prm, t);
         return fx_cuda_launched(d, what, st);
     }
-    return launch_chained(d, dev, chained, prm, pl, t, blocks, stage_bytes, what, st);
-}
-
-// An ahead launch (forward_ahead_kernel): two blocks per tile.
-template <typename Kernel, typename Params>
-static int launch_ahead(fx_cuda_device *d, int dev, Kernel kernel, const Params &prm, const plan &pl,
-                        fxscan::tiling &t, int lead, size_t stage_bytes, const char *what, fx_status *st)
-{
-    t.lead = lead;
-    return launch_chained(d, dev, kernel, prm, pl, t, (unsigned)(2 * pl.ctiles * pl.ttiles), stage_bytes, what, st);
+    if (stage_bytes > 0)
+        FX_CUDA_TRY(d, cudaFuncSetAttribute(chained, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)stage_bytes),
+                    "cudaFuncSetAttribute (linrec staging)", st);
+    std::lock_guard<std::mutex> held(scratch[dev].lock);
+    if (prepare_lookback(d, dev, t, pl.vec * pl.group, st))
+        return st->code;
+    chained<<<blocks, threads, stage_bytes, d->stream>>>(prm, t);
+#ifdef FXLR_STATS
+    print_stats<<<1, 1, 0, d->stream>>>(blocks);
+#endif
+    return fx_cuda_launched(d, what, st);
 }
 
 // Candidate g exists for mingru and minlstm only.
 template <int KIND> constexpr bool has_cand() { return KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM; }
 
 // The forward with V channels per lane and G lanes per row: inputs staged
-// in shared memory or held in registers (fwd_stages), one visit per tile
-// or, where chains are few and long (ahead_fits), two.
+// in shared memory or held in registers (fwd_stages).
 template <int KIND, typename T, int V, int G, bool CG>
 static int forward_with(fx_cuda_device *d, int dev, const fx_linrec_fwd_args *a, fx_status *st)
 {
     const fwd_params prm = make_fwd_params(a);
-    const char *what = "linrec forward kernel";
     if constexpr (V > 1 && fwd_stages<KIND, T>()) {
         if (large_launch(&a->p)) {
             constexpr int S = kStagedFwdSteps;
             const plan pl = make_plan(d, &a->p, V, G, S, a->max_tile_steps);
             fxscan::tiling t = make_tiling(&a->p, pl, a->p.reverse);
-            const size_t stage = fwd_stage_bytes<KIND, T, V>(pl.steps, pl.warps);
-            if (ahead_fits(d, pl))
-                return launch_ahead(d, dev, forward_ahead_kernel<KIND, T, V, G, S, CG, true>, prm, pl, t,
-                                    ahead_lead<KIND, T>(pl, kAheadLeadBytes), stage, what, st);
             return launch_tiles(d, dev, forward_staged_kernel<KIND, T, V, G, S, CG, false>,
-                                forward_staged_kernel<KIND, T, V, G, S, CG, true>, prm, pl, t, stage, what, st);
+                                forward_staged_kernel<KIND, T, V, G, S, CG, true>, prm, pl, t,
+                                fwd_stage_bytes<KIND, T, V>(pl.steps, pl.warps), "linrec forward kernel", st);
         }
     }
     constexpr int S = fwd_steps<KIND, T, V>();
     const plan pl = make_plan(d, &a->p, V, G, S, a->max_tile_steps);
     fxscan::tiling t = make_tiling(&a->p, pl, a->p.reverse);
-    if (ahead_fits(d, pl))
-        return launch_ahead(d, dev, forward_ahead_kernel<KIND, T, V, G, S, CG, false>, prm, pl, t,
-                            ahead_lead<KIND, T>(pl, kAheadLeadBytes), 0, what, st);
     return launch_tiles(d, dev, forward_kernel<KIND, T, V, G, S, CG, false>,
-                        forward_kernel<KIND, T, V, G, S, CG, true>, prm, pl, t, 0, what, st);
+                        forward_kernel<KIND, T, V, G, S, CG, true>, prm, pl, t, 0, "linrec forward kernel", st);
 }
 
 template <int KIND, typename T, bool CG>

@@ -35,16 +35,6 @@
 // fence has to order values before a flag: a reader takes a word when its
 // tag is this launch's, and nothing is cleared between launches.
 //
-// Reduce ahead, fix up behind (long sequences over few channels): when a
-// chain of time tiles has many tiles resident at once, a tile's
-// predecessors are still loading when its own loads land, and the chain's
-// resident tiles finish together after the slowest load (bench/RESULTS.md,
-// linrec-thin). There every tile is visited twice in one launch: a reduce
-// visit loads the tile, publishes its aggregate and exits without waiting;
-// a fix-up visit `lead` tiles later in block order loads the inputs again
-// (from L2), looks back (every aggregate it needs is published by then:
-// no waiting on loads), scans and writes. visit_of() gives the order.
-//
 // Everything is f32: 16-bit inputs are widened on load.
 #ifndef FX_CUDA_SCAN_CUH
 #define FX_CUDA_SCAN_CUH
@@ -122,7 +112,6 @@ struct tiling {
     int steps;      // steps per segment (<= the kernel's register capacity)
     int flip;       // step p of the scan reads time row seqlen - 1 - p
     lookback lb;    // when ttiles > 1
-    int lead;       // ahead launches: reduce visits ahead of fix-ups, in tiles (1 .. tiles)
 };
 
 __device__ __forceinline__ word pack_word(float v, uint32_t tag)
@@ -176,30 +165,6 @@ __device__ __forceinline__ void load_relaxed2(const word *p, word &x, word &y)
 #endif
 }
 
-// Compare-and-swap at GPU scope; returns what *p held.
-__device__ __forceinline__ word cas_relaxed(word *p, word expect, word x)
-{
-#ifdef FXSCAN_EMULATION
-    __atomic_compare_exchange_n(p, &expect, x, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
-    return expect; // unchanged when it swapped
-#else
-    return atomicCAS(p, expect, x);
-#endif
-}
-
-// Replaces *p by x unless *p holds an inclusive state of this launch
-// (tag `incl`): an ahead launch's reduce visit may publish after its fix-up.
-__device__ __forceinline__ void store_unless_inclusive(word *p, word x, uint32_t incl)
-{
-    word seen = load_relaxed(p);
-    while (word_tag(seen) != incl) {
-        const word was = cas_relaxed(p, seen, x);
-        if (was == seen)
-            return;
-        seen = was;
-    }
-}
-
 __device__ __forceinline__ uint32_t aggregate_tag(const lookback &lb) { return lb.epoch << 1; }
 __device__ __forceinline__ uint32_t inclusive_tag(const lookback &lb) { return lb.epoch << 1 | 1u; }
 
@@ -212,18 +177,17 @@ struct place {
     bool live;              // its channels exist and its segment is in the tile
 };
 
-// Where a thread of the block scanning `tile` is. (32-bit divisions:
-// 64-bit ones are a long software sequence, and every thread of every
-// block runs this.)
+// Block i scans tile i. (32-bit divisions: 64-bit ones are a long
+// software sequence, and every thread of every block runs this.)
 template <int G, int V, bool CHAINED>
-__device__ __forceinline__ place locate_tile(const tiling &t, unsigned tile)
+__device__ __forceinline__ place locate(const tiling &t)
 {
     place at;
     at.lane = threadIdx.x & 31;
     at.warp = threadIdx.x >> 5;
     at.seg = threadIdx.x / G;
     at.q = threadIdx.x % G;
-    const unsigned ctiles = (unsigned)t.ctiles, htiles = (unsigned)t.htiles;
+    const unsigned tile = blockIdx.x, ctiles = (unsigned)t.ctiles, htiles = (unsigned)t.htiles;
     const unsigned tt = CHAINED ? tile / ctiles : 0u, ct = tile - tt * ctiles, b = ct / htiles;
     at.tt = tt;
     at.ct = ct;
@@ -232,43 +196,6 @@ __device__ __forceinline__ place locate_tile(const tiling &t, unsigned tile)
     at.live = at.h < t.hidden && at.seg < t.segs; // hidden % V == 0 when V > 1
     at.p0 = (at.tt * t.segs + at.seg) * (int64_t)t.steps;
     return at;
-}
-
-// Block i scans tile i.
-template <int G, int V, bool CHAINED> __device__ __forceinline__ place locate(const tiling &t)
-{
-    return locate_tile<G, V, CHAINED>(t, blockIdx.x);
-}
-
-// ---- ahead launches: two visits per tile ----
-
-struct visit {
-    unsigned tile;
-    bool fixup; // else the reduce visit
-};
-
-// Block order of an ahead launch (2 * tiles blocks, lead = D, 1 <= D <=
-// tiles): the reduces of tiles 0 .. D-1, then fix-up f and reduce f + D
-// alternately, then the last D fix-ups. Every block a fix-up waits for
-// (the reduces of its tile and the tiles before it, the fix-ups before
-// it) comes earlier, so in-order dispatch cannot deadlock.
-__device__ __forceinline__ visit visit_of(const tiling &t, unsigned block)
-{
-    const unsigned tiles = (unsigned)t.ctiles * (unsigned)t.ttiles, d = (unsigned)t.lead;
-    if (block < d)
-        return {block, false};
-    const unsigned k = block - d;
-    if (k < 2 * (tiles - d))
-        return {k / 2 + (k & 1 ? d : 0u), (k & 1) == 0};
-    return {block - tiles, true};
-}
-
-// Whether a reduce visit publishes: the first time tile's fix-up starts
-// from h0 (an aggregate there would send a look-back past the sequence's
-// start) and nobody reads the last time tile's status.
-__device__ __forceinline__ bool aggregate_wanted(const tiling &t, const place &at)
-{
-    return at.tt > 0 && at.tt + 1 < t.ttiles;
 }
 
 // ---- reductions within a group of G lanes (full-warp shuffles) ----
@@ -403,11 +330,23 @@ __device__ __forceinline__ void read_window(const tiling &t, const place &at, in
         sm.wkind[e] = lo == hi ? lo : kEmpty;
 }
 
-// The segments of this warp (k = lane / G): an inclusive scan by shuffles.
-template <int G, int V>
-__device__ __forceinline__ void warp_inclusive(int k, const affine (&mine)[V], affine (&inc)[V])
+// Called by every thread of the block with the map of its own steps
+// (`mine`), the state before the sequence for the first time tile
+// (`init`, its own channels) and what peek() returned. Leaves in `hin` the
+// state before the thread's first step. CHAINED: the launch has more than
+// one time tile (a single-tile launch has none of the look-back code).
+template <int G, int V, bool CHAINED>
+__device__ __forceinline__ void scan_tile(const tiling &t, const place &at, const affine (&mine)[V],
+                                          const float (&init)[V], bool peeked, const float (&peek_h)[V],
+                                          tile_smem<G, V> &sm, float (&hin)[V])
 {
     constexpr int SEGW = 32 / G;
+    const int k = at.lane / G, warps = (int)(blockDim.x >> 5);
+    const int c0 = at.q * V; // the thread's first channel within the tile
+
+    // The segments of this warp: an inclusive scan by shuffles, then the
+    // map of the segments before this one.
+    affine inc[V], pre[V];
 #pragma unroll
     for (int v = 0; v < V; v++)
         inc[v] = mine[v];
@@ -421,43 +360,6 @@ __device__ __forceinline__ void warp_inclusive(int k, const affine (&mine)[V], a
                 inc[v] = compose(o, inc[v]);
         }
     }
-}
-
-// The whole tile's map from the warps' totals (warp 0, after the barrier
-// that follows their writes): the same order everywhere, so that a reduce
-// visit and its fix-up agree to the bit.
-template <int G, int V>
-__device__ __forceinline__ void tile_total(const tile_smem<G, V> &sm, int c0, int warps, affine (&total)[V])
-{
-#pragma unroll
-    for (int v = 0; v < V; v++)
-        total[v] = identity();
-    for (int w = 0; w < warps; w++)
-#pragma unroll
-        for (int v = 0; v < V; v++)
-            total[v] = compose(total[v], affine{sm.ta[w][c0 + v], sm.tb[w][c0 + v]});
-}
-
-// Called by every thread of the block with the map of its own steps
-// (`mine`), the state before the sequence for the first time tile
-// (`init`, its own channels) and what peek() returned. Leaves in `hin` the
-// state before the thread's first step. CHAINED: the launch has more than
-// one time tile (a single-tile launch has none of the look-back code).
-// PUBLISHED: a reduce visit has published the tile's aggregate already
-// (the fix-up visit of an ahead launch).
-template <int G, int V, bool CHAINED, bool PUBLISHED = false>
-__device__ __forceinline__ void scan_tile(const tiling &t, const place &at, const affine (&mine)[V],
-                                          const float (&init)[V], bool peeked, const float (&peek_h)[V],
-                                          tile_smem<G, V> &sm, float (&hin)[V])
-{
-    constexpr int SEGW = 32 / G;
-    const int k = at.lane / G, warps = (int)(blockDim.x >> 5);
-    const int c0 = at.q * V; // the thread's first channel within the tile
-
-    // The segments of this warp: an inclusive scan by shuffles, then the
-    // map of the segments before this one.
-    affine inc[V], pre[V];
-    warp_inclusive<G, V>(k, mine, inc);
 #pragma unroll
     for (int v = 0; v < V; v++) {
         pre[v] = identity();
@@ -506,7 +408,13 @@ __device__ __forceinline__ void scan_tile(const tiling &t, const place &at, cons
     }
     if (at.warp == 0) {
         affine total[V];
-        tile_total<G, V>(sm, c0, warps, total);
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            total[v] = identity();
+        for (int w = 0; w < warps; w++)
+#pragma unroll
+            for (int v = 0; v < V; v++)
+                total[v] = compose(total[v], affine{sm.ta[w][c0 + v], sm.tb[w][c0 + v]});
         if (found) { // the carry is init or the peeked state: publish the inclusive state now
             float incl[V];
 #pragma unroll
@@ -515,8 +423,7 @@ __device__ __forceinline__ void scan_tile(const tiling &t, const place &at, cons
             if (speaker && at.tt + 1 < t.ttiles)
                 publish_inclusive<G, V>(t, at, incl);
         } else if (speaker) { // publish the aggregate, keep the map for after the look-back
-            if (!PUBLISHED)
-                publish_aggregate<G, V>(t, at, total);
+            publish_aggregate<G, V>(t, at, total);
 #pragma unroll
             for (int v = 0; v < V; v++) {
                 sm.xa[c0 + v] = total[v].a;
@@ -590,39 +497,6 @@ __device__ __forceinline__ void scan_tile(const tiling &t, const place &at, cons
         hin[v] = apply(pre[v], sm.carry[c0 + v]);
 }
 
-// The reduce visit of an ahead launch: composes the threads' maps (`mine`)
-// into the tile's map, as scan_tile does, and publishes it. Every thread
-// of the block calls it (the warps' totals meet in shared memory).
-template <int G, int V>
-__device__ __forceinline__ void reduce_tile(const tiling &t, const place &at, const affine (&mine)[V],
-                                            tile_smem<G, V> &sm)
-{
-    const int k = at.lane / G, c0 = at.q * V;
-    affine inc[V];
-    warp_inclusive<G, V>(k, mine, inc);
-    if (k == 32 / G - 1)
-#pragma unroll
-        for (int v = 0; v < V; v++) {
-            sm.ta[at.warp][c0 + v] = inc[v].a;
-            sm.tb[at.warp][c0 + v] = inc[v].b;
-        }
-    __syncthreads();
-    if (at.warp == 0 && k == 0) {
-        affine total[V];
-        tile_total<G, V>(sm, c0, (int)(blockDim.x >> 5), total);
-        // The fix-up visit may have found its carry without this aggregate
-        // and published its inclusive state already (in the second word):
-        // the aggregate must not overwrite it.
-        word *rec = status_of<G, V>(t, at, at.tt);
-        const uint32_t tag = aggregate_tag(t.lb), incl = inclusive_tag(t.lb);
-#pragma unroll
-        for (int v = 0; v < V; v++) {
-            store_relaxed(rec + 2 * v, pack_word(total[v].a, tag));
-            store_unless_inclusive(rec + 2 * v + 1, pack_word(total[v].b, tag), incl);
-        }
-    }
-}
-
 // ---- staging a tile's inputs in shared memory ----
 //
 // A thread copies its own runs (4, 8 or 16 bytes; cp.async: no registers
@@ -693,15 +567,6 @@ template <typename T, int V> __device__ __forceinline__ pack<T, V> load_stream(c
 {
     pack<T, V> x;
     x.r = __ldcs(reinterpret_cast<const typename pack<T, V>::R *>(p));
-    return x;
-}
-
-// Loads cached in L2 with the default policy (an ahead launch's reduce
-// visit: its fix-up reads the same bytes again soon).
-template <typename T, int V> __device__ __forceinline__ pack<T, V> load_keep(const T *p)
-{
-    pack<T, V> x;
-    x.r = __ldcg(reinterpret_cast<const typename pack<T, V>::R *>(p));
     return x;
 }
 

@@ -851,29 +851,6 @@ START_TEST(cuda_matches_cpu_auto_tiling)
 }
 END_TEST
 
-/* Long sequences over few channels: the backend's tiling makes few long
- * chains of time tiles, which the forward runs in two visits per tile
- * (reduce ahead, fix up behind: ahead_fits in cuda/linrec_kernels.cuh),
- * with the reduce visits running ahead by less than the whole launch (the
- * visits interleaved), in every dtype. MinGRU f32 stages its inputs. */
-START_TEST(cuda_matches_cpu_long_thin)
-{
-    fx_device *dev = fx_test_device();
-    if (dev->kind == FX_DEVICE_CPU)
-        return;
-    static const fx_dtype types[] = {FX_F32, FX_BF16, FX_F16};
-    const int64_t L = fx_test_quick() ? 8192 : 32768;
-    for (int kind = 0; kind < FX_LINREC_KIND_COUNT; kind++)
-        for (int t = 0; t < 3; t++) {
-            if (fx_test_quick() && t != (kind == FX_LINREC_MINGRU ? 0 : kind % 3))
-                continue;
-            lr_case c = {kind, 1, L, 256, types[t], (kind + t) % 2, t == 1, 1 + (kind + t) % 2, t % 3,
-                         kind == FX_LINREC_LIQUID && t == 2, 0.2, 0};
-            compare_with_cpu(dev, &c);
-        }
-}
-END_TEST
-
 /* ---- validation ---- */
 
 /* The validation test's tensors live here, not on its stack: an assertion
@@ -1084,7 +1061,6 @@ Suite *fx_suite_linrec(void)
     tcase_add_test(tc, steps_are_one_call);
     tcase_add_test(tc, cuda_matches_cpu);
     tcase_add_test(tc, cuda_matches_cpu_auto_tiling);
-    tcase_add_test(tc, cuda_matches_cpu_long_thin);
     tcase_add_test(tc, validation_messages);
     tcase_add_test(tc, empty_shapes);
     suite_add_tcase(s, tc);

@@ -80,7 +80,6 @@ template <typename T> inline T __ldcs(const T *p)
     memcpy(&v, p, sizeof v);
     return v;
 }
-template <typename T> inline T __ldcg(const T *p) { return __ldcs(p); }
 template <typename T> inline void __stcs(T *p, T v) { memcpy(p, &v, sizeof v); }
 
 // Runs `kernel` on a grid of `grid` blocks of `block` threads, at most

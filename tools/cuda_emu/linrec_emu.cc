@@ -79,19 +79,16 @@ struct lr_case {
     int reverse, cand_g, h0, dstate, dt_tensor, max_tile, concurrent;
     int vec, group; // channels per lane and lanes per row: 1 and 32, 4 and 8 (f32), 4 and 16 (bf16/f16)
     int staged;     // the forward with its inputs in shared memory (f32 layout)
-    int ahead;      // the forward in two visits per tile (forward_ahead_kernel)
-    int lead;       // its reduce visits' lead in tiles (0: the backend's)
 };
 
 std::string describe(const lr_case &c)
 {
     char text[256];
-    snprintf(text, sizeof text,
-             "%s B%lld L%lld H%lld%s%s%s%s%s tile=%d blocks=%d vec=%d group=%d staged=%d ahead=%d lead=%d",
+    snprintf(text, sizeof text, "%s B%lld L%lld H%lld%s%s%s%s%s tile=%d blocks=%d vec=%d group=%d staged=%d",
              (const char *[]){"linear_scan", "mingru", "minlstm", "liquid"}[c.kind], (long long)c.B,
              (long long)c.L, (long long)c.H, c.reverse ? " reverse" : "", c.cand_g ? " g" : "",
              c.h0 ? " h0" : "", c.dstate ? " dstate" : "", c.dt_tensor ? " dt=tensor" : "", c.max_tile,
-             c.concurrent, c.vec, c.group, c.staged, c.ahead, c.lead);
+             c.concurrent, c.vec, c.group, c.staged);
     return text;
 }
 
@@ -159,46 +156,9 @@ template <int KIND> void emu_forward_staged(const fx_linrec_fwd_args *a, const l
         fwd_stage_bytes<KIND, float, 4>(pl.steps, pl.warps));
 }
 
-// The ahead forward (two visits per tile, 2 * tiles blocks), in registers
-// or staged (f32 vector layout only), with the case's lead or the
-// backend's.
-template <int KIND, int V, int G, bool STAGED>
-void emu_forward_ahead(const fx_linrec_fwd_args *a, const lr_case &c)
-{
-    fx_cuda_device d = {132};
-    constexpr int S = STAGED ? kStagedFwdSteps : fwd_steps<KIND, float, V>();
-    plan pl = make_plan(&d, &a->p, V, G, S, a->max_tile_steps);
-    fxscan::tiling t = make_tiling(&a->p, pl, a->p.reverse);
-    const int64_t tiles = pl.ctiles * pl.ttiles;
-    t.lead = c.lead > 0 ? (int)std::min<int64_t>(c.lead, tiles) : ahead_lead<KIND, float>(pl, kAheadLeadBytes);
-    size_t need = (lookback_bytes(t, pl.vec * pl.group) + 7) / 8;
-    if (need > scratch.size())
-        scratch.assign(need, 0);
-    carve_lookback(reinterpret_cast<char *>(scratch.data()), ++epoch, t);
-    const fwd_params prm = make_fwd_params(a);
-    constexpr bool cg = KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM;
-    emu_launch(
-        (unsigned)(2 * tiles), 32 * pl.warps, c.concurrent,
-        [&] {
-            if (a->p.candidate_g)
-                forward_ahead_kernel<KIND, float, V, G, S, cg, STAGED>(prm, t);
-            else
-                forward_ahead_kernel<KIND, float, V, G, S, false, STAGED>(prm, t);
-        },
-        STAGED ? fwd_stage_bytes<KIND, float, V>(pl.steps, pl.warps) : 0);
-}
-
 template <int KIND> void emu_forward(const fx_linrec_fwd_args *a, const lr_case &c)
 {
-    if (c.ahead && c.vec == 4 && c.group == 8 && c.staged)
-        emu_forward_ahead<KIND, 4, 8, true>(a, c);
-    else if (c.ahead && c.vec == 4 && c.group == 16)
-        emu_forward_ahead<KIND, 4, 16, false>(a, c);
-    else if (c.ahead && c.vec == 4)
-        emu_forward_ahead<KIND, 4, 8, false>(a, c);
-    else if (c.ahead)
-        emu_forward_ahead<KIND, 1, 32, false>(a, c);
-    else if (c.vec == 4 && c.group == 8 && c.staged)
+    if (c.vec == 4 && c.group == 8 && c.staged)
         emu_forward_staged<KIND>(a, c);
     else if (c.vec == 4 && c.group == 16)
         emu_forward_with<KIND, 4, 16>(a, c);
@@ -404,50 +364,6 @@ void run_case(const lr_case &c)
     expect("step state", c, state_e, state_r, 1e-5);
 }
 
-// Long sequences over few channels through the ahead forward (two visits
-// per tile), every layout, the options drawn from the seed, the reduce
-// visits' lead either the backend's or a few tiles (the visits
-// interleaved closely). The last is the benchmark's thin case itself,
-// run only with EMU_BIG=1 (about ten minutes on two cores).
-int run_thin_cases()
-{
-    struct thin {
-        int kind;
-        int64_t B, L, H;
-        int vec, group, staged, max_tile;
-    };
-    const thin cases[] = {
-        {FX_LINREC_MINGRU, 1, 4097, 3, 1, 32, 0, 0},  {FX_LINREC_SCAN, 1, 4097, 3, 1, 32, 0, 17},
-        {FX_LINREC_MINLSTM, 1, 1031, 8, 4, 8, 0, 5},  {FX_LINREC_LIQUID, 2, 700, 16, 4, 16, 0, 3},
-        {FX_LINREC_MINGRU, 1, 3000, 64, 4, 8, 1, 40}, {FX_LINREC_MINGRU, 2, 600, 32, 4, 8, 1, 1},
-        {FX_LINREC_SCAN, 1, 2500, 36, 4, 8, 0, 0},    {FX_LINREC_MINGRU, 1, 6000, 32, 4, 8, 1, 0},
-        {FX_LINREC_MINGRU, 1, 65536, 256, 4, 8, 1, 0},
-    };
-    const int n = (int)(sizeof cases / sizeof cases[0]) - (getenv("EMU_BIG") ? 0 : 1);
-    const int leads[] = {0, 1, 2, 7};
-    for (int i = 0; i < n; i++) {
-        lr_case c = {};
-        c.kind = cases[i].kind;
-        c.B = cases[i].B;
-        c.L = cases[i].L;
-        c.H = cases[i].H;
-        c.vec = cases[i].vec;
-        c.group = cases[i].group;
-        c.staged = cases[i].staged;
-        c.max_tile = cases[i].max_tile;
-        c.ahead = 1;
-        c.reverse = (int)(rng() % 2);
-        c.cand_g = (int)(rng() % 2);
-        c.h0 = (int)(rng() % 2);
-        c.dstate = (int)(rng() % 2);
-        c.dt_tensor = (int)(rng() % 2);
-        c.concurrent = 1 + (int)(rng() % 4);
-        c.lead = c.L > 10000 ? 0 : leads[rng() % 4];
-        run_case(c);
-    }
-    return n;
-}
-
 } // namespace
 
 int main(int argc, char **argv)
@@ -463,15 +379,13 @@ int main(int argc, char **argv)
     const int tiles[] = {0, 1, 2, 3, 5, 17, 40};
     const int nshapes = sizeof shapes / sizeof shapes[0], ntiles = sizeof tiles / sizeof tiles[0];
     int runs = 0;
-    // kind,B,L,H,reverse,g,h0,dstate,dt,tile,blocks[,vec,group[,staged,ahead,lead]]
-    if (getenv("EMU_CASE")) {
+    if (getenv("EMU_CASE")) { // kind,B,L,H,reverse,g,h0,dstate,dt,tile,blocks[,vec,group]
         lr_case c = {};
         c.vec = 1;
         c.group = 32;
-        sscanf(getenv("EMU_CASE"), "%d,%lld,%lld,%lld,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d", &c.kind,
+        sscanf(getenv("EMU_CASE"), "%d,%lld,%lld,%lld,%d,%d,%d,%d,%d,%d,%d,%d,%d", &c.kind,
                (long long *)&c.B, (long long *)&c.L, (long long *)&c.H, &c.reverse, &c.cand_g, &c.h0,
-               &c.dstate, &c.dt_tensor, &c.max_tile, &c.concurrent, &c.vec, &c.group, &c.staged, &c.ahead,
-               &c.lead);
+               &c.dstate, &c.dt_tensor, &c.max_tile, &c.concurrent, &c.vec, &c.group);
         run_case(c);
         printf("%s: %d failures\n", describe(c).c_str(), failures);
         return failures ? 1 : 0;
@@ -497,7 +411,6 @@ int main(int argc, char **argv)
         run_case(c);
         runs++;
     }
-    runs += run_thin_cases();
     printf("%d cases, %d failures\n", runs, failures);
     return failures ? 1 : 0;
 }

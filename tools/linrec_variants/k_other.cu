@@ -9,6 +9,4 @@ void lv_register_other(std::vector<lv_variant> &out)
     out.push_back({"reg5 (main)", ML, 0, reg<ML, float, 4, 8, fwd_steps<ML, float, 4>()>});
     out.push_back({"reg8 (main)", LQ, 0, reg<LQ, float, 4, 8, fwd_steps<LQ, float, 4>()>});
     out.push_back({"reg8 (main)", MG, 1, reg<MG, __nv_bfloat16, 4, 16, fwd_steps<MG, __nv_bfloat16, 4>()>});
-    out.push_back({"ahead reg8 16MB (thin)", MG, 1,
-                   ahead<MG, __nv_bfloat16, 4, 16, fwd_steps<MG, __nv_bfloat16, 4>(), false, 16>});
 }

@@ -94,21 +94,6 @@ template <int KIND, typename T, int V, int G, int S> cudaError_t staged(const lv
                        (unsigned)(pl.ctiles * pl.ttiles), fwd_stage_bytes<KIND, T, V>(pl.steps, pl.warps), info);
 }
 
-// The two-visit kernel (reduce ahead, fix up behind; the backend's choice
-// for few long chains, ahead_fits), in registers or staged, its reduce
-// visits LEAD_MB megabytes of inputs ahead (the backend's: 16).
-template <int KIND, typename T, int V, int G, int S, bool STAGED, int LEAD_MB>
-cudaError_t ahead(const lv_args &a, lv_info *info)
-{
-    const fx_linrec_problem p = problem<KIND, T>(a);
-    const plan pl = plan_for(a, p, V, G, S);
-    fxscan::tiling t = make_tiling(&p, pl, 0);
-    t.lead = ahead_lead<KIND, T>(pl, (int64_t)LEAD_MB << 20);
-    return launch_with(forward_ahead_kernel<KIND, T, V, G, S, false, STAGED>, a, pl, t,
-                       (unsigned)(2 * pl.ctiles * pl.ttiles),
-                       STAGED ? fwd_stage_bytes<KIND, T, V>(pl.steps, pl.warps) : 0, info);
-}
-
 } // namespace lvimpl
 
 #endif

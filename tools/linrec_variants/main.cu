@@ -51,11 +51,6 @@ const bench_case cases[] = {
     {FX_LINREC_MINLSTM, 0, 16, 1024, 1024, "minlstm f32 B16 L1024 H1024"},
     {FX_LINREC_LIQUID, 0, 16, 1024, 1024, "liquid f32 B16 L1024 H1024"},
     {FX_LINREC_MINGRU, 1, 16, 1024, 1024, "mingru bf16 B16 L1024 H1024"},
-    // long and thin beside the thin MinGRU (the ahead kernels), and a middle
-    // shape that the ahead predicate leaves to main's kernels (64 chains)
-    {FX_LINREC_SCAN, 0, 1, 65536, 256, "linear_scan f32 B1 L65536 H256"},
-    {FX_LINREC_MINGRU, 1, 1, 65536, 256, "mingru bf16 B1 L65536 H256"},
-    {FX_LINREC_MINGRU, 0, 4, 4096, 512, "mingru f32 B4 L4096 H512"},
 };
 constexpr int kCases = sizeof cases / sizeof cases[0];
 
@@ -364,14 +359,14 @@ int main(int argc, char **argv)
     }
 
     // The kernels a profile wants: main's on the target cases, and the
-    // 16-channel tiles and the ahead kernel on the thin one.
+    // 16-channel tiles on the thin one.
     auto profiled = [&](int ci, const std::string &name) {
         if (compress_only)
             return false;
         if (ci == 0 || ci == 1)
             return name.find("(main)") != std::string::npos;
         if (ci == 3)
-            return name == "staged8 (main)" || name == "staged8 w16" || name == "ahead staged8 16MB (thin)";
+            return name == "staged8 (main)" || name == "staged8 w16";
         return false;
     };
 
