@@ -107,6 +107,26 @@ typedef ERL_NIF_TERM fx_try_nif_fn(ErlNifEnv *env, int argc, const ERL_NIF_TERM 
 ERL_NIF_TERM fx_schedule_try(ErlNifEnv *env, const char *name, fx_try_nif_fn *try_fn, fx_nif_fn *fn,
                              int argc, const ERL_NIF_TERM argv[]);
 
+/* FX_TRY_NIF(nif_tensor, body), after `body`, defines nif_tensor_entry for
+ * fx_schedule_try: `body(env, argv, done)` with done non-NULL must not wait
+ * (the calling scheduler's try), with NULL it may (the dirty run). */
+#define FX_TRY_NIF(fn, body)                                                             \
+    static ERL_NIF_TERM fn(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])          \
+    {                                                                                    \
+        (void)argc;                                                                      \
+        return body(env, argv, NULL);                                                    \
+    }                                                                                    \
+    static ERL_NIF_TERM fn##_try(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[],    \
+                                 bool *done)                                             \
+    {                                                                                    \
+        (void)argc;                                                                      \
+        return body(env, argv, done);                                                    \
+    }                                                                                    \
+    ERL_NIF_TERM fn##_entry(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])         \
+    {                                                                                    \
+        return fx_schedule_try(env, #fn, fn##_try, fn, argc, argv);                      \
+    }
+
 /* FX_DIRTY_NIF(nif_add) defines nif_add_entry, which reschedules nif_add;
  * register the entry as a normal NIF: {"add", 2, nif_add_entry, 0}.
  * FX_ENQUEUE_NIF(fn) is the same for enqueue-only ops (fx_schedule_enqueue). */

@@ -192,22 +192,7 @@ static ERL_NIF_TERM optim_step(ErlNifEnv *env, const ERL_NIF_TERM argv[], bool *
     return fx_call_finish(&c, fx_atom(env, "ok"));
 }
 
-static ERL_NIF_TERM nif_optim_step(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
-{
-    (void)argc;
-    return optim_step(env, argv, NULL);
-}
-
-static ERL_NIF_TERM try_optim_step(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[], bool *done)
-{
-    (void)argc;
-    return optim_step(env, argv, done);
-}
-
 /* A step whose table did not change is two launches at most: it runs on
  * the calling scheduler, saving the hop to a dirty one and the wake-up of
  * one that slept. */
-ERL_NIF_TERM nif_optim_step_entry(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
-{
-    return fx_schedule_try(env, "nif_optim_step", try_optim_step, nif_optim_step, argc, argv);
-}
+FX_TRY_NIF(nif_optim_step, optim_step)

@@ -202,24 +202,9 @@ static ERL_NIF_TERM tensor_from_host(ErlNifEnv *env, const ERL_NIF_TERM argv[], 
     return fx_call_return_tensor(&c, &out);
 }
 
-static ERL_NIF_TERM nif_tensor(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
-{
-    (void)argc;
-    return tensor_from_host(env, argv, NULL);
-}
-
-static ERL_NIF_TERM try_tensor(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[], bool *done)
-{
-    (void)argc;
-    return tensor_from_host(env, argv, done);
-}
-
 /* A small upload through a free staging slot only enqueues: it runs on the
  * calling scheduler (the inference path uploads a frame's inputs). */
-ERL_NIF_TERM nif_tensor_entry(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
-{
-    return fx_schedule_try(env, "nif_tensor", try_tensor, nif_tensor, argc, argv);
-}
+FX_TRY_NIF(nif_tensor, tensor_from_host)
 
 FX_ENQUEUE_NIF(nif_zeros)
 static ERL_NIF_TERM nif_zeros(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
