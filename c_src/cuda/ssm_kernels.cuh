@@ -993,6 +993,28 @@ template <typename T, class C, bool FAST> struct BwdStage {
         return cs_ok && tl < KS && t0 + tl < p.seqlen;
     }
 
+    // The FAST copies of a chunk's rows of J inputs (those of bits of
+    // OPTIONAL skipped when NULL), each row RB bytes in units of UB: unit u (lanes take u = lane + 32k)
+    // is row u / (RB / UB); row_at(step) is a step's first element in the
+    // inputs, `width` a row's elements in the raw buffers. Rows past the
+    // end are zeros.
+    template <int RB, int UB, unsigned OPTIONAL, int J, typename RowAt>
+    __device__ __forceinline__ void copy_rows(T *const (&dst)[J], const T *const (&src)[J], int width, int t0,
+                                              int seqlen, RowAt row_at) const
+    {
+        constexpr int PER_ROW = RB / UB, UNITS = KS * PER_ROW, EPU = UB / (int)sizeof(T);
+#pragma unroll
+        for (int k = 0; k < (UNITS + 31) / 32; k++) {
+            const int u = lane + 32 * k, tl = u / PER_ROW, e = (u % PER_ROW) * EPU;
+            const bool ok = t0 + tl < seqlen;
+            const int64_t i = row_at(ok ? t0 + tl : 0) + e;
+#pragma unroll
+            for (int j = 0; j < J; j++)
+                if ((UNITS % 32 == 0 || u < UNITS) && (!(OPTIONAL >> j & 1u) || src[j]))
+                    cp_async<UB>(dst[j] + tl * width + e, src[j] + i, ok);
+        }
+    }
+
     // As FwdStage::load, with dy as a fourth per-channel input.
     __device__ __forceinline__ void load(const BwdParams &bp, const Tile &t, int t0, float *sm)
     {
@@ -1004,28 +1026,10 @@ template <typename T, class C, bool FAST> struct BwdStage {
         T *rawbc[2] = {reinterpret_cast<T *>(sm + S::BR), reinterpret_cast<T *>(sm + S::CR)};
         const T *srcbc[2] = {static_cast<const T *>(p.b), static_cast<const T *>(p.c)};
         if constexpr (FAST && K::POSSIBLE) { // (bwd_fast is false when not POSSIBLE)
-            constexpr int PER_ROW = K::RX / K::UX, UNITS = KS * PER_ROW, EPU = K::UX / (int)sizeof(T);
-#pragma unroll
-            for (int k = 0; k < (UNITS + 31) / 32; k++) {
-                const int u = lane + 32 * k, tl = u / PER_ROW, e = (u % PER_ROW) * EPU;
-                const bool ok = t0 + tl < p.seqlen;
-                const int64_t i = at_btd(p, t.b, ok ? t0 + tl : 0, t.d0) + e;
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    if ((UNITS % 32 == 0 || u < UNITS) && (j != 2 || src[2]))
-                        cp_async<K::UX>(raw[j] + tl * C::WCH + e, src[j] + i, ok);
-            }
-            constexpr int BPR = K::RB / K::UB, BUNITS = KS * BPR, EPB = K::UB / (int)sizeof(T);
-#pragma unroll
-            for (int k = 0; k < (BUNITS + 31) / 32; k++) {
-                const int u = lane + 32 * k, tl = u / BPR, e = (u % BPR) * EPB;
-                const bool ok = t0 + tl < p.seqlen;
-                const int64_t i = at_btg(p, t.b, ok ? t0 + tl : 0, t.g) + e;
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-                    if (BUNITS % 32 == 0 || u < BUNITS)
-                        cp_async<K::UB>(rawbc[j] + tl * C::NPAD + e, srcbc[j] + i, ok);
-            }
+            copy_rows<K::RX, K::UX, 1u << 2>(raw, src, C::WCH, t0, p.seqlen, // z may be NULL
+                                    [&](int step) { return at_btd(p, t.b, step, t.d0); });
+            copy_rows<K::RB, K::UB, 0u>(rawbc, srcbc, C::NPAD, t0, p.seqlen,
+                                    [&](int step) { return at_btg(p, t.b, step, t.g); });
         } else {
 #pragma unroll
             for (int k = 0; k < E; k++) {
