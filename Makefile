@@ -110,7 +110,7 @@ LV_OBJ   := $(LV_SRC:%.cu=$(BUILD)/%.o)
 LV_FLAGS := -O3 -lineinfo -std=c++17 -gencode arch=compute_90,code=sm_90 -Iinclude -Ic_src -Itools/linrec_variants \
             --expt-relaxed-constexpr -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
 LV_PLAIN := -DFXSCAN_PLAIN_STORES -Dfxscan=fxscan_plain -Dfxlinrec=fxlinrec_plain -Dlvimpl=lvimpl_plain
-$(BUILD)/tools/linrec_variants/%.o: tools/linrec_variants/%.cu $(wildcard tools/linrec_variants/*.h*) $(HEADERS)
+$(BUILD)/tools/linrec_variants/%.o: tools/linrec_variants/%.cu $(wildcard tools/linrec_variants/*.h*) tools/cuda_check.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(LV_FLAGS) $(if $(findstring k_plain,$@),$(LV_PLAIN)) -c $< -o $@
 $(BUILD)/linrec_variants: $(LV_OBJ)

@@ -26,14 +26,7 @@
 #include "fusex_linrec.h"
 #include "variants.h"
 
-#define CHECK(call)                                                                               \
-    do {                                                                                          \
-        cudaError_t e_ = (call);                                                                  \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "../cuda_check.h"
 
 namespace {
 
@@ -141,12 +134,12 @@ template <typename F> double time_us(env &E, int reps, F &&launch)
     std::vector<double> t;
     for (int i = 0; i < reps; i++) {
         spin<<<1, 1, 0, E.stream>>>(E.spin_cycles);
-        CHECK(cudaEventRecord(E.e0, E.stream));
+        CUDA_CHECK(cudaEventRecord(E.e0, E.stream));
         launch();
-        CHECK(cudaEventRecord(E.e1, E.stream));
-        CHECK(cudaEventSynchronize(E.e1));
+        CUDA_CHECK(cudaEventRecord(E.e1, E.stream));
+        CUDA_CHECK(cudaEventSynchronize(E.e1));
         float ms;
-        CHECK(cudaEventElapsedTime(&ms, E.e0, E.e1));
+        CUDA_CHECK(cudaEventElapsedTime(&ms, E.e0, E.e1));
         t.push_back(ms * 1e3);
     }
     return median(t);
@@ -154,11 +147,11 @@ template <typename F> double time_us(env &E, int reps, F &&launch)
 
 double rel_l2(env &E, const void *got, const void *want, int bf16, int64_t n)
 {
-    CHECK(cudaMemsetAsync(E.sums, 0, 3 * sizeof(double), E.stream));
+    CUDA_CHECK(cudaMemsetAsync(E.sums, 0, 3 * sizeof(double), E.stream));
     diff_sums<<<4 * E.sm_count, 256, 0, E.stream>>>(got, want, bf16, n, E.sums);
     double s[3];
-    CHECK(cudaMemcpyAsync(s, E.sums, sizeof s, cudaMemcpyDeviceToHost, E.stream));
-    CHECK(cudaStreamSynchronize(E.stream));
+    CUDA_CHECK(cudaMemcpyAsync(s, E.sums, sizeof s, cudaMemcpyDeviceToHost, E.stream));
+    CUDA_CHECK(cudaStreamSynchronize(E.stream));
     return s[2] > 0 ? INFINITY : s[1] > 0 ? sqrt(s[0] / s[1]) : sqrt(s[0]);
 }
 
@@ -177,7 +170,7 @@ void setup_case(env &E, const bench_case &c, buffers &b, lv_args &a)
     }
     fill<<<4, 256, 0, E.stream>>>(b.tau, c.bf16, c.H, 0.5f, 2.f, 5);
     fill<<<4, 256, 0, E.stream>>>(b.lam, c.bf16, c.H, -1.f, 1.f, 6);
-    CHECK(cudaStreamSynchronize(E.stream));
+    CUDA_CHECK(cudaStreamSynchronize(E.stream));
     memset(&a, 0, sizeof a);
     a.B = c.B;
     a.L = c.L;
@@ -312,33 +305,33 @@ int main(int argc, char **argv)
         }
     }
     env E;
-    CHECK(cudaSetDevice(0));
+    CUDA_CHECK(cudaSetDevice(0));
     cudaDeviceProp prop;
-    CHECK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     E.sm_count = prop.multiProcessorCount;
     int clock_khz = 0;
     cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
     E.spin_cycles = (long long)clock_khz * 40 / 1000; // ~40 us
-    CHECK(cudaStreamCreateWithFlags(&E.stream, cudaStreamNonBlocking));
-    CHECK(cudaEventCreate(&E.e0));
-    CHECK(cudaEventCreate(&E.e1));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&E.stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreate(&E.e0));
+    CUDA_CHECK(cudaEventCreate(&E.e1));
     // The backend's allocator: the device's default pool, kept.
     cudaMemPool_t pool;
-    CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
     uint64_t keep = UINT64_MAX;
-    CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     const size_t big = (size_t)8 * 2048 * 1536 * 4; // the largest case's f32 sequence
     buffers b;
     for (int k = 0; k < 3; k++)
-        CHECK(cudaMallocAsync(&b.seq[k], big, E.stream));
-    CHECK(cudaMallocAsync(&b.h, big, E.stream));
-    CHECK(cudaMallocAsync(&b.href, big, E.stream));
-    CHECK(cudaMallocAsync(&b.tau, 1 << 20, E.stream));
-    CHECK(cudaMallocAsync(&b.lam, 1 << 20, E.stream));
-    CHECK(cudaMallocAsync(&E.scratch, 64 << 20, E.stream));
-    CHECK(cudaMemsetAsync(E.scratch, 0, 64 << 20, E.stream));
-    CHECK(cudaMallocAsync(&E.sums, 64, E.stream));
-    CHECK(cudaStreamSynchronize(E.stream));
+        CUDA_CHECK(cudaMallocAsync(&b.seq[k], big, E.stream));
+    CUDA_CHECK(cudaMallocAsync(&b.h, big, E.stream));
+    CUDA_CHECK(cudaMallocAsync(&b.href, big, E.stream));
+    CUDA_CHECK(cudaMallocAsync(&b.tau, 1 << 20, E.stream));
+    CUDA_CHECK(cudaMallocAsync(&b.lam, 1 << 20, E.stream));
+    CUDA_CHECK(cudaMallocAsync(&E.scratch, 64 << 20, E.stream));
+    CUDA_CHECK(cudaMemsetAsync(E.scratch, 0, 64 << 20, E.stream));
+    CUDA_CHECK(cudaMallocAsync(&E.sums, 64, E.stream));
+    CUDA_CHECK(cudaStreamSynchronize(E.stream));
 
     std::vector<lv_variant> all;
     lv_register_mingru(all);
@@ -350,7 +343,7 @@ int main(int argc, char **argv)
     double copy_bw = 0;
     if (!ncu) {
         const double us = time_us(E, reps, [&] {
-            CHECK(cudaMemcpyAsync(b.href, b.h, big, cudaMemcpyDeviceToDevice, E.stream));
+            CUDA_CHECK(cudaMemcpyAsync(b.href, b.h, big, cudaMemcpyDeviceToDevice, E.stream));
         });
         copy_bw = 2.0 * big / (us * 1e3);
         printf("copy %zu MB: %.2f us, %.0f GB/s (read + write)\n\n", big >> 20, us, copy_bw);
@@ -386,7 +379,7 @@ int main(int argc, char **argv)
                 continue;
             {
                 lv_info info = {};
-                CHECK(cudaMemsetAsync(b.h, 0xff, n * (c.bf16 ? 2 : 4), E.stream)); // NaN: unwritten fails
+                CUDA_CHECK(cudaMemsetAsync(b.h, 0xff, n * (c.bf16 ? 2 : 4), E.stream)); // NaN: unwritten fails
                 cudaError_t err = run(E, v, a, &info);
                 if (err == cudaSuccess)
                     err = cudaStreamSynchronize(E.stream);
@@ -398,13 +391,13 @@ int main(int argc, char **argv)
                     continue;
                 double err_l2 = 0;
                 if (first) {
-                    CHECK(cudaMemcpyAsync(b.href, b.h, n * (c.bf16 ? 2 : 4), cudaMemcpyDeviceToDevice, E.stream));
+                    CUDA_CHECK(cudaMemcpyAsync(b.href, b.h, n * (c.bf16 ? 2 : 4), cudaMemcpyDeviceToDevice, E.stream));
                     err_l2 = rel_l2(E, b.h, b.href, c.bf16, n); // NaN check
                 } else {
                     err_l2 = rel_l2(E, b.h, b.href, c.bf16, n);
                 }
                 first = false;
-                const double us = time_us(E, reps, [&] { CHECK(run(E, v, a, nullptr)); });
+                const double us = time_us(E, reps, [&] { CUDA_CHECK(run(E, v, a, nullptr)); });
                 const double gbs = bytes / (us * 1e3);
                 const std::string &name = v.name;
                 printf("%-32s %-30s %9.2f %7.0f %7.1f %9.2e %5d %5d %6d %6u %7lld %6lld\n", c.label, name.c_str(), us,
@@ -424,7 +417,7 @@ int main(int argc, char **argv)
         const size_t hbytes = (size_t)n * 4;
         printf("h of %s (%zu MB) written into:\n", c.label, hbytes >> 20);
         void *h_malloc = nullptr, *h_comp = nullptr;
-        CHECK(cudaMalloc(&h_malloc, hbytes));
+        CUDA_CHECK(cudaMalloc(&h_malloc, hbytes));
         h_comp = alloc_compressible(hbytes, 0);
         describe_allocation("pool (cudaMallocAsync)", b.h);
         describe_allocation("cudaMalloc", h_malloc);
@@ -446,13 +439,13 @@ int main(int argc, char **argv)
             a.h = tg.p;
             const int64_t n4 = n / 4;
             if (ncu) {
-                CHECK(run(E, *main_v, a, nullptr));
+                CUDA_CHECK(run(E, *main_v, a, nullptr));
                 write_only<<<4 * E.sm_count, 256, 0, E.stream>>>((float4 *)tg.p, n4, 0);
                 write_only<<<4 * E.sm_count, 256, 0, E.stream>>>((float4 *)tg.p, n4, 1);
-                CHECK(cudaStreamSynchronize(E.stream));
+                CUDA_CHECK(cudaStreamSynchronize(E.stream));
                 continue;
             }
-            const double t_main = time_us(E, reps, [&] { CHECK(run(E, *main_v, a, nullptr)); });
+            const double t_main = time_us(E, reps, [&] { CUDA_CHECK(run(E, *main_v, a, nullptr)); });
             const double t_rand = time_us(E, reps, [&] {
                 write_only<<<4 * E.sm_count, 256, 0, E.stream>>>((float4 *)tg.p, n4, 0);
             });
@@ -464,9 +457,9 @@ int main(int argc, char **argv)
                    tg.name, main_v->name.c_str(), t_main, hbytes >> 20, t_rand, hbytes / (t_rand * 1e3), t_zero,
                    hbytes / (t_zero * 1e3));
         }
-        CHECK(cudaFree(h_malloc));
+        CUDA_CHECK(cudaFree(h_malloc));
     }
-    CHECK(cudaStreamSynchronize(E.stream));
+    CUDA_CHECK(cudaStreamSynchronize(E.stream));
     printf("done\n");
     return 0;
 }

@@ -24,14 +24,7 @@
 
 using namespace fx_ssm;
 
-#define CK(call)                                                                             \
-    do {                                                                                     \
-        cudaError_t e_ = (call);                                                             \
-        if (e_ != cudaSuccess) {                                                             \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
+#include "../cuda_check.h"
 
 static int g_sms;
 
@@ -60,13 +53,13 @@ static fx_tensor tensor(fx_dtype type, std::vector<int64_t> dims, float lo, floa
         t.dims[i] = dims[i], t.numel *= dims[i];
     size_t esz = type == FX_F32 ? 4 : 2;
     t.nbytes = (size_t)t.numel * esz;
-    CK(cudaMalloc(&t.data, t.nbytes ? t.nbytes : 16));
+    CUDA_CHECK(cudaMalloc(&t.data, t.nbytes ? t.nbytes : 16));
     if (fill && t.numel) {
         std::vector<float> h((size_t)t.numel);
         for (auto &v : h)
             v = uniform(lo, hi);
         if (type == FX_F32) {
-            CK(cudaMemcpy(t.data, h.data(), t.nbytes, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(t.data, h.data(), t.nbytes, cudaMemcpyHostToDevice));
         } else {
             std::vector<uint16_t> r((size_t)t.numel);
             for (size_t i = 0; i < h.size(); i++) {
@@ -78,7 +71,7 @@ static fx_tensor tensor(fx_dtype type, std::vector<int64_t> dims, float lo, floa
                     r[i] = static_cast<__half_raw>(v).x;
                 }
             }
-            CK(cudaMemcpy(t.data, r.data(), t.nbytes, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(t.data, r.data(), t.nbytes, cudaMemcpyHostToDevice));
         }
     }
     return t;
@@ -125,25 +118,25 @@ static cudaStream_t g_stream;
 static double time_us(const std::function<void()> &launch, int reps)
 {
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
     for (int i = 0; i < 3; i++)
         launch();
-    CK(cudaStreamSynchronize(g_stream));
+    CUDA_CHECK(cudaStreamSynchronize(g_stream));
     std::vector<double> t;
     for (int i = 0; i < reps; i++) {
-        CK(cudaEventRecord(e0, g_stream));
+        CUDA_CHECK(cudaEventRecord(e0, g_stream));
         launch();
-        CK(cudaEventRecord(e1, g_stream));
-        CK(cudaEventSynchronize(e1));
+        CUDA_CHECK(cudaEventRecord(e1, g_stream));
+        CUDA_CHECK(cudaEventSynchronize(e1));
         float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
+        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
         t.push_back(ms * 1000.0);
     }
-    CK(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
     std::sort(t.begin(), t.end());
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
     return t[t.size() / 2];
 }
 
@@ -166,10 +159,10 @@ static void launch_fwd(const fx_ssm_fwd_args *a, int warps_override = 0)
     const unsigned grid = (unsigned)((p.units + warps - 1) / warps);
     const size_t smem = warps * FwdSmem<T, C, U>::BYTES;
     if (fwd_fast<T, C>(p)) {
-        CK(cudaFuncSetAttribute(ssm_fwd_kernel<T, C, true, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdMaxSmem));
+        CUDA_CHECK(cudaFuncSetAttribute(ssm_fwd_kernel<T, C, true, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdMaxSmem));
         ssm_fwd_kernel<T, C, true, U><<<grid, 32 * warps, smem, g_stream>>>(p);
     } else {
-        CK(cudaFuncSetAttribute(ssm_fwd_kernel<T, C, false, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdMaxSmem));
+        CUDA_CHECK(cudaFuncSetAttribute(ssm_fwd_kernel<T, C, false, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdMaxSmem));
         ssm_fwd_kernel<T, C, false, U><<<grid, 32 * warps, smem, g_stream>>>(p);
     }
 }
@@ -190,7 +183,7 @@ template <typename T> static void launch_fwd_base(const fx_ssm_fwd_args *a)
         fprintf(stderr, "baseline: not the fast path\n");
         exit(1);
     }
-    CK(cudaFuncSetAttribute(B::ssm_fwd_kernel<T, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, B::kFwdMaxSmem));
+    CUDA_CHECK(cudaFuncSetAttribute(B::ssm_fwd_kernel<T, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, B::kFwdMaxSmem));
     B::ssm_fwd_kernel<T, C, true><<<grid, 32 * warps, smem, g_stream>>>(p);
 }
 #endif
@@ -201,12 +194,12 @@ static double rel_l2(const fx_tensor &a, const fx_tensor &b)
     const size_t n = (size_t)a.numel;
     std::vector<float> x(n), y(n);
     if (a.dtype == FX_F32) {
-        CK(cudaMemcpy(x.data(), a.data, a.nbytes, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(y.data(), b.data, b.nbytes, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(x.data(), a.data, a.nbytes, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(y.data(), b.data, b.nbytes, cudaMemcpyDeviceToHost));
     } else {
         std::vector<uint16_t> rx(n), ry(n);
-        CK(cudaMemcpy(rx.data(), a.data, a.nbytes, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(ry.data(), b.data, b.nbytes, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(rx.data(), a.data, a.nbytes, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(ry.data(), b.data, b.nbytes, cudaMemcpyDeviceToHost));
         for (size_t i = 0; i < n; i++) {
             uint32_t u = (uint32_t)rx[i] << 16, v = (uint32_t)ry[i] << 16; // bf16
             memcpy(&x[i], &u, 4), memcpy(&y[i], &v, 4);
@@ -277,7 +270,7 @@ struct Grads {
         dd = tensor(FX_F32, {pb.D}, 0, 0, false);
         dbias = tensor(FX_F32, {pb.D}, 0, 0, false);
         scratch_floats = BwdScratch(pb.args.n).total;
-        CK(cudaMalloc(&scratch, sizeof(float) * scratch_floats));
+        CUDA_CHECK(cudaMalloc(&scratch, sizeof(float) * scratch_floats));
         memset(&args, 0, sizeof args);
         args.fwd = pb.args;
         args.fwd.saved = saved;
@@ -299,14 +292,14 @@ template <typename T> static void launch_bwd(Grads &g, bool kernel_only = false)
     typedef Cfg<4, 4> C;
     const BwdScratch sz(g.args.fwd.n);
     if (!kernel_only)
-        CK(cudaMemsetAsync(g.scratch, 0, sizeof(float) * sz.total, g_stream));
+        CUDA_CHECK(cudaMemsetAsync(g.scratch, 0, sizeof(float) * sz.total, g_stream));
     const BwdParams bp = bwd_params<C>(&g.args, g.scratch, sz);
     const size_t smem = BwdSmem<T, C>::BYTES;
     if (bwd_fast<T, C>(bp)) {
-        CK(cudaFuncSetAttribute(ssm_bwd_kernel<T, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaFuncSetAttribute(ssm_bwd_kernel<T, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         ssm_bwd_kernel<T, C, true><<<(unsigned)grid_of(bp.f), C::BW * 32, smem, g_stream>>>(bp);
     } else {
-        CK(cudaFuncSetAttribute(ssm_bwd_kernel<T, C, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaFuncSetAttribute(ssm_bwd_kernel<T, C, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         ssm_bwd_kernel<T, C, false><<<(unsigned)grid_of(bp.f), C::BW * 32, smem, g_stream>>>(bp);
     }
     if (!kernel_only) {
@@ -346,11 +339,11 @@ static double fwd_bytes(const Problem &p)
 int main(int argc, char **argv)
 {
     std::string mode = argc > 1 ? argv[1] : "all";
-    CK(cudaSetDevice(0));
+    CUDA_CHECK(cudaSetDevice(0));
     cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     g_sms = prop.multiProcessorCount;
-    CK(cudaStreamCreate(&g_stream));
+    CUDA_CHECK(cudaStreamCreate(&g_stream));
     printf("device %s, %d SMs\n", prop.name, g_sms);
 
     Problem big(8, 2048, 1536, 16, FX_F32);
@@ -361,7 +354,7 @@ int main(int argc, char **argv)
         if (mode == "ncu-variants") { // each f32 variant once, for ncu
             for (auto &v : vs)
                 v.f32(&big.args);
-            CK(cudaDeviceSynchronize());
+            CUDA_CHECK(cudaDeviceSynchronize());
             return 0;
         }
         std::vector<Problem *> mid;
@@ -374,16 +367,16 @@ int main(int argc, char **argv)
             fx_ssm_fwd_args a = pb.args;
             a.y = &pb.y2;
             f(&a);
-            CK(cudaDeviceSynchronize());
+            CUDA_CHECK(cudaDeviceSynchronize());
         };
         ref(big, vs[0].f32), ref(bigh, vs[0].bf16), ref(s1, vs[0].f32);
         (void)outs;
         printf("| variant | f32 B8 L2048 us | bf16 us | f32 B32 L60 us | f32 B1 L32 us | rel-L2 vs first (f32, bf16, B1) |\n");
         printf("|---|---:|---:|---:|---:|---|\n");
         for (auto &v : vs) {
-            CK(cudaMemset(big.y.data, 0xff, big.y.nbytes));
-            CK(cudaMemset(bigh.y.data, 0xff, bigh.y.nbytes));
-            CK(cudaMemset(s1.y.data, 0xff, s1.y.nbytes));
+            CUDA_CHECK(cudaMemset(big.y.data, 0xff, big.y.nbytes));
+            CUDA_CHECK(cudaMemset(bigh.y.data, 0xff, bigh.y.nbytes));
+            CUDA_CHECK(cudaMemset(s1.y.data, 0xff, s1.y.nbytes));
             const double t32 = time_us([&] { v.f32(&big.args); }, 20);
             const double t16 = time_us([&] { v.bf16(&bigh.args); }, 20);
             int k = 0;
@@ -404,7 +397,7 @@ int main(int argc, char **argv)
         big.args.saved = nullptr;
         Grads g(big, &big.saved);
         launch_bwd<float>(g);
-        CK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaDeviceSynchronize());
         return 0;
     }
 
