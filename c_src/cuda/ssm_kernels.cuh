@@ -309,7 +309,24 @@ __device__ __forceinline__ int64_t at_state(const ScanParams &p, int b, int d)
     return ((int64_t)b * p.dim + d) * p.dstate;
 }
 
-// ---- forward ----
+// The plain (not FAST) load of a chunk of b and c rows: STEPS rows of NPAD
+// values from step t0, into raw [STEPS][NPAD] buffers of the input type;
+// rows past the end and states past dstate are zeros.
+template <typename T, int NPAD, int STEPS>
+__device__ __forceinline__ void load_bc_rows(const ScanParams &p, const Tile &t, int t0, int lane, T *raw_b,
+                                             T *raw_c)
+{
+    const T *b = static_cast<const T *>(p.b), *c = static_cast<const T *>(p.c);
+    for (int e = lane; e < STEPS * NPAD; e += 32) {
+        const int tl = e / NPAD, n = e % NPAD;
+        const bool ok = t0 + tl < p.seqlen && n < p.dstate;
+        const int64_t i = ok ? at_btg(p, t.b, t0 + tl, t.g) + n : 0;
+        raw_b[e] = ok ? b[i] : T(0.0f);
+        raw_c[e] = ok ? c[i] : T(0.0f);
+    }
+}
+
+// ---- forward ----// ---- forward ----
 //
 // One warp is one batch element x a tile of WCH = 32 / LANES channels of one
 // group, and never waits for another warp: a block is W warps side by side,
@@ -575,9 +592,6 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
                          reinterpret_cast<T *>(sm + S::ZR)};
             const T *in[3] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt),
                               static_cast<const T *>(p.z)};
-            T *rawbc[2] = {reinterpret_cast<T *>(sm + S::BR + buf * S::BCW),
-                           reinterpret_cast<T *>(sm + S::CR + buf * S::BCW)};
-            const T *inbc[2] = {static_cast<const T *>(p.b), static_cast<const T *>(p.c)};
             for (int e = lane; e < TS * C::WCH; e += 32) {
                 const int tl = e / C::WCH, cc = e % C::WCH;
                 const bool ok = t0 + tl < p.seqlen && cc < t.nvalid;
@@ -586,14 +600,8 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
                 for (int j = 0; j < 3; j++)
                     raw[j][e] = ok && in[j] ? in[j][i] : T(0.0f);
             }
-            for (int e = lane; e < TS * C::NPAD; e += 32) {
-                const int tl = e / C::NPAD, n = e % C::NPAD;
-                const bool ok = t0 + tl < p.seqlen && n < p.dstate;
-                const int64_t i = ok ? at_btg(p, t.b, t0 + tl, t.g) + n : 0;
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-                    rawbc[j][e] = ok ? inbc[j][i] : T(0.0f);
-            }
+            load_bc_rows<T, C::NPAD, TS>(p, t, t0, lane, reinterpret_cast<T *>(sm + S::BR + buf * S::BCW),
+                                         reinterpret_cast<T *>(sm + S::CR + buf * S::BCW));
         }
     }
 
@@ -1042,14 +1050,7 @@ template <typename T, class C, bool FAST> struct BwdStage {
                 for (int j = 0; j < 4; j++)
                     raw[j][tl * C::WCH + cs] = ok && src[j] ? src[j][i] : T(0.0f);
             }
-            for (int e = lane; e < KS * C::NPAD; e += 32) {
-                const int tl = e / C::NPAD, n = e % C::NPAD;
-                const bool ok = t0 + tl < p.seqlen && n < p.dstate;
-                const int64_t i = ok ? at_btg(p, t.b, t0 + tl, t.g) + n : 0;
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-                    rawbc[j][e] = ok ? srcbc[j][i] : T(0.0f);
-            }
+            load_bc_rows<T, C::NPAD, KS>(p, t, t0, lane, rawbc[0], rawbc[1]);
         }
     }
 
