@@ -105,7 +105,8 @@ static double median(double *v, int n)
 
 typedef struct run_state {
     fx_linrec_problem p;
-    fx_tensor seq[FX_LINREC_MAX_SEQ], tau, lam, h, dh;
+    fx_linrec_tensors in;
+    fx_tensor h, dh;
     fx_linrec_grads g;
 } run_state;
 
@@ -117,14 +118,14 @@ static void setup(fx_device *dev, const bench_case *c, run_state *r)
     r->p.dt_value = 0.5;
     for (int k = 0; k < fx_linrec_nseq(c->kind); k++) {
         int scan_a = c->kind == FX_LINREC_SCAN && k == 0;
-        random_tensor(dev, c->dtype, 3, dims, scan_a ? 0.5 : -2.0, scan_a ? 1.0 : 2.0, &r->seq[k]);
-        r->p.seq[k] = &r->seq[k];
+        random_tensor(dev, c->dtype, 3, dims, scan_a ? 0.5 : -2.0, scan_a ? 1.0 : 2.0, &r->in.seq[k]);
+        r->p.seq[k] = &r->in.seq[k];
     }
     if (c->kind == FX_LINREC_LIQUID) {
-        random_tensor(dev, c->dtype, 1, hdim, 0.5, 2.0, &r->tau);
-        random_tensor(dev, c->dtype, 1, hdim, -1.0, 1.0, &r->lam);
-        r->p.tau = &r->tau;
-        r->p.lam = &r->lam;
+        random_tensor(dev, c->dtype, 1, hdim, 0.5, 2.0, &r->in.tau);
+        random_tensor(dev, c->dtype, 1, hdim, -1.0, 1.0, &r->in.lam);
+        r->p.tau = &r->in.tau;
+        r->p.lam = &r->in.lam;
     }
     random_tensor(dev, c->dtype, 3, dims, -1.0, 1.0, &r->dh);
     fx_status st;
@@ -139,13 +140,10 @@ static void setup(fx_device *dev, const bench_case *c, run_state *r)
 
 static void teardown(run_state *r)
 {
-    for (int k = 0; k < FX_LINREC_MAX_SEQ; k++)
-        fx_tensor_release(&r->seq[k]);
-    fx_tensor_release(&r->tau);
-    fx_tensor_release(&r->lam);
+    fx_linrec_tensors_release(&r->in);
     fx_tensor_release(&r->h);
     fx_tensor_release(&r->dh);
-    fx_linrec_grads_release(&r->g);
+    fx_linrec_tensors_release(&r->g);
 }
 
 static void run_once(const bench_case *c, run_state *r)

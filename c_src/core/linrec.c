@@ -204,14 +204,14 @@ int fx_op_linrec_forward(fx_linrec_problem *p, const fx_tensor *h0, bool want_st
     return st->code;
 }
 
-void fx_linrec_grads_release(fx_linrec_grads *g)
+void fx_linrec_tensors_release(fx_linrec_tensors *t)
 {
     for (int i = 0; i < FX_LINREC_MAX_SEQ; i++)
-        fx_tensor_release(&g->seq[i]);
-    fx_tensor_release(&g->tau);
-    fx_tensor_release(&g->lam);
-    fx_tensor_release(&g->dt);
-    fx_tensor_release(&g->h0);
+        fx_tensor_release(&t->seq[i]);
+    fx_tensor_release(&t->tau);
+    fx_tensor_release(&t->lam);
+    fx_tensor_release(&t->dt);
+    fx_tensor_release(&t->h0);
 }
 
 static int alloc_like(const fx_tensor *t, fx_tensor *out, fx_status *st)
@@ -232,7 +232,7 @@ int fx_linrec_grads_alloc(const fx_linrec_problem *p, const fx_tensor *h0, fx_li
     if (rc == FX_OK && h0)
         rc = alloc_like(h0, &g->h0, st);
     if (rc != FX_OK)
-        fx_linrec_grads_release(g);
+        fx_linrec_tensors_release(g);
     return st->code;
 }
 
@@ -312,7 +312,7 @@ int fx_op_linrec_backward(const fx_linrec_problem *p, const fx_tensor *h0, const
         return st->code;
     if (fx_linrec_grads_alloc(p, h0, g, st) ||
         fx_op_linrec_backward_into(p, h0, h, dh, dstate, max_tile_steps, g, st))
-        fx_linrec_grads_release(g);
+        fx_linrec_tensors_release(g);
     return st->code;
 }
 

@@ -30,13 +30,17 @@ int fx_op_linrec_forward(fx_linrec_problem *p, const fx_tensor *h0, bool want_st
 int fx_op_linrec_forward_into(fx_linrec_problem *p, const fx_tensor *h0, int max_tile_steps,
                               const fx_tensor *h, const fx_tensor *state, fx_status *st);
 
-/* Gradients, each shaped and typed as its input. Entries for inputs that
- * were not given (h0, a dt tensor, tau/lam outside liquid) stay empty
- * (zeroed structs). */
-typedef struct fx_linrec_grads {
+/* One tensor per input of a recurrence; entries for inputs that were not
+ * given (h0, a dt tensor, tau/lam outside liquid) stay empty (zeroed
+ * structs). What a forward's context keeps, and the gradients. */
+typedef struct fx_linrec_tensors {
     fx_tensor seq[FX_LINREC_MAX_SEQ];
     fx_tensor tau, lam, dt, h0;
-} fx_linrec_grads;
+} fx_linrec_tensors;
+void fx_linrec_tensors_release(fx_linrec_tensors *t);
+
+/* Gradients, each shaped and typed as its input. */
+typedef fx_linrec_tensors fx_linrec_grads;
 
 /* Backward of a forward run with problem `p` (as the forward filled it),
  * `h0` and output `h`: checks dh ([batch, seqlen, hidden], p's dtype) and
@@ -51,7 +55,6 @@ int fx_linrec_grads_alloc(const fx_linrec_problem *p, const fx_tensor *h0, fx_li
 int fx_op_linrec_backward_into(const fx_linrec_problem *p, const fx_tensor *h0,
                                const fx_tensor *h, const fx_tensor *dh, const fx_tensor *dstate,
                                int max_tile_steps, const fx_linrec_grads *grads, fx_status *st);
-void fx_linrec_grads_release(fx_linrec_grads *grads);
 
 /* One frame: p as for the forward, but the sequence inputs are
  * [batch, hidden] and a dt tensor [batch, 1]. Updates `state` in place and

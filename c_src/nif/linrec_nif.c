@@ -11,7 +11,8 @@
  * output H (no copies), and the options. `p` points into this struct. */
 typedef struct linrec_ctx {
     fx_linrec_problem p;
-    fx_tensor seq[FX_LINREC_MAX_SEQ], tau, lam, dt, h0, h;
+    fx_linrec_tensors in; /* references to the inputs */
+    fx_tensor h;
     bool has_h0;
 } linrec_ctx;
 
@@ -130,12 +131,7 @@ static void copy_ref(fx_tensor *dst, const fx_tensor *src)
 static void ctx_destroy(void *data)
 {
     linrec_ctx *ctx = data;
-    for (int i = 0; i < FX_LINREC_MAX_SEQ; i++)
-        fx_tensor_release(&ctx->seq[i]);
-    fx_tensor_release(&ctx->tau);
-    fx_tensor_release(&ctx->lam);
-    fx_tensor_release(&ctx->dt);
-    fx_tensor_release(&ctx->h0);
+    fx_linrec_tensors_release(&ctx->in);
     fx_tensor_release(&ctx->h);
     enif_free(ctx);
 }
@@ -151,21 +147,21 @@ static ERL_NIF_TERM make_ctx(fx_call *c, const fx_linrec_problem *p, const fx_te
     memset(ctx, 0, sizeof *ctx);
     ctx->p = *p;
     for (int i = 0; i < p->nseq; i++) {
-        copy_ref(&ctx->seq[i], p->seq[i]);
-        ctx->p.seq[i] = &ctx->seq[i];
+        copy_ref(&ctx->in.seq[i], p->seq[i]);
+        ctx->p.seq[i] = &ctx->in.seq[i];
     }
     if (p->tau) {
-        copy_ref(&ctx->tau, p->tau);
-        copy_ref(&ctx->lam, p->lam);
-        ctx->p.tau = &ctx->tau;
-        ctx->p.lam = &ctx->lam;
+        copy_ref(&ctx->in.tau, p->tau);
+        copy_ref(&ctx->in.lam, p->lam);
+        ctx->p.tau = &ctx->in.tau;
+        ctx->p.lam = &ctx->in.lam;
     }
     if (p->dt) {
-        copy_ref(&ctx->dt, p->dt);
-        ctx->p.dt = &ctx->dt;
+        copy_ref(&ctx->in.dt, p->dt);
+        ctx->p.dt = &ctx->in.dt;
     }
     if (h0) {
-        copy_ref(&ctx->h0, h0);
+        copy_ref(&ctx->in.h0, h0);
         ctx->has_h0 = true;
     }
     copy_ref(&ctx->h, h);
@@ -271,7 +267,7 @@ static ERL_NIF_TERM nif_linrec_backward(ErlNifEnv *env, int argc, const ERL_NIF_
     if (fx_arg_ctx(&c, argv[2], "ctx", ctx_kind[kind], (void **)&ctx) ||
         check_opts(&c, argv[3], backward_opts) ||
         fx_opt_tensor(&c, argv[3], "dstate", &dstate, &has_dstate) ||
-        fx_op_linrec_backward(&ctx->p, ctx->has_h0 ? &ctx->h0 : NULL, &ctx->h, &dh,
+        fx_op_linrec_backward(&ctx->p, ctx->has_h0 ? &ctx->in.h0 : NULL, &ctx->h, &dh,
                               has_dstate ? &dstate : NULL, 0, &g, &c.st))
         return fx_call_finish(&c, 0);
     for (int i = 0; i < FX_LINREC_MAX_SEQ; i++)

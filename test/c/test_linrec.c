@@ -112,7 +112,7 @@ static void host_free(lr_host *x)
 /* ---- device tensors for a case ---- */
 
 typedef struct lr_dev {
-    fx_tensor seq[FX_LINREC_MAX_SEQ], tau, lam, dt, h0;
+    fx_linrec_tensors in;
     fx_linrec_problem p;
 } lr_dev;
 
@@ -123,34 +123,24 @@ static void dev_make(fx_device *dev, const lr_case *c, const lr_host *x, lr_dev 
             bdims[2] = {c->B, c->H};
     d->p.kind = c->kind;
     for (int k = 0; k < fx_linrec_nseq(c->kind); k++) {
-        fx_test_tensor(dev, c->dtype, 3, sdims, x->seq[k], &d->seq[k]);
-        d->p.seq[k] = &d->seq[k];
+        fx_test_tensor(dev, c->dtype, 3, sdims, x->seq[k], &d->in.seq[k]);
+        d->p.seq[k] = &d->in.seq[k];
     }
     if (c->kind == FX_LINREC_LIQUID) {
-        fx_test_tensor(dev, c->dtype, 1, hdims, x->tau, &d->tau);
-        fx_test_tensor(dev, c->dtype, 1, hdims, x->lam, &d->lam);
-        d->p.tau = &d->tau;
-        d->p.lam = &d->lam;
+        fx_test_tensor(dev, c->dtype, 1, hdims, x->tau, &d->in.tau);
+        fx_test_tensor(dev, c->dtype, 1, hdims, x->lam, &d->in.lam);
+        d->p.tau = &d->in.tau;
+        d->p.lam = &d->in.lam;
         if (c->dt_tensor) {
-            fx_test_tensor(dev, c->dtype, 3, tdims, x->dt, &d->dt);
-            d->p.dt = &d->dt;
+            fx_test_tensor(dev, c->dtype, 3, tdims, x->dt, &d->in.dt);
+            d->p.dt = &d->in.dt;
         }
         d->p.dt_value = c->dt_value;
     }
     if (c->h0)
-        fx_test_tensor(dev, h0_type(c), 2, bdims, x->h0, &d->h0);
+        fx_test_tensor(dev, h0_type(c), 2, bdims, x->h0, &d->in.h0);
     d->p.candidate_g = c->cand_g;
     d->p.reverse = c->reverse;
-}
-
-static void dev_release(lr_dev *d)
-{
-    for (int k = 0; k < FX_LINREC_MAX_SEQ; k++)
-        fx_tensor_release(&d->seq[k]);
-    fx_tensor_release(&d->tau);
-    fx_tensor_release(&d->lam);
-    fx_tensor_release(&d->dt);
-    fx_tensor_release(&d->h0);
 }
 
 /* Overwrites every byte with 0xFF (NaN in every float type). */
@@ -190,13 +180,13 @@ static void run_forward(fx_device *dev, const lr_case *c, const lr_host *x, lr_f
     fx_test_poisoned(dev, state_type(c), 2, sdims, &s);
     fx_status st;
     fx_status_clear(&st);
-    fx_op_linrec_forward_into(&d.p, c->h0 ? &d.h0 : NULL, c->max_tile, &h, &s, &st);
+    fx_op_linrec_forward_into(&d.p, c->h0 ? &d.in.h0 : NULL, c->max_tile, &h, &s, &st);
     ck_assert_msg(st.code == FX_OK, "%s: %s", describe(c), st.msg);
     out->h = fx_test_read(&h);
     out->state = fx_test_read(&s);
     fx_tensor_release(&h);
     fx_tensor_release(&s);
-    dev_release(&d);
+    fx_linrec_tensors_release(&d.in);
 }
 
 typedef struct lr_bwd {
@@ -228,20 +218,20 @@ static void run_backward(fx_device *dev, const lr_case *c, const lr_host *x, con
     fx_status st;
     fx_status_clear(&st);
     ck_assert_int_eq(fx_tensor_alloc(dev, c->dtype, 3, hdims, &h, &st), FX_OK);
-    fx_op_linrec_forward_into(&d.p, c->h0 ? &d.h0 : NULL, c->max_tile, &h, NULL, &st);
+    fx_op_linrec_forward_into(&d.p, c->h0 ? &d.in.h0 : NULL, c->max_tile, &h, NULL, &st);
     ck_assert_msg(st.code == FX_OK, "%s: %s", describe(c), st.msg);
     fx_test_tensor(dev, c->dtype, 3, hdims, dh, &tdh);
     if (c->dstate)
         fx_test_tensor(dev, dstate_type(c), 2, sdims, dstate, &tds);
     fx_linrec_grads g;
-    ck_assert_int_eq(fx_linrec_grads_alloc(&d.p, c->h0 ? &d.h0 : NULL, &g, &st), FX_OK);
+    ck_assert_int_eq(fx_linrec_grads_alloc(&d.p, c->h0 ? &d.in.h0 : NULL, &g, &st), FX_OK);
     for (int k = 0; k < FX_LINREC_MAX_SEQ; k++)
         poison(&g.seq[k]);
     poison(&g.tau);
     poison(&g.lam);
     poison(&g.dt);
     poison(&g.h0);
-    fx_op_linrec_backward_into(&d.p, c->h0 ? &d.h0 : NULL, &h, &tdh, c->dstate ? &tds : NULL,
+    fx_op_linrec_backward_into(&d.p, c->h0 ? &d.in.h0 : NULL, &h, &tdh, c->dstate ? &tds : NULL,
                                c->max_tile, &g, &st);
     ck_assert_msg(st.code == FX_OK, "%s: %s", describe(c), st.msg);
     for (int k = 0; k < FX_LINREC_MAX_SEQ; k++)
@@ -250,11 +240,11 @@ static void run_backward(fx_device *dev, const lr_case *c, const lr_host *x, con
     out->lam = read_if(&g.lam);
     out->dt = read_if(&g.dt);
     out->h0 = read_if(&g.h0);
-    fx_linrec_grads_release(&g);
+    fx_linrec_tensors_release(&g);
     fx_tensor_release(&h);
     fx_tensor_release(&tdh);
     fx_tensor_release(&tds);
-    dev_release(&d);
+    fx_linrec_tensors_release(&d.in);
 }
 
 static void expect_close(const char *what, const lr_case *c, const double *got,
@@ -871,7 +861,7 @@ static void release_validation_tensors(void)
                         &vm.gpu64, &vm.out1,   &vm.out2};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         fx_tensor_release(all[i]);
-    fx_linrec_grads_release(&vm.g);
+    fx_linrec_tensors_release(&vm.g);
 }
 
 /* `call` must fail with `text`; whatever it allocated if it did not is
@@ -883,7 +873,7 @@ static void release_validation_tensors(void)
         int rc_ = (call);                                                           \
         fx_tensor_release(&vm.out1);                                                \
         fx_tensor_release(&vm.out2);                                                \
-        fx_linrec_grads_release(&vm.g);                                             \
+        fx_linrec_tensors_release(&vm.g);                                             \
         ck_assert_msg(rc_ == FX_EBADARG, "expected a badarg for: %s", text);        \
         ck_assert_str_eq(st_.msg, text);                                            \
     } while (0)
