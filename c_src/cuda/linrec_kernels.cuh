@@ -356,6 +356,9 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
 // The forward with the inputs staged in shared memory (cp.async) rather
 // than held in registers: a thread holds no step's data, so more blocks
 // fit an SM; both passes read the slots and compute (a, b) from them.
+// Its set-up (dt, channel parameters, h0, peek) repeats forward_kernel's on
+// purpose: sharing it in one helper moved registers and made MinLSTM B16
+// 5 % slower (93.7 -> 98.6 us, A/B twice in one run; bench/RESULTS.md).
 template <int KIND, typename T, int V, int G, int S, bool CG, bool CHAINED>
 __global__ void __launch_bounds__(fxscan::kBlockThreads, kStagedBlocks)
     forward_staged_kernel(const fwd_params p, const fxscan::tiling t)
