@@ -86,13 +86,17 @@ int fx_op_zeros_flags(fx_device *dev, fx_dtype dtype, int rank, const int64_t *d
  * pinned staging ring on a dirty scheduler. */
 #define TRY_TO_HOST_MAX ((size_t)64 << 10)
 
-int fx_op_try_to_host(const fx_tensor *t, void *dst, bool *done, bool *eligible, fx_status *st)
+bool fx_op_try_to_host_eligible(const fx_tensor *t)
+{
+    return t->device->backend->try_download && t->nbytes <= TRY_TO_HOST_MAX;
+}
+
+int fx_op_try_to_host(const fx_tensor *t, void *dst, bool *done, fx_status *st)
 {
     const fx_backend *b = t->device->backend;
     *done = false;
-    *eligible = b->try_download && t->nbytes <= TRY_TO_HOST_MAX;
-    if (!*eligible)
-        return FX_OK;
+    if (!fx_op_try_to_host_eligible(t))
+        return fx_fail(st, FX_EINTERNAL, "fx_op_try_to_host: a tensor it cannot copy without waiting");
     if (t->nbytes == 0) {
         *done = true;
         return FX_OK;

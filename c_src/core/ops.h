@@ -13,12 +13,14 @@ int fx_op_zeros(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims, f
                 fx_status *st);
 /* Waits for pending work on the tensor, then copies t->nbytes into dst. */
 int fx_op_to_host(const fx_tensor *t, void *dst, fx_status *st);
-/* fx_op_to_host for a caller that must not wait: copies (and sets *done)
- * only a small tensor whose device has finished all queued work; else
- * leaves *done false: the caller polls again or makes the blocking call.
- * *eligible: false when this tensor can never take this path (its device
- * cannot download without waiting, or it is too large). */
-int fx_op_try_to_host(const fx_tensor *t, void *dst, bool *done, bool *eligible, fx_status *st);
+/* Whether fx_op_try_to_host can ever copy this tensor: its device can
+ * download without waiting, and it is small. */
+bool fx_op_try_to_host_eligible(const fx_tensor *t);
+/* fx_op_to_host for a caller that must not wait, on an eligible tensor:
+ * copies (and sets *done) once its device has finished all queued work;
+ * else leaves *done false: the caller polls again or makes the blocking
+ * call. */
+int fx_op_try_to_host(const fx_tensor *t, void *dst, bool *done, fx_status *st);
 int fx_op_copy_to(const fx_tensor *t, fx_device *dev, fx_tensor *out, fx_status *st);
 int fx_op_cast(const fx_tensor *t, fx_dtype dtype, fx_tensor *out, fx_status *st);
 int fx_op_binary(fx_binop op, const fx_tensor *a, const fx_tensor *b, fx_tensor *out,

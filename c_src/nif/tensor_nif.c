@@ -244,28 +244,37 @@ static ERL_NIF_TERM nif_to_binary(ErlNifEnv *env, int argc, const ERL_NIF_TERM a
     return fx_call_finish(&c, enif_make_binary(env, &bin));
 }
 
-/* One try of a download that must not wait. *outcome: 0 the result (a
- * binary or an error), 1 the device still has queued work, 2 this tensor
- * never takes this path (a large one, or a device without try_download). */
-static ERL_NIF_TERM try_to_binary(ErlNifEnv *env, ERL_NIF_TERM tensor, int *outcome)
+/* One round of tries of a download that must not wait, for up to
+ * SYNC_ROUND_NS from `round` (one binary for the whole round). *outcome:
+ * 0 the result (a binary or an error), 1 the device still has queued
+ * work, 2 this tensor never takes this path (a large one, or a device
+ * without try_download). */
+static ERL_NIF_TERM to_binary_round(ErlNifEnv *env, ERL_NIF_TERM tensor, ErlNifTime round, int *outcome)
 {
     fx_call c;
     fx_tensor t;
     ErlNifBinary bin;
-    bool done = false, eligible = false;
+    bool done = false;
     *outcome = 0;
     fx_call_init(&c, env);
     if (fx_arg_tensor(&c, tensor, "tensor", &t))
         return fx_call_finish(&c, 0);
+    if (!fx_op_try_to_host_eligible(&t)) {
+        *outcome = 2;
+        return fx_call_finish(&c, 0);
+    }
     if (!enif_alloc_binary(t.nbytes, &bin)) {
         fx_fail(&c.st, FX_ENOMEM, "out of host memory for a %zu-byte binary", t.nbytes);
         return fx_call_finish(&c, 0);
     }
-    if (fx_op_try_to_host(&t, bin.data, &done, &eligible, &c.st) == FX_OK && done)
+    while (fx_op_try_to_host(&t, bin.data, &done, &c.st) == FX_OK && !done &&
+           enif_monotonic_time(ERL_NIF_NSEC) - round < SYNC_ROUND_NS)
+        ;
+    if (done)
         return fx_call_finish(&c, enif_make_binary(env, &bin));
     enif_release_binary(&bin);
     if (c.st.code == FX_OK)
-        *outcome = eligible ? 1 : 2;
+        *outcome = 1;
     return fx_call_finish(&c, 0);
 }
 
@@ -279,15 +288,11 @@ static ERL_NIF_TERM to_binary_poll(ErlNifEnv *env, int argc, const ERL_NIF_TERM 
     ErlNifSInt64 began;
     if (argc != 2 || !enif_get_int64(env, argv[1], &began))
         return enif_make_badarg(env);
-    ErlNifTime round = enif_monotonic_time(ERL_NIF_NSEC), now;
     int outcome;
-    do {
-        ERL_NIF_TERM result = try_to_binary(env, argv[0], &outcome);
-        if (outcome == 0)
-            return result;
-        now = enif_monotonic_time(ERL_NIF_NSEC);
-    } while (outcome == 1 && now - round < SYNC_ROUND_NS);
-    if (outcome == 2 || now - began >= SYNC_POLL_NS)
+    ERL_NIF_TERM result = to_binary_round(env, argv[0], enif_monotonic_time(ERL_NIF_NSEC), &outcome);
+    if (outcome == 0)
+        return result;
+    if (outcome == 2 || enif_monotonic_time(ERL_NIF_NSEC) - began >= SYNC_POLL_NS)
         return enif_schedule_nif(env, "to_binary", ERL_NIF_DIRTY_JOB_IO_BOUND, nif_to_binary, 1, argv);
     (void)enif_consume_timeslice(env, 1);
     return enif_schedule_nif(env, "to_binary", 0, to_binary_poll, 2, argv);
