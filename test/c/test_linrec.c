@@ -818,11 +818,30 @@ static double *nudged_copy(const double *v, int64_t n)
     return out;
 }
 
+static int is_logits(int kind, int k)
+{
+    return (kind == FX_LINREC_MINGRU && k == 0) || (kind == FX_LINREC_MINLSTM && k < 2) ||
+           (kind == FX_LINREC_LIQUID && k == 0);
+}
+
+/* A logit also moves (away from 0) by what moves its sigmoid by one f32 ulp
+ * of 1: the kernels form sigmoid(-x) as 1 - sigmoid(x), as torch's sigmoid
+ * backward does, exact to that ulp (capped at 32: sigmoid is 1 in f32 by
+ * then). */
+static void nudge_sigmoid(double *v, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double s = 1 / (1 + exp(-v[i]));
+        v[i] = (float)(v[i] + copysign(fmin(ldexp(1.0, -24) / (s * (1 - s)), 32.0), v[i]));
+    }
+}
+
 /* A few-element output can be a near-cancellation (h = a h0 + b with
- * a h0 ~ -b; an adjoint dh + dstate ~ 0) whose relative error in f32 is
- * large however it is computed. `floor` gets, for each output, the largest
- * move of the CPU's result under three draws of one-ulp nudges to every
- * input: what any f32 implementation may be off by (docs/TESTING.md). */
+ * a h0 ~ -b; an adjoint dh + dstate ~ 0), or a logit's gradient at a large
+ * logit, whose relative error in f32 is large. `floor` gets, for each
+ * output, the largest move of the CPU's result under three draws of
+ * one-ulp nudges to every input (and of its sigmoid to every logit): what
+ * an f32 implementation may be off by (docs/TESTING.md). */
 static void rounding_floor(const lr_case *c, const lr_host *x, const double *dh, const double *ds,
                            const lr_outputs *want, double *floor)
 {
@@ -831,8 +850,11 @@ static void rounding_floor(const lr_case *c, const lr_host *x, const double *dh,
         floor[i] = 0;
     for (int draw = 0; draw < 3; draw++) {
         lr_host xn;
-        for (int k = 0; k < FX_LINREC_MAX_SEQ; k++)
+        for (int k = 0; k < FX_LINREC_MAX_SEQ; k++) {
             xn.seq[k] = nudged_copy(x->seq[k], seq_len(c));
+            if (xn.seq[k] && is_logits(c->kind, k))
+                nudge_sigmoid(xn.seq[k], seq_len(c));
+        }
         xn.tau = nudged_copy(x->tau, c->H);
         xn.lam = nudged_copy(x->lam, c->H);
         xn.dt = nudged_copy(x->dt, c->B * c->L);

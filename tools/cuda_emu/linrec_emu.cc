@@ -232,18 +232,34 @@ struct case_inputs {
     static tensor one() { return tensor(std::vector<int64_t>{1}); }
 };
 
+// Whether sequence input k of `kind` goes through a sigmoid.
+bool is_logits(int kind, int k)
+{
+    return (kind == FX_LINREC_MINGRU && k == 0) || (kind == FX_LINREC_MINLSTM && k < 2) ||
+           (kind == FX_LINREC_LIQUID && k == 0);
+}
+
 // The same inputs with every value moved by one f32 ulp, up or down at
 // random: the rounding any f32 implementation makes of its inputs and of
-// the intermediates it forms from them.
-case_inputs nudged(const case_inputs &in)
+// the intermediates it forms from them. A logit also moves (away from 0)
+// by what moves its sigmoid by one f32 ulp of 1, 2^-24 / sigmoid'(x): the
+// kernels form sigmoid(-x) as 1 - sigmoid(x), as torch's sigmoid backward
+// does, exact only to that ulp (capped at 32: sigmoid is 1 in f32 by then).
+case_inputs nudged(const case_inputs &in, int kind)
 {
     case_inputs out = in;
     auto nudge = [](tensor &t) {
         for (float &v : t.values)
             v = nextafterf(v, rng() & 1 ? INFINITY : -INFINITY);
     };
-    for (tensor &t : out.seq)
-        nudge(t);
+    for (size_t k = 0; k < out.seq.size(); k++) {
+        nudge(out.seq[k]);
+        if (is_logits(kind, (int)k))
+            for (float &v : out.seq[k].values) {
+                double s = 1 / (1 + exp(-(double)v));
+                v = (float)(v + copysign(fmin(ldexp(1.0, -24) / (s * (1 - s)), 32.0), v));
+            }
+    }
     for (tensor *t : {&out.tau, &out.lam, &out.dt, &out.h0, &out.dh, &out.dstate})
         nudge(*t);
     return out;
@@ -383,11 +399,12 @@ double l2_diff(const tensor &a, const tensor &b)
 
 // Compares each output of the emulated phase with the reference's. The
 // bound is the rel-L2 rule plus a rounding floor: 8x the largest move of
-// that output under three one-ulp nudges of every input (`again` runs the
-// reference on nudged inputs). Where an output is a near-cancellation
-// (h = a h0 + b with a h0 ~ -b, dh + dstate ~ 0), the floor is what any f32
-// implementation may be off by; elsewhere it is far below 1e-5 ||ref|| and
-// the plain rule decides. An indexing or carry error is O(||ref||).
+// that output under three draws of `nudged` inputs (`again` runs the
+// reference on them). Where an output is a near-cancellation (h = a h0 + b
+// with a h0 ~ -b, dh + dstate ~ 0) or a logit's gradient at a large logit,
+// the floor is what an f32 implementation may be off by; elsewhere it is
+// far below 1e-5 ||ref|| and the plain rule decides. An indexing or carry
+// error is O(||ref||).
 template <typename F> void expect_all(const lr_case &c, const outputs &got, const outputs &want, F &&again)
 {
     std::vector<double> floor(want.all.size(), 0.0);
@@ -441,14 +458,14 @@ void run_case(const lr_case &c)
 
     outputs fwd_ref = forward(c, in, false);
     expect_all(c, forward(c, in, true), fwd_ref, [&] {
-        case_inputs moved = nudged(in);
+        case_inputs moved = nudged(in, c.kind);
         return forward(c, moved, false);
     });
 
     // the backward from the reference forward's h (itself nudged in the floor's runs)
     const tensor &h_ref = fwd_ref.all[0].second;
     expect_all(c, backward(c, in, h_ref, true), backward(c, in, h_ref, false), [&] {
-        case_inputs moved = nudged(in);
+        case_inputs moved = nudged(in, c.kind);
         tensor h_moved = h_ref;
         for (float &v : h_moved.values)
             v = nextafterf(v, rng() & 1 ? INFINITY : -INFINITY);
@@ -456,7 +473,7 @@ void run_case(const lr_case &c)
     });
 
     expect_all(c, step(c, in, true), step(c, in, false), [&] {
-        case_inputs moved = nudged(in);
+        case_inputs moved = nudged(in, c.kind);
         return step(c, moved, false);
     });
 }
