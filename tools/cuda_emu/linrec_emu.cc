@@ -298,6 +298,19 @@ struct outputs {
     }
 };
 
+// One phase by the emulated kernels, or by the CPU reference (`ref`).
+template <typename A, typename E>
+void run_phase(bool emu, int (*ref)(int, const A *, fx_status *), const A *args, E &&emulated)
+{
+    if (emu) {
+        emulated();
+        return;
+    }
+    fx_status st;
+    fx_status_clear(&st);
+    ref(0, args, &st);
+}
+
 // A case's three phases, each run by the emulated kernels (emu) or by the
 // CPU reference. The backward reads the reference forward's h (h_fwd).
 outputs forward(const lr_case &c, case_inputs &in, bool emu)
@@ -305,14 +318,10 @@ outputs forward(const lr_case &c, case_inputs &in, bool emu)
     outputs o;
     tensor &h = o.add("h", {c.B, c.L, c.H}), &state = o.add("state", {c.B, c.H});
     fx_linrec_fwd_args fa = {problem(c, in), c.h0 ? &in.h0.t : nullptr, &h.t, &state.t, 0};
-    if (emu) {
+    run_phase(emu, fx_cpu_linrec_ops.forward, &fa, [&] {
         fa.max_tile_steps = c.max_tile;
         by_kind(c.kind, [&](auto k) { emu_forward<decltype(k)::value>(&fa, c); });
-    } else {
-        fx_status st;
-        fx_status_clear(&st);
-        fx_cpu_linrec_ops.forward(0, &fa, &st);
-    }
+    });
     return o;
 }
 
@@ -337,14 +346,10 @@ outputs backward(const lr_case &c, case_inputs &in, const tensor &h_fwd, bool em
     }
     if (c.h0)
         ba.dh0 = &o.add("dh0", bdims).t;
-    if (emu) {
+    run_phase(emu, fx_cpu_linrec_ops.backward, &ba, [&] {
         ba.max_tile_steps = c.max_tile;
         by_kind(c.kind, [&](auto k) { emu_backward<decltype(k)::value>(&ba, c); });
-    } else {
-        fx_status st;
-        fx_status_clear(&st);
-        fx_cpu_linrec_ops.backward(0, &ba, &st);
-    }
+    });
     return o;
 }
 
@@ -375,13 +380,8 @@ outputs step(const lr_case &c, case_inputs &in, bool emu)
     sa.p.dt = c.kind == FX_LINREC_LIQUID && c.dt_tensor ? &fdt.t : nullptr;
     sa.state = &state.t;
     sa.h = &h.t;
-    if (emu) {
-        by_kind(c.kind, [&](auto k) { emu_step<decltype(k)::value>(&sa); });
-    } else {
-        fx_status st;
-        fx_status_clear(&st);
-        fx_cpu_linrec_ops.step(0, &sa, &st);
-    }
+    run_phase(emu, fx_cpu_linrec_ops.step, &sa,
+              [&] { by_kind(c.kind, [&](auto k) { emu_step<decltype(k)::value>(&sa); }); });
     return o;
 }
 
