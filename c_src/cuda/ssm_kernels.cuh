@@ -326,7 +326,7 @@ __device__ __forceinline__ void load_bc_rows(const ScanParams &p, const Tile &t,
     }
 }
 
-// ---- forward ----// ---- forward ----
+// ---- forward ----
 //
 // One warp is one batch element x a tile of WCH = 32 / LANES channels of one
 // group, and never waits for another warp: a block is W warps side by side,
@@ -1002,10 +1002,10 @@ template <typename T, class C, bool FAST> struct BwdStage {
     }
 
     // The FAST copies of a chunk's rows of J inputs (those of bits of
-    // OPTIONAL skipped when NULL), each row RB bytes in units of UB: unit u (lanes take u = lane + 32k)
-    // is row u / (RB / UB); row_at(step) is a step's first element in the
-    // inputs, `width` a row's elements in the raw buffers. Rows past the
-    // end are zeros.
+    // OPTIONAL skipped when NULL), each row RB bytes in units of UB: unit u
+    // (lanes take u = lane + 32k) is row u / (RB / UB); row_at(step) is a
+    // step's first element in the inputs, `width` a row's elements in the
+    // raw buffers. Rows past the end are zeros.
     template <int RB, int UB, unsigned OPTIONAL, int J, typename RowAt>
     __device__ __forceinline__ void copy_rows(T *const (&dst)[J], const T *const (&src)[J], int width, int t0,
                                               int seqlen, RowAt row_at) const
@@ -1035,9 +1035,9 @@ template <typename T, class C, bool FAST> struct BwdStage {
         const T *srcbc[2] = {static_cast<const T *>(p.b), static_cast<const T *>(p.c)};
         if constexpr (FAST && K::POSSIBLE) { // (bwd_fast is false when not POSSIBLE)
             copy_rows<K::RX, K::UX, 1u << 2>(raw, src, C::WCH, t0, p.seqlen, // z may be NULL
-                                    [&](int step) { return at_btd(p, t.b, step, t.d0); });
+                                             [&](int step) { return at_btd(p, t.b, step, t.d0); });
             copy_rows<K::RB, K::UB, 0u>(rawbc, srcbc, C::NPAD, t0, p.seqlen,
-                                    [&](int step) { return at_btg(p, t.b, step, t.g); });
+                                        [&](int step) { return at_btg(p, t.b, step, t.g); });
         } else {
 #pragma unroll
             for (int k = 0; k < E; k++) {
