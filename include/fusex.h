@@ -29,6 +29,10 @@ extern "C" {
 
 #define FX_MAX_RANK 8
 
+/* The largest download a backend's try_download takes (its copy is waited
+ * for on the calling thread, a normal Erlang scheduler). */
+#define FX_TRY_DOWNLOAD_MAX ((size_t)64 << 10)
+
 /* The size of a CUDA IPC handle (cudaIpcMemHandle_t), as EXLA and PyTorch
  * exchange it. */
 #define FX_IPC_HANDLE_SIZE 64
@@ -209,10 +213,10 @@ typedef struct fx_backend {
      * NULL: every upload may wait. */
     int (*try_upload)(int dev, void *dst, const void *src, size_t nbytes, bool *done,
                       fx_status *st);
-    /* `download` for callers that must not wait: only a small one (the
-     * backend's limit), and only once all enqueued work has finished: then
-     * it copies at once and sets *done; otherwise it leaves *done false.
-     * NULL: every download may wait. */
+    /* `download` for callers that must not wait: only a small one (at most
+     * FX_TRY_DOWNLOAD_MAX bytes), and only once all enqueued work has
+     * finished: then it copies at once and sets *done; otherwise it leaves
+     * *done false. NULL: every download may wait. */
     int (*try_download)(int dev, void *dst, const void *src, size_t nbytes, bool *done,
                         fx_status *st);
 } fx_backend;

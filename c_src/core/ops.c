@@ -82,13 +82,11 @@ int fx_op_zeros_flags(fx_device *dev, fx_dtype dtype, int rank, const int64_t *d
     return FX_OK;
 }
 
-/* Matches the CUDA backend's limit; larger downloads go through the
- * pinned staging ring on a dirty scheduler. */
-#define TRY_TO_HOST_MAX ((size_t)64 << 10)
-
+/* Larger downloads go through the pinned staging ring on a dirty
+ * scheduler. */
 bool fx_op_try_to_host_eligible(const fx_tensor *t)
 {
-    return t->device->backend->try_download && t->nbytes <= TRY_TO_HOST_MAX;
+    return t->device->backend->try_download && t->nbytes <= FX_TRY_DOWNLOAD_MAX;
 }
 
 int fx_op_try_to_host(const fx_tensor *t, void *dst, bool *done, fx_status *st)

@@ -238,9 +238,8 @@ static int cuda_try_upload(int dev, void *dst, const void *src, size_t n, bool *
 // A small download from a normal Erlang scheduler: once the work stream is
 // idle, everything that wrote the source has finished, and the copy goes on
 // a stream of its own, so that work enqueued meanwhile by other callers does
-// not hold it up: it waits only for its own few kilobytes.
-#define TRY_DOWNLOAD_MAX ((size_t)64 << 10)
-
+// not hold it up: it waits only for its own few kilobytes
+// (FX_TRY_DOWNLOAD_MAX).
 static int cuda_try_download(int dev, void *dst, const void *src, size_t n, bool *done,
                              fx_status *st)
 {
@@ -248,7 +247,7 @@ static int cuda_try_download(int dev, void *dst, const void *src, size_t n, bool
     fx_cuda_device *d = fx_cuda_enter(dev, st);
     if (!d)
         return st->code;
-    if (n > TRY_DOWNLOAD_MAX)
+    if (n > FX_TRY_DOWNLOAD_MAX)
         return FX_OK;
     cudaError_t err = cudaStreamQuery(d->stream);
     if (err == cudaErrorNotReady) {
