@@ -171,6 +171,25 @@ ERL_NIF_TERM nif_nop(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 #define SYNC_ROUND_NS 10000
 #define SYNC_POLL_NS 1000000
 
+/* After a round that found the device busy: another round of `poll` on
+ * this scheduler, or, once the wait has lasted SYNC_POLL_NS, `blocking` on
+ * dirty IO. argv: the target and the time the wait began (`began`). */
+static ERL_NIF_TERM poll_again(ErlNifEnv *env, const char *name, fx_nif_fn *poll, fx_nif_fn *blocking,
+                               const ERL_NIF_TERM argv[2], ErlNifSInt64 began)
+{
+    if (enif_monotonic_time(ERL_NIF_NSEC) - began >= SYNC_POLL_NS)
+        return enif_schedule_nif(env, name, ERL_NIF_DIRTY_JOB_IO_BOUND, blocking, 1, argv);
+    (void)enif_consume_timeslice(env, 1); /* a round is ~1 % of a 1 ms time slice */
+    return enif_schedule_nif(env, name, 0, poll, 2, argv);
+}
+
+/* The first round of `poll` for argv[0], the wait beginning now. */
+static ERL_NIF_TERM poll_start(ErlNifEnv *env, fx_nif_fn *poll, const ERL_NIF_TERM argv[])
+{
+    ERL_NIF_TERM args[2] = {argv[0], enif_make_int64(env, enif_monotonic_time(ERL_NIF_NSEC))};
+    return poll(env, 2, args);
+}
+
 /* The body of tensor/5. With `done` NULL it may wait (a dirty scheduler);
  * else it never waits and leaves *done false when it made nothing. */
 static ERL_NIF_TERM tensor_from_host(ErlNifEnv *env, const ERL_NIF_TERM argv[], bool *done)
@@ -292,10 +311,9 @@ static ERL_NIF_TERM to_binary_poll(ErlNifEnv *env, int argc, const ERL_NIF_TERM 
     ERL_NIF_TERM result = to_binary_round(env, argv[0], enif_monotonic_time(ERL_NIF_NSEC), &outcome);
     if (outcome == 0)
         return result;
-    if (outcome == 2 || enif_monotonic_time(ERL_NIF_NSEC) - began >= SYNC_POLL_NS)
+    if (outcome == 2)
         return enif_schedule_nif(env, "to_binary", ERL_NIF_DIRTY_JOB_IO_BOUND, nif_to_binary, 1, argv);
-    (void)enif_consume_timeslice(env, 1);
-    return enif_schedule_nif(env, "to_binary", 0, to_binary_poll, 2, argv);
+    return poll_again(env, "to_binary", to_binary_poll, nif_to_binary, argv, began);
 }
 
 ERL_NIF_TERM nif_to_binary_entry(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
@@ -304,8 +322,7 @@ ERL_NIF_TERM nif_to_binary_entry(ErlNifEnv *env, int argc, const ERL_NIF_TERM ar
     if (!enif_get_resource(env, argv[0], fx_tensor_type, (void **)&h) ||
         h->device->kind != FX_DEVICE_CUDA) /* CPU copies, and bad arguments, on dirty CPU */
         return fx_schedule_dirty(env, "to_binary", nif_to_binary, argc, argv);
-    ERL_NIF_TERM args[2] = {argv[0], enif_make_int64(env, enif_monotonic_time(ERL_NIF_NSEC))};
-    return to_binary_poll(env, 2, args);
+    return poll_start(env, to_binary_poll, argv);
 }
 
 FX_DIRTY_NIF(nif_copy)
@@ -367,7 +384,7 @@ static ERL_NIF_TERM synchronize_poll(ErlNifEnv *env, int argc, const ERL_NIF_TER
         return fx_call_finish(&c, 0);
     if (argc != 2 || !enif_get_int64(env, argv[1], &began))
         return enif_make_badarg(env);
-    ErlNifTime round = enif_monotonic_time(ERL_NIF_NSEC), now;
+    ErlNifTime round = enif_monotonic_time(ERL_NIF_NSEC);
     do {
         int idle = 0;
         if (dev->backend->is_idle(dev->ordinal, &idle, &c.st) != FX_OK)
@@ -376,21 +393,14 @@ static ERL_NIF_TERM synchronize_poll(ErlNifEnv *env, int argc, const ERL_NIF_TER
             fx_device_note_idle(dev);
             return ok(&c);
         }
-        now = enif_monotonic_time(ERL_NIF_NSEC);
-    } while (now - round < SYNC_ROUND_NS);
-    if (now - began >= SYNC_POLL_NS)
-        return enif_schedule_nif(env, "synchronize", ERL_NIF_DIRTY_JOB_IO_BOUND,
-                                 nif_synchronize_blocking, 1, argv);
-    /* a round is ~1 % of a 1 ms time slice */
-    (void)enif_consume_timeslice(env, 1);
-    return enif_schedule_nif(env, "synchronize", 0, synchronize_poll, 2, argv);
+    } while (enif_monotonic_time(ERL_NIF_NSEC) - round < SYNC_ROUND_NS);
+    return poll_again(env, "synchronize", synchronize_poll, nif_synchronize_blocking, argv, began);
 }
 
 ERL_NIF_TERM nif_synchronize_entry(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
-    ERL_NIF_TERM args[2] = {argv[0], enif_make_int64(env, enif_monotonic_time(ERL_NIF_NSEC))};
-    return synchronize_poll(env, 2, args);
+    return poll_start(env, synchronize_poll, argv);
 }
 
 FX_ENQUEUE_NIF(nif_convert)
