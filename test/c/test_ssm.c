@@ -318,30 +318,17 @@ static fwd_out decay_sensitivity(const host_inputs *h)
     return o;
 }
 
-static double l2(const double *v, int64_t n)
-{
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        sum += v[i] * v[i];
-    return sqrt(sum);
-}
-
 /* ||got - want|| <= tol ||want|| + 4 ||floor||: the decays' exp may be off
  * by a few ulps (ex2.approx: 2), each moving the outputs by `floor`. */
 static void check_conditioned(const char *what, const double *got, const double *want,
                               const double *floor, int64_t n, double tol, const spec *s,
                               fx_dtype t)
 {
-    double diff = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        double e = got[i] - want[i];
-        diff += isnan(e) ? INFINITY : e * e;
-    }
-    diff = sqrt(diff);
-    double scale = l2(want, n), bound = tol * scale + 4.0 * l2(floor, n);
+    double diff = fx_l2_diff(got, want, n);
+    double scale = fx_l2(want, n), bound = tol * scale + 4.0 * fx_l2(floor, n);
     ck_assert_msg(diff <= bound,
                   "%s: ||got - want|| %.3g > %.3g (rel-L2 %.3g, tolerance %.3g, decay floor %.3g) for %s (seed %llu)",
-                  what, diff, bound, scale > 0 ? diff / scale : diff, tol, l2(floor, n),
+                  what, diff, bound, scale > 0 ? diff / scale : diff, tol, fx_l2(floor, n),
                   spec_text(s, t), (unsigned long long)fx_test_seed());
 }
 

@@ -118,6 +118,24 @@ double *fx_test_read(const fx_tensor *t)
     return out;
 }
 
+double fx_l2(const double *v, int64_t n)
+{
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++)
+        sum += v[i] * v[i];
+    return sqrt(sum);
+}
+
+double fx_l2_diff(const double *a, const double *b, int64_t n)
+{
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = a[i] - b[i];
+        sum += isnan(e) ? INFINITY : e * e;
+    }
+    return sqrt(sum);
+}
+
 double fx_rel_l2(const double *a, const double *b, int64_t n)
 {
     double diff = 0, ref = 0;

@@ -32,6 +32,9 @@ void fx_test_poisoned(fx_device *dev, fx_dtype dtype, int rank, const int64_t *d
 double *fx_test_read(const fx_tensor *t);
 /* ||a - b|| / ||b||; NaN anywhere gives +inf so it never passes. */
 double fx_rel_l2(const double *a, const double *b, int64_t n);
+/* ||v||, and ||a - b|| (+inf where a - b has a NaN). */
+double fx_l2(const double *v, int64_t n);
+double fx_l2_diff(const double *a, const double *b, int64_t n);
 
 /* ck_assert with the measured error in the message. */
 #define fx_assert_close(got, want, n, tol)                                          \
