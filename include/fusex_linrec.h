@@ -67,9 +67,16 @@ typedef struct fx_linrec_fwd_args {
     const fx_tensor *state; /* out: [batch, hidden], state dtype, or NULL */
     /* 0: the backend picks its tiling. > 0: tests force time tiles of at
      * most this many steps, to drive CUDA's multi-tile path on small
-     * inputs. The CPU ignores it. */
+     * inputs. FX_LINREC_TILES_STREAM: tests force CUDA's streaming forward
+     * (a warp per column of channels) where its layout allows;
+     * FX_LINREC_TILES_NO_STREAM: the tiled kernels as the backend picks
+     * them, never the streaming one (benchmarks compare the two). The CPU
+     * ignores it. */
     int max_tile_steps;
 } fx_linrec_fwd_args;
+
+#define FX_LINREC_TILES_STREAM (-1)
+#define FX_LINREC_TILES_NO_STREAM (-2)
 
 typedef struct fx_linrec_bwd_args {
     fx_linrec_problem p;

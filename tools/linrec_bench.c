@@ -5,7 +5,10 @@
  *
  *   FUSEX_PRIV=priv ncu --set full -k regex:forward -c 1 build/linrec_bench --case 0 --reps 1
  *
- *   build/linrec_bench [--case N | --cases N,M,...] [--reps N]
+ *   build/linrec_bench [--case N | --cases N,M,...] [--reps N] [--tiles N]
+ *
+ * --tiles passes N as max_tile_steps (include/fusex_linrec.h): -1 forces
+ * the streaming forward, -2 keeps the tiled kernels.
  *
  * Prints one row per case: median kernel µs, GB/s over the floor bytes,
  * % of the device-to-device copy bandwidth measured first, host µs (the
@@ -146,13 +149,15 @@ static void teardown(run_state *r)
     fx_linrec_tensors_release(&r->g);
 }
 
+static int tiles; /* --tiles: max_tile_steps of every call */
+
 static void run_once(const bench_case *c, run_state *r)
 {
     fx_status st;
     fx_status_clear(&st);
-    if (c->mode != BWD && fx_op_linrec_forward_into(&r->p, NULL, 0, &r->h, NULL, &st))
+    if (c->mode != BWD && fx_op_linrec_forward_into(&r->p, NULL, tiles, &r->h, NULL, &st))
         die("forward", &st);
-    if (c->mode != FWD && fx_op_linrec_backward_into(&r->p, NULL, &r->h, &r->dh, NULL, 0, &r->g, &st))
+    if (c->mode != FWD && fx_op_linrec_backward_into(&r->p, NULL, &r->h, &r->dh, NULL, tiles, &r->g, &st))
         die("backward", &st);
 }
 
@@ -239,6 +244,8 @@ int main(int argc, char **argv)
                     wanted[atoi(tok)] = any = 1;
         } else if (!strcmp(argv[i], "--reps")) {
             reps = atoi(argv[i + 1]);
+        } else if (!strcmp(argv[i], "--tiles")) {
+            tiles = atoi(argv[i + 1]);
         }
     }
     const int only = single ? 1 : -1; /* one case, for a profiler: no copy test, one warm-up */

@@ -124,9 +124,30 @@ static int forward_with(fx_cuda_device *d, int dev, const fx_linrec_fwd_args *a,
                         forward_kernel<KIND, T, V, G, S, CG, true>, prm, pl, t, 0, "linrec forward kernel", st);
 }
 
+// The streaming forward: a warp per 128-byte column of channels.
+template <int KIND, typename T, bool CG>
+static int forward_stream(fx_cuda_device *d, const fx_linrec_fwd_args *a, fx_status *st)
+{
+    const fwd_params prm = make_fwd_params(a);
+    const stream_tiling s = make_stream_tiling(&a->p, (int)sizeof(T));
+    const int64_t blocks = (s.batch * s.columns + kStreamWarps - 1) / kStreamWarps;
+    if (blocks > 0x7fffffff)
+        return fx_fail(st, FX_EBADARG, "linrec forward: %lld blocks is more than one launch can take",
+                       (long long)blocks);
+    const size_t bytes = stream_block_bytes<KIND>();
+    auto kernel = forward_stream_kernel<KIND, T, CG>;
+    if (bytes > 48 * 1024)
+        FX_CUDA_TRY(d, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
+                    "cudaFuncSetAttribute (linrec streaming)", st);
+    kernel<<<(unsigned)blocks, 32 * kStreamWarps, bytes, d->stream>>>(prm, s);
+    return fx_cuda_launched(d, "linrec streaming forward kernel", st);
+}
+
 template <int KIND, typename T, bool CG>
 static int forward_cg(fx_cuda_device *d, int dev, const fx_linrec_fwd_args *a, fx_status *st)
 {
+    if (stream_wanted(d, a, (int)sizeof(T)))
+        return forward_stream<KIND, T, CG>(d, a, st);
     if (fwd_vector_fits(a, kVec))
         return forward_with<KIND, T, kVec, vec_group<T>(), CG>(d, dev, a, st);
     return forward_with<KIND, T, 1, 32, CG>(d, dev, a, st);

@@ -17,6 +17,8 @@
 #ifndef FX_CUDA_LINREC_KERNELS_CUH
 #define FX_CUDA_LINREC_KERNELS_CUH
 
+#include <type_traits>
+
 #include "cuda/common.cuh"
 #include "cuda/scan.cuh"
 #include "fusex_linrec.h"
@@ -450,6 +452,182 @@ template <int KIND, typename T, int V> inline size_t fwd_stage_bytes(int steps, 
     return (size_t)steps * nseq<KIND>() * 32 * warps * sizeof(typename fxscan::pack<T, V>::R);
 }
 
+// ---- the streaming forward ----
+//
+// Where there are channels enough for a warp on every scheduler, tiles and
+// their look-back are not needed: a warp owns a 128-byte column of channels
+// (32 lanes of 4 bytes: one f32 channel or two 16-bit ones a lane) of one
+// batch element and walks the whole sequence with h in registers. Its
+// inputs flow through a ring of kStreamStages stages of kStreamSteps steps
+// in shared memory, each lane copying 16-byte pieces with cp.async: all
+// stages but the one being computed are in flight, so a warp always has its
+// next ~80 steps' loads outstanding and never waits for a block barrier, a
+// neighbour or a predecessor tile. (The tiled kernels' block life of load,
+// scan, store leaves memory idle between blocks: bench/RESULTS.md, linrec.)
+// Warps of a block share nothing but the launch. 16 steps a stage and 6
+// stages measured best of 8 x 6, 8 x 12, 8 x 20 and 16 x 6 (H200).
+#ifndef FXLR_STREAM_STEPS // other stage shapes, measured against this one
+#define FXLR_STREAM_STEPS 16
+#endif
+#ifndef FXLR_STREAM_STAGES
+#define FXLR_STREAM_STAGES 6
+#endif
+#ifndef FXLR_STREAM_WARPS
+#define FXLR_STREAM_WARPS 2
+#endif
+constexpr int kStreamSteps = FXLR_STREAM_STEPS;
+constexpr int kStreamWarps = FXLR_STREAM_WARPS;
+constexpr int kStreamStages = FXLR_STREAM_STAGES;
+static_assert(kStreamSteps % 4 == 0 && kStreamStages >= 2, "a stage is whole groups of 4 rows");
+
+template <typename T> constexpr int stream_vec() { return 4 / (int)sizeof(T); }
+
+struct stream_tiling {
+    int64_t batch, seqlen, hidden;
+    int64_t columns; // 128-byte columns of channels per batch element
+    int flip;        // reverse
+};
+
+// The ring of one warp, in 4-byte words: stage, input, step, lane.
+template <int KIND> constexpr int stream_stage_words() { return nseq<KIND>() * kStreamSteps * 32; }
+template <int KIND> inline size_t stream_block_bytes()
+{
+    return (size_t)kStreamWarps * kStreamStages * stream_stage_words<KIND>() * 4;
+}
+
+// With one warp per scheduler nothing hides a warp's own latencies, so the
+// loop is lean: pointers step by a row, no 64-bit index maths or branch
+// per step (a first version spent 42 instructions a step on them and ran
+// at half the tiled kernels' speed: bench/RESULTS.md).
+template <int KIND, typename T, bool CG>
+__global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const fwd_params p, const stream_tiling s)
+{
+    constexpr int N = nseq<KIND>(), V = stream_vec<T>(), K = kStreamSteps, STAGES = kStreamStages, Q = K / 4;
+    constexpr int WORDS = stream_stage_words<KIND>(), PIECE = 16 / (int)sizeof(T); // elements of a copy
+    typedef fxscan::pack<T, V> pk;
+    static_assert(sizeof(typename pk::R) == 4, "a lane's part of a row is one 4-byte word");
+    FXSCAN_STAGE(stage_bytes);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t column = (int64_t)blockIdx.x * kStreamWarps + warp;
+    if (column >= s.batch * s.columns)
+        return; // a whole warp: the others never wait for it
+    const int64_t L = s.seqlen, H = s.hidden, b = column / s.columns;
+    const int64_t ch0 = (column - b * s.columns) * 32 * V, mine = ch0 + lane * V;
+    const bool live = mine < H; // hidden is a multiple of V
+    // elements from one step's row to the next one's, and step 0's row
+    const int64_t stride = s.flip ? -H : H, row0 = (b * L + (s.flip ? L - 1 : 0)) * H;
+    const int64_t stages = (L + K - 1) / K;
+
+    // A lane copies piece lane % 8 of the rows of steps 4q + lane / 8 of a
+    // stage, for every input and q; in the ring that is word 4 * lane of
+    // row (k, 4q).
+    const int sub = lane >> 3;
+    const int64_t piece_ch = ch0 + (lane & 7) * PIECE;
+    const bool piece_live = piece_ch < H;
+    const T *src[N][Q];
+#pragma unroll
+    for (int k = 0; k < N; k++)
+#pragma unroll
+        for (int q = 0; q < Q; q++)
+            src[k][q] = static_cast<const T *>(p.in.seq[k]) + row0 + (4 * q + sub) * stride + piece_ch;
+    uint32_t *const ring = reinterpret_cast<uint32_t *>(stage_bytes) + warp * STAGES * WORDS;
+    uint32_t *const ring_end = ring + STAGES * WORDS;
+    uint32_t *fill = ring;
+    auto copies = [&](auto whole, int64_t st) {
+#pragma unroll
+        for (int k = 0; k < N; k++)
+#pragma unroll
+            for (int q = 0; q < Q; q++) {
+                // (a whole stage tests only the lane's piece, once per launch)
+                const bool ok = piece_live && (decltype(whole)::value || st * K + 4 * q + sub < L);
+                fxscan::copy_async_zfill(fill + 4 * lane + (k * K + 4 * q) * 32,
+                                         ok ? src[k][q] : static_cast<const T *>(p.in.seq[k]), ok);
+                src[k][q] += K * stride;
+            }
+    };
+    auto issue = [&](int64_t st) {
+        if (st < stages) {
+            if ((st + 1) * K <= L)
+                copies(std::true_type{}, st);
+            else
+                copies(std::false_type{}, st);
+            fill = fill + WORDS == ring_end ? ring : fill + WORDS;
+        }
+        fxscan::copy_commit(); // an empty group past the end keeps the count
+    };
+
+    chan ch[V];
+    load_chan<KIND, T, V>(p.in, mine, live, ch);
+    float h[V];
+#pragma unroll
+    for (int v = 0; v < V; v++)
+        h[v] = live && p.h0 ? fxscan::load_state<T>(p.h0, p.h0_f32, b * H + mine + v) : 0.f;
+    T *out = static_cast<T *>(p.h) + row0 + mine;
+    // liquid's dt of a stage's steps, loaded a stage ahead
+    auto stage_dt = [&](int64_t st, float (&dt)[K]) {
+#pragma unroll
+        for (int j = 0; j < K; j++) {
+            const int64_t step = st * K + j;
+            dt[j] = KIND == FX_LINREC_LIQUID && step < L
+                        ? load_dt<KIND, T>(p.in, b * L + (s.flip ? L - 1 - step : step))
+                        : 0.f;
+        }
+    };
+    float dt_next[K];
+    stage_dt(0, dt_next);
+
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; st++)
+        issue(st);
+    const uint32_t *read = ring + lane;
+    for (int64_t st = 0; st < stages; st++) {
+        fxscan::copy_wait_group<STAGES - 2>(); // this lane's copies of stage st
+        __syncwarp();                          // everyone's, and stage st - 1 read by all
+        issue(st + STAGES - 1);                // into stage st - 1's slot
+        float dt[K];
+#pragma unroll
+        for (int j = 0; j < K; j++)
+            dt[j] = dt_next[j];
+        if (KIND == FX_LINREC_LIQUID)
+            stage_dt(st + 1, dt_next);
+        // every read of the stage before the first store: the compiler
+        // cannot move a shared-memory load above a global store it might
+        // alias
+        pk x[K][N];
+#pragma unroll
+        for (int j = 0; j < K; j++)
+#pragma unroll
+            for (int k = 0; k < N; k++)
+                x[j][k].r = read[(k * K + j) * 32];
+        read = read + WORDS >= ring_end ? ring + lane : read + WORDS;
+        const int n = L - st * K < K ? (int)(L - st * K) : K;
+        auto steps = [&](auto whole) {
+#pragma unroll
+            for (int j = 0; j < K; j++) {
+                if (!decltype(whole)::value && j >= n)
+                    break;
+#pragma unroll
+                for (int v = 0; v < V; v++) {
+                    float xs[3];
+                    step_inputs<N>(x[j], v, xs);
+                    h[v] = fxscan::apply(coeff<KIND, CG>(xs, ch[v], dt[j]), h[v]);
+                }
+                if (live)
+                    fxscan::store_stream<T, V>(out, h);
+                out += stride;
+            }
+        };
+        if (n == K)
+            steps(std::true_type{});
+        else
+            steps(std::false_type{});
+    }
+    if (p.state && live)
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            p.state[b * H + mine + v] = h[v];
+}
+
 // ---- backward ----
 
 struct bwd_params {
@@ -713,6 +891,54 @@ inline fxscan::tiling make_tiling(const fx_linrec_problem *p, const plan &pl, in
 }
 
 inline bool aligned16(const void *ptr) { return ((uintptr_t)ptr & 15) == 0; }
+
+// The streaming forward's layout: rows of whole 16-byte pieces (hidden a
+// multiple of 16 / sizeof(T)) and 16-byte aligned sequences.
+inline bool stream_fits(const fx_linrec_fwd_args *a, int elem_bytes)
+{
+    if (a->p.hidden % (16 / elem_bytes) != 0 || !aligned16(a->h->data))
+        return false;
+    for (int k = 0; k < a->p.nseq; k++)
+        if (!aligned16(a->p.seq[k]->data))
+            return false;
+    return true;
+}
+
+inline int64_t stream_columns(const fx_linrec_problem *p, int elem_bytes)
+{
+    const int64_t width = 32 * (4 / elem_bytes);
+    return (p->hidden + width - 1) / width;
+}
+
+// Whether the forward streams: where tests force it (and it fits), or on
+// its own for f32 where it fits, the launch is large, a sequence has a few
+// stages and there are warps for ~90 % of the schedulers (4 per SM). A
+// streaming warp walks every step of its sequence in turn, so with fewer
+// warps the GPU idles and each warp's own latency sets the pace. Measured
+// on the H200 (bench/RESULTS.md): B16 L1024 H1024 (512 warps) MinGRU 57
+// against 61 us tiled, MinLSTM 76 against 87, Liquid 46 against 47, the
+// scan even; B8 L2048 H1536 (384 warps) 81-84 against 79 tiled; 16-bit
+// B16 (256 warps) 52 against 37.
+inline bool stream_wanted(const fx_cuda_device *d, const fx_linrec_fwd_args *a, int elem_bytes)
+{
+    if (a->max_tile_steps == FX_LINREC_TILES_STREAM)
+        return stream_fits(a, elem_bytes);
+    if (a->max_tile_steps != 0 || elem_bytes != 4)
+        return false;
+    return stream_fits(a, elem_bytes) && large_launch(&a->p) && a->p.seqlen >= 4 * kStreamSteps &&
+           a->p.batch * stream_columns(&a->p, elem_bytes) >= 7 * (int64_t)d->sm_count / 2;
+}
+
+inline stream_tiling make_stream_tiling(const fx_linrec_problem *p, int elem_bytes)
+{
+    stream_tiling s = {};
+    s.batch = p->batch;
+    s.seqlen = p->seqlen;
+    s.hidden = p->hidden;
+    s.columns = stream_columns(p, elem_bytes);
+    s.flip = p->reverse;
+    return s;
+}
 
 // The vector path (16 bytes a lane) needs whole lanes of channels and
 // 16-byte aligned sequences.

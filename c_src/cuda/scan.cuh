@@ -525,6 +525,38 @@ __device__ __forceinline__ void copy_wait()
 #endif
 }
 
+// A 16-byte copy that writes zeros instead where `valid` is false (reading
+// nothing from src), for pipelines that keep several copies in flight:
+// copy_commit closes a group of copies, copy_wait_group<N> waits until at
+// most N groups of this thread are still in flight.
+__device__ __forceinline__ void copy_async_zfill(void *dst, const void *src, bool valid)
+{
+#ifdef FXSCAN_EMULATION
+    if (valid)
+        memcpy(dst, src, 16);
+    else
+        memset(dst, 0, 16);
+#else
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+#endif
+}
+
+__device__ __forceinline__ void copy_commit()
+{
+#ifndef FXSCAN_EMULATION
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+template <int N> __device__ __forceinline__ void copy_wait_group()
+{
+#ifndef FXSCAN_EMULATION
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
 // Where a thread's steps of a tile are: the offset of its first step's
 // channels, the stride to the next step's, and how many of its steps exist.
 struct rows {

@@ -77,16 +77,17 @@ struct lr_case {
     int reverse, cand_g, h0, dstate, dt_tensor, max_tile, concurrent;
     int vec, group; // channels per lane and lanes per row: 1 and 32, 4 and 8 (f32), 4 and 16 (bf16/f16)
     int staged;     // the forward with its inputs in shared memory (f32 layout)
+    int stream;     // the streaming forward (a warp per column of channels; hidden % 4 == 0)
 };
 
 std::string describe(const lr_case &c)
 {
     char text[256];
-    snprintf(text, sizeof text, "%s B%lld L%lld H%lld%s%s%s%s%s tile=%d blocks=%d vec=%d group=%d staged=%d",
+    snprintf(text, sizeof text, "%s B%lld L%lld H%lld%s%s%s%s%s tile=%d blocks=%d vec=%d group=%d staged=%d stream=%d",
              (const char *[]){"linear_scan", "mingru", "minlstm", "liquid"}[c.kind], (long long)c.B,
              (long long)c.L, (long long)c.H, c.reverse ? " reverse" : "", c.cand_g ? " g" : "",
              c.h0 ? " h0" : "", c.dstate ? " dstate" : "", c.dt_tensor ? " dt=tensor" : "", c.max_tile,
-             c.concurrent, c.vec, c.group, c.staged);
+             c.concurrent, c.vec, c.group, c.staged, c.stream);
     return text;
 }
 
@@ -154,9 +155,34 @@ template <int KIND> void emu_forward_staged(const fx_linrec_fwd_args *a, const l
         fwd_stage_bytes<KIND, float, 4>(pl.steps, pl.warps));
 }
 
+// The streaming forward, as linrec.cu's forward_stream launches it.
+template <int KIND> void emu_forward_stream(const fx_linrec_fwd_args *a, const lr_case &c)
+{
+    if (!stream_fits(a, 4)) {
+        printf("FAIL %s: the streaming forward does not fit\n", describe(c).c_str());
+        failures++;
+        return;
+    }
+    const fwd_params prm = make_fwd_params(a);
+    const stream_tiling s = make_stream_tiling(&a->p, 4);
+    const unsigned blocks = (unsigned)((s.batch * s.columns + kStreamWarps - 1) / kStreamWarps);
+    constexpr bool cg = KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM;
+    emu_launch(
+        blocks, 32 * kStreamWarps, c.concurrent,
+        [&] {
+            if (a->p.candidate_g)
+                forward_stream_kernel<KIND, float, cg>(prm, s);
+            else
+                forward_stream_kernel<KIND, float, false>(prm, s);
+        },
+        stream_block_bytes<KIND>());
+}
+
 template <int KIND> void emu_forward(const fx_linrec_fwd_args *a, const lr_case &c)
 {
-    if (c.vec == 4 && c.group == 8 && c.staged)
+    if (c.stream)
+        emu_forward_stream<KIND>(a, c);
+    else if (c.vec == 4 && c.group == 8 && c.staged)
         emu_forward_staged<KIND>(a, c);
     else if (c.vec == 4 && c.group == 16)
         emu_forward_with<KIND, 4, 16>(a, c);
@@ -493,13 +519,13 @@ int main(int argc, char **argv)
     const int tiles[] = {0, 1, 2, 3, 5, 17, 40};
     const int nshapes = sizeof shapes / sizeof shapes[0], ntiles = sizeof tiles / sizeof tiles[0];
     int runs = 0;
-    if (getenv("EMU_CASE")) { // kind,B,L,H,reverse,g,h0,dstate,dt,tile,blocks[,vec,group]
+    if (getenv("EMU_CASE")) { // kind,B,L,H,reverse,g,h0,dstate,dt,tile,blocks[,vec,group,stream]
         lr_case c = {};
         c.vec = 1;
         c.group = 32;
-        sscanf(getenv("EMU_CASE"), "%d,%lld,%lld,%lld,%d,%d,%d,%d,%d,%d,%d,%d,%d", &c.kind,
+        sscanf(getenv("EMU_CASE"), "%d,%lld,%lld,%lld,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d", &c.kind,
                (long long *)&c.B, (long long *)&c.L, (long long *)&c.H, &c.reverse, &c.cand_g, &c.h0,
-               &c.dstate, &c.dt_tensor, &c.max_tile, &c.concurrent, &c.vec, &c.group);
+               &c.dstate, &c.dt_tensor, &c.max_tile, &c.concurrent, &c.vec, &c.group, &c.stream);
         run_case(c);
         printf("%s: %d failures\n", describe(c).c_str(), failures);
         return failures ? 1 : 0;
@@ -518,10 +544,12 @@ int main(int argc, char **argv)
         c.dt_tensor = (i / 4) % 2;
         c.max_tile = tiles[(i * 5 + i / 7) % ntiles];
         c.concurrent = 1 + (i % 4);
-        const int layout = c.H % 4 == 0 ? (i / 2) % 3 : 0; // scalar, f32 vector, 16-bit vector
-        c.vec = layout ? 4 : 1;
-        c.group = layout == 0 ? 32 : layout == 1 ? 8 : 16;
+        // scalar, f32 vector, 16-bit vector; the forward streaming (its backward: scalar)
+        const int layout = c.H % 4 == 0 ? (i / 2) % 4 : 0;
+        c.vec = layout == 1 || layout == 2 ? 4 : 1;
+        c.group = c.vec == 1 ? 32 : layout == 1 ? 8 : 16;
         c.staged = layout == 1 && (i / 5) % 2;
+        c.stream = layout == 3;
         run_case(c);
         runs++;
     }
