@@ -464,8 +464,9 @@ template <int KIND, typename T, int V> inline size_t fwd_stage_bytes(int steps, 
 // next ~80 steps' loads outstanding and never waits for a block barrier, a
 // neighbour or a predecessor tile. (The tiled kernels' block life of load,
 // scan, store leaves memory idle between blocks: bench/RESULTS.md, linrec.)
-// Warps of a block share nothing but the launch. 16 steps a stage and 6
-// stages measured best of 8 x 6, 8 x 12, 8 x 20 and 16 x 6 (H200).
+// Warps of a block share nothing but the launch. 16 steps a stage, 6
+// stages and 2-warp blocks measured best of 8 x 6, 8 x 12, 8 x 20, 16 x 6,
+// 16 x 8 and 4-warp blocks (H200).
 #ifndef FXLR_STREAM_STEPS // other stage shapes, measured against this one
 #define FXLR_STREAM_STEPS 16
 #endif
@@ -916,9 +917,9 @@ inline int64_t stream_columns(const fx_linrec_problem *p, int elem_bytes)
 // streaming warp walks every step of its sequence in turn, so with fewer
 // warps the GPU idles and each warp's own latency sets the pace. Measured
 // on the H200 (bench/RESULTS.md): B16 L1024 H1024 (512 warps) MinGRU 57
-// against 61 us tiled, MinLSTM 76 against 87, Liquid 46 against 47, the
-// scan even; B8 L2048 H1536 (384 warps) 81-84 against 79 tiled; 16-bit
-// B16 (256 warps) 52 against 37.
+// against 61 us tiled, MinLSTM 72-74 against 87, Liquid 43 against 47, the
+// scan even; B8 L2048 H1536 (384 warps) 80-84 against 79 tiled; 16-bit
+// B16 (256 warps) 46 against 37.
 inline bool stream_wanted(const fx_cuda_device *d, const fx_linrec_fwd_args *a, int elem_bytes)
 {
     if (a->max_tile_steps == FX_LINREC_TILES_STREAM)
