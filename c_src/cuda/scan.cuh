@@ -538,7 +538,10 @@ __device__ __forceinline__ void copy_async_zfill(void *dst, const void *src, boo
         memset(dst, 0, 16);
 #else
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0)
+    // The L2::128B hint: the linrec streaming forward (its one user) ran
+    // MinLSTM B16 in 72-75 us against 74-75.5 without it over two A/B calls,
+    // the others within their noise (H200, bench/RESULTS.md).
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0)
                  : "memory");
 #endif
 }
