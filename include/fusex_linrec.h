@@ -71,7 +71,7 @@ typedef struct fx_linrec_fwd_args {
      * (a warp per column of channels) where its layout allows;
      * FX_LINREC_TILES_NO_STREAM: the tiled kernels as the backend picks
      * them, never the streaming one (benchmarks compare the two). The CPU
-     * ignores it. */
+     * ignores it; the backward's max_tile_steps takes both as 0. */
     int max_tile_steps;
 } fx_linrec_fwd_args;
 
