@@ -19,6 +19,7 @@
 
 #include <type_traits>
 
+#include "cuda/async_copy.cuh"
 #include "cuda/common.cuh"
 #include "cuda/scan.cuh"
 #include "fusex_linrec.h"
@@ -360,7 +361,10 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
 
 // The forward with the inputs staged in shared memory (cp.async) rather
 // than held in registers: a thread holds no step's data, so more blocks
-// fit an SM; both passes read the slots and compute (a, b) from them.
+// fit an SM; both passes read the slots and compute (a, b) from them. A
+// thread copies its own runs into its own slots and reads them back
+// itself, so no barrier is needed: slot s of thread i is stage[s *
+// threads + i].
 // Its set-up (dt, channel parameters, h0, peek) repeats forward_kernel's on
 // purpose: sharing it in one helper moved registers and made MinLSTM B16
 // 5 % slower (93.7 -> 98.6 us, A/B twice in one run; bench/RESULTS.md).
@@ -385,9 +389,8 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kStagedBlocks)
         if (c < r.count)
 #pragma unroll
             for (int k = 0; k < N; k++)
-                fxscan::copy_async(reinterpret_cast<R *>(stage_bytes) + (c * N + k) * threads + threadIdx.x,
-                                   reinterpret_cast<const R *>(static_cast<const T *>(p.in.seq[k]) + r.off0 +
-                                                               c * r.stride));
+                fx_copy_async<sizeof(R)>(reinterpret_cast<R *>(stage_bytes) + (c * N + k) * threads + threadIdx.x,
+                                         static_cast<const T *>(p.in.seq[k]) + r.off0 + c * r.stride);
     float dt[S];
 #pragma unroll
     for (int c = 0; c < S; c++)
@@ -401,7 +404,7 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kStagedBlocks)
                                                 : 0.f;
     float peek_h[V];
     const bool peeked = fxscan::peek<G, V, CHAINED>(t, at, peek_h);
-    fxscan::copy_wait();
+    fx_copy_wait_all();
 
     auto step_map = [&](int c, int v, const pk (&xc)[N]) {
         float xs[3];
@@ -541,8 +544,8 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
             for (int q = 0; q < Q; q++) {
                 // (a whole stage tests only the lane's piece, once per launch)
                 const bool ok = piece_live && (decltype(whole)::value || st * K + 4 * q + sub < L);
-                fxscan::copy_async_zfill(fill + 4 * lane + (k * K + 4 * q) * 32,
-                                         ok ? src[k][q] : static_cast<const T *>(p.in.seq[k]), ok);
+                fx_copy_async<16, true>(fill + 4 * lane + (k * K + 4 * q) * 32,
+                                        ok ? src[k][q] : static_cast<const T *>(p.in.seq[k]), ok);
                 src[k][q] += K * stride;
             }
     };
@@ -554,7 +557,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
                 copies(std::false_type{}, st);
             fill = fill + WORDS == ring_end ? ring : fill + WORDS;
         }
-        fxscan::copy_commit(); // an empty group past the end keeps the count
+        fx_copy_commit(); // an empty group past the end keeps the count
     };
 
     chan ch[V];
@@ -582,7 +585,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
         issue(st);
     const uint32_t *read = ring + lane;
     for (int64_t st = 0; st < stages; st++) {
-        fxscan::copy_wait_group<STAGES - 2>(); // this lane's copies of stage st
+        fx_copy_wait<STAGES - 2>(); // this lane's copies of stage st
         __syncwarp();                          // everyone's, and stage st - 1 read by all
         issue(st + STAGES - 1);                // into stage st - 1's slot
         float dt[K];

@@ -497,69 +497,6 @@ __device__ __forceinline__ void scan_tile(const tiling &t, const place &at, cons
         hin[v] = apply(pre[v], sm.carry[c0 + v]);
 }
 
-// ---- staging a tile's inputs in shared memory ----
-//
-// A thread copies its own runs (4, 8 or 16 bytes; cp.async: no registers
-// held while the data travels) into its own slots and reads them back
-// itself, so no barrier is needed: slot s of thread i is stage[s *
-// threads + i].
-template <typename R> __device__ __forceinline__ void copy_async(R *dst, const R *src)
-{
-    static_assert(sizeof(R) == 4 || sizeof(R) == 8 || sizeof(R) == 16, "cp.async moves 4, 8 or 16 bytes");
-#ifdef FXSCAN_EMULATION
-    memcpy(dst, src, sizeof(R));
-#else
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    if constexpr (sizeof(R) == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"((int)sizeof(R))
-                     : "memory");
-#endif
-}
-
-__device__ __forceinline__ void copy_wait()
-{
-#ifndef FXSCAN_EMULATION
-    asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-}
-
-// A 16-byte copy that writes zeros instead where `valid` is false (reading
-// nothing from src), for pipelines that keep several copies in flight:
-// copy_commit closes a group of copies, copy_wait_group<N> waits until at
-// most N groups of this thread are still in flight.
-__device__ __forceinline__ void copy_async_zfill(void *dst, const void *src, bool valid)
-{
-#ifdef FXSCAN_EMULATION
-    if (valid)
-        memcpy(dst, src, 16);
-    else
-        memset(dst, 0, 16);
-#else
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    // The L2::128B hint: the linrec streaming forward (its one user) ran
-    // MinLSTM B16 in 72-75 us against 74-75.5 without it over two A/B calls,
-    // the others within their noise (H200, bench/RESULTS.md).
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-#endif
-}
-
-__device__ __forceinline__ void copy_commit()
-{
-#ifndef FXSCAN_EMULATION
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-template <int N> __device__ __forceinline__ void copy_wait_group()
-{
-#ifndef FXSCAN_EMULATION
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
-
 // Where a thread's steps of a tile are: the offset of its first step's
 // channels, the stride to the next step's, and how many of its steps exist.
 struct rows {

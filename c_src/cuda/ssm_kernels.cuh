@@ -24,6 +24,7 @@
 #include <limits.h>
 #include <string.h>
 
+#include "cuda/async_copy.cuh"
 #include "cuda/common.cuh"
 #include "fusex_ssm.h"
 
@@ -417,32 +418,6 @@ template <typename T, class C> inline bool fwd_fast(const ScanParams &p)
            aligned(p.b, K::UB) && aligned(p.c, K::UB) && aligned(p.y, K::UX);
 }
 
-// A copy of BYTES (4, 8 or 16) from global to shared memory that lands
-// later (cp_wait); zeros when !valid.
-template <int BYTES> __device__ __forceinline__ void cp_async(void *dst, const void *src, bool valid)
-{
-#ifdef __CUDA_ARCH__
-    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-    if constexpr (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(src), "n"(BYTES),
-                     "r"(valid ? BYTES : 0));
-#else
-    if (valid)
-        memcpy(dst, src, BYTES);
-    else
-        memset(dst, 0, BYTES);
-#endif
-}
-
-__device__ __forceinline__ void cp_wait()
-{
-#ifdef __CUDA_ARCH__
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-}
-
 // A scheduling fence: ptxas keeps every instruction on its side of a read
 // of the clock. Its list scheduler would otherwise sink each exp to just
 // above its first use (its static latency model allows it), where the warp
@@ -557,7 +532,7 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
 #pragma unroll
                 for (int k = 0; k < NUX; k++)
                     if (j < 2 || src[2])
-                        cp_async<K::UX>(reinterpret_cast<T *>(sm + at[j]) + (ux + k) * EPU,
+                        fx_copy_async<K::UX>(reinterpret_cast<T *>(sm + at[j]) + (ux + k) * EPU,
                                         ok ? src[j] + k * EPU : static_cast<const T *>(base[j]), ok);
         }
         if (BUNITS % 32 == 0 || ub < BUNITS) {
@@ -568,7 +543,7 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
             for (int j = 0; j < 2; j++)
 #pragma unroll
                 for (int k = 0; k < NUB; k++)
-                    cp_async<K::UB>(reinterpret_cast<T *>(sm + at[j] + buf * S::BCW) + (ub + k) * EPB,
+                    fx_copy_async<K::UB>(reinterpret_cast<T *>(sm + at[j] + buf * S::BCW) + (ub + k) * EPB,
                                     ok ? src[3 + j] + k * EPB : static_cast<const T *>(base[j]), ok);
         }
     }
@@ -805,7 +780,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 4) ssm_fwd_kernel(const ScanPa
     const int chunks = (p.seqlen + S::TS - 1) / S::TS;
     if (chunks > 0) {
         stage.load(p, tile, 0, sm, 0);
-        cp_wait();
+        fx_copy_wait_all();
         __syncwarp();
         stage.commit(p, tile, 0, sm, 0);
         __syncwarp();
@@ -817,7 +792,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 4) ssm_fwd_kernel(const ScanPa
         const float *bsrc = S::F32 ? sm + S::BR + buf * S::BCW : sm + S::B;
         const float *csrc = S::F32 ? sm + S::CR + buf * S::BCW : sm + S::CC;
         fwd_scan<T, C, U>(p, tile, c, q, ok, t0, h, a2, bsrc, csrc, sm);
-        cp_wait();
+        fx_copy_wait_all();
         __syncwarp(); // the parts of y are written; the next chunk's inputs are in
         stage.epilogue(p, tile, t0, sm);
         if (k + 1 < chunks)
@@ -1019,7 +994,7 @@ template <typename T, class C, bool FAST> struct BwdStage {
 #pragma unroll
             for (int j = 0; j < J; j++)
                 if ((UNITS % 32 == 0 || u < UNITS) && (!(OPTIONAL >> j & 1u) || src[j]))
-                    cp_async<UB>(dst[j] + tl * width + e, src[j] + i, ok);
+                    fx_copy_async<UB>(dst[j] + tl * width + e, src[j] + i, ok);
         }
     }
 
@@ -1207,7 +1182,7 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
 #pragma unroll
         for (int i = 0; i < NPL; i++)
             h[i] = hnext[i];
-        cp_wait();
+        fx_copy_wait_all();
         __syncwarp(); // the chunk's raw inputs are in; the last chunk's parts are read
         stage.commit(p, t0, sm);
         __syncwarp(); // staged; the raw buffer is free

@@ -1,0 +1,83 @@
+// Global-to-shared copies that land later (cp.async), for every kernel family
+// that stages its inputs: the linrec forwards (cuda/scan.cuh,
+// cuda/linrec_kernels.cuh) and the selective scan (cuda/ssm_kernels.cuh).
+// Compiled for the CPU (the tools/cuda_emu and tools/ssm_emu emulators, no
+// __CUDA_ARCH__), a copy is a memcpy that has landed at once.
+#ifndef FX_CUDA_ASYNC_COPY_CUH
+#define FX_CUDA_ASYNC_COPY_CUH
+
+#include <string.h>
+
+#include "cuda/common.cuh"
+
+// BYTES (4, 8 or 16) from src to dst in shared memory. L2_128: ask L2 to
+// fetch the whole 128-byte line (the linrec streaming forward measured a
+// small gain with it; bench/RESULTS.md).
+template <int BYTES, bool L2_128 = false>
+__device__ __forceinline__ void fx_copy_async(void *dst, const void *src)
+{
+    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async moves 4, 8 or 16 bytes");
+#ifdef __CUDA_ARCH__
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    if constexpr (BYTES == 16 && L2_128)
+        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+    else if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"(BYTES) : "memory");
+#else
+    memcpy(dst, src, BYTES);
+#endif
+}
+
+// The same, writing zeros instead (and reading nothing from src) where
+// `valid` is false.
+template <int BYTES, bool L2_128 = false>
+__device__ __forceinline__ void fx_copy_async(void *dst, const void *src, bool valid)
+{
+    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async moves 4, 8 or 16 bytes");
+#ifdef __CUDA_ARCH__
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    const int n = valid ? BYTES : 0;
+    if constexpr (BYTES == 16 && L2_128)
+        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n)
+                     : "memory");
+    else if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(d), "l"(src), "n"(BYTES), "r"(n)
+                     : "memory");
+#else
+    if (valid)
+        memcpy(dst, src, BYTES);
+    else
+        memset(dst, 0, BYTES);
+#endif
+}
+
+// Closes this thread's group of copies issued since the last commit.
+__device__ __forceinline__ void fx_copy_commit()
+{
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Waits until at most N of this thread's committed groups are in flight.
+// The copies of other threads need a barrier besides.
+template <int N> __device__ __forceinline__ void fx_copy_wait()
+{
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// Waits for every copy this thread issued.
+__device__ __forceinline__ void fx_copy_wait_all()
+{
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+#endif
