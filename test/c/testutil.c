@@ -138,14 +138,10 @@ double fx_l2_diff(const double *a, const double *b, int64_t n)
 
 double fx_rel_l2(const double *a, const double *b, int64_t n)
 {
-    double diff = 0, ref = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (isnan(a[i]) || isnan(b[i]))
-            return INFINITY;
-        diff += (a[i] - b[i]) * (a[i] - b[i]);
-        ref += b[i] * b[i];
-    }
+    double diff = fx_l2_diff(a, b, n), ref = fx_l2(b, n);
+    if (isinf(diff)) /* a NaN in a or b */
+        return INFINITY;
     if (ref == 0)
         return diff == 0 ? 0 : INFINITY;
-    return sqrt(diff / ref);
+    return diff / ref;
 }
