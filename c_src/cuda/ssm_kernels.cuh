@@ -359,8 +359,8 @@ __device__ __forceinline__ void load_bc_rows(const ScanParams &p, const Tile &t,
 // scheduling fence after every FENCE steps of the scan (0: none), without
 // which ptxas sinks each exp to just above its first use; TF, the steps
 // per chunk (0: the configuration's T).
-template <int LOOK_ = 2, int FENCE_ = 1, int TF_ = 0> struct FwdTune {
-    static constexpr int LOOK = LOOK_, FENCE = FENCE_, TF = TF_;
+template <int LOOK_ = 2, int FENCE_ = 1, int TF_ = 0, int MINB_ = 4> struct FwdTune {
+    static constexpr int LOOK = LOOK_, FENCE = FENCE_, TF = TF_, MINB = MINB_;
 };
 typedef FwdTune<> FwdDefault;
 
@@ -755,7 +755,7 @@ __device__ __forceinline__ void fwd_scan(const ScanParams &p, const Tile &t, int
 }
 
 template <typename T, class C, bool FAST, class U = FwdDefault>
-__global__ void __launch_bounds__(kFwdMaxThreads, 4) ssm_fwd_kernel(const ScanParams p)
+__global__ void __launch_bounds__(kFwdMaxThreads, U::MINB) ssm_fwd_kernel(const ScanParams p)
 {
     using S = FwdSmem<T, C, U>;
     constexpr int NPL = C::NPL;

@@ -229,6 +229,12 @@ template <class U> static Variant variant(const char *name)
                    [](const fx_ssm_fwd_args *a) { launch_fwd<__nv_bfloat16, U>(a); }};
 }
 
+template <class U, class C> static Variant variant_cfg(const char *name)
+{
+    return Variant{name, [](const fx_ssm_fwd_args *a) { launch_fwd<float, U, C>(a); },
+                   [](const fx_ssm_fwd_args *a) { launch_fwd<__nv_bfloat16, U, C>(a); }};
+}
+
 static std::vector<Variant> variants()
 {
     std::vector<Variant> v;
@@ -243,6 +249,13 @@ static std::vector<Variant> variants()
     v.push_back(variant<FwdTune<3, 2>>("LOOK 3, fence every 2 steps"));
     v.push_back(variant<FwdTune<3, 1>>("LOOK 3, fence every step"));
     v.push_back(variant<FwdTune<2, 1, 32>>("LOOK 2, fence every step, 32-step chunks"));
+#endif
+#ifdef SSM_WIDE // a lane holds all 16 states of its channel (b, c reads are warp broadcasts)
+    v.push_back(variant_cfg<FwdTune<2, 1, 16, 1>, Cfg<1, 16>>("1 x 16, LOOK 2, fence, T16"));
+    v.push_back(variant_cfg<FwdTune<1, 1, 16, 1>, Cfg<1, 16>>("1 x 16, LOOK 1, fence, T16"));
+    v.push_back(variant_cfg<FwdTune<1, 0, 16, 1>, Cfg<1, 16>>("1 x 16, LOOK 1, no fence, T16"));
+    v.push_back(variant_cfg<FwdTune<2, 1, 8, 1>, Cfg<1, 16>>("1 x 16, LOOK 2, fence, T8"));
+    v.push_back(variant_cfg<FwdTune<2, 1, 16, 2>, Cfg<2, 8>>("2 x 8, LOOK 2, fence, T16"));
 #endif
     return v;
 }
