@@ -5,7 +5,7 @@
  *
  *   FUSEX_PRIV=priv ncu --set full -k regex:forward -c 1 build/linrec_bench --case 0 --reps 1
  *
- *   build/linrec_bench [--case N | --cases N,M,...] [--reps N] [--tiles N]
+ *   build/linrec_bench [--case N | --cases N,M,...] [--reps N] [--tiles N] [--add 1]
  *
  * --tiles passes N as max_tile_steps (include/fusex_linrec.h): -1 forces
  * the streaming forward, -2 keeps the tiled kernels.
@@ -13,7 +13,10 @@
  * Prints one row per case: median kernel µs, GB/s over the floor bytes,
  * % of the device-to-device copy bandwidth measured first, host µs (the
  * call plus a synchronize). The first row is the floor of the method: a
- * one-element scale, timed the same way. */
+ * one-element scale, timed the same way. With --add 1, every forward case
+ * of two input sequences (scan, MinGRU) is followed by a row for the
+ * library's elementwise add of the same two tensors into the same output:
+ * the same bytes moved by the simplest kernel there is. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -149,7 +152,8 @@ static void teardown(run_state *r)
     fx_linrec_tensors_release(&r->g);
 }
 
-static int tiles; /* --tiles: max_tile_steps of every call */
+static int tiles;    /* --tiles: max_tile_steps of every call */
+static int with_add; /* --add: an add row after each two-input forward */
 
 static void run_once(const bench_case *c, run_state *r)
 {
@@ -159,6 +163,55 @@ static void run_once(const bench_case *c, run_state *r)
         die("forward", &st);
     if (c->mode != FWD && fx_op_linrec_backward_into(&r->p, NULL, &r->h, &r->dh, NULL, tiles, &r->g, &st))
         die("backward", &st);
+}
+
+typedef struct case_ctx {
+    const bench_case *c;
+    run_state *r;
+} case_ctx;
+
+static void case_call(void *ctx)
+{
+    case_ctx *x = ctx;
+    run_once(x->c, x->r);
+}
+
+/* The library's add of a forward case's two input sequences into its output. */
+static void add_call(void *ctx)
+{
+    case_ctx *x = ctx;
+    fx_status st;
+    fx_status_clear(&st);
+    if (fx_op_binary(FX_ADD, &x->r->in.seq[0], &x->r->in.seq[1], &x->r->h, &st))
+        die("add", &st);
+}
+
+/* Times `reps` calls of `call` by device events (after a busy-wait, so that
+ * the launch is not what is timed) and by the host (call + synchronize),
+ * after `warm` untimed calls. */
+static void time_calls(fx_device *dev, int reps, int warm, void (*call)(void *), void *ctx, void *e0, void *e1,
+                       double *k_us, double *h_us)
+{
+    const fx_backend *be = dev->backend;
+    fx_status st;
+    fx_status_clear(&st);
+    for (int i = 0; i < warm; i++)
+        call(ctx);
+    be->synchronize(dev->ordinal, &st);
+    for (int i = 0; i < reps; i++) {
+        be->busy_wait(dev->ordinal, 100, &st);
+        be->event_record(dev->ordinal, e0, &st);
+        call(ctx);
+        be->event_record(dev->ordinal, e1, &st);
+        be->synchronize(dev->ordinal, &st);
+        be->event_elapsed_us(dev->ordinal, e0, e1, &k_us[i], &st);
+        double t0 = now_us();
+        call(ctx);
+        be->synchronize(dev->ordinal, &st);
+        h_us[i] = now_us() - t0;
+    }
+    if (st.code)
+        die("timing", &st);
 }
 
 /* Floor bytes: inputs read once, outputs written once. */
@@ -246,6 +299,8 @@ int main(int argc, char **argv)
             reps = atoi(argv[i + 1]);
         } else if (!strcmp(argv[i], "--tiles")) {
             tiles = atoi(argv[i + 1]);
+        } else if (!strcmp(argv[i], "--add")) {
+            with_add = atoi(argv[i + 1]);
         }
     }
     const int only = single ? 1 : -1; /* one case, for a profiler: no copy test, one warm-up */
@@ -277,29 +332,19 @@ int main(int argc, char **argv)
         const bench_case *c = &cases[ci];
         run_state r;
         setup(dev, c, &r);
-        for (int i = 0; i < (only >= 0 ? 1 : 3); i++)
-            run_once(c, &r);
-        be->synchronize(dev->ordinal, &st);
-        for (int i = 0; i < reps; i++) {
-            be->busy_wait(dev->ordinal, 100, &st);
-            be->event_record(dev->ordinal, e0, &st);
-            run_once(c, &r);
-            be->event_record(dev->ordinal, e1, &st);
-            be->synchronize(dev->ordinal, &st);
-            be->event_elapsed_us(dev->ordinal, e0, e1, &k_us[i], &st);
-            double t0 = now_us();
-            run_once(c, &r);
-            be->synchronize(dev->ordinal, &st);
-            h_us[i] = now_us() - t0;
-        }
-        if (st.code)
-            die("timing", &st);
+        time_calls(dev, reps, only >= 0 ? 1 : 3, case_call, &(case_ctx){c, &r}, e0, e1, k_us, h_us);
         double k = median(k_us, reps), h = median(h_us, reps), gbs = floor_bytes(c) / (k * 1e3);
         char shape[32];
         snprintf(shape, sizeof shape, "B%lld L%lld H%lld", (long long)c->B, (long long)c->L, (long long)c->H);
         printf("%-3d %-8s %-8s %-18s %-5s %10.2f %8.0f %7.1f %10.2f\n", ci, fx_linrec_op_name(c->kind),
                c->mode == FWD ? "fwd" : c->mode == BWD ? "bwd" : "fwd+bwd", shape,
                fx_dtype_name(c->dtype), k, gbs, bw > 0 ? 100 * gbs / bw : 0.0, h);
+        if (with_add && c->mode == FWD && fx_linrec_nseq(c->kind) == 2) {
+            time_calls(dev, reps, 3, add_call, &(case_ctx){c, &r}, e0, e1, k_us, h_us);
+            k = median(k_us, reps), h = median(h_us, reps), gbs = floor_bytes(c) / (k * 1e3);
+            printf("%-3s %-8s %-8s %-18s %-5s %10.2f %8.0f %7.1f %10.2f\n", "+", "add", "same", shape,
+                   fx_dtype_name(c->dtype), k, gbs, bw > 0 ? 100 * gbs / bw : 0.0, h);
+        }
         fflush(stdout);
         teardown(&r);
     }
