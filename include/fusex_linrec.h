@@ -67,11 +67,11 @@ typedef struct fx_linrec_fwd_args {
     const fx_tensor *state; /* out: [batch, hidden], state dtype, or NULL */
     /* 0: the backend picks its tiling. > 0: tests force time tiles of at
      * most this many steps, to drive CUDA's multi-tile path on small
-     * inputs. FX_LINREC_TILES_STREAM: tests force CUDA's streaming forward
+     * inputs. FX_LINREC_TILES_STREAM: tests force CUDA's streaming kernel
      * (a warp per column of channels) where its layout allows;
      * FX_LINREC_TILES_NO_STREAM: the tiled kernels as the backend picks
      * them, never the streaming one (benchmarks compare the two). The CPU
-     * ignores it; the backward's max_tile_steps takes both as 0. */
+     * ignores it. The backward's max_tile_steps means the same. */
     int max_tile_steps;
 } fx_linrec_fwd_args;
 

@@ -134,7 +134,7 @@ static int forward_stream(fx_cuda_device *d, const fx_linrec_fwd_args *a, fx_sta
     if (blocks > 0x7fffffff)
         return fx_fail(st, FX_EBADARG, "linrec forward: %lld blocks is more than one launch can take",
                        (long long)blocks);
-    const size_t bytes = stream_block_bytes<KIND>();
+    const size_t bytes = stream_block_bytes<nseq<KIND>(), kStreamStages>();
     auto kernel = forward_stream_kernel<KIND, T, CG>;
     if (bytes > 48 * 1024)
         FX_CUDA_TRY(d, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
@@ -173,10 +173,32 @@ static int backward_with(fx_cuda_device *d, int dev, const fx_linrec_bwd_args *a
                         backward_kernel<KIND, T, V, G, S, CG, true>, prm, pl, t, 0, "linrec backward kernel", st);
 }
 
+// The streaming backward: a warp per 128-byte column, walking back.
+template <int KIND, typename T, bool CG>
+static int backward_stream(fx_cuda_device *d, const fx_linrec_bwd_args *a, const bwd_params &prm, fx_status *st)
+{
+    stream_tiling s = make_stream_tiling(&a->p, (int)sizeof(T));
+    s.flip = !a->p.reverse;
+    const int64_t blocks = (s.batch * s.columns + kStreamWarps - 1) / kStreamWarps;
+    if (blocks > 0x7fffffff)
+        return fx_fail(st, FX_EBADARG, "linrec backward: %lld blocks is more than one launch can take",
+                       (long long)blocks);
+    constexpr int SEQS = nseq<KIND>() + 2;
+    const size_t bytes = stream_block_bytes<SEQS, stream_bwd_stages<SEQS>()>();
+    auto kernel = backward_stream_kernel<KIND, T, CG>;
+    if (bytes > 48 * 1024)
+        FX_CUDA_TRY(d, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
+                    "cudaFuncSetAttribute (linrec streaming backward)", st);
+    kernel<<<(unsigned)blocks, 32 * kStreamWarps, bytes, d->stream>>>(prm, s);
+    return fx_cuda_launched(d, "linrec streaming backward kernel", st);
+}
+
 template <int KIND, typename T, bool CG>
 static int backward_cg(fx_cuda_device *d, int dev, const fx_linrec_bwd_args *a, const bwd_params &prm,
                        fx_status *st)
 {
+    if (stream_wanted(d, a, (int)sizeof(T)))
+        return backward_stream<KIND, T, CG>(d, a, prm, st);
     if (bwd_vector_fits(a, kVec))
         return backward_with<KIND, T, kVec, vec_group<T>(), CG>(d, dev, a, prm, st);
     return backward_with<KIND, T, 1, 32, CG>(d, dev, a, prm, st);

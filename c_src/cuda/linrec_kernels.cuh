@@ -231,10 +231,12 @@ __device__ __forceinline__ float load_dt(const op_params &in, int64_t index)
         return 0.f;
 }
 
-// The inputs of one step for one channel, as coeff/step_grad take them.
-template <int N, typename P>
-__device__ __forceinline__ void step_inputs(const P (&x)[N], int v, float (&xs)[3])
+// The inputs of one step for one channel, as coeff/step_grad take them:
+// the first N of a step's M >= N loaded sequences.
+template <int N, typename P, int M>
+__device__ __forceinline__ void step_inputs(const P (&x)[M], int v, float (&xs)[3])
 {
+    static_assert(M >= N, "a step's inputs come first");
 #pragma unroll
     for (int k = 0; k < 3; k++)
         xs[k] = k < N ? x[k < N ? k : 0].get(v) : 0.f;
@@ -492,11 +494,125 @@ struct stream_tiling {
     int flip;        // reverse
 };
 
-// The ring of one warp, in 4-byte words: stage, input, step, lane.
-template <int KIND> constexpr int stream_stage_words() { return nseq<KIND>() * kStreamSteps * 32; }
-template <int KIND> inline size_t stream_block_bytes()
+// A stage of one warp's ring (stream_ring below) of SEQS sequences, in
+// 4-byte words: sequence, step, lane.
+template <int SEQS> constexpr int stream_stage_words() { return SEQS * kStreamSteps * 32; }
+template <int SEQS, int STAGES> inline size_t stream_block_bytes()
 {
-    return (size_t)kStreamWarps * kStreamStages * stream_stage_words<KIND>() * 4;
+    return (size_t)kStreamWarps * STAGES * stream_stage_words<SEQS>() * 4;
+}
+
+// One warp's ring: STAGES stages of kStreamSteps rows of SEQS sequences,
+// each row a 128-byte piece (the warp's column) of a [batch, seqlen,
+// hidden] tensor, walked from row0 by `stride` elements a step. A lane
+// copies piece lane % 8 of the rows of steps 4q + lane / 8 of a stage, for
+// every sequence and q: in the ring that is word 4 * lane of row (k, 4q).
+// Sequence k's steps from `last[k]` on (and a column's pieces past hidden)
+// are zero-filled. All stages but the one being read are in flight.
+template <typename T, int SEQS, int STAGES> struct stream_ring {
+    static constexpr int K = kStreamSteps, Q = K / 4, WORDS = SEQS * K * 32; // words a stage
+    static constexpr int PIECE = 16 / (int)sizeof(T);                        // elements a copy
+    const T *src[SEQS][Q];
+    const T *zero[SEQS]; // any valid address of the sequence: the source of a zero fill
+    int64_t last[SEQS], whole_to, stride, stages;
+    uint32_t *ring, *ring_end, *fill;
+    const uint32_t *read;
+    int lane, sub;
+    bool piece_live;
+
+    // seq[k] + first[k] + row0: sequence k's row of step 0 (all in elements)
+    __device__ __forceinline__ stream_ring(uint32_t *words, const void *const (&seq)[SEQS],
+                                           const int64_t (&first)[SEQS], const int64_t (&last_)[SEQS],
+                                           int64_t row0, int64_t stride_, int64_t seqlen, int64_t ch0,
+                                           int64_t hidden, int lane_)
+        : stride(stride_), ring(words), ring_end(words + STAGES * WORDS), fill(words), lane(lane_)
+    {
+        sub = lane >> 3;
+        const int64_t piece_ch = ch0 + (lane & 7) * PIECE;
+        piece_live = piece_ch < hidden;
+        stages = (seqlen + K - 1) / K;
+        whole_to = seqlen;
+#pragma unroll
+        for (int k = 0; k < SEQS; k++) {
+            zero[k] = static_cast<const T *>(seq[k]);
+            last[k] = last_[k];
+            whole_to = last[k] < whole_to ? last[k] : whole_to;
+#pragma unroll
+            for (int q = 0; q < Q; q++)
+                src[k][q] = zero[k] + first[k] + row0 + (4 * q + sub) * stride + piece_ch;
+        }
+        read = ring + lane;
+    }
+
+    template <bool WHOLE> __device__ __forceinline__ void copies(int64_t st)
+    {
+#pragma unroll
+        for (int k = 0; k < SEQS; k++)
+#pragma unroll
+            for (int q = 0; q < Q; q++) {
+                // (a whole stage tests only the lane's piece, once per launch)
+                const bool ok = piece_live && (WHOLE || st * K + 4 * q + sub < last[k]);
+                fx_copy_async<16, true>(fill + 4 * lane + (k * K + 4 * q) * 32, ok ? src[k][q] : zero[k], ok);
+                src[k][q] += K * stride;
+            }
+    }
+
+    // Starts the copies of stage st into the slot after the last one filled.
+    __device__ __forceinline__ void issue(int64_t st)
+    {
+        if (st < stages) {
+            if ((st + 1) * K <= whole_to)
+                copies<true>(st);
+            else
+                copies<false>(st);
+            fill = fill + WORDS == ring_end ? ring : fill + WORDS;
+        }
+        fx_copy_commit(); // an empty group past the end keeps the count
+    }
+
+    __device__ __forceinline__ void start()
+    {
+#pragma unroll
+        for (int st = 0; st < STAGES - 1; st++)
+            issue(st);
+    }
+
+    // Waits for stage st and starts stage st + STAGES - 1 into the slot of
+    // stage st - 1.
+    __device__ __forceinline__ void advance(int64_t st)
+    {
+        fx_copy_wait<STAGES - 2>(); // this lane's copies of stage st
+        __syncwarp();               // everyone's, and stage st - 1 read by all
+        issue(st + STAGES - 1);
+    }
+
+    // The rows of the stage advanced to, into x: every read before the
+    // caller's first store (the compiler cannot move a shared-memory load
+    // above a global store it might alias).
+    template <typename P> __device__ __forceinline__ void read_stage(P (&x)[K][SEQS])
+    {
+#pragma unroll
+        for (int j = 0; j < K; j++)
+#pragma unroll
+            for (int k = 0; k < SEQS; k++)
+                x[j][k].r = read[(k * K + j) * 32];
+        read = read + WORDS >= ring_end ? ring + lane : read + WORDS;
+    }
+};
+
+// Liquid's dt of the K steps of stage st of a walk over the rows of batch
+// element b, upwards or (flip) downwards (0 for the others).
+template <int KIND, typename T>
+__device__ __forceinline__ void stream_stage_dt(const op_params &in, int64_t seqlen, bool flip, int64_t b,
+                                                int64_t st, float (&dt)[kStreamSteps])
+{
+#pragma unroll
+    for (int j = 0; j < kStreamSteps; j++) {
+        const int64_t step = st * kStreamSteps + j;
+        dt[j] = KIND == FX_LINREC_LIQUID && step < seqlen
+                    ? load_dt<KIND, T>(in, b * seqlen + (flip ? seqlen - 1 - step : step))
+                    : 0.f;
+    }
 }
 
 // With one warp per scheduler nothing hides a warp's own latencies, so the
@@ -506,8 +622,7 @@ template <int KIND> inline size_t stream_block_bytes()
 template <int KIND, typename T, bool CG>
 __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const fwd_params p, const stream_tiling s)
 {
-    constexpr int N = nseq<KIND>(), V = stream_vec<T>(), K = kStreamSteps, STAGES = kStreamStages, Q = K / 4;
-    constexpr int WORDS = stream_stage_words<KIND>(), PIECE = 16 / (int)sizeof(T); // elements of a copy
+    constexpr int N = nseq<KIND>(), V = stream_vec<T>(), K = kStreamSteps;
     typedef fxscan::pack<T, V> pk;
     static_assert(sizeof(typename pk::R) == 4, "a lane's part of a row is one 4-byte word");
     FXSCAN_STAGE(stage_bytes);
@@ -520,45 +635,14 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
     const bool live = mine < H; // hidden is a multiple of V
     // elements from one step's row to the next one's, and step 0's row
     const int64_t stride = s.flip ? -H : H, row0 = (b * L + (s.flip ? L - 1 : 0)) * H;
-    const int64_t stages = (L + K - 1) / K;
-
-    // A lane copies piece lane % 8 of the rows of steps 4q + lane / 8 of a
-    // stage, for every input and q; in the ring that is word 4 * lane of
-    // row (k, 4q).
-    const int sub = lane >> 3;
-    const int64_t piece_ch = ch0 + (lane & 7) * PIECE;
-    const bool piece_live = piece_ch < H;
-    const T *src[N][Q];
+    const void *seqs[N];
+    int64_t first[N], last[N];
 #pragma unroll
     for (int k = 0; k < N; k++)
-#pragma unroll
-        for (int q = 0; q < Q; q++)
-            src[k][q] = static_cast<const T *>(p.in.seq[k]) + row0 + (4 * q + sub) * stride + piece_ch;
-    uint32_t *const ring = reinterpret_cast<uint32_t *>(stage_bytes) + warp * STAGES * WORDS;
-    uint32_t *const ring_end = ring + STAGES * WORDS;
-    uint32_t *fill = ring;
-    auto copies = [&](auto whole, int64_t st) {
-#pragma unroll
-        for (int k = 0; k < N; k++)
-#pragma unroll
-            for (int q = 0; q < Q; q++) {
-                // (a whole stage tests only the lane's piece, once per launch)
-                const bool ok = piece_live && (decltype(whole)::value || st * K + 4 * q + sub < L);
-                fx_copy_async<16, true>(fill + 4 * lane + (k * K + 4 * q) * 32,
-                                        ok ? src[k][q] : static_cast<const T *>(p.in.seq[k]), ok);
-                src[k][q] += K * stride;
-            }
-    };
-    auto issue = [&](int64_t st) {
-        if (st < stages) {
-            if ((st + 1) * K <= L)
-                copies(std::true_type{}, st);
-            else
-                copies(std::false_type{}, st);
-            fill = fill + WORDS == ring_end ? ring : fill + WORDS;
-        }
-        fx_copy_commit(); // an empty group past the end keeps the count
-    };
+        seqs[k] = p.in.seq[k], first[k] = 0, last[k] = L;
+    stream_ring<T, N, kStreamStages> ring(reinterpret_cast<uint32_t *>(stage_bytes) +
+                                              warp * kStreamStages * stream_stage_words<N>(),
+                                          seqs, first, last, row0, stride, L, ch0, H, lane);
 
     chan ch[V];
     load_chan<KIND, T, V>(p.in, mine, live, ch);
@@ -567,43 +651,20 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
     for (int v = 0; v < V; v++)
         h[v] = live && p.h0 ? fxscan::load_state<T>(p.h0, p.h0_f32, b * H + mine + v) : 0.f;
     T *out = static_cast<T *>(p.h) + row0 + mine;
-    // liquid's dt of a stage's steps, loaded a stage ahead
-    auto stage_dt = [&](int64_t st, float (&dt)[K]) {
-#pragma unroll
-        for (int j = 0; j < K; j++) {
-            const int64_t step = st * K + j;
-            dt[j] = KIND == FX_LINREC_LIQUID && step < L
-                        ? load_dt<KIND, T>(p.in, b * L + (s.flip ? L - 1 - step : step))
-                        : 0.f;
-        }
-    };
-    float dt_next[K];
-    stage_dt(0, dt_next);
+    float dt_next[K]; // liquid's, loaded a stage ahead
+    stream_stage_dt<KIND, T>(p.in, L, s.flip, b, 0, dt_next);
 
-#pragma unroll
-    for (int st = 0; st < STAGES - 1; st++)
-        issue(st);
-    const uint32_t *read = ring + lane;
-    for (int64_t st = 0; st < stages; st++) {
-        fx_copy_wait<STAGES - 2>(); // this lane's copies of stage st
-        __syncwarp();                          // everyone's, and stage st - 1 read by all
-        issue(st + STAGES - 1);                // into stage st - 1's slot
+    ring.start();
+    for (int64_t st = 0; st < ring.stages; st++) {
+        ring.advance(st);
         float dt[K];
 #pragma unroll
         for (int j = 0; j < K; j++)
             dt[j] = dt_next[j];
         if (KIND == FX_LINREC_LIQUID)
-            stage_dt(st + 1, dt_next);
-        // every read of the stage before the first store: the compiler
-        // cannot move a shared-memory load above a global store it might
-        // alias
+            stream_stage_dt<KIND, T>(p.in, L, s.flip, b, st + 1, dt_next);
         pk x[K][N];
-#pragma unroll
-        for (int j = 0; j < K; j++)
-#pragma unroll
-            for (int k = 0; k < N; k++)
-                x[j][k].r = read[(k * K + j) * 32];
-        read = read + WORDS >= ring_end ? ring + lane : read + WORDS;
+        ring.read_stage(x);
         const int n = L - st * K < K ? (int)(L - st * K) : K;
         auto steps = [&](auto whole) {
 #pragma unroll
@@ -786,6 +847,127 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
     }
 }
 
+// ---- the streaming backward ----
+//
+// The streaming forward's layout run backwards: a warp owns a 128-byte
+// column of one batch element and walks from the forward's last step to its
+// first with the adjoint u = dL/dh flowing in from the later steps in
+// registers. Its ring carries per step the op's inputs, dh and h of the
+// forward step before (the next row of the walk; the walk's last step, the
+// forward's first, takes h0 instead), and each step writes the gradients of
+// its inputs. Fewer stages than the forward where a stage holds more
+// sequences, so that two blocks of two warps fit an SM (<= 56 KB a warp).
+template <int SEQS> constexpr int stream_bwd_stages() { return kStreamStages < 28 / SEQS ? kStreamStages : 28 / SEQS; }
+
+template <int KIND, typename T, bool CG>
+__global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(const bwd_params p, const stream_tiling s)
+{
+    constexpr int N = nseq<KIND>(), SEQS = N + 2, V = stream_vec<T>(), K = kStreamSteps;
+    constexpr int STAGES = stream_bwd_stages<SEQS>();
+    typedef fxscan::pack<T, V> pk;
+    FXSCAN_STAGE(stage_bytes);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t column = (int64_t)blockIdx.x * kStreamWarps + warp;
+    if (column >= s.batch * s.columns)
+        return;
+    const int64_t L = s.seqlen, H = s.hidden, b = column / s.columns;
+    const int64_t ch0 = (column - b * s.columns) * 32 * V, mine = ch0 + lane * V;
+    const bool live = mine < H;
+    // s.flip: the walk goes towards lower rows (the forward ran upwards)
+    const int64_t stride = s.flip ? -H : H, row0 = (b * L + (s.flip ? L - 1 : 0)) * H;
+    const void *seqs[SEQS];
+    int64_t first[SEQS], last[SEQS];
+#pragma unroll
+    for (int k = 0; k < N; k++)
+        seqs[k] = p.in.seq[k], first[k] = 0, last[k] = L;
+    seqs[N] = p.dh, first[N] = 0, last[N] = L;
+    seqs[N + 1] = p.h, first[N + 1] = stride, last[N + 1] = L - 1; // h_{t-1}: one row on
+    stream_ring<T, SEQS, STAGES> ring(reinterpret_cast<uint32_t *>(stage_bytes) +
+                                          warp * STAGES * stream_stage_words<SEQS>(),
+                                      seqs, first, last, row0, stride, L, ch0, H, lane);
+
+    chan ch[V];
+    load_chan<KIND, T, V>(p.in, mine, live, ch);
+    float u[V], h0v[V], sum_tau[V] = {}, sum_lam[V] = {};
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        u[v] = live && p.dstate ? fxscan::load_state<T>(p.dstate, p.dstate_f32, b * H + mine + v) : 0.f;
+        h0v[v] = live && p.h0 ? fxscan::load_state<T>(p.h0, p.h0_f32, b * H + mine + v) : 0.f;
+    }
+    int64_t out = row0 + mine;                         // the gradients' element of the current step
+    int64_t dt_row = b * L + (s.flip ? L - 1 : 0);     // liquid: the step's element of ddt
+    float dt_next[K];
+    stream_stage_dt<KIND, T>(p.in, L, s.flip, b, 0, dt_next);
+
+    ring.start();
+    for (int64_t st = 0; st < ring.stages; st++) {
+        ring.advance(st);
+        float dt[K];
+#pragma unroll
+        for (int j = 0; j < K; j++)
+            dt[j] = dt_next[j];
+        if (KIND == FX_LINREC_LIQUID)
+            stream_stage_dt<KIND, T>(p.in, L, s.flip, b, st + 1, dt_next);
+        pk x[K][SEQS];
+        ring.read_stage(x);
+        const int n = L - st * K < K ? (int)(L - st * K) : K; // steps of this stage
+        // a whole stage: K steps, none of them the forward's first
+        auto steps = [&](auto whole) {
+#pragma unroll
+            for (int j = 0; j < K; j++) {
+                if (!decltype(whole)::value && j >= n)
+                    break;
+                const bool at_h0 = !decltype(whole)::value && j == n - 1 && st * K + j == L - 1;
+                float dx[3][V], row_dt = 0.f;
+#pragma unroll
+                for (int v = 0; v < V; v++) {
+                    float xs[3], d3[3] = {0.f, 0.f, 0.f}, dtau = 0.f, dlam = 0.f, ddt = 0.f;
+                    step_inputs<N>(x[j], v, xs);
+                    const float g = x[j][N].get(v) + u[v];
+                    const float hprev = at_h0 ? h0v[v] : x[j][N + 1].get(v);
+                    const float a = step_grad<KIND, CG>(xs, ch[v], dt[j], hprev, g, d3, dtau, dlam, ddt);
+#pragma unroll
+                    for (int k = 0; k < 3; k++)
+                        dx[k][v] = d3[k];
+                    sum_tau[v] += dtau;
+                    sum_lam[v] += dlam;
+                    row_dt += ddt;
+                    u[v] = a * g;
+                }
+                if (live)
+#pragma unroll
+                    for (int k = 0; k < N; k++)
+                        fxscan::store_stream<T, V>(static_cast<T *>(p.dseq[k]) + out, dx[k]);
+                if constexpr (KIND == FX_LINREC_LIQUID) {
+                    if (p.sum_dt) { // one atomic per warp and row
+                        row_dt = fxscan::group_sum<32>(live ? row_dt : 0.f);
+                        if (lane == 0)
+                            atomicAdd(p.sum_dt + dt_row, row_dt);
+                    }
+                    dt_row += s.flip ? -1 : 1;
+                }
+                out += stride;
+            }
+        };
+        if (n == K && (st + 1) * K < L)
+            steps(std::true_type{});
+        else
+            steps(std::false_type{});
+    }
+    if (p.dh0 && live) // after the forward's first step, u is dL/dh0
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            fxscan::store_state<T>(p.dh0, p.h0_f32, b * H + mine + v, u[v]);
+    if constexpr (KIND == FX_LINREC_LIQUID) {
+        if (live)
+#pragma unroll
+            for (int v = 0; v < V; v++) {
+                atomicAdd(p.sum_tau + mine + v, sum_tau[v]);
+                atomicAdd(p.sum_lam + mine + v, sum_lam[v]);
+            }
+    }
+}
+
 template <typename T> __global__ void write_sums(const float *__restrict__ sums, T *__restrict__ out, int64_t n)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
@@ -908,6 +1090,16 @@ inline bool stream_fits(const fx_linrec_fwd_args *a, int elem_bytes)
     return true;
 }
 
+inline bool stream_fits(const fx_linrec_bwd_args *a, int elem_bytes)
+{
+    if (a->p.hidden % (16 / elem_bytes) != 0 || !aligned16(a->h->data) || !aligned16(a->dh->data))
+        return false;
+    for (int k = 0; k < a->p.nseq; k++)
+        if (!aligned16(a->p.seq[k]->data) || !aligned16(a->dseq[k]->data))
+            return false;
+    return true;
+}
+
 inline int64_t stream_columns(const fx_linrec_problem *p, int elem_bytes)
 {
     const int64_t width = 32 * (4 / elem_bytes);
@@ -923,7 +1115,7 @@ inline int64_t stream_columns(const fx_linrec_problem *p, int elem_bytes)
 // against 61 us tiled, MinLSTM 72-74 against 87, Liquid 43 against 47, the
 // scan even; B8 L2048 H1536 (384 warps) 80-84 against 79 tiled; 16-bit
 // B16 (256 warps) 46 against 37.
-inline bool stream_wanted(const fx_cuda_device *d, const fx_linrec_fwd_args *a, int elem_bytes)
+template <typename Args> inline bool stream_wanted(const fx_cuda_device *d, const Args *a, int elem_bytes)
 {
     if (a->max_tile_steps == FX_LINREC_TILES_STREAM)
         return stream_fits(a, elem_bytes);

@@ -77,7 +77,7 @@ struct lr_case {
     int reverse, cand_g, h0, dstate, dt_tensor, max_tile, concurrent;
     int vec, group; // channels per lane and lanes per row: 1 and 32, 4 and 8 (f32), 4 and 16 (bf16/f16)
     int staged;     // the forward with its inputs in shared memory (f32 layout)
-    int stream;     // the streaming forward (a warp per column of channels; hidden % 4 == 0)
+    int stream;     // the streaming forward and backward (a warp per column of channels; hidden % 4 == 0)
 };
 
 std::string describe(const lr_case &c)
@@ -175,7 +175,31 @@ template <int KIND> void emu_forward_stream(const fx_linrec_fwd_args *a, const l
             else
                 forward_stream_kernel<KIND, float, false>(prm, s);
         },
-        stream_block_bytes<KIND>());
+        stream_block_bytes<nseq<KIND>(), kStreamStages>());
+}
+
+// The streaming backward, as linrec.cu's backward_stream launches it.
+template <int KIND> void emu_backward_stream(const fx_linrec_bwd_args *a, const bwd_params &prm, const lr_case &c)
+{
+    if (!stream_fits(a, 4)) {
+        printf("FAIL %s: the streaming backward does not fit\n", describe(c).c_str());
+        failures++;
+        return;
+    }
+    stream_tiling s = make_stream_tiling(&a->p, 4);
+    s.flip = !a->p.reverse;
+    const unsigned blocks = (unsigned)((s.batch * s.columns + kStreamWarps - 1) / kStreamWarps);
+    constexpr bool cg = KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM;
+    constexpr int SEQS = nseq<KIND>() + 2;
+    emu_launch(
+        blocks, 32 * kStreamWarps, c.concurrent,
+        [&] {
+            if (a->p.candidate_g)
+                backward_stream_kernel<KIND, float, cg>(prm, s);
+            else
+                backward_stream_kernel<KIND, float, false>(prm, s);
+        },
+        stream_block_bytes<SEQS, stream_bwd_stages<SEQS>()>());
 }
 
 template <int KIND> void emu_forward(const fx_linrec_fwd_args *a, const lr_case &c)
@@ -214,7 +238,9 @@ template <int KIND> void emu_backward(const fx_linrec_bwd_args *a, const lr_case
 {
     std::vector<float> sums((size_t)sum_count(a), 0.f);
     const bwd_params prm = make_bwd_params(a, KIND == FX_LINREC_LIQUID ? sums.data() : nullptr);
-    if (c.vec == 4 && c.group == 16)
+    if (c.stream)
+        emu_backward_stream<KIND>(a, prm, c);
+    else if (c.vec == 4 && c.group == 16)
         emu_backward_with<KIND, 4, 16>(a, prm, c);
     else if (c.vec == 4)
         emu_backward_with<KIND, 4, 8>(a, prm, c);
@@ -544,7 +570,7 @@ int main(int argc, char **argv)
         c.dt_tensor = (i / 4) % 2;
         c.max_tile = tiles[(i * 5 + i / 7) % ntiles];
         c.concurrent = 1 + (i % 4);
-        // scalar, f32 vector, 16-bit vector; the forward streaming (its backward: scalar)
+        // scalar, f32 vector, 16-bit vector, streaming
         const int layout = c.H % 4 == 0 ? (i / 2) % 4 : 0;
         c.vec = layout == 1 || layout == 2 ? 4 : 1;
         c.group = c.vec == 1 ? 32 : layout == 1 ? 8 : 16;
