@@ -1106,15 +1106,17 @@ inline int64_t stream_columns(const fx_linrec_problem *p, int elem_bytes)
     return (p->hidden + width - 1) / width;
 }
 
-// Whether the forward streams: where tests force it (and it fits), or on
-// its own for f32 where it fits, the launch is large, a sequence has a few
-// stages and there are warps for ~90 % of the schedulers (4 per SM). A
-// streaming warp walks every step of its sequence in turn, so with fewer
-// warps the GPU idles and each warp's own latency sets the pace. Measured
-// on the H200 (bench/RESULTS.md): B16 L1024 H1024 (512 warps) MinGRU 57
-// against 61 us tiled, MinLSTM 72-74 against 87, Liquid 43 against 47, the
-// scan even; B8 L2048 H1536 (384 warps) 80-84 against 79 tiled; 16-bit
-// B16 (256 warps) 46 against 37.
+// Whether the forward (or the backward: Args) streams: where tests force
+// it (and it fits), or on its own for f32 where it fits, the launch is
+// large, a sequence has a few stages and there are warps for ~90 % of the
+// schedulers (4 per SM). A streaming warp walks every step of its sequence
+// in turn, so with fewer warps the GPU idles and each warp's own latency
+// sets the pace. Measured on the H200 (bench/RESULTS.md): B16 L1024 H1024
+// (512 warps) MinGRU 57 against 61 us tiled, MinLSTM 72-74 against 87,
+// Liquid 43 against 47, the scan even; B8 L2048 H1536 (384 warps) 80-84
+// against 79 tiled; 16-bit B16 (256 warps) 46 against 37. Backward, B16:
+// even to 3 % faster alone, 5-8 % faster after a forward (MinGRU fwd+bwd
+// 159.5 against 167.5, Liquid 140 against 151.5).
 template <typename Args> inline bool stream_wanted(const fx_cuda_device *d, const Args *a, int elem_bytes)
 {
     if (a->max_tile_steps == FX_LINREC_TILES_STREAM)
