@@ -600,20 +600,47 @@ template <typename T, int SEQS, int STAGES> struct stream_ring {
     }
 };
 
-// Liquid's dt of the K steps of stage st of a walk over the rows of batch
-// element b, upwards or (flip) downwards (0 for the others).
-template <int KIND, typename T>
-__device__ __forceinline__ void stream_stage_dt(const op_params &in, int64_t seqlen, bool flip, int64_t b,
-                                                int64_t st, float (&dt)[kStreamSteps])
-{
-#pragma unroll
-    for (int j = 0; j < kStreamSteps; j++) {
-        const int64_t step = st * kStreamSteps + j;
-        dt[j] = KIND == FX_LINREC_LIQUID && step < seqlen
-                    ? load_dt<KIND, T>(in, b * seqlen + (flip ? seqlen - 1 - step : step))
-                    : 0.f;
+// Where a streaming warp works: batch element b, channels ch0 .. ch0 + 32 V
+// (its lane: mine .. mine + V - 1, live when inside hidden), rows walked
+// from row0 by stride elements a step (s.flip: towards lower rows).
+struct stream_column {
+    int64_t b, ch0, mine, stride, row0;
+    bool live;
+    __device__ __forceinline__ stream_column(const stream_tiling &s, int64_t column, int lane, int vec)
+    {
+        b = column / s.columns;
+        ch0 = (column - b * s.columns) * 32 * vec;
+        mine = ch0 + lane * vec;
+        live = mine < s.hidden; // hidden is a multiple of vec
+        stride = s.flip ? -s.hidden : s.hidden;
+        row0 = (b * s.seqlen + (s.flip ? s.seqlen - 1 : 0)) * s.hidden;
     }
-}
+};
+
+// Liquid's dt of a walk's steps, a stage ahead (0 for the other ops).
+template <int KIND, typename T> struct stream_dt {
+    float next[kStreamSteps];
+    __device__ __forceinline__ void load(const op_params &in, const stream_tiling &s, int64_t b, int64_t st)
+    {
+#pragma unroll
+        for (int j = 0; j < kStreamSteps; j++) {
+            const int64_t step = st * kStreamSteps + j;
+            next[j] = KIND == FX_LINREC_LIQUID && step < s.seqlen
+                          ? load_dt<KIND, T>(in, b * s.seqlen + (s.flip ? s.seqlen - 1 - step : step))
+                          : 0.f;
+        }
+    }
+    // stage st's into dt, and stage st + 1's on their way
+    __device__ __forceinline__ void take(const op_params &in, const stream_tiling &s, int64_t b, int64_t st,
+                                         float (&dt)[kStreamSteps])
+    {
+#pragma unroll
+        for (int j = 0; j < kStreamSteps; j++)
+            dt[j] = next[j];
+        if (KIND == FX_LINREC_LIQUID)
+            load(in, s, b, st + 1);
+    }
+};
 
 // With one warp per scheduler nothing hides a warp's own latencies, so the
 // loop is lean: pointers step by a row, no 64-bit index maths or branch
@@ -630,11 +657,10 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
     const int64_t column = (int64_t)blockIdx.x * kStreamWarps + warp;
     if (column >= s.batch * s.columns)
         return; // a whole warp: the others never wait for it
-    const int64_t L = s.seqlen, H = s.hidden, b = column / s.columns;
-    const int64_t ch0 = (column - b * s.columns) * 32 * V, mine = ch0 + lane * V;
-    const bool live = mine < H; // hidden is a multiple of V
-    // elements from one step's row to the next one's, and step 0's row
-    const int64_t stride = s.flip ? -H : H, row0 = (b * L + (s.flip ? L - 1 : 0)) * H;
+    const int64_t L = s.seqlen, H = s.hidden;
+    const stream_column col(s, column, lane, V);
+    const int64_t b = col.b, mine = col.mine, stride = col.stride, row0 = col.row0;
+    const bool live = col.live;
     const void *seqs[N];
     int64_t first[N], last[N];
 #pragma unroll
@@ -642,7 +668,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
         seqs[k] = p.in.seq[k], first[k] = 0, last[k] = L;
     stream_ring<T, N, kStreamStages> ring(reinterpret_cast<uint32_t *>(stage_bytes) +
                                               warp * kStreamStages * stream_stage_words<N>(),
-                                          seqs, first, last, row0, stride, L, ch0, H, lane);
+                                          seqs, first, last, row0, stride, L, col.ch0, H, lane);
 
     chan ch[V];
     load_chan<KIND, T, V>(p.in, mine, live, ch);
@@ -651,18 +677,14 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
     for (int v = 0; v < V; v++)
         h[v] = live && p.h0 ? fxscan::load_state<T>(p.h0, p.h0_f32, b * H + mine + v) : 0.f;
     T *out = static_cast<T *>(p.h) + row0 + mine;
-    float dt_next[K]; // liquid's, loaded a stage ahead
-    stream_stage_dt<KIND, T>(p.in, L, s.flip, b, 0, dt_next);
+    stream_dt<KIND, T> dts;
+    dts.load(p.in, s, b, 0);
 
     ring.start();
     for (int64_t st = 0; st < ring.stages; st++) {
         ring.advance(st);
         float dt[K];
-#pragma unroll
-        for (int j = 0; j < K; j++)
-            dt[j] = dt_next[j];
-        if (KIND == FX_LINREC_LIQUID)
-            stream_stage_dt<KIND, T>(p.in, L, s.flip, b, st + 1, dt_next);
+        dts.take(p.in, s, b, st, dt);
         pk x[K][N];
         ring.read_stage(x);
         const int n = L - st * K < K ? (int)(L - st * K) : K;
@@ -870,11 +892,10 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
     const int64_t column = (int64_t)blockIdx.x * kStreamWarps + warp;
     if (column >= s.batch * s.columns)
         return;
-    const int64_t L = s.seqlen, H = s.hidden, b = column / s.columns;
-    const int64_t ch0 = (column - b * s.columns) * 32 * V, mine = ch0 + lane * V;
-    const bool live = mine < H;
-    // s.flip: the walk goes towards lower rows (the forward ran upwards)
-    const int64_t stride = s.flip ? -H : H, row0 = (b * L + (s.flip ? L - 1 : 0)) * H;
+    const int64_t L = s.seqlen, H = s.hidden;
+    const stream_column col(s, column, lane, V); // s.flip: the forward ran upwards
+    const int64_t b = col.b, mine = col.mine, stride = col.stride, row0 = col.row0;
+    const bool live = col.live;
     const void *seqs[SEQS];
     int64_t first[SEQS], last[SEQS];
 #pragma unroll
@@ -884,7 +905,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
     seqs[N + 1] = p.h, first[N + 1] = stride, last[N + 1] = L - 1; // h_{t-1}: one row on
     stream_ring<T, SEQS, STAGES> ring(reinterpret_cast<uint32_t *>(stage_bytes) +
                                           warp * STAGES * stream_stage_words<SEQS>(),
-                                      seqs, first, last, row0, stride, L, ch0, H, lane);
+                                      seqs, first, last, row0, stride, L, col.ch0, H, lane);
 
     chan ch[V];
     load_chan<KIND, T, V>(p.in, mine, live, ch);
@@ -896,18 +917,14 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
     }
     int64_t out = row0 + mine;                         // the gradients' element of the current step
     int64_t dt_row = b * L + (s.flip ? L - 1 : 0);     // liquid: the step's element of ddt
-    float dt_next[K];
-    stream_stage_dt<KIND, T>(p.in, L, s.flip, b, 0, dt_next);
+    stream_dt<KIND, T> dts;
+    dts.load(p.in, s, b, 0);
 
     ring.start();
     for (int64_t st = 0; st < ring.stages; st++) {
         ring.advance(st);
         float dt[K];
-#pragma unroll
-        for (int j = 0; j < K; j++)
-            dt[j] = dt_next[j];
-        if (KIND == FX_LINREC_LIQUID)
-            stream_stage_dt<KIND, T>(p.in, L, s.flip, b, st + 1, dt_next);
+        dts.take(p.in, s, b, st, dt);
         pk x[K][SEQS];
         ring.read_stage(x);
         const int n = L - st * K < K ? (int)(L - st * K) : K; // steps of this stage
