@@ -8,7 +8,7 @@
  *   build/linrec_bench [--case N | --cases N,M,...] [--reps N] [--tiles N] [--add 1]
  *
  * --tiles passes N as max_tile_steps (include/fusex_linrec.h): -1 forces
- * the streaming forward, -2 keeps the tiled kernels.
+ * the streaming kernels (forward and backward), -2 keeps the tiled ones.
  *
  * Prints one row per case: median kernel µs, GB/s over the floor bytes,
  * % of the device-to-device copy bandwidth measured first, host µs (the
@@ -251,37 +251,34 @@ static double copy_bandwidth(fx_device *dev)
 }
 
 /* One launch that does nothing worth timing: what every row includes. */
-static void trivial_row(fx_device *dev, int reps, void *e0, void *e1)
-{
-    const fx_backend *be = dev->backend;
-    int64_t one[1] = {1};
+typedef struct trivial_ctx {
+    fx_device *dev;
     fx_tensor a, b;
+} trivial_ctx;
+
+static void trivial_call(void *ctx)
+{
+    trivial_ctx *x = ctx;
     fx_status st;
     fx_status_clear(&st);
-    random_tensor(dev, FX_F32, 1, one, 0, 1, &a);
-    if (fx_tensor_alloc(dev, FX_F32, 1, one, &b, &st))
+    if (x->dev->backend->scale(x->dev->ordinal, &x->a, 2.0, &x->b, &st))
+        die("scale", &st);
+}
+
+static void trivial_row(fx_device *dev, int reps, void *e0, void *e1, double *k_us, double *h_us)
+{
+    int64_t one[1] = {1};
+    trivial_ctx x = {.dev = dev};
+    fx_status st;
+    fx_status_clear(&st);
+    random_tensor(dev, FX_F32, 1, one, 0, 1, &x.a);
+    if (fx_tensor_alloc(dev, FX_F32, 1, one, &x.b, &st))
         die("alloc", &st);
-    double *k = malloc(sizeof(double) * (size_t)reps), *h = malloc(sizeof(double) * (size_t)reps);
-    for (int i = 0; i < reps; i++) {
-        be->busy_wait(dev->ordinal, 100, &st);
-        be->event_record(dev->ordinal, e0, &st);
-        be->scale(dev->ordinal, &a, 2.0, &b, &st);
-        be->event_record(dev->ordinal, e1, &st);
-        be->synchronize(dev->ordinal, &st);
-        be->event_elapsed_us(dev->ordinal, e0, e1, &k[i], &st);
-        double t0 = now_us();
-        be->scale(dev->ordinal, &a, 2.0, &b, &st);
-        be->synchronize(dev->ordinal, &st);
-        h[i] = now_us() - t0;
-    }
-    if (st.code)
-        die("trivial", &st);
+    time_calls(dev, reps, 0, trivial_call, &x, e0, e1, k_us, h_us);
     printf("%-3s %-8s %-8s %-18s %-5s %10.2f %8s %7s %10.2f\n", "-", "scale", "trivial", "1 element", "{f,32}",
-           median(k, reps), "-", "-", median(h, reps));
-    free(k);
-    free(h);
-    fx_tensor_release(&a);
-    fx_tensor_release(&b);
+           median(k_us, reps), "-", "-", median(h_us, reps));
+    fx_tensor_release(&x.a);
+    fx_tensor_release(&x.b);
 }
 
 int main(int argc, char **argv)
@@ -325,7 +322,7 @@ int main(int argc, char **argv)
     be->event_create(dev->ordinal, &e1, &st);
     double *k_us = malloc(sizeof(double) * (size_t)reps), *h_us = malloc(sizeof(double) * (size_t)reps);
     if (!single)
-        trivial_row(dev, reps, e0, e1);
+        trivial_row(dev, reps, e0, e1, k_us, h_us);
     for (int ci = 0; ci < NCASES; ci++) {
         if (any && !wanted[ci])
             continue;

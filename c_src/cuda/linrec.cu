@@ -124,23 +124,29 @@ static int forward_with(fx_cuda_device *d, int dev, const fx_linrec_fwd_args *a,
                         forward_kernel<KIND, T, V, G, S, CG, true>, prm, pl, t, 0, "linrec forward kernel", st);
 }
 
-// The streaming forward: a warp per 128-byte column of channels.
-template <int KIND, typename T, bool CG>
-static int forward_stream(fx_cuda_device *d, const fx_linrec_fwd_args *a, fx_status *st)
+// Launches a streaming kernel (forward or backward): a warp per 128-byte
+// column of channels, kStreamWarps to a block, `bytes` of ring a block.
+template <typename Kernel, typename Params>
+static int launch_stream(fx_cuda_device *d, Kernel kernel, const Params &prm, const stream_tiling &s, size_t bytes,
+                         const char *what, fx_status *st)
 {
-    const fwd_params prm = make_fwd_params(a);
-    const stream_tiling s = make_stream_tiling(&a->p, (int)sizeof(T));
     const int64_t blocks = (s.batch * s.columns + kStreamWarps - 1) / kStreamWarps;
     if (blocks > 0x7fffffff)
-        return fx_fail(st, FX_EBADARG, "linrec forward: %lld blocks is more than one launch can take",
-                       (long long)blocks);
-    const size_t bytes = stream_block_bytes<nseq<KIND>(), kStreamStages>();
-    auto kernel = forward_stream_kernel<KIND, T, CG>;
+        return fx_fail(st, FX_EBADARG, "%s: %lld blocks is more than one launch can take", what, (long long)blocks);
     if (bytes > 48 * 1024)
         FX_CUDA_TRY(d, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
                     "cudaFuncSetAttribute (linrec streaming)", st);
     kernel<<<(unsigned)blocks, 32 * kStreamWarps, bytes, d->stream>>>(prm, s);
-    return fx_cuda_launched(d, "linrec streaming forward kernel", st);
+    return fx_cuda_launched(d, what, st);
+}
+
+// The streaming forward: a warp per 128-byte column of channels.
+template <int KIND, typename T, bool CG>
+static int forward_stream(fx_cuda_device *d, const fx_linrec_fwd_args *a, fx_status *st)
+{
+    return launch_stream(d, forward_stream_kernel<KIND, T, CG>, make_fwd_params(a),
+                         make_stream_tiling(&a->p, (int)sizeof(T)), stream_block_bytes<nseq<KIND>(), kStreamStages>(),
+                         "linrec streaming forward kernel", st);
 }
 
 template <int KIND, typename T, bool CG>
@@ -179,18 +185,9 @@ static int backward_stream(fx_cuda_device *d, const fx_linrec_bwd_args *a, const
 {
     stream_tiling s = make_stream_tiling(&a->p, (int)sizeof(T));
     s.flip = !a->p.reverse;
-    const int64_t blocks = (s.batch * s.columns + kStreamWarps - 1) / kStreamWarps;
-    if (blocks > 0x7fffffff)
-        return fx_fail(st, FX_EBADARG, "linrec backward: %lld blocks is more than one launch can take",
-                       (long long)blocks);
     constexpr int SEQS = nseq<KIND>() + 2;
-    const size_t bytes = stream_block_bytes<SEQS, stream_bwd_stages<SEQS>()>();
-    auto kernel = backward_stream_kernel<KIND, T, CG>;
-    if (bytes > 48 * 1024)
-        FX_CUDA_TRY(d, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
-                    "cudaFuncSetAttribute (linrec streaming backward)", st);
-    kernel<<<(unsigned)blocks, 32 * kStreamWarps, bytes, d->stream>>>(prm, s);
-    return fx_cuda_launched(d, "linrec streaming backward kernel", st);
+    return launch_stream(d, backward_stream_kernel<KIND, T, CG>, prm, s,
+                         stream_block_bytes<SEQS, stream_bwd_stages<SEQS>()>(), "linrec streaming backward kernel", st);
 }
 
 template <int KIND, typename T, bool CG>
