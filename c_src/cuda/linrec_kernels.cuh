@@ -497,9 +497,17 @@ struct stream_tiling {
 // A stage of one warp's ring (stream_ring below) of SEQS sequences, in
 // 4-byte words: sequence, step, lane.
 template <int SEQS> constexpr int stream_stage_words() { return SEQS * kStreamSteps * 32; }
-template <int SEQS, int STAGES> inline size_t stream_block_bytes()
+// A ring's sequences: the op's inputs (forward); also dh and h of the step
+// before (backward).
+template <int KIND, bool BACKWARD> constexpr int stream_seqs() { return nseq<KIND>() + (BACKWARD ? 2 : 0); }
+// Its stages: kStreamStages, fewer where a stage holds many sequences
+// (MinLSTM's backward, 5), so that two 2-warp blocks fit an SM (<= 56 KB a
+// warp).
+template <int SEQS> constexpr int stream_stages() { return kStreamStages < 28 / SEQS ? kStreamStages : 28 / SEQS; }
+template <int KIND, bool BACKWARD> inline size_t stream_block_bytes()
 {
-    return (size_t)kStreamWarps * STAGES * stream_stage_words<SEQS>() * 4;
+    constexpr int SEQS = stream_seqs<KIND, BACKWARD>();
+    return (size_t)kStreamWarps * stream_stages<SEQS>() * stream_stage_words<SEQS>() * 4;
 }
 
 // One warp's ring: STAGES stages of kStreamSteps rows of SEQS sequences,
@@ -666,9 +674,9 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
 #pragma unroll
     for (int k = 0; k < N; k++)
         seqs[k] = p.in.seq[k], first[k] = 0, last[k] = L;
-    stream_ring<T, N, kStreamStages> ring(reinterpret_cast<uint32_t *>(stage_bytes) +
-                                              warp * kStreamStages * stream_stage_words<N>(),
-                                          seqs, first, last, row0, stride, L, col.ch0, H, lane);
+    stream_ring<T, N, stream_stages<N>()> ring(reinterpret_cast<uint32_t *>(stage_bytes) +
+                                                   warp * stream_stages<N>() * stream_stage_words<N>(),
+                                               seqs, first, last, row0, stride, L, col.ch0, H, lane);
 
     chan ch[V];
     load_chan<KIND, T, V>(p.in, mine, live, ch);
@@ -877,15 +885,13 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
 // registers. Its ring carries per step the op's inputs, dh and h of the
 // forward step before (the next row of the walk; the walk's last step, the
 // forward's first, takes h0 instead), and each step writes the gradients of
-// its inputs. Fewer stages than the forward where a stage holds more
-// sequences, so that two blocks of two warps fit an SM (<= 56 KB a warp).
-template <int SEQS> constexpr int stream_bwd_stages() { return kStreamStages < 28 / SEQS ? kStreamStages : 28 / SEQS; }
+// its inputs.
 
 template <int KIND, typename T, bool CG>
 __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(const bwd_params p, const stream_tiling s)
 {
-    constexpr int N = nseq<KIND>(), SEQS = N + 2, V = stream_vec<T>(), K = kStreamSteps;
-    constexpr int STAGES = stream_bwd_stages<SEQS>();
+    constexpr int N = nseq<KIND>(), SEQS = stream_seqs<KIND, true>(), V = stream_vec<T>(), K = kStreamSteps;
+    constexpr int STAGES = stream_stages<SEQS>();
     typedef fxscan::pack<T, V> pk;
     FXSCAN_STAGE(stage_bytes);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1144,14 +1150,15 @@ template <typename Args> inline bool stream_wanted(const fx_cuda_device *d, cons
            a->p.batch * stream_columns(&a->p, elem_bytes) >= 7 * (int64_t)d->sm_count / 2;
 }
 
-inline stream_tiling make_stream_tiling(const fx_linrec_problem *p, int elem_bytes)
+// backward: the walk runs against the forward's direction.
+inline stream_tiling make_stream_tiling(const fx_linrec_problem *p, int elem_bytes, bool backward)
 {
     stream_tiling s = {};
     s.batch = p->batch;
     s.seqlen = p->seqlen;
     s.hidden = p->hidden;
     s.columns = stream_columns(p, elem_bytes);
-    s.flip = p->reverse;
+    s.flip = backward ? !p->reverse : p->reverse;
     return s;
 }
 

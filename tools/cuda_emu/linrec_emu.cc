@@ -155,51 +155,38 @@ template <int KIND> void emu_forward_staged(const fx_linrec_fwd_args *a, const l
         fwd_stage_bytes<KIND, float, 4>(pl.steps, pl.warps));
 }
 
-// The streaming forward, as linrec.cu's forward_stream launches it.
-template <int KIND> void emu_forward_stream(const fx_linrec_fwd_args *a, const lr_case &c)
+// A streaming kernel (`run` runs one thread of it), launched as linrec.cu's
+// launch_stream does; a case whose layout does not allow it fails.
+template <int KIND, bool BACKWARD, typename Args, typename Run>
+void emu_stream(const Args *a, const lr_case &c, Run &&run)
 {
     if (!stream_fits(a, 4)) {
-        printf("FAIL %s: the streaming forward does not fit\n", describe(c).c_str());
+        printf("FAIL %s: the streaming kernel does not fit\n", describe(c).c_str());
         failures++;
         return;
     }
-    const fwd_params prm = make_fwd_params(a);
-    const stream_tiling s = make_stream_tiling(&a->p, 4);
+    const stream_tiling s = make_stream_tiling(&a->p, 4, BACKWARD);
     const unsigned blocks = (unsigned)((s.batch * s.columns + kStreamWarps - 1) / kStreamWarps);
-    constexpr bool cg = KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM;
-    emu_launch(
-        blocks, 32 * kStreamWarps, c.concurrent,
-        [&] {
-            if (a->p.candidate_g)
-                forward_stream_kernel<KIND, float, cg>(prm, s);
-            else
-                forward_stream_kernel<KIND, float, false>(prm, s);
-        },
-        stream_block_bytes<nseq<KIND>(), kStreamStages>());
+    emu_launch(blocks, 32 * kStreamWarps, c.concurrent, [&] { run(s); }, stream_block_bytes<KIND, BACKWARD>());
 }
 
-// The streaming backward, as linrec.cu's backward_stream launches it.
+template <int KIND> void emu_forward_stream(const fx_linrec_fwd_args *a, const lr_case &c)
+{
+    const fwd_params prm = make_fwd_params(a);
+    constexpr bool cg = KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM;
+    emu_stream<KIND, false>(a, c, [&](const stream_tiling &s) {
+        a->p.candidate_g ? forward_stream_kernel<KIND, float, cg>(prm, s)
+                         : forward_stream_kernel<KIND, float, false>(prm, s);
+    });
+}
+
 template <int KIND> void emu_backward_stream(const fx_linrec_bwd_args *a, const bwd_params &prm, const lr_case &c)
 {
-    if (!stream_fits(a, 4)) {
-        printf("FAIL %s: the streaming backward does not fit\n", describe(c).c_str());
-        failures++;
-        return;
-    }
-    stream_tiling s = make_stream_tiling(&a->p, 4);
-    s.flip = !a->p.reverse;
-    const unsigned blocks = (unsigned)((s.batch * s.columns + kStreamWarps - 1) / kStreamWarps);
     constexpr bool cg = KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM;
-    constexpr int SEQS = nseq<KIND>() + 2;
-    emu_launch(
-        blocks, 32 * kStreamWarps, c.concurrent,
-        [&] {
-            if (a->p.candidate_g)
-                backward_stream_kernel<KIND, float, cg>(prm, s);
-            else
-                backward_stream_kernel<KIND, float, false>(prm, s);
-        },
-        stream_block_bytes<SEQS, stream_bwd_stages<SEQS>()>());
+    emu_stream<KIND, true>(a, c, [&](const stream_tiling &s) {
+        a->p.candidate_g ? backward_stream_kernel<KIND, float, cg>(prm, s)
+                         : backward_stream_kernel<KIND, float, false>(prm, s);
+    });
 }
 
 template <int KIND> void emu_forward(const fx_linrec_fwd_args *a, const lr_case &c)
