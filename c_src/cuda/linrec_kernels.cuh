@@ -102,11 +102,14 @@ inline bool large_launch(const fx_linrec_problem *p) { return p->batch * p->seql
 // 158), so the tests allow for that ulp (docs/TESTING.md).
 __device__ __forceinline__ void sigmoid2(float x, float &pos, float &neg)
 {
-    pos = fxscan::fast_rcp(1.f + __expf(-x));
+    pos = fxscan::fast_rcp(1.f + fxscan::fast_exp(-x));
     neg = 1.f - pos;
 }
 
-__device__ __forceinline__ float softplus(float x) { return fmaxf(x, 0.f) + __logf(1.f + __expf(-fabsf(x))); }
+__device__ __forceinline__ float softplus(float x)
+{
+    return fmaxf(x, 0.f) + fxscan::fast_log(1.f + fxscan::fast_exp(-fabsf(x)));
+}
 
 // The candidate c~ = cand, or with G, g(cand) = cand + 1/2 (cand >= 0),
 // sigmoid(cand). (A template flag: the g path's exp and reciprocal cost

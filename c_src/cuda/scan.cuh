@@ -82,6 +82,35 @@ __device__ __forceinline__ float fast_rcp(float x)
 #endif
 }
 
+// e^x and log(x) on the SFU: one MUFU op and a multiply each. __expf and
+// __logf compile to the non-ftz ex2/lg2, which wrap the MUFU op in ~3 more
+// instructions to get denormal results right. The gates never need them
+// (e^x is added to 1, the log's argument is in [1, 2]): sigmoid and
+// softplus come out in the same bits (checked on all of 2^30 inputs in
+// [-200, 200) by tools/floor_bench), and the streaming MinGRU / MinLSTM
+// forwards lose 6 / 12 % of their instructions (bench/RESULTS.md).
+__device__ __forceinline__ float fast_exp(float x)
+{
+#ifdef FXSCAN_EMULATION
+    return expf(x);
+#else
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+    return r;
+#endif
+}
+
+__device__ __forceinline__ float fast_log(float x)
+{
+#ifdef FXSCAN_EMULATION
+    return logf(x);
+#else
+    float r;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r * 0.6931471805599453f;
+#endif
+}
+
 // ---- look-back statistics (a diagnostic build: -DFXLR_STATS) ----
 // [0] chained tiles, [1] found by the peek, [2] look-back rounds,
 // [3] rounds that found nothing new (waiting on a predecessor).
