@@ -116,6 +116,13 @@ $(BUILD)/tools/linrec_variants/%.o: tools/linrec_variants/%.cu $(wildcard tools/
 $(BUILD)/linrec_variants: $(LV_OBJ)
 	$(NVCC) -gencode arch=compute_90,code=sm_90 -o $@ $^
 
+# What the memory allows for the recurrences' byte patterns (tuned 1R1W and
+# 2R1W elementwise passes) and the bulk-copy streaming prototype, timed as
+# linrec_bench times the library (GPU only; tools/floor_bench/run.sh).
+$(BUILD)/floor_bench: tools/floor_bench/floor_bench.cu tools/cuda_check.h
+	@mkdir -p $(BUILD)
+	$(NVCC) $(LV_FLAGS) -Itools $< -o $@
+
 test-emu: $(BUILD)/linrec_emu
 	$(BUILD)/linrec_emu $${FUSEX_SEED:-$$(date +%s)} 32
 

@@ -1,0 +1,435 @@
+// What the memory of this GPU allows for the linear recurrences' byte
+// patterns, and a prototype of the streaming forward that moves its rows
+// with the bulk-copy engine (TMA, sm_90) instead of per-lane cp.async and
+// per-step stores. Standalone (no library), timed as tools/linrec_bench
+// times the library: device events around one launch after a busy-wait,
+// median of `reps`. On the GPU machine (tools/floor_bench/run.sh also runs
+// the library's kernels on the same shapes and ncu):
+//
+//   make build/floor_bench && build/floor_bench [reps]
+//
+// Rows:
+//   empty          a 1-thread kernel: the event method's own cost
+//   memcpy         cudaMemcpyAsync device to device, 2 arrays' bytes
+//   copy4 / add4   float4 elementwise 1R1W / 2R1W, U float4 per thread,
+//                  every load before the first store: the floor of a
+//                  pass that reads its inputs and writes its output once
+//   bulk scan/mingru  the prototype: a warp per 128-byte column walking
+//                  the sequence; rows arrive by cp.async.bulk (one copy a
+//                  row, a lane a row, an mbarrier a stage) and h leaves
+//                  through shared memory by bulk stores (a lane a row)
+// Every prototype result is checked against a host recurrence.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "cuda_check.h"
+
+static const float kLog2e = 1.4426950408889634f;
+
+// ---- timing ----
+
+__global__ void busy_wait_kernel(unsigned long long ns)
+{
+    unsigned long long t0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    for (;;) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 >= ns)
+            break;
+    }
+}
+
+__global__ void empty_kernel() {}
+
+template <typename F> static double time_us(int reps, F &&launch)
+{
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    launch(0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<double> t;
+    for (int i = 0; i < reps; i++) {
+        busy_wait_kernel<<<1, 1>>>(100000);
+        CUDA_CHECK(cudaEventRecord(e0));
+        launch(i);
+        CUDA_CHECK(cudaEventRecord(e1));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms * 1e3);
+    }
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+// ---- elementwise floors ----
+
+template <int U, int NIN>
+__global__ void __launch_bounds__(256) elementwise4(const float4 *__restrict__ a, const float4 *__restrict__ b,
+                                                    float4 *__restrict__ out, int64_t n4)
+{
+    const int64_t base = (int64_t)blockIdx.x * 256 * U + threadIdx.x;
+    float4 x[U], y[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int64_t i = base + u * 256;
+        if (i < n4) {
+            x[u] = __ldcs(a + i);
+            if (NIN == 2)
+                y[u] = __ldcs(b + i);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int64_t i = base + u * 256;
+        if (i < n4) {
+            float4 r = x[u];
+            if (NIN == 2)
+                r.x += y[u].x, r.y += y[u].y, r.z += y[u].z, r.w += y[u].w;
+            __stcs(out + i, r);
+        }
+    }
+}
+
+// ---- the bulk-copy streaming prototype ----
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity)
+{
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT_%=;\n"
+                 "}\n" ::"r"(smem_u32(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, unsigned bytes, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+}
+
+__device__ __forceinline__ void bulk_store(void *dst, const void *src, unsigned bytes)
+{
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_u32(src)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void bulk_wait_read()
+{
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+__device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float rcp(float x)
+{
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+enum { SCAN = 0, MINGRU = 1 };
+
+template <int KIND> __device__ __forceinline__ float step(float h, float x0, float x1)
+{
+    if (KIND == SCAN)
+        return fmaf(x0, h, x1);
+    const float z = rcp(1.0f + ex2(-x0 * kLog2e));
+    return fmaf(z, x1 - h, h);
+}
+
+constexpr int kWarps = 2;  // a block: independent warps side by side
+constexpr int kSteps = 16; // rows of a stage: lanes 0..15 copy input 0's, 16..31 input 1's
+
+template <int STAGES, int OUTB> struct BulkSmem {
+    static constexpr int RING = STAGES * 2 * kSteps * 32; // floats: [stage][input][step][lane]
+    static constexpr int OUT = OUTB * kSteps * 32;        // floats: [buffer][step][lane]
+    static constexpr size_t WARP_BYTES = (RING + OUT) * 4 + STAGES * 8;
+};
+
+// hidden % 32 == 0 (whole 128-byte columns), 16-byte aligned rows.
+template <int KIND, int STAGES, int OUTB>
+__global__ void __launch_bounds__(32 * kWarps) stream_bulk(const float *__restrict__ in0, const float *__restrict__ in1,
+                                                           float *__restrict__ out, int batch, int seqlen, int hidden)
+{
+    typedef BulkSmem<STAGES, OUTB> S;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int columns = hidden / 32;
+    const int64_t column = (int64_t)blockIdx.x * kWarps + warp;
+    if (column >= (int64_t)batch * columns)
+        return;
+    unsigned char *mine = smem_raw + warp * S::WARP_BYTES;
+    float *ring = reinterpret_cast<float *>(mine), *obuf = ring + S::RING;
+    uint64_t *bars = reinterpret_cast<uint64_t *>(obuf + S::OUT);
+    if (lane == 0) {
+        for (int s = 0; s < STAGES; s++)
+            mbar_init(&bars[s], 1);
+        fence_mbar_init();
+    }
+    __syncwarp();
+
+    const int64_t b = column / columns, ch0 = (column % columns) * 32;
+    const int row = lane % kSteps, seq = lane / kSteps;
+    const int64_t stage_stride = (int64_t)kSteps * hidden;
+    const float *src = (seq ? in1 : in0) + (b * seqlen + row) * hidden + ch0;
+    float *dst = out + (b * seqlen + row) * hidden + ch0;
+    const int stages = (seqlen + kSteps - 1) / kSteps;
+
+    auto issue = [&](int st) {
+        if (st < stages) {
+            const int slot = st % STAGES, rows = min(kSteps, seqlen - st * kSteps);
+            if (lane == 0)
+                mbar_arrive_expect_tx(&bars[slot], 2u * rows * 128u);
+            __syncwarp();
+            if (row < rows)
+                bulk_load(ring + ((slot * 2 + seq) * kSteps + row) * 32, src, 128, &bars[slot]);
+            src += stage_stride;
+        }
+    };
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; st++)
+        issue(st);
+
+    float h = 0.f;
+    for (int st = 0; st < stages; st++) {
+        const int slot = st % STAGES;
+        mbar_wait(&bars[slot], (st / STAGES) & 1);
+        float x0[kSteps], x1[kSteps];
+        const float *r = ring + slot * 2 * kSteps * 32 + lane;
+#pragma unroll
+        for (int j = 0; j < kSteps; j++)
+            x0[j] = r[j * 32], x1[j] = r[(kSteps + j) * 32];
+        __syncwarp(); // slot st - 1 is read by all: refill it
+        issue(st + STAGES - 1);
+        const int ob = st % OUTB;
+        if (st >= OUTB) {
+            bulk_wait_read<OUTB - 1>(); // this lane's store of stage st - OUTB has read its buffer
+            __syncwarp();
+        }
+        float *o = obuf + ob * kSteps * 32 + lane;
+        const int rows = min(kSteps, seqlen - st * kSteps);
+        if (rows == kSteps) {
+#pragma unroll
+            for (int j = 0; j < kSteps; j++)
+                h = step<KIND>(h, x0[j], x1[j]), o[j * 32] = h;
+        } else {
+            for (int j = 0; j < rows; j++)
+                h = step<KIND>(h, x0[j], x1[j]), o[j * 32] = h;
+        }
+        fence_proxy_async(); // the generic stores above, before the bulk engine reads them
+        __syncwarp();
+        if (lane < rows)
+            bulk_store(dst, obuf + (ob * kSteps + lane) * 32, 128);
+        bulk_commit();
+        dst += stage_stride;
+    }
+    bulk_wait_all();
+}
+
+// ---- the gates' exps with and without ftz (c_src/cuda/scan.cuh) ----
+
+// sigmoid and softplus as the linrec kernels compute them, from __expf /
+// __logf (non-ftz MUFU ops) and from ftz ones; counts inputs whose bits differ.
+__global__ void ftz_check(float lo, float step, int64_t n, unsigned long long *diffs)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float x = lo + step * (float)i;
+        float e, l;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(-x * kLog2e));
+        const float sig_ftz = rcp(1.f + e), sig = rcp(1.f + __expf(-x));
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(-fabsf(x) * kLog2e));
+        asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(l) : "f"(1.f + e));
+        const float sp_ftz = fmaxf(x, 0.f) + l * 0.6931471805599453f;
+        const float sp = fmaxf(x, 0.f) + __logf(1.f + __expf(-fabsf(x)));
+        if (__float_as_uint(sig_ftz) != __float_as_uint(sig) || __float_as_uint(sp_ftz) != __float_as_uint(sp))
+            atomicAdd(diffs, 1ull);
+    }
+}
+
+static void run_ftz_check()
+{
+    unsigned long long *d, h = 0;
+    CUDA_CHECK(cudaMalloc(&d, sizeof h));
+    CUDA_CHECK(cudaMemset(d, 0, sizeof h));
+    const int64_t n = (int64_t)1 << 30; // [-200, 200) in steps of 400 / 2^30
+    ftz_check<<<4096, 256>>>(-200.f, 400.f / (float)n, n, d);
+    CUDA_CHECK(cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost));
+    printf("ftz check: %llu of %lld inputs in [-200, 200) give other bits with ftz exps %s\n", h, (long long)n,
+           h ? "FAILED" : "ok");
+    CUDA_CHECK(cudaFree(d));
+}
+
+// ---- driver ----
+
+struct Shape {
+    const char *name;
+    int B, L, H;
+};
+
+static void check_prototype(int kind, const Shape &s, const float *d0, const float *d1, const float *dout)
+{
+    // column 0 and the last column of batch 0 and the last batch, every step
+    const size_t n = (size_t)s.B * s.L * s.H;
+    std::vector<float> a(n), b(n), o(n);
+    CUDA_CHECK(cudaMemcpy(a.data(), d0, n * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(b.data(), d1, n * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(o.data(), dout, n * 4, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    const int bs[2] = {0, s.B - 1};
+    for (int bi = 0; bi < 2; bi++)
+        for (int ch = 0; ch < s.H; ch += s.H - 1) {
+            double h = 0;
+            for (int t = 0; t < s.L; t++) {
+                const size_t i = ((size_t)bs[bi] * s.L + t) * s.H + ch;
+                if (kind == SCAN) {
+                    h = a[i] * h + b[i];
+                } else {
+                    const double z = 1.0 / (1.0 + std::exp(-(double)a[i]));
+                    h = (1 - z) * h + z * b[i];
+                }
+                num += (o[i] - h) * (o[i] - h);
+                den += h * h;
+            }
+        }
+    const double rel = std::sqrt(num / den);
+    printf("   check %s %s: rel-L2 %.2e %s\n", kind == SCAN ? "scan" : "mingru", s.name, rel,
+           rel <= 1e-5 ? "ok" : "FAILED");
+    if (!(rel <= 1e-5))
+        exit(1);
+}
+
+template <int KIND, int STAGES, int OUTB>
+static void run_bulk(const Shape &s, float *const *in0, float *const *in1, float *const *out, int sets, int reps,
+                     double copy_gbs)
+{
+    typedef BulkSmem<STAGES, OUTB> S;
+    const size_t smem = kWarps * S::WARP_BYTES;
+    auto kern = stream_bulk<KIND, STAGES, OUTB>;
+    CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const int64_t warps = (int64_t)s.B * (s.H / 32);
+    const unsigned grid = (unsigned)((warps + kWarps - 1) / kWarps);
+    // poison the outputs first so that an unwritten row fails the check
+    const size_t n = (size_t)s.B * s.L * s.H;
+    CUDA_CHECK(cudaMemset(out[0], 0xff, n * 4));
+    kern<<<grid, 32 * kWarps, smem>>>(in0[0], in1[0], out[0], s.B, s.L, s.H);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    check_prototype(KIND, s, in0[0], in1[0], out[0]);
+    const double us = time_us(reps, [&](int i) {
+        const int k = i % sets;
+        kern<<<grid, 32 * kWarps, smem>>>(in0[k], in1[k], out[k], s.B, s.L, s.H);
+    });
+    const double bytes = 3.0 * n * 4;
+    printf("%-22s %-18s %2d x %d stages %9.2f %8.0f %6.1f\n", KIND == SCAN ? "bulk scan" : "bulk mingru", s.name,
+           STAGES, OUTB, us, bytes / us / 1e3, 100 * bytes / us / 1e3 / copy_gbs);
+}
+
+template <int U, int NIN>
+static void run_elementwise(const Shape &s, float *const *in0, float *const *in1, float *const *out, int sets,
+                            int reps, double copy_gbs)
+{
+    const int64_t n4 = (int64_t)s.B * s.L * s.H / 4;
+    const unsigned grid = (unsigned)((n4 + 256 * U - 1) / (256 * U));
+    const double us = time_us(reps, [&](int i) {
+        const int k = i % sets;
+        elementwise4<U, NIN><<<grid, 256>>>((const float4 *)in0[k], (const float4 *)in1[k], (float4 *)out[k], n4);
+    });
+    const double bytes = (NIN + 1.0) * n4 * 16;
+    printf("%-22s %-18s U=%d %16.2f %8.0f %6.1f\n", NIN == 2 ? "add4 (2R1W)" : "copy4 (1R1W)", s.name, U, us,
+           bytes / us / 1e3, 100 * bytes / us / 1e3 / copy_gbs);
+}
+
+int main(int argc, char **argv)
+{
+    const int reps = argc > 1 ? atoi(argv[1]) : 50;
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+
+    const Shape shapes[] = {{"B16 L1024 H1024", 16, 1024, 1024},
+                            {"B8 L2048 H1536", 8, 2048, 1536},
+                            {"B1 L65536 H256", 1, 65536, 256}};
+    const int sets = 2; // inputs alternate between two sets
+    size_t max_n = 0;
+    for (const Shape &s : shapes)
+        max_n = std::max(max_n, (size_t)s.B * s.L * s.H);
+    float *in0[sets], *in1[sets], *out[sets];
+    std::vector<float> host(max_n);
+    uint64_t rng = 0x2545F4914F6CDD1Dull;
+    for (int k = 0; k < sets; k++) {
+        CUDA_CHECK(cudaMalloc(&in0[k], max_n * 4));
+        CUDA_CHECK(cudaMalloc(&in1[k], max_n * 4));
+        CUDA_CHECK(cudaMalloc(&out[k], max_n * 4));
+        for (int which = 0; which < 2; which++) {
+            for (auto &v : host) {
+                rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+                const float u = (float)((rng >> 40) * (1.0 / 16777216.0));
+                // a in [0.5, 1) for the scan (also a fine logit), b in [-2, 2)
+                v = which == 0 ? 0.5f + 0.5f * u : -2.0f + 4.0f * u;
+            }
+            CUDA_CHECK(cudaMemcpy(which ? in1[k] : in0[k], host.data(), max_n * 4, cudaMemcpyHostToDevice));
+        }
+    }
+
+    run_ftz_check();
+    const double empty = time_us(reps, [&](int) { empty_kernel<<<1, 1>>>(); });
+    const size_t copy_bytes = max_n * 4; // the largest array
+    const double memcpy_us = time_us(reps, [&](int i) {
+        CUDA_CHECK(cudaMemcpyAsync(out[i % sets], in0[i % sets], copy_bytes, cudaMemcpyDeviceToDevice));
+    });
+    const double copy_gbs = 2.0 * copy_bytes / memcpy_us / 1e3;
+    printf("empty kernel %.2f us; cudaMemcpy %.0f MB %.2f us = %.0f GB/s read + write\n\n", empty, copy_bytes / 1e6,
+           memcpy_us, copy_gbs);
+    printf("%-22s %-18s %-20s %9s %8s %6s\n", "kernel", "shape", "variant", "median us", "GB/s", "% copy");
+    for (const Shape &s : shapes) {
+        run_elementwise<1, 1>(s, in0, in1, out, sets, reps, copy_gbs);
+        run_elementwise<4, 1>(s, in0, in1, out, sets, reps, copy_gbs);
+        run_elementwise<1, 2>(s, in0, in1, out, sets, reps, copy_gbs);
+        run_elementwise<2, 2>(s, in0, in1, out, sets, reps, copy_gbs);
+        run_elementwise<4, 2>(s, in0, in1, out, sets, reps, copy_gbs);
+        if ((int64_t)s.B * (s.H / 32) >= 2 * prop.multiProcessorCount) { // a streaming shape
+            run_bulk<SCAN, 6, 2>(s, in0, in1, out, sets, reps, copy_gbs);
+            run_bulk<SCAN, 10, 2>(s, in0, in1, out, sets, reps, copy_gbs);
+            run_bulk<MINGRU, 6, 2>(s, in0, in1, out, sets, reps, copy_gbs);
+            run_bulk<MINGRU, 10, 2>(s, in0, in1, out, sets, reps, copy_gbs);
+        }
+        printf("\n");
+    }
+    return 0;
+}
