@@ -14,6 +14,10 @@
 //   copy4 / add4   float4 elementwise 1R1W / 2R1W, U float4 per thread,
 //                  every load before the first store: the floor of a
 //                  pass that reads its inputs and writes its output once
+//   column walk    out = a + b in the streaming scans' order (a warp per
+//                  column of 128 B or 512 B of one batch element, rows in
+//                  order), the rows split among 1, 4 or 16 warps: what the
+//                  order of the accesses costs, apart from the recurrence
 //   bulk scan/mingru  the prototype: a warp per 128-byte column walking
 //                  the sequence; rows arrive by cp.async.bulk (one copy a
 //                  row, a lane a row, an mbarrier a stage) and h leaves
@@ -24,6 +28,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 #include <vector>
 
 #include "cuda_check.h"
@@ -73,6 +78,12 @@ template <typename F> static double time_us(int reps, F &&launch)
 
 // ---- elementwise floors ----
 
+struct Shape {
+    const char *name;
+    int B, L, H;
+};
+
+
 template <int U, int NIN>
 __global__ void __launch_bounds__(256) elementwise4(const float4 *__restrict__ a, const float4 *__restrict__ b,
                                                     float4 *__restrict__ out, int64_t n4)
@@ -98,6 +109,62 @@ __global__ void __launch_bounds__(256) elementwise4(const float4 *__restrict__ a
             __stcs(out + i, r);
         }
     }
+}
+
+// ---- the scans' access order without a recurrence ----
+
+// out = a + b walked as the streaming scan walks it: a warp owns a column of
+// 32 * VEC floats of one batch element and goes through its rows in order,
+// UNROLL rows' loads in flight before their stores; SEGS splits each column's
+// rows into that many independent warps (no carry: only the order of the
+// accesses is measured, with more or fewer warps).
+template <int VEC, int SEGS>
+__global__ void __launch_bounds__(64) column_walk(const float *__restrict__ in0, const float *__restrict__ in1,
+                                                  float *__restrict__ out, int batch, int seqlen, int hidden)
+{
+    constexpr int UNROLL = 8;
+    typedef typename std::conditional<VEC == 4, float4, float>::type V;
+    const int lane = threadIdx.x & 31;
+    const int columns = hidden / (32 * VEC);
+    const int64_t warp = (int64_t)blockIdx.x * 2 + (threadIdx.x >> 5);
+    if (warp >= (int64_t)batch * columns * SEGS)
+        return;
+    const int64_t seg = warp % SEGS, column = warp / SEGS;
+    const int64_t b = column / columns, ch = (column % columns) * 32 * VEC + lane * VEC;
+    const int rows = seqlen / SEGS, t0 = (int)seg * rows;
+    const int64_t stride = hidden / VEC; // in V
+    const int64_t base = ((b * seqlen + t0) * hidden + ch) / VEC;
+    const V *a = reinterpret_cast<const V *>(in0) + base, *c = reinterpret_cast<const V *>(in1) + base;
+    V *o = reinterpret_cast<V *>(out) + base;
+    for (int t = 0; t < rows; t += UNROLL) {
+        V x[UNROLL], y[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++)
+            x[u] = __ldcs(a + (t + u) * stride), y[u] = __ldcs(c + (t + u) * stride);
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            if constexpr (VEC == 4)
+                x[u].x += y[u].x, x[u].y += y[u].y, x[u].z += y[u].z, x[u].w += y[u].w;
+            else
+                x[u] += y[u];
+            __stcs(o + (t + u) * stride, x[u]);
+        }
+    }
+}
+
+template <int VEC, int SEGS>
+static void run_walk(const Shape &s, float *const *in0, float *const *in1, float *const *out, int sets, int reps,
+                     double copy_gbs)
+{
+    const int64_t warps = (int64_t)s.B * (s.H / (32 * VEC)) * SEGS;
+    const unsigned grid = (unsigned)((warps + 1) / 2);
+    const double us = time_us(reps, [&](int i) {
+        const int k = i % sets;
+        column_walk<VEC, SEGS><<<grid, 64>>>(in0[k], in1[k], out[k], s.B, s.L, s.H);
+    });
+    const double bytes = 3.0 * s.B * s.L * s.H * 4;
+    printf("%-22s %-18s %3dB x %d seg %5lld w %6.2f %8.0f %6.1f\n", "column walk (2R1W)", s.name, 128 * VEC, SEGS,
+           (long long)warps, us, bytes / us / 1e3, 100 * bytes / us / 1e3 / copy_gbs);
 }
 
 // ---- the bulk-copy streaming prototype ----
@@ -298,11 +365,6 @@ static void run_ftz_check()
 
 // ---- driver ----
 
-struct Shape {
-    const char *name;
-    int B, L, H;
-};
-
 static void check_prototype(int kind, const Shape &s, const float *d0, const float *d1, const float *dout)
 {
     // column 0 and the last column of batch 0 and the last batch, every step
@@ -423,6 +485,12 @@ int main(int argc, char **argv)
         run_elementwise<1, 2>(s, in0, in1, out, sets, reps, copy_gbs);
         run_elementwise<2, 2>(s, in0, in1, out, sets, reps, copy_gbs);
         run_elementwise<4, 2>(s, in0, in1, out, sets, reps, copy_gbs);
+        run_walk<1, 1>(s, in0, in1, out, sets, reps, copy_gbs);
+        run_walk<1, 4>(s, in0, in1, out, sets, reps, copy_gbs);
+        run_walk<1, 16>(s, in0, in1, out, sets, reps, copy_gbs);
+        run_walk<4, 1>(s, in0, in1, out, sets, reps, copy_gbs);
+        run_walk<4, 4>(s, in0, in1, out, sets, reps, copy_gbs);
+        run_walk<4, 16>(s, in0, in1, out, sets, reps, copy_gbs);
         if ((int64_t)s.B * (s.H / 32) >= 2 * prop.multiProcessorCount) { // a streaming shape
             run_bulk<SCAN, 6, 2>(s, in0, in1, out, sets, reps, copy_gbs);
             run_bulk<SCAN, 10, 2>(s, in0, in1, out, sets, reps, copy_gbs);
