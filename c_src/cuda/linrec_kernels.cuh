@@ -49,7 +49,13 @@ constexpr int kMinSteps = 4;
 // The vector path: 4 channels per lane (16 bytes of f32, 8 of bf16/f16),
 // groups of lanes covering 128 bytes of a row.
 constexpr int kVec = 4;
-template <typename T> constexpr int vec_group() { return 128 / (kVec * (int)sizeof(T)); }
+#ifndef FXLR_ROW_BYTES // bytes of a tile's time row on the vector path (other widths: measured)
+#define FXLR_ROW_BYTES 128
+#endif
+template <typename T> constexpr int vec_group()
+{
+    return FXLR_ROW_BYTES / (kVec * (int)sizeof(T)) < 32 ? FXLR_ROW_BYTES / (kVec * (int)sizeof(T)) : 32;
+}
 
 template <typename T, int V> constexpr int pack_regs()
 {
