@@ -70,46 +70,36 @@ __device__ __forceinline__ affine compose(affine first, affine then)
 
 __device__ __forceinline__ float apply(affine m, float h) { return fmaf(m.a, h, m.b); }
 
-// 1/x to within an ulp (the IEEE-rounded __frcp_rn is a dozen instructions).
-__device__ __forceinline__ float fast_rcp(float x)
-{
-#ifdef FXSCAN_EMULATION
-    return 1.f / x;
-#else
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-    return r;
-#endif
-}
-
-// e^x and log(x) on the SFU: one MUFU op and a multiply each. __expf and
-// __logf compile to the non-ftz ex2/lg2, which wrap the MUFU op in ~3 more
+// One SFU instruction in its flush-to-zero form (the emulator's libm
+// stands in for it): 1/x to within an ulp, 2^x, log2(x). The ftz forms are
+// one MUFU op each; __frcp_rn is a dozen instructions, and __expf / __logf
+// compile to the non-ftz ex2 / lg2, which wrap the MUFU op in ~3 more
 // instructions to get denormal results right. The gates never need them
 // (e^x is added to 1, the log's argument is in [1, 2]): sigmoid and
-// softplus come out in the same bits (checked on all of 2^30 inputs in
-// [-200, 200) by tools/floor_bench), and the streaming MinGRU / MinLSTM
-// forwards lose 6 / 12 % of their instructions (bench/RESULTS.md).
-__device__ __forceinline__ float fast_exp(float x)
+// softplus come out in the same bits as with __expf / __logf (checked on
+// all of 2^30 inputs in [-200, 200) by tools/floor_bench), and the
+// streaming MinGRU / MinLSTM forwards lose 6 / 12 % of their instructions
+// (bench/RESULTS.md).
+enum sfu_op { SFU_RCP, SFU_EX2, SFU_LG2 };
+template <sfu_op OP> __device__ __forceinline__ float sfu(float x)
 {
 #ifdef FXSCAN_EMULATION
-    return expf(x);
+    return OP == SFU_RCP ? 1.f / x : OP == SFU_EX2 ? exp2f(x) : log2f(x);
 #else
     float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+    if constexpr (OP == SFU_RCP)
+        asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    else if constexpr (OP == SFU_EX2)
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    else
+        asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
     return r;
 #endif
 }
 
-__device__ __forceinline__ float fast_log(float x)
-{
-#ifdef FXSCAN_EMULATION
-    return logf(x);
-#else
-    float r;
-    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-    return r * 0.6931471805599453f;
-#endif
-}
+__device__ __forceinline__ float fast_rcp(float x) { return sfu<SFU_RCP>(x); }
+__device__ __forceinline__ float fast_exp(float x) { return sfu<SFU_EX2>(x * 1.4426950408889634f); }
+__device__ __forceinline__ float fast_log(float x) { return sfu<SFU_LG2>(x) * 0.6931471805599453f; }
 
 // ---- look-back statistics (a diagnostic build: -DFXLR_STATS) ----
 // [0] chained tiles, [1] found by the peek, [2] look-back rounds,
