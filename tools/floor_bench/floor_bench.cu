@@ -18,6 +18,9 @@
 //                  column of 128 B or 512 B of one batch element, rows in
 //                  order), the rows split among 1, 4 or 16 warps: what the
 //                  order of the accesses costs, apart from the recurrence
+//   two passes     a wave of rows read twice (a reduction, then out = a + b),
+//                  wave after wave: what a two-pass scan moves when a wave's
+//                  inputs fit L2 (the second read hits it), launch gaps in
 //   bulk scan/mingru  the prototype: a warp per 128-byte column walking
 //                  the sequence; rows arrive by cp.async.bulk (one copy a
 //                  row, a lane a row, an mbarrier a stage) and h leaves
@@ -51,6 +54,10 @@ __global__ void busy_wait_kernel(unsigned long long ns)
 
 __global__ void empty_kernel() {}
 
+// The busy-wait before each timed launch: long enough for the host to
+// enqueue everything a timed call launches (the waves: up to ~70 kernels).
+static unsigned long long g_busy_ns = 100000;
+
 template <typename F> static double time_us(int reps, F &&launch)
 {
     cudaEvent_t e0, e1;
@@ -60,7 +67,7 @@ template <typename F> static double time_us(int reps, F &&launch)
     CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<double> t;
     for (int i = 0; i < reps; i++) {
-        busy_wait_kernel<<<1, 1>>>(100000);
+        busy_wait_kernel<<<1, 1>>>(g_busy_ns);
         CUDA_CHECK(cudaEventRecord(e0));
         launch(i);
         CUDA_CHECK(cudaEventRecord(e1));
@@ -165,6 +172,64 @@ static void run_walk(const Shape &s, float *const *in0, float *const *in1, float
     const double bytes = 3.0 * s.B * s.L * s.H * 4;
     printf("%-22s %-18s %3dB x %d seg %5lld w %6.2f %8.0f %6.1f\n", "column walk (2R1W)", s.name, 128 * VEC, SEGS,
            (long long)warps, us, bytes / us / 1e3, 100 * bytes / us / 1e3 / copy_gbs);
+}
+
+// ---- two passes through L2, a wave of rows at a time ----
+
+// What a two-pass scan of a long, thin sequence would move: pass 1 reads a
+// wave of rows of both inputs (default caching: they stay in L2) and reduces
+// them (one float a block); pass 2 reads the same rows again and writes the
+// output. Waves run one after the other on one stream, so pass 2 of a wave
+// finds its inputs in L2 when a wave's inputs fit there.
+__global__ void __launch_bounds__(256) wave_reduce(const float4 *__restrict__ a, const float4 *__restrict__ b,
+                                                   float *__restrict__ sums, int64_t n4)
+{
+    float acc = 0.f;
+    for (int64_t i = blockIdx.x * 256 + threadIdx.x; i < n4; i += (int64_t)gridDim.x * 256) {
+        const float4 x = a[i], y = b[i];
+        acc += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+    }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 16);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 8);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    if ((threadIdx.x & 31) == 0)
+        atomicAdd(sums + blockIdx.x, acc);
+}
+
+__global__ void __launch_bounds__(256) wave_apply(const float4 *__restrict__ a, const float4 *__restrict__ b,
+                                                  float4 *__restrict__ out, int64_t n4)
+{
+    for (int64_t i = blockIdx.x * 256 + threadIdx.x; i < n4; i += (int64_t)gridDim.x * 256) {
+        const float4 x = __ldcs(a + i), y = __ldcs(b + i);
+        __stcs(out + i, make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
+    }
+}
+
+static void run_waves(const Shape &s, int wave_mb, float *const *in0, float *const *in1, float *const *out,
+                      int sets, int reps, double copy_gbs, int sms)
+{
+    const int64_t n4 = (int64_t)s.B * s.L * s.H / 4;
+    const int64_t wave4 = std::min<int64_t>(n4, ((int64_t)wave_mb << 20) / 32); // both inputs' bytes
+    const unsigned grid = 4u * sms;
+    float *sums;
+    CUDA_CHECK(cudaMalloc(&sums, grid * sizeof(float)));
+    const double us = time_us(reps, [&](int i) {
+        const int k = i % sets;
+        const float4 *a = (const float4 *)in0[k], *b = (const float4 *)in1[k];
+        float4 *o = (float4 *)out[k];
+        for (int64_t w = 0; w < n4; w += wave4) {
+            const int64_t n = std::min(wave4, n4 - w);
+            if (wave_mb > 0)
+                wave_reduce<<<grid, 256>>>(a + w, b + w, sums, n);
+            wave_apply<<<grid, 256>>>(a + w, b + w, o + w, n);
+        }
+    });
+    CUDA_CHECK(cudaFree(sums));
+    const double bytes = 3.0 * n4 * 16;
+    printf("%-22s %-18s %4d MB waves %6lld x2 %7.2f %8.0f %6.1f\n", "two passes by waves", s.name, wave_mb,
+           (long long)((n4 + wave4 - 1) / wave4), us, bytes / us / 1e3, 100 * bytes / us / 1e3 / copy_gbs);
 }
 
 // ---- the bulk-copy streaming prototype ----
@@ -485,6 +550,10 @@ int main(int argc, char **argv)
         run_elementwise<1, 2>(s, in0, in1, out, sets, reps, copy_gbs);
         run_elementwise<2, 2>(s, in0, in1, out, sets, reps, copy_gbs);
         run_elementwise<4, 2>(s, in0, in1, out, sets, reps, copy_gbs);
+        g_busy_ns = 1000000;
+        for (int mb : {4, 8, 16, 32, 256})
+            run_waves(s, mb, in0, in1, out, sets, reps, copy_gbs, prop.multiProcessorCount);
+        g_busy_ns = 100000;
         run_walk<1, 1>(s, in0, in1, out, sets, reps, copy_gbs);
         run_walk<1, 4>(s, in0, in1, out, sets, reps, copy_gbs);
         run_walk<1, 16>(s, in0, in1, out, sets, reps, copy_gbs);
