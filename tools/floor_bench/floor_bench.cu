@@ -18,6 +18,10 @@
 //                  column of 128 B or 512 B of one batch element, rows in
 //                  order), the rows split among 1, 4 or 16 warps: what the
 //                  order of the accesses costs, apart from the recurrence
+//   lockstep walk  the same walk with a block's W warps side by side on one
+//                  row (W * 128 contiguous bytes) and a block barrier every
+//                  8 rows: whether reading a row's pieces together is what
+//                  the order lacks
 //   two passes     a wave of rows read twice (a reduction, then out = a + b),
 //                  wave after wave: what a two-pass scan moves when a wave's
 //                  inputs fit L2 (the second read hits it), launch gaps in
@@ -157,6 +161,54 @@ __global__ void __launch_bounds__(64) column_walk(const float *__restrict__ in0,
             __stcs(o + (t + u) * stride, x[u]);
         }
     }
+}
+
+// The same walk with the W warps of a block side by side on one batch
+// element's row (W * 128 contiguous bytes of it) and a block barrier every
+// UNROLL rows, so that they read and write their row's pieces together.
+template <int W, int SEGS>
+__global__ void __launch_bounds__(32 * W) column_walk_lockstep(const float *__restrict__ in0,
+                                                              const float *__restrict__ in1,
+                                                              float *__restrict__ out, int batch, int seqlen,
+                                                              int hidden)
+{
+    constexpr int UNROLL = 8;
+    const int groups = hidden / (32 * W); // blocks across a row
+    const int64_t blk = blockIdx.x;
+    const int64_t seg = blk % SEGS, rest = blk / SEGS, b = rest / groups;
+    const int64_t ch = (rest % groups) * 32 * W + threadIdx.x;
+    if (b >= batch)
+        return; // a whole block
+    const int rows = seqlen / SEGS, t0 = (int)seg * rows;
+    const int64_t base = (b * seqlen + t0) * hidden + ch;
+    const float *a = in0 + base, *c = in1 + base;
+    float *o = out + base;
+    for (int t = 0; t < rows; t += UNROLL) {
+        float x[UNROLL], y[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++)
+            x[u] = __ldcs(a + (int64_t)(t + u) * hidden), y[u] = __ldcs(c + (int64_t)(t + u) * hidden);
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++)
+            __stcs(o + (int64_t)(t + u) * hidden, x[u] + y[u]);
+        __syncthreads();
+    }
+}
+
+template <int W, int SEGS>
+static void run_lockstep(const Shape &s, float *const *in0, float *const *in1, float *const *out, int sets, int reps,
+                         double copy_gbs)
+{
+    if (s.H % (32 * W))
+        return;
+    const unsigned grid = (unsigned)((int64_t)s.B * (s.H / (32 * W)) * SEGS);
+    const double us = time_us(reps, [&](int i) {
+        const int k = i % sets;
+        column_walk_lockstep<W, SEGS><<<grid, 32 * W>>>(in0[k], in1[k], out[k], s.B, s.L, s.H);
+    });
+    const double bytes = 3.0 * s.B * s.L * s.H * 4;
+    printf("%-22s %-18s %4dB x %d seg %5lld w %6.2f %8.0f %6.1f\n", "lockstep walk (2R1W)", s.name, 128 * W, SEGS,
+           (long long)grid * W, us, bytes / us / 1e3, 100 * bytes / us / 1e3 / copy_gbs);
 }
 
 template <int VEC, int SEGS>
@@ -554,6 +606,11 @@ int main(int argc, char **argv)
         for (int mb : {4, 8, 16, 32, 256})
             run_waves(s, mb, in0, in1, out, sets, reps, copy_gbs, prop.multiProcessorCount);
         g_busy_ns = 100000;
+        run_lockstep<2, 16>(s, in0, in1, out, sets, reps, copy_gbs);
+        run_lockstep<8, 4>(s, in0, in1, out, sets, reps, copy_gbs);
+        run_lockstep<8, 16>(s, in0, in1, out, sets, reps, copy_gbs);
+        run_lockstep<12, 16>(s, in0, in1, out, sets, reps, copy_gbs);
+        run_lockstep<32, 16>(s, in0, in1, out, sets, reps, copy_gbs);
         run_walk<1, 1>(s, in0, in1, out, sets, reps, copy_gbs);
         run_walk<1, 4>(s, in0, in1, out, sets, reps, copy_gbs);
         run_walk<1, 16>(s, in0, in1, out, sets, reps, copy_gbs);
