@@ -9,6 +9,8 @@
 //   make build/floor_bench && build/floor_bench [reps]
 //
 // Rows:
+//   ftz check      sigmoid and softplus from ftz exps against __expf /
+//                  __logf on 2^30 inputs: how many differ in any bit
 //   empty          a 1-thread kernel: the event method's own cost
 //   memcpy         cudaMemcpyAsync device to device, 2 arrays' bytes
 //   copy4 / add4   float4 elementwise 1R1W / 2R1W, U float4 per thread,
