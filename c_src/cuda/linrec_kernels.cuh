@@ -22,6 +22,7 @@
 #include "cuda/async_copy.cuh"
 #include "cuda/common.cuh"
 #include "cuda/scan.cuh"
+#include "cuda/sfu.cuh"
 #include "fusex_linrec.h"
 
 namespace fxlinrec {
@@ -108,13 +109,13 @@ inline bool large_launch(const fx_linrec_problem *p) { return p->batch * p->seql
 // 158), so the tests allow for that ulp (docs/TESTING.md).
 __device__ __forceinline__ void sigmoid2(float x, float &pos, float &neg)
 {
-    pos = fxscan::fast_rcp(1.f + fxscan::fast_exp(-x));
+    pos = fx_fast_rcp(1.f + fx_fast_exp(-x));
     neg = 1.f - pos;
 }
 
 __device__ __forceinline__ float softplus(float x)
 {
-    return fmaxf(x, 0.f) + fxscan::fast_log(1.f + fxscan::fast_exp(-fabsf(x)));
+    return fmaxf(x, 0.f) + fx_fast_log(1.f + fx_fast_exp(-fabsf(x)));
 }
 
 // The candidate c~ = cand, or with G, g(cand) = cand + 1/2 (cand >= 0),
@@ -168,7 +169,7 @@ __device__ __forceinline__ affine coeff(const float (&x)[3], chan c, float dt)
         sigmoid2(x[0], f, nf);
         if (dt == 0.f) // a step that does not exist (or a zero step): whatever tau is
             return fxscan::identity();
-        float inv_den = fxscan::fast_rcp(fmaf(dt, c.inv_tau + f, 1.f));
+        float inv_den = fx_fast_rcp(fmaf(dt, c.inv_tau + f, 1.f));
         return {inv_den, dt * f * c.lam * inv_den};
     }
 }
@@ -204,7 +205,7 @@ __device__ __forceinline__ float step_grad(const float (&x)[3], chan c, float dt
     } else {
         float f, nf;
         sigmoid2(x[0], f, nf);
-        float inv_den = fxscan::fast_rcp(fmaf(dt, c.inv_tau + f, 1.f));
+        float inv_den = fx_fast_rcp(fmaf(dt, c.inv_tau + f, 1.f));
         float h = (hprev + dt * f * c.lam) * inv_den;
         float gd = g * inv_den;
         dx[0] = gd * dt * (c.lam - h) * f * nf;

@@ -40,6 +40,7 @@
 #define FX_CUDA_SCAN_CUH
 
 #include "cuda/common.cuh"
+#include "cuda/sfu.cuh"
 
 // A block's shared memory, and its dynamic part (staged inputs).
 // tools/cuda_emu, which runs these kernels on the CPU, defines them (and
@@ -69,37 +70,6 @@ __device__ __forceinline__ affine compose(affine first, affine then)
 }
 
 __device__ __forceinline__ float apply(affine m, float h) { return fmaf(m.a, h, m.b); }
-
-// One SFU instruction in its flush-to-zero form (the emulator's libm
-// stands in for it): 1/x to within an ulp, 2^x, log2(x). The ftz forms are
-// one MUFU op each; __frcp_rn is a dozen instructions, and __expf / __logf
-// compile to the non-ftz ex2 / lg2, which wrap the MUFU op in ~3 more
-// instructions to get denormal results right. The gates never need them
-// (e^x is added to 1, the log's argument is in [1, 2]): sigmoid and
-// softplus come out in the same bits as with __expf / __logf (checked on
-// all of 2^30 inputs in [-200, 200) by tools/floor_bench), and the
-// streaming MinGRU / MinLSTM forwards lose 6 / 12 % of their instructions
-// (bench/RESULTS.md).
-enum sfu_op { SFU_RCP, SFU_EX2, SFU_LG2 };
-template <sfu_op OP> __device__ __forceinline__ float sfu(float x)
-{
-#ifdef FXSCAN_EMULATION
-    return OP == SFU_RCP ? 1.f / x : OP == SFU_EX2 ? exp2f(x) : log2f(x);
-#else
-    float r;
-    if constexpr (OP == SFU_RCP)
-        asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-    else if constexpr (OP == SFU_EX2)
-        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-    else
-        asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-    return r;
-#endif
-}
-
-__device__ __forceinline__ float fast_rcp(float x) { return sfu<SFU_RCP>(x); }
-__device__ __forceinline__ float fast_exp(float x) { return sfu<SFU_EX2>(x * 1.4426950408889634f); }
-__device__ __forceinline__ float fast_log(float x) { return sfu<SFU_LG2>(x) * 0.6931471805599453f; }
 
 // ---- look-back statistics (a diagnostic build: -DFXLR_STATS) ----
 // [0] chained tiles, [1] found by the peek, [2] look-back rounds,

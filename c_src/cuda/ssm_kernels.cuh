@@ -26,6 +26,7 @@
 
 #include "cuda/async_copy.cuh"
 #include "cuda/common.cuh"
+#include "cuda/sfu.cuh"
 #include "fusex_ssm.h"
 
 namespace fx_ssm {
@@ -80,18 +81,6 @@ constexpr int64_t kMaxDstate = 256;
 
 // ---- device helpers ----
 
-// 2^x on the special function unit: one MUFU op, ~2 ulp, denormals to 0.
-__device__ __forceinline__ float fast_exp2(float x)
-{
-#ifdef __CUDA_ARCH__
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-#else
-    return exp2f(x); // host compilations of this header (tests of the kernels on a CPU)
-#endif
-}
-
 // log(1 + v) for v in [0, 1]: v * P(v), P of degree 8 fitted for relative
 // error (< 2e-7 in f32 arithmetic); no MUFU op.
 __device__ __forceinline__ float log1p_unit(float v)
@@ -113,13 +102,13 @@ __device__ __forceinline__ float log1p_unit(float v)
 // PyTorch's threshold.
 __device__ __forceinline__ float softplus(float u)
 {
-    return fmaxf(u, 0.0f) + log1p_unit(fast_exp2(-fabsf(u) * kLog2e));
+    return fmaxf(u, 0.0f) + log1p_unit(fx_fast_exp2(-fabsf(u) * kLog2e));
 }
 
 // softplus(u) and its derivative sigmoid(u) from one exp.
 __device__ __forceinline__ void softplus_and_grad(float u, float &sp, float &grad)
 {
-    const float v = fast_exp2(-fabsf(u) * kLog2e); // e^-|u|
+    const float v = fx_fast_exp2(-fabsf(u) * kLog2e); // e^-|u|
     sp = fmaxf(u, 0.0f) + log1p_unit(v);
     const float r = __fdividef(1.0f, 1.0f + v);
     grad = u >= 0.0f ? r : v * r;
@@ -127,9 +116,9 @@ __device__ __forceinline__ void softplus_and_grad(float u, float &sp, float &gra
 
 // Fast division (reciprocal on the SFU, ~2 ulp): once per (step, channel).
 // For x below ~-88 the denominator is inf and the result 0, as it should be.
-__device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.0f, 1.0f + fast_exp2(-x * kLog2e)); }
+__device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.0f, 1.0f + fx_fast_exp2(-x * kLog2e)); }
 __device__ __forceinline__ float softplus_grad(float u) { return sigmoid(u); }
-__device__ __forceinline__ float silu(float z) { return __fdividef(z, 1.0f + fast_exp2(-z * kLog2e)); }
+__device__ __forceinline__ float silu(float z) { return __fdividef(z, 1.0f + fx_fast_exp2(-z * kLog2e)); }
 __device__ __forceinline__ float silu_grad(float z)
 {
     float s = sigmoid(z);
@@ -723,7 +712,7 @@ __device__ __forceinline__ void fwd_scan(const ScanParams &p, const Tile &t, int
             const float delta = se % 2 ? dd[se / 2].z : dd[se / 2].x, dx = se % 2 ? dd[se / 2].w : dd[se / 2].y;
 #pragma unroll
             for (int i = 0; i < NPL; i++) {
-                dec[se][i] = fast_exp2(delta * a2[i]);
+                dec[se][i] = fx_fast_exp2(delta * a2[i]);
                 inc[se][i] = dx * bv[se][i];
             }
         }
@@ -839,7 +828,7 @@ __global__ void __launch_bounds__(kThreads) ssm_step_kernel(const StepParams p)
     float acc = 0.0f;
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
-        h[i] = fmaf(fast_exp2(delta * a2[i]), h[i], dx * bv[i]);
+        h[i] = fmaf(fx_fast_exp2(delta * a2[i]), h[i], dx * bv[i]);
         acc = fmaf(cv[i], h[i], acc);
     }
 #pragma unroll
@@ -1212,7 +1201,7 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
                 float yp = 0.0f;
 #pragma unroll
                 for (int i = 0; i < NPL; i++) {
-                    hs[s][i] = fmaf(fast_exp2(in.x * a2[i]), s > 0 ? hs[s - 1][i] : h[i], in.y * bv[i]);
+                    hs[s][i] = fmaf(fx_fast_exp2(in.x * a2[i]), s > 0 ? hs[s - 1][i] : h[i], in.y * bv[i]);
                     yp = fmaf(cv[i], hs[s][i], yp);
                 }
                 sm[S::PY + s * 32 + lane] = yp;
@@ -1248,7 +1237,7 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
                 float r_a = 0.0f, r_b = 0.0f, pbc[2 * NPL];
 #pragma unroll
                 for (int i = 0; i < NPL; i++) {
-                    const float decay = fast_exp2(in.x * a2[i]);
+                    const float decay = fx_fast_exp2(in.x * a2[i]);
                     const float prev = s > 0 ? hs[s - 1][i] : h[i];
                     const float g = fmaf(cv[i], in.z, gs[i]); // dL/dh_t
                     const float pr = g * (decay * prev);
