@@ -55,7 +55,8 @@ constexpr int kVec = 4;
 #endif
 template <typename T> constexpr int vec_group()
 {
-    return FXLR_ROW_BYTES / (kVec * (int)sizeof(T)) < 32 ? FXLR_ROW_BYTES / (kVec * (int)sizeof(T)) : 32;
+    constexpr int lanes = FXLR_ROW_BYTES / (kVec * (int)sizeof(T));
+    return lanes < 32 ? lanes : 32; // a row is at most a warp
 }
 
 template <typename T, int V> constexpr int pack_regs()
