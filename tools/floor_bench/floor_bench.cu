@@ -40,9 +40,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "cuda/linrec_kernels.cuh" // the gates the ftz check compares (sigmoid2, softplus)
+#include "cuda/sfu.cuh"
 #include "cuda_check.h"
-
-static const float kLog2e = 1.4426950408889634f;
 
 // ---- timing ----
 
@@ -96,6 +96,16 @@ struct Shape {
     int B, L, H;
 };
 
+// One table row: what ran, on which shape, how, its median and the bytes
+// it moved over that time (and over the copy bandwidth measured first).
+static void report(const char *kernel, const Shape &s, const char *variant, double us, double bytes, double copy_gbs)
+{
+    printf("%-22s %-18s %-20s %9.2f %8.0f %6.1f\n", kernel, s.name, variant, us, bytes / us / 1e3,
+           100 * bytes / us / 1e3 / copy_gbs);
+}
+
+// The bytes of a pass that reads two [B, L, H] f32 tensors and writes one.
+static double bytes_2r1w(const Shape &s) { return 3.0 * s.B * s.L * s.H * 4; }
 
 template <int U, int NIN>
 __global__ void __launch_bounds__(256) elementwise4(const float4 *__restrict__ a, const float4 *__restrict__ b,
@@ -208,9 +218,9 @@ static void run_lockstep(const Shape &s, float *const *in0, float *const *in1, f
         const int k = i % sets;
         column_walk_lockstep<W, SEGS><<<grid, 32 * W>>>(in0[k], in1[k], out[k], s.B, s.L, s.H);
     });
-    const double bytes = 3.0 * s.B * s.L * s.H * 4;
-    printf("%-22s %-18s %4dB x %d seg %5lld w %6.2f %8.0f %6.1f\n", "lockstep walk (2R1W)", s.name, 128 * W, SEGS,
-           (long long)grid * W, us, bytes / us / 1e3, 100 * bytes / us / 1e3 / copy_gbs);
+    char variant[64];
+    snprintf(variant, sizeof variant, "%dB x %d seg %lld w", 128 * W, SEGS, (long long)grid * W);
+    report("lockstep walk (2R1W)", s, variant, us, bytes_2r1w(s), copy_gbs);
 }
 
 template <int VEC, int SEGS>
@@ -223,9 +233,9 @@ static void run_walk(const Shape &s, float *const *in0, float *const *in1, float
         const int k = i % sets;
         column_walk<VEC, SEGS><<<grid, 64>>>(in0[k], in1[k], out[k], s.B, s.L, s.H);
     });
-    const double bytes = 3.0 * s.B * s.L * s.H * 4;
-    printf("%-22s %-18s %3dB x %d seg %5lld w %6.2f %8.0f %6.1f\n", "column walk (2R1W)", s.name, 128 * VEC, SEGS,
-           (long long)warps, us, bytes / us / 1e3, 100 * bytes / us / 1e3 / copy_gbs);
+    char variant[64];
+    snprintf(variant, sizeof variant, "%dB x %d seg %lld w", 128 * VEC, SEGS, (long long)warps);
+    report("column walk (2R1W)", s, variant, us, bytes_2r1w(s), copy_gbs);
 }
 
 // ---- two passes through L2, a wave of rows at a time ----
@@ -275,15 +285,14 @@ static void run_waves(const Shape &s, int wave_mb, float *const *in0, float *con
         float4 *o = (float4 *)out[k];
         for (int64_t w = 0; w < n4; w += wave4) {
             const int64_t n = std::min(wave4, n4 - w);
-            if (wave_mb > 0)
-                wave_reduce<<<grid, 256>>>(a + w, b + w, sums, n);
+            wave_reduce<<<grid, 256>>>(a + w, b + w, sums, n);
             wave_apply<<<grid, 256>>>(a + w, b + w, o + w, n);
         }
     });
     CUDA_CHECK(cudaFree(sums));
-    const double bytes = 3.0 * n4 * 16;
-    printf("%-22s %-18s %4d MB waves %6lld x2 %7.2f %8.0f %6.1f\n", "two passes by waves", s.name, wave_mb,
-           (long long)((n4 + wave4 - 1) / wave4), us, bytes / us / 1e3, 100 * bytes / us / 1e3 / copy_gbs);
+    char variant[64];
+    snprintf(variant, sizeof variant, "%d MB waves, %lld x 2", wave_mb, (long long)((n4 + wave4 - 1) / wave4));
+    report("two passes by waves", s, variant, us, bytes_2r1w(s), copy_gbs);
 }
 
 // ---- the bulk-copy streaming prototype ----
@@ -337,26 +346,13 @@ __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wa
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 __device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 
-__device__ __forceinline__ float ex2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ float rcp(float x)
-{
-    float y;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
 enum { SCAN = 0, MINGRU = 1 };
 
 template <int KIND> __device__ __forceinline__ float step(float h, float x0, float x1)
 {
     if (KIND == SCAN)
         return fmaf(x0, h, x1);
-    const float z = rcp(1.0f + ex2(-x0 * kLog2e));
+    const float z = fx_fast_rcp(1.0f + fx_fast_exp(-x0));
     return fmaf(z, x1 - h, h);
 }
 
@@ -451,20 +447,18 @@ __global__ void __launch_bounds__(32 * kWarps) stream_bulk(const float *__restri
 
 // ---- the gates' exps with and without ftz (c_src/cuda/scan.cuh) ----
 
-// sigmoid and softplus as the linrec kernels compute them, from __expf /
-// __logf (non-ftz MUFU ops) and from ftz ones; counts inputs whose bits differ.
+// The linrec kernels' sigmoid and softplus (ftz SFU ops) against the same
+// formulas from __expf / __logf (non-ftz); counts inputs whose bits differ.
 __global__ void ftz_check(float lo, float step, int64_t n, unsigned long long *diffs)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const float x = lo + step * (float)i;
-        float e, l;
-        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(-x * kLog2e));
-        const float sig_ftz = rcp(1.f + e), sig = rcp(1.f + __expf(-x));
-        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(-fabsf(x) * kLog2e));
-        asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(l) : "f"(1.f + e));
-        const float sp_ftz = fmaxf(x, 0.f) + l * 0.6931471805599453f;
-        const float sp = fmaxf(x, 0.f) + __logf(1.f + __expf(-fabsf(x)));
-        if (__float_as_uint(sig_ftz) != __float_as_uint(sig) || __float_as_uint(sp_ftz) != __float_as_uint(sp))
+        float sig, neg;
+        fxlinrec::sigmoid2(x, sig, neg);
+        const float sp = fxlinrec::softplus(x);
+        const float sig_ref = fx_fast_rcp(1.f + __expf(-x));
+        const float sp_ref = fmaxf(x, 0.f) + __logf(1.f + __expf(-fabsf(x)));
+        if (__float_as_uint(sig) != __float_as_uint(sig_ref) || __float_as_uint(sp) != __float_as_uint(sp_ref))
             atomicAdd(diffs, 1ull);
     }
 }
@@ -536,9 +530,9 @@ static void run_bulk(const Shape &s, float *const *in0, float *const *in1, float
         const int k = i % sets;
         kern<<<grid, 32 * kWarps, smem>>>(in0[k], in1[k], out[k], s.B, s.L, s.H);
     });
-    const double bytes = 3.0 * n * 4;
-    printf("%-22s %-18s %2d x %d stages %9.2f %8.0f %6.1f\n", KIND == SCAN ? "bulk scan" : "bulk mingru", s.name,
-           STAGES, OUTB, us, bytes / us / 1e3, 100 * bytes / us / 1e3 / copy_gbs);
+    char variant[64];
+    snprintf(variant, sizeof variant, "%d x %d stages", STAGES, OUTB);
+    report(KIND == SCAN ? "bulk scan" : "bulk mingru", s, variant, us, bytes_2r1w(s), copy_gbs);
 }
 
 template <int U, int NIN>
@@ -551,9 +545,9 @@ static void run_elementwise(const Shape &s, float *const *in0, float *const *in1
         const int k = i % sets;
         elementwise4<U, NIN><<<grid, 256>>>((const float4 *)in0[k], (const float4 *)in1[k], (float4 *)out[k], n4);
     });
-    const double bytes = (NIN + 1.0) * n4 * 16;
-    printf("%-22s %-18s U=%d %16.2f %8.0f %6.1f\n", NIN == 2 ? "add4 (2R1W)" : "copy4 (1R1W)", s.name, U, us,
-           bytes / us / 1e3, 100 * bytes / us / 1e3 / copy_gbs);
+    char variant[64];
+    snprintf(variant, sizeof variant, "U=%d", U);
+    report(NIN == 2 ? "add4 (2R1W)" : "copy4 (1R1W)", s, variant, us, (NIN + 1.0) * n4 * 16, copy_gbs);
 }
 
 int main(int argc, char **argv)

@@ -8,7 +8,11 @@ OUT=${OUT:-/tmp/floor-out}
 mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:/usr/lib/erlang/bin:$PATH
 steps=${*:-build floor linrec ncu}
-METRICS="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,dram__bytes_write.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__warps_active.avg.per_cycle_active,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_membar_per_issue_active.ratio,smsp__average_warps_issue_stalled_drain_per_issue_active.ratio,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio,smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio,smsp__average_warps_issue_stalled_misc_per_issue_active.ratio"
+METRICS="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,dram__bytes_write.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__warps_active.avg.per_cycle_active"
+for r in long_scoreboard short_scoreboard wait lg_throttle mio_throttle math_pipe_throttle barrier membar drain \
+         no_instruction selected not_selected sleeping branch_resolving dispatch_stall misc; do
+    METRICS="$METRICS,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
+done
 
 for s in $steps; do
     start=$SECONDS
@@ -30,6 +34,8 @@ for s in $steps; do
         echo "== linrec rc=$? $((SECONDS - start))s"
         cat "$OUT/linrec.txt" ;;
     ncu)
+        # the first forward of each run is linrec_bench's set-up call, on the
+        # kernel the library dispatches (streaming for cases 0 and 3)
         { for c in 0 3; do
               FUSEX_PRIV=priv timeout 100 ncu --clock-control none --metrics "$METRICS" -k regex:forward -c 1 \
                   build/linrec_bench --case $c --reps 1
