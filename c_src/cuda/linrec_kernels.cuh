@@ -175,6 +175,23 @@ __device__ __forceinline__ affine coeff(const float (&x)[3], chan c, float dt)
     }
 }
 
+// One step of the state where no map is kept (the streaming forward):
+// MinGRU as h + z (c~ - h), one instruction fewer a step than
+// (1 - z) h + z c~ (with the 32-bit row offsets of forward_stream_kernel,
+// MinGRU B16 L1024 H1024 55.3 against 56.0 us on the H200; either change
+// alone: within noise. bench/RESULTS.md).
+template <int KIND, bool CG>
+__device__ __forceinline__ float advance(const float (&x)[3], chan c, float dt, float h)
+{
+    if constexpr (KIND == FX_LINREC_MINGRU) {
+        float z, keep;
+        sigmoid2(x[0], z, keep);
+        return fmaf(z, cand_value<CG>(x[1]) - h, h);
+    } else {
+        return fxscan::apply(coeff<KIND, CG>(x, c, dt), h);
+    }
+}
+
 // Gradients of one step's inputs from g = dL/dh_t (in total) and h_{t-1}:
 // dx for the sequence inputs; liquid also adds to dtau, dlam and ddt.
 // Returns the step's a (what g_t passes on to h_{t-1}).
@@ -696,6 +713,9 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
     for (int v = 0; v < V; v++)
         h[v] = live && p.h0 ? fxscan::load_state<T>(p.h0, p.h0_f32, b * H + mine + v) : 0.f;
     T *out = static_cast<T *>(p.h) + row0 + mine;
+    // A step's row within a stage: one 32-bit multiply-add, not a 64-bit
+    // one (|stride| = hidden < 2^31 / K: stream_fits)
+    const int row_step = (int)stride;
     stream_dt<KIND, T> dts;
     dts.load(p.in, s, b, 0);
 
@@ -716,17 +736,17 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
                 for (int v = 0; v < V; v++) {
                     float xs[3];
                     step_inputs<N>(x[j], v, xs);
-                    h[v] = fxscan::apply(coeff<KIND, CG>(xs, ch[v], dt[j]), h[v]);
+                    h[v] = advance<KIND, CG>(xs, ch[v], dt[j], h[v]);
                 }
                 if (live)
-                    fxscan::store_stream<T, V>(out, h);
-                out += stride;
+                    fxscan::store_stream<T, V>(out + j * row_step, h);
             }
         };
         if (n == K)
             steps(std::true_type{});
         else
             steps(std::false_type{});
+        out += K * stride;
     }
     if (p.state && live)
 #pragma unroll
@@ -1116,7 +1136,8 @@ inline bool aligned16(const void *ptr) { return ((uintptr_t)ptr & 15) == 0; }
 // multiple of 16 / sizeof(T)) and 16-byte aligned sequences.
 inline bool stream_fits(const fx_linrec_fwd_args *a, int elem_bytes)
 {
-    if (a->p.hidden % (16 / elem_bytes) != 0 || !aligned16(a->h->data))
+    // (hidden < 2^31 / kStreamSteps: a stage's row offsets are 32-bit)
+    if (a->p.hidden % (16 / elem_bytes) != 0 || a->p.hidden >= INT32_MAX / kStreamSteps || !aligned16(a->h->data))
         return false;
     for (int k = 0; k < a->p.nseq; k++)
         if (!aligned16(a->p.seq[k]->data))
