@@ -40,23 +40,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "cuda/linrec_kernels.cuh" // the gates the ftz check compares (sigmoid2, softplus)
+#include "cuda/linrec_kernels.cuh" // the gates the ftz check compares, the prototype's step
 #include "cuda/sfu.cuh"
 #include "cuda_check.h"
+#include "cuda_timing.cuh"
 
 // ---- timing ----
-
-__global__ void busy_wait_kernel(unsigned long long ns)
-{
-    unsigned long long t0;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    for (;;) {
-        unsigned long long t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 >= ns)
-            break;
-    }
-}
 
 __global__ void empty_kernel() {}
 
@@ -64,30 +53,8 @@ __global__ void empty_kernel() {}
 // enqueue everything a timed call launches (the waves: up to ~70 kernels).
 static unsigned long long g_busy_ns = 100000;
 
-template <typename F> static double time_us(int reps, F &&launch)
-{
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
-    launch(0);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<double> t;
-    for (int i = 0; i < reps; i++) {
-        busy_wait_kernel<<<1, 1>>>(g_busy_ns);
-        CUDA_CHECK(cudaEventRecord(e0));
-        launch(i);
-        CUDA_CHECK(cudaEventRecord(e1));
-        CUDA_CHECK(cudaEventSynchronize(e1));
-        float ms;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        t.push_back(ms * 1e3);
-    }
-    CUDA_CHECK(cudaGetLastError());
-    CUDA_CHECK(cudaEventDestroy(e0));
-    CUDA_CHECK(cudaEventDestroy(e1));
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-}
+// On the default stream (every launch below uses it).
+template <typename F> static double time_us(int reps, F &&launch) { return fx_time_us(0, reps, g_busy_ns, launch); }
 
 // ---- elementwise floors ----
 
@@ -346,14 +313,13 @@ __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wa
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 __device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 
-enum { SCAN = 0, MINGRU = 1 };
+enum { SCAN = FX_LINREC_SCAN, MINGRU = FX_LINREC_MINGRU };
 
+// The library's own step, as its streaming forward takes it.
 template <int KIND> __device__ __forceinline__ float step(float h, float x0, float x1)
 {
-    if (KIND == SCAN)
-        return fmaf(x0, h, x1);
-    const float z = fx_fast_rcp(1.0f + fx_fast_exp(-x0));
-    return fmaf(z, x1 - h, h);
+    const float xs[3] = {x0, x1, 0.f};
+    return fxlinrec::advance<KIND, false>(xs, fxlinrec::chan{}, 0.f, h);
 }
 
 constexpr int kWarps = 2;  // a block: independent warps side by side

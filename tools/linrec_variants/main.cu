@@ -27,6 +27,7 @@
 #include "variants.h"
 
 #include "../cuda_check.h"
+#include "../cuda_timing.cuh"
 
 namespace {
 
@@ -105,44 +106,19 @@ __global__ void diff_sums(const void *got, const void *want, int bf16, int64_t n
         atomicAdd(sums + 2, 1.0);
 }
 
-__global__ void spin(long long cycles)
-{
-    const long long t0 = clock64();
-    while (clock64() - t0 < cycles) {
-    }
-}
-
 struct env {
     cudaStream_t stream;
-    cudaEvent_t e0, e1;
     int sm_count;
-    long long spin_cycles;
     char *scratch;
     uint32_t epoch = 0;
     double *sums;
 };
 
-double median(std::vector<double> v)
-{
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
-// Times `launch` (median of reps), after a spin so that the launch is queued.
+// Times `launch` (median of reps), after a 40 us busy-wait so that the
+// launch is queued (tools/cuda_timing.cuh).
 template <typename F> double time_us(env &E, int reps, F &&launch)
 {
-    std::vector<double> t;
-    for (int i = 0; i < reps; i++) {
-        spin<<<1, 1, 0, E.stream>>>(E.spin_cycles);
-        CUDA_CHECK(cudaEventRecord(E.e0, E.stream));
-        launch();
-        CUDA_CHECK(cudaEventRecord(E.e1, E.stream));
-        CUDA_CHECK(cudaEventSynchronize(E.e1));
-        float ms;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, E.e0, E.e1));
-        t.push_back(ms * 1e3);
-    }
-    return median(t);
+    return fx_time_us(E.stream, reps, 40000, [&](int) { launch(); });
 }
 
 double rel_l2(env &E, const void *got, const void *want, int bf16, int64_t n)
@@ -309,12 +285,7 @@ int main(int argc, char **argv)
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     E.sm_count = prop.multiProcessorCount;
-    int clock_khz = 0;
-    cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
-    E.spin_cycles = (long long)clock_khz * 40 / 1000; // ~40 us
     CUDA_CHECK(cudaStreamCreateWithFlags(&E.stream, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaEventCreate(&E.e0));
-    CUDA_CHECK(cudaEventCreate(&E.e1));
     // The backend's allocator: the device's default pool, kept.
     cudaMemPool_t pool;
     CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
