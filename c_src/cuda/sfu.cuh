@@ -37,9 +37,11 @@ template <fx_sfu_op OP> __device__ __forceinline__ float fx_sfu(float x)
 #endif
 }
 
+constexpr float fx_log2e = 1.4426950408889634f;
+
 __device__ __forceinline__ float fx_fast_rcp(float x) { return fx_sfu<FX_SFU_RCP>(x); }
 __device__ __forceinline__ float fx_fast_exp2(float x) { return fx_sfu<FX_SFU_EX2>(x); }
-__device__ __forceinline__ float fx_fast_exp(float x) { return fx_sfu<FX_SFU_EX2>(x * 1.4426950408889634f); }
+__device__ __forceinline__ float fx_fast_exp(float x) { return fx_sfu<FX_SFU_EX2>(x * fx_log2e); }
 __device__ __forceinline__ float fx_fast_log(float x) { return fx_sfu<FX_SFU_LG2>(x) * 0.6931471805599453f; }
 
 #endif

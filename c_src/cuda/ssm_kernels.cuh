@@ -35,7 +35,7 @@ constexpr int kThreads = 128;       // step blocks
 constexpr int kFwdMaxThreads = 128; // forward blocks: up to 4 warps
 constexpr int kFwdMaxSmem = 72 * 1024; // per forward block: 3 blocks fit an SM
 constexpr unsigned kFullMask = 0xffffffffu;
-constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLog2e = fx_log2e; // the decays' exponents are kept in base 2
 constexpr float kLn2 = 0.6931471805599453f;
 
 __host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
@@ -102,13 +102,13 @@ __device__ __forceinline__ float log1p_unit(float v)
 // PyTorch's threshold.
 __device__ __forceinline__ float softplus(float u)
 {
-    return fmaxf(u, 0.0f) + log1p_unit(fx_fast_exp2(-fabsf(u) * kLog2e));
+    return fmaxf(u, 0.0f) + log1p_unit(fx_fast_exp(-fabsf(u)));
 }
 
 // softplus(u) and its derivative sigmoid(u) from one exp.
 __device__ __forceinline__ void softplus_and_grad(float u, float &sp, float &grad)
 {
-    const float v = fx_fast_exp2(-fabsf(u) * kLog2e); // e^-|u|
+    const float v = fx_fast_exp(-fabsf(u)); // e^-|u|
     sp = fmaxf(u, 0.0f) + log1p_unit(v);
     const float r = __fdividef(1.0f, 1.0f + v);
     grad = u >= 0.0f ? r : v * r;
@@ -116,9 +116,9 @@ __device__ __forceinline__ void softplus_and_grad(float u, float &sp, float &gra
 
 // Fast division (reciprocal on the SFU, ~2 ulp): once per (step, channel).
 // For x below ~-88 the denominator is inf and the result 0, as it should be.
-__device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.0f, 1.0f + fx_fast_exp2(-x * kLog2e)); }
+__device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.0f, 1.0f + fx_fast_exp(-x)); }
 __device__ __forceinline__ float softplus_grad(float u) { return sigmoid(u); }
-__device__ __forceinline__ float silu(float z) { return __fdividef(z, 1.0f + fx_fast_exp2(-z * kLog2e)); }
+__device__ __forceinline__ float silu(float z) { return __fdividef(z, 1.0f + fx_fast_exp(-z)); }
 __device__ __forceinline__ float silu_grad(float z)
 {
     float s = sigmoid(z);
