@@ -56,7 +56,7 @@ constexpr int kVec = 4;
 template <typename T> constexpr int vec_group()
 {
     constexpr int lanes = FXLR_ROW_BYTES / (kVec * (int)sizeof(T));
-    return lanes < 32 ? lanes : 32; // a row is at most a warp
+    return lanes < 32 ? lanes : 32; // a row is at most a warp (16-bit rows stop at 256 bytes)
 }
 
 template <typename T, int V> constexpr int pack_regs()
