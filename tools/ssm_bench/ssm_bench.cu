@@ -25,6 +25,7 @@
 using namespace fx_ssm;
 
 #include "../cuda_check.h"
+#include "../cuda_timing.cuh"
 
 static int g_sms;
 
@@ -115,29 +116,13 @@ struct Problem {
 
 static cudaStream_t g_stream;
 
+// Three warm-up launches, then device events around each (no busy-wait
+// before them: this bench's rows were always taken that way).
 static double time_us(const std::function<void()> &launch, int reps)
 {
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
-    for (int i = 0; i < 3; i++)
-        launch();
-    CUDA_CHECK(cudaStreamSynchronize(g_stream));
-    std::vector<double> t;
-    for (int i = 0; i < reps; i++) {
-        CUDA_CHECK(cudaEventRecord(e0, g_stream));
-        launch();
-        CUDA_CHECK(cudaEventRecord(e1, g_stream));
-        CUDA_CHECK(cudaEventSynchronize(e1));
-        float ms;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        t.push_back(ms * 1000.0);
-    }
-    CUDA_CHECK(cudaGetLastError());
-    std::sort(t.begin(), t.end());
-    CUDA_CHECK(cudaEventDestroy(e0));
-    CUDA_CHECK(cudaEventDestroy(e1));
-    return t[t.size() / 2];
+    launch();
+    launch();
+    return fx_time_us(g_stream, reps, 0, [&](int) { launch(); });
 }
 
 static void row(const char *what, const Problem &p, double us, double bytes)
@@ -375,7 +360,6 @@ int main(int argc, char **argv)
             mid.push_back(new Problem(32, 60, 512, 16, FX_F32));
         Problem s1(1, 32, 512, 16, FX_F32);
         // reference outputs: the first variant's, in y2
-        fx_tensor *outs[3] = {&big.y, &bigh.y, &s1.y};
         auto ref = [&](Problem &pb, const std::function<void(const fx_ssm_fwd_args *)> &f) {
             fx_ssm_fwd_args a = pb.args;
             a.y = &pb.y2;
@@ -383,7 +367,6 @@ int main(int argc, char **argv)
             CUDA_CHECK(cudaDeviceSynchronize());
         };
         ref(big, vs[0].f32), ref(bigh, vs[0].bf16), ref(s1, vs[0].f32);
-        (void)outs;
         printf("| variant | f32 B8 L2048 us | bf16 us | f32 B32 L60 us | f32 B1 L32 us | rel-L2 vs first (f32, bf16, B1) |\n");
         printf("|---|---:|---:|---:|---:|---|\n");
         for (auto &v : vs) {
