@@ -494,12 +494,14 @@ template <int KIND, typename T, int V> inline size_t fwd_stage_bytes(int steps, 
 // inputs flow through a ring of kStreamStages stages of kStreamSteps steps
 // in shared memory, each lane copying 16-byte pieces with cp.async: all
 // stages but the one being computed are in flight, so a warp always has its
-// next ~80 steps' loads outstanding and never waits for a block barrier, a
-// neighbour or a predecessor tile. (The tiled kernels' block life of load,
-// scan, store leaves memory idle between blocks: bench/RESULTS.md, linrec.)
-// Warps of a block share nothing but the launch. 16 steps a stage, 6
-// stages and 2-warp blocks measured best of 8 x 6, 8 x 12, 8 x 20, 16 x 6,
-// 16 x 8 and 4-warp blocks (H200).
+// next ~80 steps' loads outstanding and never waits for a predecessor tile.
+// (The tiled kernels' block life of load, scan, store leaves memory idle
+// between blocks: bench/RESULTS.md, linrec.) The warps of a block share no
+// data, but they walk the neighbouring columns of the same rows in lockstep,
+// a stage at a time (stream_ring::lockstep). 16 steps a stage, 6 stages and
+// 2-warp blocks measured best of 8 x 6, 8 x 12, 8 x 20, 16 x 6, 16 x 8 and
+// 4-warp blocks (H200); lockstep in 2-warp blocks beat free warps, in 4-warp
+// blocks it did not.
 #ifndef FXLR_STREAM_STEPS // other stage shapes, measured against this one
 #define FXLR_STREAM_STEPS 16
 #endif
@@ -509,9 +511,13 @@ template <int KIND, typename T, int V> inline size_t fwd_stage_bytes(int steps, 
 #ifndef FXLR_STREAM_WARPS
 #define FXLR_STREAM_WARPS 2
 #endif
+#ifndef FXLR_STREAM_LOCKSTEP // 0: each warp runs free (stream_ring::lockstep)
+#define FXLR_STREAM_LOCKSTEP 1
+#endif
 constexpr int kStreamSteps = FXLR_STREAM_STEPS;
 constexpr int kStreamWarps = FXLR_STREAM_WARPS;
 constexpr int kStreamStages = FXLR_STREAM_STAGES;
+constexpr bool kStreamLockstep = FXLR_STREAM_LOCKSTEP;
 static_assert(kStreamSteps % 4 == 0 && kStreamStages >= 2, "a stage is whole groups of 4 rows");
 
 template <typename T> constexpr int stream_vec() { return 4 / (int)sizeof(T); }
@@ -521,6 +527,13 @@ struct stream_tiling {
     int64_t columns; // 128-byte columns of channels per batch element
     int flip;        // reverse
 };
+
+// The threads of this block's live warps (the last block may have fewer).
+__device__ __forceinline__ int stream_block_threads(const stream_tiling &s)
+{
+    const int64_t left = s.batch * s.columns - (int64_t)blockIdx.x * kStreamWarps;
+    return 32 * (int)(left < kStreamWarps ? left : kStreamWarps);
+}
 
 // A stage of one warp's ring (stream_ring below) of SEQS sequences, in
 // 4-byte words: sequence, step, lane.
@@ -554,14 +567,16 @@ template <typename T, int SEQS, int STAGES> struct stream_ring {
     uint32_t *ring, *ring_end, *fill;
     const uint32_t *read;
     int lane, sub;
+    int block_threads; // of the block's live warps
     bool piece_live;
 
     // seq[k] + first[k] + row0: sequence k's row of step 0 (all in elements)
     __device__ __forceinline__ stream_ring(uint32_t *words, const void *const (&seq)[SEQS],
                                            const int64_t (&first)[SEQS], const int64_t (&last_)[SEQS],
                                            int64_t row0, int64_t stride_, int64_t seqlen, int64_t ch0,
-                                           int64_t hidden, int lane_)
-        : stride(stride_), ring(words), ring_end(words + STAGES * WORDS), fill(words), lane(lane_)
+                                           int64_t hidden, int lane_, int block_threads_)
+        : stride(stride_), ring(words), ring_end(words + STAGES * WORDS), fill(words), lane(lane_),
+          block_threads(block_threads_)
     {
         sub = lane >> 3;
         const int64_t piece_ch = ch0 + (lane & 7) * PIECE;
@@ -618,8 +633,24 @@ template <typename T, int SEQS, int STAGES> struct stream_ring {
     __device__ __forceinline__ void advance(int64_t st)
     {
         fx_copy_wait<STAGES - 2>(); // this lane's copies of stage st
-        __syncwarp();               // everyone's, and stage st - 1 read by all
+        lockstep();                 // everyone's, and stage st - 1 read by all
         issue(st + STAGES - 1);
+    }
+
+    // A barrier over the warp or, where the block has more than one live
+    // warp, over the block's live warps: they own the neighbouring 128-byte
+    // pieces of the same rows, and a row's pieces requested together are read
+    // faster than by warps drifting apart (B16 -0.6 to -0.9 us:
+    // bench/RESULTS.md). The warps share no data; this barrier is for timing.
+    __device__ __forceinline__ void lockstep() const
+    {
+#ifdef __CUDA_ARCH__
+        if (kStreamLockstep && block_threads > 32) {
+            asm volatile("bar.sync 1, %0;" ::"r"(block_threads) : "memory");
+            return;
+        }
+#endif
+        __syncwarp();
     }
 
     // The rows of the stage advanced to, into x: every read before the
@@ -704,7 +735,8 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
         seqs[k] = p.in.seq[k], first[k] = 0, last[k] = L;
     stream_ring<T, N, stream_stages<N>()> ring(reinterpret_cast<uint32_t *>(stage_bytes) +
                                                    warp * stream_stages<N>() * stream_stage_words<N>(),
-                                               seqs, first, last, row0, stride, L, col.ch0, H, lane);
+                                               seqs, first, last, row0, stride, L, col.ch0, H, lane,
+                                               stream_block_threads(s));
 
     chan ch[V];
     load_chan<KIND, T, V>(p.in, mine, live, ch);
@@ -942,7 +974,8 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
     seqs[N + 1] = p.h, first[N + 1] = stride, last[N + 1] = L - 1; // h_{t-1}: one row on
     stream_ring<T, SEQS, STAGES> ring(reinterpret_cast<uint32_t *>(stage_bytes) +
                                           warp * STAGES * stream_stage_words<SEQS>(),
-                                      seqs, first, last, row0, stride, L, col.ch0, H, lane);
+                                      seqs, first, last, row0, stride, L, col.ch0, H, lane,
+                                      stream_block_threads(s));
 
     chan ch[V];
     load_chan<KIND, T, V>(p.in, mine, live, ch);
