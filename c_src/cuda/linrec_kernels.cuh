@@ -535,6 +535,19 @@ __device__ __forceinline__ int stream_block_threads(const stream_tiling &s)
     return 32 * (int)(left < kStreamWarps ? left : kStreamWarps);
 }
 
+// A barrier over the block's live warps (a warp of a column past the end
+// has returned): named barrier 1 with their count.
+__device__ __forceinline__ void stream_bar_sync(int threads)
+{
+#if defined(__CUDA_ARCH__)
+    asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
+#elif defined(FXSCAN_EMULATION)
+    emu_bar_sync(1, threads);
+#else
+    (void)threads;
+#endif
+}
+
 // A stage of one warp's ring (stream_ring below) of SEQS sequences, in
 // 4-byte words: sequence, step, lane.
 template <int SEQS> constexpr int stream_stage_words() { return SEQS * kStreamSteps * 32; }
@@ -644,13 +657,10 @@ template <typename T, int SEQS, int STAGES> struct stream_ring {
     // bench/RESULTS.md). The warps share no data; this barrier is for timing.
     __device__ __forceinline__ void lockstep() const
     {
-#ifdef __CUDA_ARCH__
-        if (kStreamLockstep && block_threads > 32) {
-            asm volatile("bar.sync 1, %0;" ::"r"(block_threads) : "memory");
-            return;
-        }
-#endif
-        __syncwarp();
+        if (kStreamLockstep && block_threads > 32)
+            stream_bar_sync(block_threads);
+        else
+            __syncwarp();
     }
 
     // The rows of the stage advanced to, into x: every read before the

@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <cassert>
+#include <condition_variable>
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +24,9 @@ struct block_state {
     pthread_barrier_t all;
     pthread_barrier_t warp[32];
     unsigned uexchange[32][32];
+    std::mutex named_mu; // the named barriers (emu_bar_sync)
+    std::condition_variable named_cv;
+    unsigned named_arrived[16] = {}, named_generation[16] = {};
     alignas(64) unsigned char shared[96 * 1024];
     std::vector<unsigned char> stage;
     unsigned index;
@@ -117,6 +122,22 @@ void __syncthreads()
 }
 
 void __syncwarp(unsigned) { pthread_barrier_wait(&current->warp[threadIdx.x / 32]); }
+
+void emu_bar_sync(int id, int threads)
+{
+    assert(id >= 0 && id < 16 && threads > 0 && threads % 32 == 0);
+    maybe_pause();
+    block_state *b = current;
+    std::unique_lock<std::mutex> lock(b->named_mu);
+    const unsigned generation = b->named_generation[id];
+    if (++b->named_arrived[id] == (unsigned)threads) {
+        b->named_arrived[id] = 0;
+        b->named_generation[id]++;
+        b->named_cv.notify_all();
+    } else {
+        b->named_cv.wait(lock, [&] { return b->named_generation[id] != generation; });
+    }
+}
 
 // One value per lane through the warp's exchange array, between barriers.
 template <typename T> static T exchange(T v, unsigned from_lane_of(unsigned lane, unsigned arg), unsigned arg)

@@ -44,6 +44,9 @@ void *emu_stage(); // the block's dynamic shared memory (emu_launch's stage_byte
 
 void __syncthreads();
 void __syncwarp(unsigned mask = 0xffffffffu);
+// bar.sync id, threads: a barrier over `threads` threads of the block
+// (whole warps), which the others need not reach.
+void emu_bar_sync(int id, int threads);
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
 int __shfl_xor_sync(unsigned mask, int v, int lane_mask);
 float __shfl_up_sync(unsigned mask, float v, unsigned delta);
