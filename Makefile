@@ -185,12 +185,15 @@ test-gpu: all $(BUILD)/fusex_check
 test-ipc: all
 	FUSEX_DEVICE=cuda $(REBAR3) ct --suite=fusex_ipc_SUITE --readable=compact
 
-# compute-sanitizer over the C kernel tests on the GPU (memcheck, racecheck).
+# compute-sanitizer over the C kernel tests on the GPU (memcheck, racecheck,
+# synccheck: the streaming kernels' named barrier).
 sanitize: nif $(BUILD)/fusex_check
 	FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 FUSEX_PRIV=priv CK_FORK=no FUSEX_QUICK=1 \
 	  compute-sanitizer --tool memcheck --leak-check full --error-exitcode 1 $(BUILD)/fusex_check
 	FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 FUSEX_PRIV=priv CK_FORK=no FUSEX_QUICK=1 \
 	  compute-sanitizer --tool racecheck --error-exitcode 1 $(BUILD)/fusex_check
+	FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 FUSEX_PRIV=priv CK_FORK=no FUSEX_QUICK=1 \
+	  compute-sanitizer --tool synccheck --error-exitcode 1 $(BUILD)/fusex_check
 
 bench: all
 	$(ERL) -noshell -pa _build/default/lib/fusex/ebin -eval 'fusex_bench:main(init:get_plain_arguments())' -extra $(BENCH_ARGS)
