@@ -40,7 +40,6 @@
 #define FX_CUDA_SCAN_CUH
 
 #include "cuda/common.cuh"
-#include "cuda/sfu.cuh"
 
 // A block's shared memory, and its dynamic part (staged inputs).
 // tools/cuda_emu, which runs these kernels on the CPU, defines them (and

@@ -1,6 +1,6 @@
 // One special-function-unit instruction each, in its flush-to-zero form,
-// for every kernel family: the linrec gates (cuda/linrec_kernels.cuh via
-// cuda/scan.cuh) and the selective scan (cuda/ssm_kernels.cuh). Compiled for
+// for every kernel family: the linrec gates (cuda/linrec_kernels.cuh) and
+// the selective scan (cuda/ssm_kernels.cuh). Compiled for
 // the CPU (tools/cuda_emu, tools/ssm_emu: no __CUDA_ARCH__), libm stands in.
 //
 // The ftz forms are one MUFU op; __frcp_rn is a dozen instructions, and
@@ -38,10 +38,11 @@ template <fx_sfu_op OP> __device__ __forceinline__ float fx_sfu(float x)
 }
 
 constexpr float fx_log2e = 1.4426950408889634f;
+constexpr float fx_ln2 = 0.6931471805599453f;
 
 __device__ __forceinline__ float fx_fast_rcp(float x) { return fx_sfu<FX_SFU_RCP>(x); }
 __device__ __forceinline__ float fx_fast_exp2(float x) { return fx_sfu<FX_SFU_EX2>(x); }
 __device__ __forceinline__ float fx_fast_exp(float x) { return fx_sfu<FX_SFU_EX2>(x * fx_log2e); }
-__device__ __forceinline__ float fx_fast_log(float x) { return fx_sfu<FX_SFU_LG2>(x) * 0.6931471805599453f; }
+__device__ __forceinline__ float fx_fast_log(float x) { return fx_sfu<FX_SFU_LG2>(x) * fx_ln2; }
 
 #endif

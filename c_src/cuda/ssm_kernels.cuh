@@ -35,8 +35,6 @@ constexpr int kThreads = 128;       // step blocks
 constexpr int kFwdMaxThreads = 128; // forward blocks: up to 4 warps
 constexpr int kFwdMaxSmem = 72 * 1024; // per forward block: 3 blocks fit an SM
 constexpr unsigned kFullMask = 0xffffffffu;
-constexpr float kLog2e = fx_log2e; // the decays' exponents are kept in base 2
-constexpr float kLn2 = 0.6931471805599453f;
 
 __host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
 __host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
@@ -756,12 +754,12 @@ __global__ void __launch_bounds__(kFwdMaxThreads, U::MINB) ssm_fwd_kernel(const 
     const Tile tile = tile_at(p, index, C::WCH);
     const int c = lane / C::LANES, q = lane % C::LANES, d = tile.d0 + c;
     const bool ok = c < tile.nvalid;
-    float a2[NPL], h[NPL];
+    float a2[NPL], h[NPL]; // a2 = a log2(e): a decay is one ex2 of delta * a2
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
         const int n = q * NPL + i;
         const bool nok = ok && n < p.dstate;
-        a2[i] = nok ? load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * kLog2e : 0.0f;
+        a2[i] = nok ? load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * fx_log2e : 0.0f;
         h[i] = nok && p.h0 ? load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
     }
 
@@ -820,7 +818,7 @@ __global__ void __launch_bounds__(kThreads) ssm_step_kernel(const StepParams p)
         const int n = q * NPL + i;
         const bool nok = ok && n < p.dstate;
         h[i] = nok ? p.state[ch * p.dstate + n] : 0.0f;
-        a2[i] = nok ? load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * kLog2e : 0.0f;
+        a2[i] = nok ? load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * fx_log2e : 0.0f;
         bv[i] = nok ? ld<T>(p.b, row + n) : 0.0f;
         cv[i] = nok ? ld<T>(p.c, row + n) : 0.0f;
     }
@@ -1091,7 +1089,7 @@ template <typename T, class C, bool FAST> struct BwdStage {
             const float ypre = sum_parts<C::LANES>(sm + S::PY + at * C::LANES) + dskip * own.x;
             const float *pr = sm + S::PR + tl * 64 + cs * C::LANES;
             const float r_a = sum_parts<C::LANES>(pr), r_b = sum_parts<C::LANES>(pr + 32);
-            const float ddt = fmaf(r_a, kLn2, own.x * r_b) * own.z; // a was scaled by log2(e)
+            const float ddt = fmaf(r_a, fx_ln2, own.x * r_b) * own.z; // a was scaled by log2(e)
             dx[off] = fx_elem<T>::store(fmaf(in.x, r_b, dskip * in.z));
             ddt_out[off] = fx_elem<T>::store(ddt);
             if (dz)
@@ -1139,7 +1137,7 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
     for (int i = 0; i < NPL; i++) {
         const int n = q * NPL + i;
         const bool nok = ok && n < p.dstate;
-        a2[i] = nok ? load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * kLog2e : 0.0f;
+        a2[i] = nok ? load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * fx_log2e : 0.0f;
         // dL/dh entering the last step from after it: the final state's gradient
         gs[i] = nok && bp.dstate ? load_any(bp.dstate, bp.dstate_type, at_state(p, tile.b, d) + n) : 0.0f;
         sum_a[i] = 0.0;

@@ -411,7 +411,7 @@ __global__ void __launch_bounds__(32 * kWarps) stream_bulk(const float *__restri
     bulk_wait_all();
 }
 
-// ---- the gates' exps with and without ftz (c_src/cuda/scan.cuh) ----
+// ---- the gates' exps with and without ftz (c_src/cuda/sfu.cuh) ----
 
 // The linrec kernels' sigmoid and softplus (ftz SFU ops) against the same
 // formulas from __expf / __logf (non-ftz); counts inputs whose bits differ.
