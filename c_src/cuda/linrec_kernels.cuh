@@ -491,17 +491,19 @@ template <int KIND, typename T, int V> inline size_t fwd_stage_bytes(int steps, 
 // their look-back are not needed: a warp owns a 128-byte column of channels
 // (32 lanes of 4 bytes: one f32 channel or two 16-bit ones a lane) of one
 // batch element and walks the whole sequence with h in registers. Its
-// inputs flow through a ring of kStreamStages stages of kStreamSteps steps
-// in shared memory, each lane copying 16-byte pieces with cp.async: all
+// inputs flow through a ring of stages of steps in shared memory
+// (stream_shape), each lane copying 16-byte pieces with cp.async: all
 // stages but the one being computed are in flight, so a warp always has its
-// next ~80 steps' loads outstanding and never waits for a predecessor tile.
+// next ~80-96 steps' loads outstanding and never waits for a predecessor
+// tile.
 // (The tiled kernels' block life of load, scan, store leaves memory idle
 // between blocks: bench/RESULTS.md, linrec.) The warps of a block share no
 // data, but they walk the neighbouring columns of the same rows in lockstep,
 // a stage at a time (stream_ring::lockstep). 16 steps a stage, 6 stages and
-// 2-warp blocks measured best of 8 x 6, 8 x 12, 8 x 20, 16 x 6, 16 x 8 and
-// 4-warp blocks (H200); lockstep in 2-warp blocks beat free warps, in 4-warp
-// blocks it did not.
+// 2-warp blocks measured best of 8 x 6, 8 x 12, 8 x 20, 16 x 6, 16 x 8,
+// 32 x 4 and 4-warp blocks (H200) for the kernels that stage two sequences
+// (MinGRU's and the scan's forwards); lockstep in 2-warp blocks beat free
+// warps, in 4-warp blocks it did not.
 #ifndef FXLR_STREAM_STEPS // other stage shapes, measured against this one
 #define FXLR_STREAM_STEPS 16
 #endif
@@ -514,11 +516,30 @@ template <int KIND, typename T, int V> inline size_t fwd_stage_bytes(int steps, 
 #ifndef FXLR_STREAM_LOCKSTEP // 0: each warp runs free (stream_ring::lockstep)
 #define FXLR_STREAM_LOCKSTEP 1
 #endif
+// The forwards that stage other than two sequences have shapes of their
+// own (stream_shape below): 32 x 4 measured best for MinLSTM's (three
+// sequences: 73.6 against 75.9 us at 16 x 6 and 74.4 at 8 x 12, B16 L1024
+// H1024) and for Liquid's (one: 40.4 against 41.2 at 16 x 6; 8 x 12, 32 x 8,
+// 32 x 12 and 16 x 12 slower).
+#ifndef FXLR_STREAM_MINLSTM_FWD_STEPS
+#define FXLR_STREAM_MINLSTM_FWD_STEPS 32
+#endif
+#ifndef FXLR_STREAM_MINLSTM_FWD_STAGES
+#define FXLR_STREAM_MINLSTM_FWD_STAGES 4
+#endif
+#ifndef FXLR_STREAM_LIQUID_FWD_STEPS
+#define FXLR_STREAM_LIQUID_FWD_STEPS 32
+#endif
+#ifndef FXLR_STREAM_LIQUID_FWD_STAGES
+#define FXLR_STREAM_LIQUID_FWD_STAGES 4
+#endif
 constexpr int kStreamSteps = FXLR_STREAM_STEPS;
 constexpr int kStreamWarps = FXLR_STREAM_WARPS;
 constexpr int kStreamStages = FXLR_STREAM_STAGES;
 constexpr bool kStreamLockstep = FXLR_STREAM_LOCKSTEP;
-static_assert(kStreamSteps % 4 == 0 && kStreamStages >= 2, "a stage is whole groups of 4 rows");
+// The most steps a stage of any streaming kernel: a stage's row offsets
+// are 32-bit below hidden * kStreamMaxSteps < 2^31 (stream_fits).
+constexpr int kStreamMaxSteps = 32;
 
 template <typename T> constexpr int stream_vec() { return 4 / (int)sizeof(T); }
 
@@ -548,31 +569,39 @@ __device__ __forceinline__ void stream_bar_sync(int threads)
 #endif
 }
 
-// A stage of one warp's ring (stream_ring below) of SEQS sequences, in
-// 4-byte words: sequence, step, lane.
-template <int SEQS> constexpr int stream_stage_words() { return SEQS * kStreamSteps * 32; }
-// A ring's sequences: the op's inputs (forward); also dh and h of the step
-// before (backward).
-template <int KIND, bool BACKWARD> constexpr int stream_seqs() { return nseq<KIND>() + (BACKWARD ? 2 : 0); }
-// Its stages: kStreamStages, fewer where a stage holds many sequences
-// (MinLSTM's backward, 5), so that two 2-warp blocks fit an SM (<= 56 KB a
-// warp).
-template <int SEQS> constexpr int stream_stages() { return kStreamStages < 28 / SEQS ? kStreamStages : 28 / SEQS; }
-template <int KIND, bool BACKWARD> inline size_t stream_block_bytes()
-{
-    constexpr int SEQS = stream_seqs<KIND, BACKWARD>();
-    return (size_t)kStreamWarps * stream_stages<SEQS>() * stream_stage_words<SEQS>() * 4;
-}
+// The ring of one streaming kernel: SEQS sequences (the op's inputs; the
+// backward also dh and h of the step before), STEPS steps a stage, STAGES
+// stages. kStreamStages of kStreamSteps, fewer stages where a stage holds
+// many sequences (MinLSTM's backward, 5), so that two 2-warp blocks fit an
+// SM (<= 56 KB a warp); MinLSTM's forward (three sequences) and Liquid's
+// (one) have shapes of their own.
+template <int KIND, bool BACKWARD> struct stream_shape {
+    static constexpr int SEQS = nseq<KIND>() + (BACKWARD ? 2 : 0);
+    static constexpr bool MINLSTM = !BACKWARD && KIND == FX_LINREC_MINLSTM;
+    static constexpr bool LIQUID = !BACKWARD && KIND == FX_LINREC_LIQUID;
+    static constexpr int STEPS = MINLSTM  ? FXLR_STREAM_MINLSTM_FWD_STEPS
+                                 : LIQUID ? FXLR_STREAM_LIQUID_FWD_STEPS
+                                          : kStreamSteps;
+    static constexpr int OWN_STAGES = MINLSTM  ? FXLR_STREAM_MINLSTM_FWD_STAGES
+                                      : LIQUID ? FXLR_STREAM_LIQUID_FWD_STAGES
+                                               : kStreamStages;
+    static constexpr int STAGES = MINLSTM || LIQUID || kStreamStages < 28 / SEQS ? OWN_STAGES : 28 / SEQS;
+    static constexpr int WORDS = SEQS * STEPS * 32; // a stage's 4-byte words: sequence, step, lane
+    static constexpr size_t BLOCK_BYTES = (size_t)kStreamWarps * STAGES * WORDS * 4;
+    static_assert(STEPS % 4 == 0 && STEPS <= kStreamMaxSteps && STAGES >= 2, "a stage is whole groups of 4 rows");
+    static_assert(STAGES * WORDS * 4 <= 56 * 1024, "two 2-warp blocks an SM");
+};
+template <int KIND, bool BACKWARD> inline size_t stream_block_bytes() { return stream_shape<KIND, BACKWARD>::BLOCK_BYTES; }
 
-// One warp's ring: STAGES stages of kStreamSteps rows of SEQS sequences,
+// One warp's ring: STAGES stages of K rows of SEQS sequences,
 // each row a 128-byte piece (the warp's column) of a [batch, seqlen,
 // hidden] tensor, walked from row0 by `stride` elements a step. A lane
 // copies piece lane % 8 of the rows of steps 4q + lane / 8 of a stage, for
 // every sequence and q: in the ring that is word 4 * lane of row (k, 4q).
 // Sequence k's steps from `last[k]` on (and a column's pieces past hidden)
 // are zero-filled. All stages but the one being read are in flight.
-template <typename T, int SEQS, int STAGES> struct stream_ring {
-    static constexpr int K = kStreamSteps, Q = K / 4, WORDS = SEQS * K * 32; // words a stage
+template <typename T, int SEQS, int K, int STAGES> struct stream_ring {
+    static constexpr int Q = K / 4, WORDS = SEQS * K * 32; // words a stage
     static constexpr int PIECE = 16 / (int)sizeof(T);                        // elements a copy
     const T *src[SEQS][Q];
     const T *zero[SEQS]; // any valid address of the sequence: the source of a zero fill
@@ -695,13 +724,13 @@ struct stream_column {
 };
 
 // Liquid's dt of a walk's steps, a stage ahead (0 for the other ops).
-template <int KIND, typename T> struct stream_dt {
-    float next[kStreamSteps];
+template <int KIND, typename T, int K> struct stream_dt {
+    float next[K];
     __device__ __forceinline__ void load(const op_params &in, const stream_tiling &s, int64_t b, int64_t st)
     {
 #pragma unroll
-        for (int j = 0; j < kStreamSteps; j++) {
-            const int64_t step = st * kStreamSteps + j;
+        for (int j = 0; j < K; j++) {
+            const int64_t step = st * K + j;
             next[j] = KIND == FX_LINREC_LIQUID && step < s.seqlen
                           ? load_dt<KIND, T>(in, b * s.seqlen + (s.flip ? s.seqlen - 1 - step : step))
                           : 0.f;
@@ -709,10 +738,10 @@ template <int KIND, typename T> struct stream_dt {
     }
     // stage st's into dt, and stage st + 1's on their way
     __device__ __forceinline__ void take(const op_params &in, const stream_tiling &s, int64_t b, int64_t st,
-                                         float (&dt)[kStreamSteps])
+                                         float (&dt)[K])
     {
 #pragma unroll
-        for (int j = 0; j < kStreamSteps; j++)
+        for (int j = 0; j < K; j++)
             dt[j] = next[j];
         if (KIND == FX_LINREC_LIQUID)
             load(in, s, b, st + 1);
@@ -726,7 +755,8 @@ template <int KIND, typename T> struct stream_dt {
 template <int KIND, typename T, bool CG>
 __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const fwd_params p, const stream_tiling s)
 {
-    constexpr int N = nseq<KIND>(), V = stream_vec<T>(), K = kStreamSteps;
+    typedef stream_shape<KIND, false> shape;
+    constexpr int N = nseq<KIND>(), V = stream_vec<T>(), K = shape::STEPS;
     typedef fxscan::pack<T, V> pk;
     static_assert(sizeof(typename pk::R) == 4, "a lane's part of a row is one 4-byte word");
     FXSCAN_STAGE(stage_bytes);
@@ -743,10 +773,10 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
 #pragma unroll
     for (int k = 0; k < N; k++)
         seqs[k] = p.in.seq[k], first[k] = 0, last[k] = L;
-    stream_ring<T, N, stream_stages<N>()> ring(reinterpret_cast<uint32_t *>(stage_bytes) +
-                                                   warp * stream_stages<N>() * stream_stage_words<N>(),
-                                               seqs, first, last, row0, stride, L, col.ch0, H, lane,
-                                               stream_block_threads(s));
+    stream_ring<T, N, K, shape::STAGES> ring(reinterpret_cast<uint32_t *>(stage_bytes) +
+                                                 warp * shape::STAGES * shape::WORDS,
+                                             seqs, first, last, row0, stride, L, col.ch0, H, lane,
+                                             stream_block_threads(s));
 
     chan ch[V];
     load_chan<KIND, T, V>(p.in, mine, live, ch);
@@ -758,7 +788,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
     // A step's row within a stage: one 32-bit multiply-add, not a 64-bit
     // one (|stride| = hidden < 2^31 / K: stream_fits)
     const int row_step = (int)stride;
-    stream_dt<KIND, T> dts;
+    stream_dt<KIND, T, K> dts;
     dts.load(p.in, s, b, 0);
 
     ring.start();
@@ -963,8 +993,9 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
 template <int KIND, typename T, bool CG>
 __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(const bwd_params p, const stream_tiling s)
 {
-    constexpr int N = nseq<KIND>(), SEQS = stream_seqs<KIND, true>(), V = stream_vec<T>(), K = kStreamSteps;
-    constexpr int STAGES = stream_stages<SEQS>();
+    typedef stream_shape<KIND, true> shape;
+    constexpr int N = nseq<KIND>(), SEQS = shape::SEQS, V = stream_vec<T>(), K = shape::STEPS;
+    constexpr int STAGES = shape::STAGES;
     typedef fxscan::pack<T, V> pk;
     FXSCAN_STAGE(stage_bytes);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -982,8 +1013,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
         seqs[k] = p.in.seq[k], first[k] = 0, last[k] = L;
     seqs[N] = p.dh, first[N] = 0, last[N] = L;
     seqs[N + 1] = p.h, first[N + 1] = stride, last[N + 1] = L - 1; // h_{t-1}: one row on
-    stream_ring<T, SEQS, STAGES> ring(reinterpret_cast<uint32_t *>(stage_bytes) +
-                                          warp * STAGES * stream_stage_words<SEQS>(),
+    stream_ring<T, SEQS, K, STAGES> ring(reinterpret_cast<uint32_t *>(stage_bytes) + warp * STAGES * shape::WORDS,
                                       seqs, first, last, row0, stride, L, col.ch0, H, lane,
                                       stream_block_threads(s));
 
@@ -997,7 +1027,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
     }
     int64_t out = row0 + mine;                         // the gradients' element of the current step
     int64_t dt_row = b * L + (s.flip ? L - 1 : 0);     // liquid: the step's element of ddt
-    stream_dt<KIND, T> dts;
+    stream_dt<KIND, T, K> dts;
     dts.load(p.in, s, b, 0);
 
     ring.start();
@@ -1179,8 +1209,8 @@ inline bool aligned16(const void *ptr) { return ((uintptr_t)ptr & 15) == 0; }
 // multiple of 16 / sizeof(T)) and 16-byte aligned sequences.
 inline bool stream_fits(const fx_linrec_fwd_args *a, int elem_bytes)
 {
-    // (hidden < 2^31 / kStreamSteps: a stage's row offsets are 32-bit)
-    if (a->p.hidden % (16 / elem_bytes) != 0 || a->p.hidden >= INT32_MAX / kStreamSteps || !aligned16(a->h->data))
+    // (hidden < 2^31 / kStreamMaxSteps: a stage's row offsets are 32-bit)
+    if (a->p.hidden % (16 / elem_bytes) != 0 || a->p.hidden >= INT32_MAX / kStreamMaxSteps || !aligned16(a->h->data))
         return false;
     for (int k = 0; k < a->p.nseq; k++)
         if (!aligned16(a->p.seq[k]->data))
