@@ -6,7 +6,11 @@
  *   FUSEX_PRIV=priv ncu --set full -k regex:forward -c 1 build/linrec_bench --case 0 --reps 1
  *
  *   build/linrec_bench [--case N | --cases N,M,...] [--reps N] [--tiles N] [--add 1]
+ *                      [--cand-g 1] [--dt-tensor 1]
  *
+ * --cand-g 1 runs MinGRU and MinLSTM with candidate_activation g, and
+ * --dt-tensor 1 gives Liquid a [batch, seqlen, 1] dt tensor instead of the
+ * scalar 0.5 (each a kernel variant of its own).
  * --tiles passes N as max_tile_steps (include/fusex_linrec.h): -1 forces
  * the streaming kernels (forward and backward), -2 keeps the tiled ones.
  *
@@ -116,12 +120,16 @@ typedef struct run_state {
     fx_linrec_grads g;
 } run_state;
 
+static int cand_g;    /* --cand-g */
+static int dt_tensor; /* --dt-tensor */
+
 static void setup(fx_device *dev, const bench_case *c, run_state *r)
 {
     memset(r, 0, sizeof *r);
-    int64_t dims[3] = {c->B, c->L, c->H}, hdim[1] = {c->H};
+    int64_t dims[3] = {c->B, c->L, c->H}, hdim[1] = {c->H}, dt_dims[3] = {c->B, c->L, 1};
     r->p.kind = c->kind;
     r->p.dt_value = 0.5;
+    r->p.candidate_g = cand_g && (c->kind == FX_LINREC_MINGRU || c->kind == FX_LINREC_MINLSTM);
     for (int k = 0; k < fx_linrec_nseq(c->kind); k++) {
         int scan_a = c->kind == FX_LINREC_SCAN && k == 0;
         random_tensor(dev, c->dtype, 3, dims, scan_a ? 0.5 : -2.0, scan_a ? 1.0 : 2.0, &r->in.seq[k]);
@@ -132,6 +140,10 @@ static void setup(fx_device *dev, const bench_case *c, run_state *r)
         random_tensor(dev, c->dtype, 1, hdim, -1.0, 1.0, &r->in.lam);
         r->p.tau = &r->in.tau;
         r->p.lam = &r->in.lam;
+        if (dt_tensor) {
+            random_tensor(dev, c->dtype, 3, dt_dims, 0.25, 1.0, &r->in.dt);
+            r->p.dt = &r->in.dt;
+        }
     }
     random_tensor(dev, c->dtype, 3, dims, -1.0, 1.0, &r->dh);
     fx_status st;
@@ -298,6 +310,10 @@ int main(int argc, char **argv)
             tiles = atoi(argv[i + 1]);
         } else if (!strcmp(argv[i], "--add")) {
             with_add = atoi(argv[i + 1]);
+        } else if (!strcmp(argv[i], "--cand-g")) {
+            cand_g = atoi(argv[i + 1]);
+        } else if (!strcmp(argv[i], "--dt-tensor")) {
+            dt_tensor = atoi(argv[i + 1]);
         }
     }
     const int only = single ? 1 : -1; /* one case, for a profiler: no copy test, one warm-up */

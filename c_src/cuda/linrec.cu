@@ -145,7 +145,7 @@ template <int KIND, typename T, bool CG>
 static int forward_stream(fx_cuda_device *d, const fx_linrec_fwd_args *a, fx_status *st)
 {
     return launch_stream(d, forward_stream_kernel<KIND, T, CG>, make_fwd_params(a),
-                         make_stream_tiling(&a->p, (int)sizeof(T), false), stream_block_bytes<KIND, false>(),
+                         make_stream_tiling(&a->p, (int)sizeof(T), false), stream_block_bytes<KIND, false, CG>(),
                          "linrec streaming forward kernel", st);
 }
 
@@ -184,7 +184,7 @@ template <int KIND, typename T, bool CG>
 static int backward_stream(fx_cuda_device *d, const fx_linrec_bwd_args *a, const bwd_params &prm, fx_status *st)
 {
     return launch_stream(d, backward_stream_kernel<KIND, T, CG>, prm, make_stream_tiling(&a->p, (int)sizeof(T), true),
-                         stream_block_bytes<KIND, true>(), "linrec streaming backward kernel", st);
+                         stream_block_bytes<KIND, true, CG>(), "linrec streaming backward kernel", st);
 }
 
 template <int KIND, typename T, bool CG>

@@ -517,10 +517,12 @@ template <int KIND, typename T, int V> inline size_t fwd_stage_bytes(int steps, 
 #define FXLR_STREAM_LOCKSTEP 1
 #endif
 // The forwards that stage other than two sequences have shapes of their
-// own (stream_shape below): 32 x 4 measured best for MinLSTM's (three
-// sequences: 73.6 against 75.9 us at 16 x 6 and 74.4 at 8 x 12, B16 L1024
-// H1024) and for Liquid's (one: 40.4 against 41.2 at 16 x 6; 8 x 12, 32 x 8,
-// 32 x 12 and 16 x 12 slower).
+// own (stream_shape below): 32 x 4 measured best for MinLSTM's with the
+// identity candidate (three sequences: 73.6 against 75.9 us at 16 x 6 and
+// 74.4 at 8 x 12, B16 L1024 H1024; with the candidate g, 76.7 against 73.3
+// at 16 x 6, which it keeps) and for Liquid's (one: 40.4 against 41.2 at
+// 16 x 6, 48.0 against 61.3 with a dt tensor; 8 x 12, 32 x 8, 32 x 12 and
+// 16 x 12 slower).
 #ifndef FXLR_STREAM_MINLSTM_FWD_STEPS
 #define FXLR_STREAM_MINLSTM_FWD_STEPS 32
 #endif
@@ -573,11 +575,11 @@ __device__ __forceinline__ void stream_bar_sync(int threads)
 // backward also dh and h of the step before), STEPS steps a stage, STAGES
 // stages. kStreamStages of kStreamSteps, fewer stages where a stage holds
 // many sequences (MinLSTM's backward, 5), so that two 2-warp blocks fit an
-// SM (<= 56 KB a warp); MinLSTM's forward (three sequences) and Liquid's
-// (one) have shapes of their own.
-template <int KIND, bool BACKWARD> struct stream_shape {
+// SM (<= 56 KB a warp); MinLSTM's forward (three sequences, the identity
+// candidate: CG false) and Liquid's (one) have shapes of their own.
+template <int KIND, bool BACKWARD, bool CG> struct stream_shape {
     static constexpr int SEQS = nseq<KIND>() + (BACKWARD ? 2 : 0);
-    static constexpr bool MINLSTM = !BACKWARD && KIND == FX_LINREC_MINLSTM;
+    static constexpr bool MINLSTM = !BACKWARD && !CG && KIND == FX_LINREC_MINLSTM;
     static constexpr bool LIQUID = !BACKWARD && KIND == FX_LINREC_LIQUID;
     static constexpr int STEPS = MINLSTM  ? FXLR_STREAM_MINLSTM_FWD_STEPS
                                  : LIQUID ? FXLR_STREAM_LIQUID_FWD_STEPS
@@ -591,7 +593,10 @@ template <int KIND, bool BACKWARD> struct stream_shape {
     static_assert(STEPS % 4 == 0 && STEPS <= kStreamMaxSteps && STAGES >= 2, "a stage is whole groups of 4 rows");
     static_assert(STAGES * WORDS * 4 <= 56 * 1024, "two 2-warp blocks an SM");
 };
-template <int KIND, bool BACKWARD> inline size_t stream_block_bytes() { return stream_shape<KIND, BACKWARD>::BLOCK_BYTES; }
+template <int KIND, bool BACKWARD, bool CG> inline size_t stream_block_bytes()
+{
+    return stream_shape<KIND, BACKWARD, CG>::BLOCK_BYTES;
+}
 
 // One warp's ring: STAGES stages of K rows of SEQS sequences,
 // each row a 128-byte piece (the warp's column) of a [batch, seqlen,
@@ -755,7 +760,7 @@ template <int KIND, typename T, int K> struct stream_dt {
 template <int KIND, typename T, bool CG>
 __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const fwd_params p, const stream_tiling s)
 {
-    typedef stream_shape<KIND, false> shape;
+    typedef stream_shape<KIND, false, CG> shape;
     constexpr int N = nseq<KIND>(), V = stream_vec<T>(), K = shape::STEPS;
     typedef fxscan::pack<T, V> pk;
     static_assert(sizeof(typename pk::R) == 4, "a lane's part of a row is one 4-byte word");
@@ -993,7 +998,7 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
 template <int KIND, typename T, bool CG>
 __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(const bwd_params p, const stream_tiling s)
 {
-    typedef stream_shape<KIND, true> shape;
+    typedef stream_shape<KIND, true, CG> shape;
     constexpr int N = nseq<KIND>(), SEQS = shape::SEQS, V = stream_vec<T>(), K = shape::STEPS;
     constexpr int STAGES = shape::STAGES;
     typedef fxscan::pack<T, V> pk;
