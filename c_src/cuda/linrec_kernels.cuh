@@ -607,7 +607,7 @@ template <int KIND, bool BACKWARD, bool CG> inline size_t stream_block_bytes()
 // are zero-filled. All stages but the one being read are in flight.
 template <typename T, int SEQS, int K, int STAGES> struct stream_ring {
     static constexpr int Q = K / 4, WORDS = SEQS * K * 32; // words a stage
-    static constexpr int PIECE = 16 / (int)sizeof(T);                        // elements a copy
+    static constexpr int PIECE = 16 / (int)sizeof(T);      // elements a copy
     const T *src[SEQS][Q];
     const T *zero[SEQS]; // any valid address of the sequence: the source of a zero fill
     int64_t last[SEQS], whole_to, stride, stages;
@@ -1019,8 +1019,8 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
     seqs[N] = p.dh, first[N] = 0, last[N] = L;
     seqs[N + 1] = p.h, first[N + 1] = stride, last[N + 1] = L - 1; // h_{t-1}: one row on
     stream_ring<T, SEQS, K, STAGES> ring(reinterpret_cast<uint32_t *>(stage_bytes) + warp * STAGES * shape::WORDS,
-                                      seqs, first, last, row0, stride, L, col.ch0, H, lane,
-                                      stream_block_threads(s));
+                                         seqs, first, last, row0, stride, L, col.ch0, H, lane,
+                                         stream_block_threads(s));
 
     chan ch[V];
     load_chan<KIND, T, V>(p.in, mine, live, ch);
