@@ -189,9 +189,9 @@ static int backward_stream(fx_cuda_device *d, const fx_linrec_bwd_args *a, const
 
 template <int KIND, typename T, bool CG>
 static int backward_cg(fx_cuda_device *d, int dev, const fx_linrec_bwd_args *a, const bwd_params &prm,
-                       fx_status *st)
+                       bool stream, fx_status *st)
 {
-    if (stream_wanted(d, a, (int)sizeof(T)))
+    if (stream)
         return backward_stream<KIND, T, CG>(d, a, prm, st);
     if (bwd_vector_fits(a, kVec))
         return backward_with<KIND, T, kVec, vec_group<T>(), CG>(d, dev, a, prm, st);
@@ -202,33 +202,36 @@ template <int KIND, typename T>
 static int backward_as(fx_cuda_device *d, int dev, const fx_linrec_bwd_args *a, fx_status *st)
 {
     const fx_linrec_problem *p = &a->p;
-    // Liquid's sums: f32 accumulators, zeroed, written out after the scan.
+    const bool stream = stream_wanted(d, a, (int)sizeof(T));
+    // Liquid's sums: f32 accumulators, zeroed (the streaming backward's rows
+    // of ddt are stored whole, not added to), written out after the scan.
     float *sums = nullptr;
-    const int64_t nsum = sum_count(a);
+    const int dt_parts = stream ? (int)stream_columns(p, (int)sizeof(T)) : 1;
+    const int64_t nsum = sum_count(a, dt_parts), nzero = dt_parts > 1 ? 2 * p->hidden : nsum;
     if (KIND == FX_LINREC_LIQUID) {
         FX_CUDA_TRY(d, cudaMallocAsync((void **)&sums, nsum * sizeof(float), d->stream),
                     "cudaMallocAsync (liquid sums)", st);
-        cudaError_t err = cudaMemsetAsync(sums, 0, nsum * sizeof(float), d->stream);
+        cudaError_t err = cudaMemsetAsync(sums, 0, nzero * sizeof(float), d->stream);
         if (err != cudaSuccess) {
             (void)cudaFreeAsync(sums, d->stream);
             return fx_cuda_fail(d, err, "cudaMemsetAsync (liquid sums)", st);
         }
     }
-    const bwd_params prm = make_bwd_params(a, sums);
+    const bwd_params prm = make_bwd_params(a, sums, dt_parts);
     int rc;
     if (has_cand<KIND>() && p->candidate_g)
-        rc = backward_cg<KIND, T, has_cand<KIND>()>(d, dev, a, prm, st);
+        rc = backward_cg<KIND, T, has_cand<KIND>()>(d, dev, a, prm, stream, st);
     else
-        rc = backward_cg<KIND, T, false>(d, dev, a, prm, st);
+        rc = backward_cg<KIND, T, false>(d, dev, a, prm, stream, st);
     if (sums) {
         if (rc == FX_OK) {
             write_sums<T><<<fx_cuda_grid(d, p->hidden, 256), 256, 0, d->stream>>>(
-                prm.sum_tau, (T *)a->dtau->data, p->hidden);
+                prm.sum_tau, (T *)a->dtau->data, p->hidden, 1);
             write_sums<T><<<fx_cuda_grid(d, p->hidden, 256), 256, 0, d->stream>>>(
-                prm.sum_lam, (T *)a->dlam->data, p->hidden);
+                prm.sum_lam, (T *)a->dlam->data, p->hidden, 1);
             if (a->ddt)
                 write_sums<T><<<fx_cuda_grid(d, p->batch * p->seqlen, 256), 256, 0, d->stream>>>(
-                    prm.sum_dt, (T *)a->ddt->data, p->batch * p->seqlen);
+                    prm.sum_dt, (T *)a->ddt->data, p->batch * p->seqlen, dt_parts);
             rc = fx_cuda_launched(d, "liquid sums kernel", st);
         }
         (void)cudaFreeAsync(sums, d->stream);
