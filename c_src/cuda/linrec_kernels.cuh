@@ -986,6 +986,39 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
     }
 }
 
+// Sums each of K values (K a power of two <= 32) over the warp's lanes,
+// transposing as it goes: each round sends half of the values still held to
+// the partner lane and keeps the other half, so K values cost K shuffles,
+// not 5 K. Returns this lane's sum and sets `index` to the value it is; the
+// 32 / K lanes of each index (lane bits below log2(32 / K)) hold the same.
+// (COUNT values still held, M the partner's lane bit: every count a
+// compile-time constant, so that v stays in registers.)
+template <int COUNT, int M, int K> __device__ __forceinline__ void transpose_rounds(float (&v)[K], int lane, int &index)
+{
+    if constexpr (COUNT > 1) {
+        constexpr int HALF = COUNT / 2;
+        const bool upper = (lane & M) != 0;
+#pragma unroll
+        for (int j = 0; j < HALF; j++) {
+            const float send = upper ? v[j] : v[j + HALF], keep = upper ? v[j + HALF] : v[j];
+            v[j] = keep + __shfl_xor_sync(0xffffffffu, send, M);
+        }
+        index += upper ? HALF : 0;
+    } else {
+        v[0] += __shfl_xor_sync(0xffffffffu, v[0], M);
+    }
+    if constexpr (M > 1)
+        transpose_rounds<(COUNT > 1 ? COUNT / 2 : 1), M / 2>(v, lane, index);
+}
+
+template <int K> __device__ __forceinline__ float warp_transpose_sum(float (&v)[K], int lane, int &index)
+{
+    static_assert(K >= 1 && K <= 32 && (K & (K - 1)) == 0, "a power of two up to 32");
+    index = 0;
+    transpose_rounds<K, 16>(v, lane, index);
+    return v[0];
+}
+
 // ---- the streaming backward ----
 //
 // The streaming forward's layout run backwards: a warp owns a 128-byte
@@ -1032,7 +1065,8 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
         h0v[v] = live && p.h0 ? fxscan::load_state<T>(p.h0, p.h0_f32, b * H + mine + v) : 0.f;
     }
     int64_t out = row0 + mine;                         // the gradients' element of the current step
-    int64_t dt_row = b * L + (s.flip ? L - 1 : 0);     // liquid: the step's element of ddt
+    // liquid: this column's row of ddt sums, at the stage's first step
+    float *dt_sums = p.sum_dt ? p.sum_dt + (column - b * s.columns) * (s.batch * L) + b * L : nullptr;
     stream_dt<KIND, T, K> dts;
     dts.load(p.in, s, b, 0);
 
@@ -1044,6 +1078,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
         pk x[K][SEQS];
         ring.read_stage(x);
         const int n = L - st * K < K ? (int)(L - st * K) : K; // steps of this stage
+        float lane_dt[K]; // liquid: the lane's part of each step's ddt
         // a whole stage: K steps, none of them the forward's first
         auto steps = [&](auto whole) {
 #pragma unroll
@@ -1071,27 +1106,34 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
 #pragma unroll
                     for (int k = 0; k < N; k++)
                         fxscan::store_stream<T, V>(static_cast<T *>(p.dseq[k]) + out, dx[k]);
-                if constexpr (KIND == FX_LINREC_LIQUID) {
-                    // A row's warps (one a column) would hit one address at
-                    // once with atomics: 32 columns at H1024 made the Liquid
-                    // fwd+bwd with a dt tensor 240 us against 137 with a
-                    // scalar. Each column stores its own partial sum instead
-                    // (p.dt_parts == s.columns: the launcher's), which
-                    // write_sums adds up.
-                    if (p.sum_dt) {
-                        row_dt = fxscan::group_sum<32>(live ? row_dt : 0.f);
-                        if (lane == 0)
-                            p.sum_dt[(column - b * s.columns) * (s.batch * L) + dt_row] = row_dt;
-                    }
-                    dt_row += s.flip ? -1 : 1;
-                }
+                if constexpr (KIND == FX_LINREC_LIQUID)
+                    lane_dt[j] = live ? row_dt : 0.f;
                 out += stride;
             }
         };
-        if (n == K && (st + 1) * K < L)
+        if (n == K && (st + 1) * K < L) {
             steps(std::true_type{});
-        else
+        } else {
+#pragma unroll
+            for (int j = 0; j < K; j++)
+                lane_dt[j] = 0.f;
             steps(std::false_type{});
+        }
+        // The stage's ddt parts summed over the warp: one transposing sum a
+        // stage (K shuffles), not a 5-shuffle sum a step on a warp alone on
+        // its scheduler. A row's warps (one a column) would hit one address
+        // at once with atomics (the Liquid fwd+bwd with a dt tensor took 240
+        // us against 137 with a scalar), so each column stores its own row
+        // of sums (p.dt_parts == s.columns: the launcher's), which
+        // write_sums adds up.
+        if constexpr (KIND == FX_LINREC_LIQUID) {
+            if (dt_sums) {
+                int j;
+                const float sum = warp_transpose_sum<K>(lane_dt, lane, j);
+                if ((lane & (32 / K - 1)) == 0 && j < n)
+                    dt_sums[s.flip ? L - 1 - (st * K + j) : st * K + j] = sum;
+            }
+        }
     }
     if (p.dh0 && live) // after the forward's first step, u is dL/dh0
 #pragma unroll
