@@ -202,13 +202,13 @@ template <int KIND, typename T>
 static int backward_as(fx_cuda_device *d, int dev, const fx_linrec_bwd_args *a, fx_status *st)
 {
     const fx_linrec_problem *p = &a->p;
-    const bool stream = stream_wanted(d, a, (int)sizeof(T));
-    // Liquid's sums: f32 accumulators, zeroed (the streaming backward's rows
-    // of ddt are stored whole, not added to), written out after the scan.
+    const int elem = (int)sizeof(T);
+    const bool stream = stream_wanted(d, a, elem);
+    // Liquid's sums: f32, the added-into ones zeroed, written out after the
+    // scan.
     float *sums = nullptr;
-    const int dt_parts = stream ? (int)stream_columns(p, (int)sizeof(T)) : 1;
-    const int64_t nsum = sum_count(a, dt_parts), nzero = dt_parts > 1 ? 2 * p->hidden : nsum;
     if (KIND == FX_LINREC_LIQUID) {
+        const int64_t nsum = sum_count(a, stream, elem), nzero = zeroed_sum_count(a, stream, elem);
         FX_CUDA_TRY(d, cudaMallocAsync((void **)&sums, nsum * sizeof(float), d->stream),
                     "cudaMallocAsync (liquid sums)", st);
         cudaError_t err = cudaMemsetAsync(sums, 0, nzero * sizeof(float), d->stream);
@@ -217,7 +217,7 @@ static int backward_as(fx_cuda_device *d, int dev, const fx_linrec_bwd_args *a, 
             return fx_cuda_fail(d, err, "cudaMemsetAsync (liquid sums)", st);
         }
     }
-    const bwd_params prm = make_bwd_params(a, sums, dt_parts);
+    const bwd_params prm = make_bwd_params(a, sums);
     int rc;
     if (has_cand<KIND>() && p->candidate_g)
         rc = backward_cg<KIND, T, has_cand<KIND>()>(d, dev, a, prm, stream, st);
@@ -231,7 +231,7 @@ static int backward_as(fx_cuda_device *d, int dev, const fx_linrec_bwd_args *a, 
                 prm.sum_lam, (T *)a->dlam->data, p->hidden, 1);
             if (a->ddt)
                 write_sums<T><<<fx_cuda_grid(d, p->batch * p->seqlen, 256), 256, 0, d->stream>>>(
-                    prm.sum_dt, (T *)a->ddt->data, p->batch * p->seqlen, dt_parts);
+                    prm.sum_dt, (T *)a->ddt->data, p->batch * p->seqlen, dt_rows(p, stream, elem));
             rc = fx_cuda_launched(d, "liquid sums kernel", st);
         }
         (void)cudaFreeAsync(sums, d->stream);

@@ -587,11 +587,11 @@ template <int KIND, bool BACKWARD, bool CG> struct stream_shape {
     static constexpr int OWN_STAGES = MINLSTM  ? FXLR_STREAM_MINLSTM_FWD_STAGES
                                       : LIQUID ? FXLR_STREAM_LIQUID_FWD_STAGES
                                                : kStreamStages;
-    static constexpr int STAGES = MINLSTM || LIQUID || kStreamStages < 28 / SEQS ? OWN_STAGES : 28 / SEQS;
     static constexpr int WORDS = SEQS * STEPS * 32; // a stage's 4-byte words: sequence, step, lane
+    static constexpr int FIT = 56 * 1024 / (WORDS * 4); // stages in 56 KB: two 2-warp blocks an SM
+    static constexpr int STAGES = OWN_STAGES < FIT ? OWN_STAGES : FIT;
     static constexpr size_t BLOCK_BYTES = (size_t)kStreamWarps * STAGES * WORDS * 4;
     static_assert(STEPS % 4 == 0 && STEPS <= kStreamMaxSteps && STAGES >= 2, "a stage is whole groups of 4 rows");
-    static_assert(STAGES * WORDS * 4 <= 56 * 1024, "two 2-warp blocks an SM");
 };
 template <int KIND, bool BACKWARD, bool CG> inline size_t stream_block_bytes()
 {
@@ -843,9 +843,9 @@ struct bwd_params {
     int dstate_f32;
     void *dseq[FX_LINREC_MAX_SEQ];
     void *dh0; // NULL: not wanted (dtype: h0's)
-    float *sum_tau, *sum_lam, *sum_dt; // liquid: f32 accumulators ([hidden], [dt_parts][batch*seqlen])
-    int dt_parts; // sum_dt's rows: 1 (atomics), or the streaming backward's columns (one row each, stored)
-    int reverse;  // of the forward
+    // liquid: f32 sums, [hidden] each, and [dt_rows(...)][batch * seqlen]
+    float *sum_tau, *sum_lam, *sum_dt;
+    int reverse; // of the forward
 };
 
 template <int KIND, typename T, int V, int G, int S, bool CG, bool CHAINED>
@@ -991,6 +991,11 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
 // the partner lane and keeps the other half, so K values cost K shuffles,
 // not 5 K. Returns this lane's sum and sets `index` to the value it is; the
 // 32 / K lanes of each index (lane bits below log2(32 / K)) hold the same.
+// The selective scan's backward has the same reduction over part of a warp
+// (fx_ssm::transpose_sum, a runtime round count); one shared form changed
+// that kernel's code (selects for predicated moves, a 16-byte stack frame),
+// which would need measuring again, and its form put these values on the
+// stack here (64 bytes). So each keeps its own.
 // (COUNT values still held, M the partner's lane bit: every count a
 // compile-time constant, so that v stays in registers.)
 template <int COUNT, int M, int K> __device__ __forceinline__ void transpose_rounds(float (&v)[K], int lane, int &index)
@@ -1124,8 +1129,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
         // its scheduler. A row's warps (one a column) would hit one address
         // at once with atomics (the Liquid fwd+bwd with a dt tensor took 240
         // us against 137 with a scalar), so each column stores its own row
-        // of sums (p.dt_parts == s.columns: the launcher's), which
-        // write_sums adds up.
+        // of sums (dt_rows), which write_sums adds up.
         if constexpr (KIND == FX_LINREC_LIQUID) {
             if (dt_sums) {
                 int j;
@@ -1375,9 +1379,8 @@ inline bool fwd_vector_fits(const fx_linrec_fwd_args *a, int vec)
     return vector_fits(&a->p, vec, seqs, n);
 }
 
-// `sums`: liquid's f32 accumulators, zeroed: 2 * hidden (+ batch * seqlen
-// with a dt tensor) floats.
-inline bwd_params make_bwd_params(const fx_linrec_bwd_args *a, float *sums, int dt_parts)
+// `sums`: liquid's f32 sums, sum_count(a, ...) floats.
+inline bwd_params make_bwd_params(const fx_linrec_bwd_args *a, float *sums)
 {
     const fx_linrec_problem *p = &a->p;
     bwd_params prm = {};
@@ -1396,7 +1399,6 @@ inline bwd_params make_bwd_params(const fx_linrec_bwd_args *a, float *sums, int 
         prm.sum_tau = sums;
         prm.sum_lam = sums + p->hidden;
         prm.sum_dt = a->ddt ? sums + 2 * p->hidden : nullptr;
-        prm.dt_parts = dt_parts;
     }
     return prm;
 }
@@ -1414,11 +1416,23 @@ inline bool bwd_vector_fits(const fx_linrec_bwd_args *a, int vec)
     return vector_fits(&a->p, vec, seqs, n);
 }
 
-// Liquid's f32 sums: dtau, dlam and dt_parts rows of ddt (the streaming
-// backward's columns each store a row; the tiled one adds into one).
-inline int64_t sum_count(const fx_linrec_bwd_args *a, int dt_parts)
+// Rows of Liquid's ddt sums: the streaming backward's columns each store
+// a row (no atomics: a row's warps walk the same step together); the tiled
+// backward adds into one row.
+inline int dt_rows(const fx_linrec_problem *p, bool stream, int elem_bytes)
 {
-    return 2 * a->p.hidden + (a->ddt ? dt_parts * a->p.batch * a->p.seqlen : 0);
+    return stream ? (int)stream_columns(p, elem_bytes) : 1;
+}
+
+// Liquid's f32 sums: dtau, dlam, and dt_rows rows of ddt. Only the rows that
+// are added into need zeros (zeroed_sum_count).
+inline int64_t sum_count(const fx_linrec_bwd_args *a, bool stream, int elem_bytes)
+{
+    return 2 * a->p.hidden + (a->ddt ? dt_rows(&a->p, stream, elem_bytes) * a->p.batch * a->p.seqlen : 0);
+}
+inline int64_t zeroed_sum_count(const fx_linrec_bwd_args *a, bool stream, int elem_bytes)
+{
+    return stream ? 2 * a->p.hidden : sum_count(a, stream, elem_bytes);
 }
 
 inline step_params make_step_params(const fx_linrec_step_args *a)

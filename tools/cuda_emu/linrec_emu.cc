@@ -226,12 +226,11 @@ void emu_backward_with(const fx_linrec_bwd_args *a, const bwd_params &prm, const
 
 template <int KIND> void emu_backward(const fx_linrec_bwd_args *a, const lr_case &c)
 {
-    // the streaming backward stores a row of ddt sums per column (NaN
-    // until then: each must be written)
-    const int dt_parts = c.stream ? (int)stream_columns(&a->p, 4) : 1;
-    std::vector<float> sums((size_t)sum_count(a, dt_parts), 0.f);
-    std::fill(sums.begin() + 2 * a->p.hidden, sums.end(), dt_parts > 1 ? NAN : 0.f);
-    const bwd_params prm = make_bwd_params(a, KIND == FX_LINREC_LIQUID ? sums.data() : nullptr, dt_parts);
+    // the sums the kernels store rather than add to are NaN until then:
+    // each must be written
+    std::vector<float> sums((size_t)sum_count(a, c.stream, 4), NAN);
+    std::fill(sums.begin(), sums.begin() + zeroed_sum_count(a, c.stream, 4), 0.f);
+    const bwd_params prm = make_bwd_params(a, KIND == FX_LINREC_LIQUID ? sums.data() : nullptr);
     if (c.stream)
         emu_backward_stream<KIND>(a, prm, c);
     else if (c.vec == 4 && c.group == 16)
@@ -245,7 +244,8 @@ template <int KIND> void emu_backward(const fx_linrec_bwd_args *a, const lr_case
         emu_launch(2, 64, 2, [&] { write_sums<float>(prm.sum_lam, (float *)a->dlam->data, a->p.hidden, 1); });
         if (a->ddt)
             emu_launch(3, 32, 3, [&] {
-                write_sums<float>(prm.sum_dt, (float *)a->ddt->data, a->p.batch * a->p.seqlen, dt_parts);
+                write_sums<float>(prm.sum_dt, (float *)a->ddt->data, a->p.batch * a->p.seqlen,
+                                  dt_rows(&a->p, c.stream, 4));
             });
     }
 }
