@@ -6,11 +6,14 @@
  *   FUSEX_PRIV=priv ncu --set full -k regex:forward -c 1 build/linrec_bench --case 0 --reps 1
  *
  *   build/linrec_bench [--case N | --cases N,M,...] [--reps N] [--tiles N] [--add 1]
- *                      [--cand-g 1] [--dt-tensor 1]
+ *                      [--cand-g 1] [--dt-tensor 1] [--pad-kb N] [--fresh-h 1]
  *
  * --cand-g 1 runs MinGRU and MinLSTM with candidate_activation g, and
  * --dt-tensor 1 gives Liquid a [batch, seqlen, 1] dt tensor instead of the
  * scalar 0.5 (each a kernel variant of its own).
+ * --pad-kb N allocates N KB between the inputs and h (where h lands relative
+ * to the inputs), and --fresh-h 1 has every forward allocate its h from the
+ * pool and free it, as a call through the NIF does.
  * --tiles passes N as max_tile_steps (include/fusex_linrec.h): -1 forces
  * the streaming kernels (forward and backward), -2 keeps the tiled ones.
  *
@@ -116,12 +119,14 @@ static double median(double *v, int n)
 typedef struct run_state {
     fx_linrec_problem p;
     fx_linrec_tensors in;
-    fx_tensor h, dh;
+    fx_tensor h, dh, pad;
     fx_linrec_grads g;
 } run_state;
 
 static int cand_g;    /* --cand-g */
 static int dt_tensor; /* --dt-tensor */
+static int pad_kb;    /* --pad-kb: device memory allocated between the inputs and h */
+static int fresh_h;   /* --fresh-h: h allocated and freed by every forward, as through the NIF */
 
 static void setup(fx_device *dev, const bench_case *c, run_state *r)
 {
@@ -148,6 +153,9 @@ static void setup(fx_device *dev, const bench_case *c, run_state *r)
     random_tensor(dev, c->dtype, 3, dims, -1.0, 1.0, &r->dh);
     fx_status st;
     fx_status_clear(&st);
+    int64_t pad_dims[1] = {(int64_t)pad_kb << 10};
+    if (pad_kb > 0 && fx_tensor_alloc(dev, FX_U8, 1, pad_dims, &r->pad, &st))
+        die("alloc pad", &st);
     if (fx_tensor_alloc(dev, c->dtype, 3, dims, &r->h, &st))
         die("alloc h", &st);
     /* fills in the problem's dims and dtype; the backward needs H */
@@ -161,6 +169,7 @@ static void teardown(run_state *r)
     fx_linrec_tensors_release(&r->in);
     fx_tensor_release(&r->h);
     fx_tensor_release(&r->dh);
+    fx_tensor_release(&r->pad);
     fx_linrec_tensors_release(&r->g);
 }
 
@@ -171,6 +180,13 @@ static void run_once(const bench_case *c, run_state *r)
 {
     fx_status st;
     fx_status_clear(&st);
+    if (c->mode == FWD && fresh_h) {
+        fx_tensor h, state;
+        if (fx_op_linrec_forward(&r->p, NULL, false, tiles, &h, &state, &st))
+            die("forward", &st);
+        fx_tensor_release(&h);
+        return;
+    }
     if (c->mode != BWD && fx_op_linrec_forward_into(&r->p, NULL, tiles, &r->h, NULL, &st))
         die("forward", &st);
     if (c->mode != FWD && fx_op_linrec_backward_into(&r->p, NULL, &r->h, &r->dh, NULL, tiles, &r->g, &st))
@@ -314,6 +330,10 @@ int main(int argc, char **argv)
             cand_g = atoi(argv[i + 1]);
         } else if (!strcmp(argv[i], "--dt-tensor")) {
             dt_tensor = atoi(argv[i + 1]);
+        } else if (!strcmp(argv[i], "--pad-kb")) {
+            pad_kb = atoi(argv[i + 1]);
+        } else if (!strcmp(argv[i], "--fresh-h")) {
+            fresh_h = atoi(argv[i + 1]);
         }
     }
     const int only = single ? 1 : -1; /* one case, for a profiler: no copy test, one warm-up */
@@ -345,6 +365,8 @@ int main(int argc, char **argv)
         const bench_case *c = &cases[ci];
         run_state r;
         setup(dev, c, &r);
+        if (getenv("FXB_ADDRS"))
+            printf("#   inputs at %p %p, h at %p\n", r.in.seq[0].data, r.in.seq[1].data, r.h.data);
         time_calls(dev, reps, only >= 0 ? 1 : 3, case_call, &(case_ctx){c, &r}, e0, e1, k_us, h_us);
         double k = median(k_us, reps), h = median(h_us, reps), gbs = floor_bytes(c) / (k * 1e3);
         char shape[32];
