@@ -728,28 +728,47 @@ struct stream_column {
     }
 };
 
-// Liquid's dt of a walk's steps, a stage ahead (0 for the other ops).
+// Liquid's dt of a walk's steps (0 for the other ops). A scalar dt is a
+// constant: nothing is tested per step (the first version tested every
+// step of every stage against the sequence's end and selected the scalar,
+// which cost the backward 97 against 80 us: bench/RESULTS.md). A dt
+// tensor's values are loaded a stage ahead, each lane loading every step's
+// (the 32 loads of a stage read one line). Passing a stage's values
+// through shared memory or by shuffles from one load a lane measured ~10
+// us slower in each direction, for a reason not found.
 template <int KIND, typename T, int K> struct stream_dt {
     float next[K];
+
     __device__ __forceinline__ void load(const op_params &in, const stream_tiling &s, int64_t b, int64_t st)
     {
+        if (KIND == FX_LINREC_LIQUID && in.dt)
 #pragma unroll
-        for (int j = 0; j < K; j++) {
-            const int64_t step = st * K + j;
-            next[j] = KIND == FX_LINREC_LIQUID && step < s.seqlen
-                          ? load_dt<KIND, T>(in, b * s.seqlen + (s.flip ? s.seqlen - 1 - step : step))
-                          : 0.f;
-        }
+            for (int j = 0; j < K; j++) {
+                const int64_t step = st * K + j;
+                next[j] = step < s.seqlen
+                              ? load_dt<KIND, T>(in, b * s.seqlen + (s.flip ? s.seqlen - 1 - step : step))
+                              : 0.f;
+            }
     }
+
     // stage st's into dt, and stage st + 1's on their way
     __device__ __forceinline__ void take(const op_params &in, const stream_tiling &s, int64_t b, int64_t st,
                                          float (&dt)[K])
     {
+        if constexpr (KIND != FX_LINREC_LIQUID) {
 #pragma unroll
-        for (int j = 0; j < K; j++)
-            dt[j] = next[j];
-        if (KIND == FX_LINREC_LIQUID)
+            for (int j = 0; j < K; j++)
+                dt[j] = 0.f;
+        } else if (!in.dt) {
+#pragma unroll
+            for (int j = 0; j < K; j++)
+                dt[j] = in.dt_value;
+        } else {
+#pragma unroll
+            for (int j = 0; j < K; j++)
+                dt[j] = next[j];
             load(in, s, b, st + 1);
+        }
     }
 };
 
