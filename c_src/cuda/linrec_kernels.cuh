@@ -733,9 +733,12 @@ struct stream_column {
 // step of every stage against the sequence's end and selected the scalar,
 // which cost the backward 97 against 80 us: bench/RESULTS.md). A dt
 // tensor's values are loaded a stage ahead, each lane loading every step's
-// (the 32 loads of a stage read one line). Passing a stage's values
-// through shared memory or by shuffles from one load a lane measured ~10
-// us slower in each direction, for a reason not found.
+// (the 32 loads of a stage read one line), long before their use. Passing
+// a stage's values through shared memory or by shuffles from one load a
+// lane measured ~10 us slower in each direction: those values then come
+// from shared-memory loads or shuffles at the stage's start, beside the
+// ring's 32 loads of the stage, and ncu put the warp waiting on them (short
+// scoreboard, 1.5 cycles an instruction) where it now waits on nothing.
 template <int KIND, typename T, int K> struct stream_dt {
     float next[K];
 
