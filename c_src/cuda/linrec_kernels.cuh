@@ -23,6 +23,7 @@
 #include "cuda/common.cuh"
 #include "cuda/scan.cuh"
 #include "cuda/sfu.cuh"
+#include "cuda/warp_sum.cuh"
 #include "fusex_linrec.h"
 
 namespace fxlinrec {
@@ -1008,44 +1009,6 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
     }
 }
 
-// Sums each of K values (K a power of two <= 32) over the warp's lanes,
-// transposing as it goes: each round sends half of the values still held to
-// the partner lane and keeps the other half, so K values cost K shuffles,
-// not 5 K. Returns this lane's sum and sets `index` to the value it is; the
-// 32 / K lanes of each index (lane bits below log2(32 / K)) hold the same.
-// The selective scan's backward has the same reduction over part of a warp
-// (fx_ssm::transpose_sum, a runtime round count); one shared form changed
-// that kernel's code (selects for predicated moves, a 16-byte stack frame),
-// which would need measuring again, and its form put these values on the
-// stack here (64 bytes). So each keeps its own.
-// (COUNT values still held, M the partner's lane bit: every count a
-// compile-time constant, so that v stays in registers.)
-template <int COUNT, int M, int K> __device__ __forceinline__ void transpose_rounds(float (&v)[K], int lane, int &index)
-{
-    if constexpr (COUNT > 1) {
-        constexpr int HALF = COUNT / 2;
-        const bool upper = (lane & M) != 0;
-#pragma unroll
-        for (int j = 0; j < HALF; j++) {
-            const float send = upper ? v[j] : v[j + HALF], keep = upper ? v[j + HALF] : v[j];
-            v[j] = keep + __shfl_xor_sync(0xffffffffu, send, M);
-        }
-        index += upper ? HALF : 0;
-    } else {
-        v[0] += __shfl_xor_sync(0xffffffffu, v[0], M);
-    }
-    if constexpr (M > 1)
-        transpose_rounds<(COUNT > 1 ? COUNT / 2 : 1), M / 2>(v, lane, index);
-}
-
-template <int K> __device__ __forceinline__ float warp_transpose_sum(float (&v)[K], int lane, int &index)
-{
-    static_assert(K >= 1 && K <= 32 && (K & (K - 1)) == 0, "a power of two up to 32");
-    index = 0;
-    transpose_rounds<K, 16>(v, lane, index);
-    return v[0];
-}
-
 // ---- the streaming backward ----
 //
 // The streaming forward's layout run backwards: a warp owns a 128-byte
@@ -1154,10 +1117,10 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
         // of sums (dt_rows), which write_sums adds up.
         if constexpr (KIND == FX_LINREC_LIQUID) {
             if (dt_sums) {
-                int j;
-                const float sum = warp_transpose_sum<K>(lane_dt, lane, j);
+                // one sum a lane: step j's (the 32 / K lanes of a step hold the same)
+                const int j = fx_warp::transpose_sum<K, 0>(lane_dt, lane);
                 if ((lane & (32 / K - 1)) == 0 && j < n)
-                    dt_sums[s.flip ? L - 1 - (st * K + j) : st * K + j] = sum;
+                    dt_sums[s.flip ? L - 1 - (st * K + j) : st * K + j] = lane_dt[0];
             }
         }
     }

@@ -27,6 +27,7 @@
 #include "cuda/async_copy.cuh"
 #include "cuda/common.cuh"
 #include "cuda/sfu.cuh"
+#include "cuda/warp_sum.cuh"
 #include "fusex_ssm.h"
 
 namespace fx_ssm {
@@ -896,44 +897,6 @@ template <typename T, class C> inline bool bwd_fast(const BwdParams &bp)
            (bp.dy == nullptr || (uintptr_t)bp.dy % K::UX == 0);
 }
 
-// Sums each of the V values of a lane over the lanes that differ from it in
-// bits LO..4 (the channels of a warp), transposing as it goes: each round
-// sends half of the values still held to the partner and keeps the other
-// half, so the work halves every round. Afterwards lane l holds
-// max(1, V >> (5 - LO)) sums; sum_index gives the value each one is.
-template <int V, int LO> __device__ __forceinline__ void transpose_sum(float (&v)[V], int lane)
-{
-    int count = V;
-#pragma unroll
-    for (int b = 4; b >= LO; b--) {
-        const int m = 1 << b;
-        const bool upper = (lane & m) != 0;
-        if (count > 1) {
-            const int half = count / 2;
-#pragma unroll
-            for (int j = 0; j < half; j++) {
-                const float send = upper ? v[j] : v[j + half], keep = upper ? v[j + half] : v[j];
-                v[j] = keep + __shfl_xor_sync(kFullMask, send, m);
-            }
-            count = half;
-        } else {
-            v[0] += __shfl_xor_sync(kFullMask, v[0], m);
-        }
-    }
-}
-
-template <int V, int LO> __device__ __forceinline__ int sum_index(int j, int lane)
-{
-    int count = V, idx = j;
-#pragma unroll
-    for (int b = 4; b >= LO; b--)
-        if (count > 1) {
-            count /= 2;
-            if (lane & (1 << b))
-                idx += count;
-        }
-    return idx;
-}
 
 template <int N> __device__ __forceinline__ constexpr int log2i() { return N <= 1 ? 0 : 1 + log2i<N / 2>(); }
 
@@ -1248,11 +1211,12 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
                 }
                 sm[S::PR + s * 64 + lane] = r_a;
                 sm[S::PR + s * 64 + 32 + lane] = r_b;
-                transpose_sum<2 * NPL, LO>(pbc, lane);
+                // over the warp's channels (lane bits LO..4)
+                const int first = fx_warp::transpose_sum<2 * NPL, LO>(pbc, lane);
                 constexpr int CNT = (2 * NPL) >> (5 - LO) > 0 ? (2 * NPL) >> (5 - LO) : 1;
 #pragma unroll
                 for (int j = 0; j < CNT; j++) {
-                    const int o = sum_index<2 * NPL, LO>(j, lane); // which * NPL + i
+                    const int o = first + j; // which * NPL + i
                     dbc_out[s * 2 * C::NPAD + (o / NPL) * C::NPAD + q * NPL + o % NPL] = pbc[j];
                 }
                 if (s > 0) {
