@@ -13,7 +13,8 @@
  * scalar 0.5 (each a kernel variant of its own).
  * --pad-kb N allocates N KB between the inputs and h (where h lands relative
  * to the inputs), and --fresh-h 1 has every forward allocate its h from the
- * pool and free it, as a call through the NIF does.
+ * pool and free it, as a call through the NIF does (FXB_ADDRS=1 prints
+ * where the inputs and h lie).
  * --tiles passes N as max_tile_steps (include/fusex_linrec.h): -1 forces
  * the streaming kernels (forward and backward), -2 keeps the tiled ones.
  *

@@ -897,7 +897,6 @@ template <typename T, class C> inline bool bwd_fast(const BwdParams &bp)
            (bp.dy == nullptr || (uintptr_t)bp.dy % K::UX == 0);
 }
 
-
 template <int N> __device__ __forceinline__ constexpr int log2i() { return N <= 1 ? 0 : 1 + log2i<N / 2>(); }
 
 template <typename T, class C, bool FAST> struct BwdStage {
