@@ -6,15 +6,15 @@
  *   FUSEX_PRIV=priv ncu --set full -k regex:forward -c 1 build/linrec_bench --case 0 --reps 1
  *
  *   build/linrec_bench [--case N | --cases N,M,...] [--reps N] [--tiles N] [--add 1]
- *                      [--cand-g 1] [--dt-tensor 1] [--pad-kb N] [--fresh-h 1]
+ *                      [--cand-g 1] [--dt-tensor 1] [--pad-kb N] [--fresh-h 1] [--addrs 1]
  *
  * --cand-g 1 runs MinGRU and MinLSTM with candidate_activation g, and
  * --dt-tensor 1 gives Liquid a [batch, seqlen, 1] dt tensor instead of the
  * scalar 0.5 (each a kernel variant of its own).
  * --pad-kb N allocates N KB between the inputs and h (where h lands relative
  * to the inputs), and --fresh-h 1 has every forward allocate its h from the
- * pool and free it, as a call through the NIF does (FXB_ADDRS=1 prints
- * where the inputs and h lie).
+ * pool and free it, as a call through the NIF does; --addrs 1 prints where
+ * the inputs and h lie.
  * --tiles passes N as max_tile_steps (include/fusex_linrec.h): -1 forces
  * the streaming kernels (forward and backward), -2 keeps the tiled ones.
  *
@@ -315,27 +315,30 @@ int main(int argc, char **argv)
     int reps = 50;
     char wanted[NCASES] = {0};
     int any = 0, single = 0;
+    int print_addrs = 0;
+    /* the flags that take one integer */
+    const struct {
+        const char *name;
+        int *value;
+    } int_flags[] = {{"--reps", &reps},     {"--tiles", &tiles},   {"--add", &with_add},
+                     {"--cand-g", &cand_g}, {"--dt-tensor", &dt_tensor}, {"--pad-kb", &pad_kb},
+                     {"--fresh-h", &fresh_h}, {"--addrs", &print_addrs}};
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--case") || !strcmp(argv[i], "--cases")) {
             single = !strcmp(argv[i], "--case");
             for (char *tok = strtok(argv[i + 1], ","); tok; tok = strtok(NULL, ","))
                 if (atoi(tok) >= 0 && atoi(tok) < NCASES)
                     wanted[atoi(tok)] = any = 1;
-        } else if (!strcmp(argv[i], "--reps")) {
-            reps = atoi(argv[i + 1]);
-        } else if (!strcmp(argv[i], "--tiles")) {
-            tiles = atoi(argv[i + 1]);
-        } else if (!strcmp(argv[i], "--add")) {
-            with_add = atoi(argv[i + 1]);
-        } else if (!strcmp(argv[i], "--cand-g")) {
-            cand_g = atoi(argv[i + 1]);
-        } else if (!strcmp(argv[i], "--dt-tensor")) {
-            dt_tensor = atoi(argv[i + 1]);
-        } else if (!strcmp(argv[i], "--pad-kb")) {
-            pad_kb = atoi(argv[i + 1]);
-        } else if (!strcmp(argv[i], "--fresh-h")) {
-            fresh_h = atoi(argv[i + 1]);
+            continue;
         }
+        size_t f = 0;
+        while (f < sizeof int_flags / sizeof int_flags[0] && strcmp(argv[i], int_flags[f].name))
+            f++;
+        if (f == sizeof int_flags / sizeof int_flags[0]) {
+            fprintf(stderr, "linrec_bench: unknown flag %s (see the head of tools/linrec_bench.c)\n", argv[i]);
+            return 2;
+        }
+        *int_flags[f].value = atoi(argv[i + 1]);
     }
     const int only = single ? 1 : -1; /* one case, for a profiler: no copy test, one warm-up */
     fx_status st;
@@ -366,7 +369,7 @@ int main(int argc, char **argv)
         const bench_case *c = &cases[ci];
         run_state r;
         setup(dev, c, &r);
-        if (getenv("FXB_ADDRS"))
+        if (print_addrs)
             printf("#   inputs at %p %p, h at %p\n", r.in.seq[0].data, r.in.seq[1].data, r.h.data);
         time_calls(dev, reps, only >= 0 ? 1 : 3, case_call, &(case_ctx){c, &r}, e0, e1, k_us, h_us);
         double k = median(k_us, reps), h = median(h_us, reps), gbs = floor_bytes(c) / (k * 1e3);

@@ -116,10 +116,10 @@ struct Problem {
 
 static cudaStream_t g_stream;
 
-// Three warm-up launches, then device events around each (no busy-wait
-// before them: this bench's rows were always taken that way).
-// busy_ns: a busy-wait before each timed launch, so that a short kernel's
-// time is not its launch's (the variants table uses 30 µs)
+// Three warm-up launches, then device events around each. With busy_ns 0
+// (the main table: its rows were always taken that way) nothing runs before
+// a timed launch; the variants table's small cases pass 30 µs of busy-wait,
+// so that a short kernel's time is not its launch's.
 static double time_us(const std::function<void()> &launch, int reps, unsigned long long busy_ns = 0)
 {
     launch();
