@@ -102,6 +102,30 @@ __device__ __forceinline__ void grid_barrier(unsigned *bar, unsigned target, uns
     __syncthreads();
 }
 
+// Tile i's rows of both inputs into `dst` ([input][S][32] floats) by
+// cp.async, as one commit group (empty past the last tile, so that every
+// block counts its groups alike).
+// Offset of tile i's step `step` (within the tile), first channel.
+template <int S> __device__ __forceinline__ int64_t tile_row(const WaveParams &p, int i, int step)
+{
+    const int chain = i % p.chains, tt = i / p.chains, per_row = p.hidden / 32;
+    const int b = chain / per_row, c0 = (chain % per_row) * 32;
+    return ((int64_t)b * p.seqlen + (int64_t)tt * S + step) * p.hidden + c0;
+}
+
+template <int S, int NT> __device__ __forceinline__ void issue_tile(const WaveParams &p, int i, float *dst)
+{
+    if (i < p.ntiles) {
+        const int64_t base = tile_row<S>(p, i, 0);
+        for (int u = threadIdx.x; u < 2 * S * 8; u += NT) {
+            const int j = u / (S * 8), r = (u % (S * 8)) / 8, piece = u % 8;
+            const float *src = (j ? p.in1 : p.in0) + base + (int64_t)r * p.hidden + piece * 4;
+            fx_copy_async<16>(dst + j * S * 32 + r * 32 + piece * 4, src);
+        }
+    }
+    fx_copy_commit();
+}
+
 template <int KIND, int S, int NT> struct Wave {
     static constexpr int SEGS = NT / 32, SPT = S / SEGS; // segments, steps a thread
     static constexpr int BUF = 2 * S * 32;               // floats of one buffer (two inputs)
@@ -122,21 +146,8 @@ __global__ void __launch_bounds__(NT) wave_kernel(const WaveParams p)
     extern __shared__ float4 smem4[];
     float *sm = reinterpret_cast<float *>(smem4);
     const int G = gridDim.x, tid = threadIdx.x, seg = tid / 32, lane = tid % 32;
-    const int per_row = p.hidden / 32;
 
-    auto issue = [&](int i, int buf) {
-        if (i < p.ntiles) {
-            const int chain = i % p.chains, tt = i / p.chains;
-            const int b = chain / per_row, c0 = (chain % per_row) * 32;
-            const int64_t base = ((int64_t)b * p.seqlen + (int64_t)tt * S) * p.hidden + c0;
-            for (int u = tid; u < 2 * S * 8; u += NT) {
-                const int j = u / (S * 8), r = (u % (S * 8)) / 8, part = u % 8;
-                const float *src = (j ? p.in1 : p.in0) + base + (int64_t)r * p.hidden + part * 4;
-                fx_copy_async<16>(sm + buf * W::BUF + j * S * 32 + r * 32 + part * 4, src);
-            }
-        }
-        fx_copy_commit();
-    };
+    auto issue = [&](int i, int buf) { issue_tile<S, NT>(p, i, sm + buf * W::BUF); };
 
     const chan none = {0.f, 0.f};
     issue(blockIdx.x, 0);
@@ -151,7 +162,7 @@ __global__ void __launch_bounds__(NT) wave_kernel(const WaveParams p)
         if (tr)
             tr[w * 7 + 1] = gtime();
         const bool mine = i < p.ntiles;
-        const int chain = i % p.chains, tt = i / p.chains;
+        const int chain = i % p.chains;
         float *x0 = sm + buf * W::BUF + seg * W::SPT * 32 + lane, *x1 = x0 + S * 32;
         float *pre = sm + W::PRE, *part = sm + W::PART;
         if (mine) {
@@ -222,8 +233,7 @@ __global__ void __launch_bounds__(NT) wave_kernel(const WaveParams p)
             if (tr)
                 tr[w * 7 + 4] = gtime();
             h = fxscan::apply({pre[seg * 32 + lane], pre[(W::SEGS + seg) * 32 + lane]}, h);
-            const int b = chain / per_row, c0 = (chain % per_row) * 32;
-            float *out = p.out + ((int64_t)b * p.seqlen + (int64_t)tt * S + seg * W::SPT) * p.hidden + c0 + lane;
+            float *out = p.out + tile_row<S>(p, i, seg * W::SPT) + lane;
 #pragma unroll 4
             for (int s = 0; s < W::SPT; s++) {
                 if (MAPS) {
@@ -270,22 +280,9 @@ __global__ void __launch_bounds__(NT) pipe_kernel(const WaveParams p)
     extern __shared__ float4 smem4[];
     float *sm = reinterpret_cast<float *>(smem4);
     const int G = gridDim.x, tid = threadIdx.x, seg = tid / 32, lane = tid % 32;
-    const int per_row = p.hidden / 32;
     float *part = sm + W::PART;
 
-    auto issue = [&](int i, int buf) {
-        if (i < p.ntiles) {
-            const int chain = i % p.chains, tt = i / p.chains;
-            const int b = chain / per_row, c0 = (chain % per_row) * 32;
-            const int64_t base = ((int64_t)b * p.seqlen + (int64_t)tt * S) * p.hidden + c0;
-            for (int u = tid; u < 2 * S * 8; u += NT) {
-                const int j = u / (S * 8), r = (u % (S * 8)) / 8, pc = u % 8;
-                const float *src = (j ? p.in1 : p.in0) + base + (int64_t)r * p.hidden + pc * 4;
-                fx_copy_async<16>(sm + buf * W::BUF + j * S * 32 + r * 32 + pc * 4, src);
-            }
-        }
-        fx_copy_commit();
-    };
+    auto issue = [&](int i, int buf) { issue_tile<S, NT>(p, i, sm + buf * W::BUF); };
     auto map_at = [&](int wave, int i) { return p.maps + ((size_t)(wave % W::MAP_SLOTS) * G + (i - wave * G)) * 64; };
     // first tile of `chain` at or after index `from`
     auto first_at = [&](int from, int chain) { return from + ((chain - from % p.chains) % p.chains + p.chains) % p.chains; };
@@ -352,7 +349,7 @@ __global__ void __launch_bounds__(NT) pipe_kernel(const WaveParams p)
             if (tr)
                 tr[j * 7 + 3] = gtime();
             if (i < p.ntiles) {
-                const int chain = i % p.chains, tt = i / p.chains;
+                const int chain = i % p.chains;
                 const int s0 = j >= 2 ? j - 2 : 0, from = first_at(s0 * G, chain);
                 const int first_j = first_at(j * G, chain);
                 const float start = j >= 2 ? __ldcg(p.carries + ((size_t)(s0 % W::CIN_SLOTS) * p.chains + chain) * 32 + lane) : 0.f;
@@ -388,8 +385,7 @@ __global__ void __launch_bounds__(NT) pipe_kernel(const WaveParams p)
                     tr[j * 7 + 4] = gtime();
                 const float *pre = sm + W::PRE + (j & 1) * 2 * W::SEGS * 32;
                 h = fxscan::apply({pre[seg * 32 + lane], pre[(W::SEGS + seg) * 32 + lane]}, h);
-                const int b = chain / per_row, c0 = (chain % per_row) * 32;
-                float *out = p.out + ((int64_t)b * p.seqlen + (int64_t)tt * S + seg * W::SPT) * p.hidden + c0 + lane;
+                float *out = p.out + tile_row<S>(p, i, seg * W::SPT) + lane;
                 const float *x0 = sm + buf * W::BUF + seg * W::SPT * 32 + lane, *x1 = x0 + S * 32;
 #pragma unroll 4
                 for (int s = 0; s < W::SPT; s++) {
