@@ -132,6 +132,7 @@ template <int KIND, int S, int NT> struct Wave {
     // shared: 2 buffers, then per segment: exclusive prefix (a, b), carry parts (a, b)
     static constexpr int PRE = 2 * BUF, PART = PRE + 2 * SEGS * 32;
     static constexpr size_t BYTES = sizeof(float) * (PART + 2 * SEGS * 32);
+    static constexpr int MAP_SLOTS = 2, CIN_SLOTS = 2; // by wave parity
     static_assert(S % SEGS == 0, "whole segments");
 };
 
@@ -421,8 +422,10 @@ template <int KIND, int S, int NT, int DIAG = 0, bool MAPS = false> struct Runne
         int per_sm = 0;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, NT, bytes));
         grid = per_sm * sms;
-        CUDA_CHECK(cudaMalloc(&maps, sizeof(float) * 6 * grid * 64));
-        CUDA_CHECK(cudaMalloc(&carries, sizeof(float) * 4 * batch * hidden));
+        typedef Pipe<KIND, S, NT> P;
+        const int map_slots = DIAG == 3 ? P::MAP_SLOTS : W::MAP_SLOTS, cin_slots = DIAG == 3 ? P::CIN_SLOTS : W::CIN_SLOTS;
+        CUDA_CHECK(cudaMalloc(&maps, sizeof(float) * map_slots * grid * 64));
+        CUDA_CHECK(cudaMalloc(&carries, sizeof(float) * cin_slots * batch * hidden));
         return per_sm;
     }
     unsigned long long *trace = nullptr;
@@ -563,7 +566,20 @@ int main(int argc, char **argv)
     const int sms = prop.multiProcessorCount;
     const double thin = 51.5, b4 = 0; // floors measured by tools/floor_bench (2R1W)
     const char *m = "mingru";
+    // every row of the table in bench/RESULTS.md ("Session of 2026-11-25 (sixth)")
+    run_case<FX_LINREC_MINGRU, 128, 256>(m, 1, 65536, 256, reps, sms, bar, thin);
     run_case<FX_LINREC_MINGRU, 128, 256, 0, true>(m, 1, 65536, 256, reps, sms, bar, thin);
+    run_case<FX_LINREC_MINGRU, 128, 256, 1, true>(m, 1, 65536, 256, reps, sms, bar, thin);
+    run_case<FX_LINREC_MINGRU, 128, 256, 2, true>(m, 1, 65536, 256, reps, sms, bar, thin);
+    run_case<FX_LINREC_MINGRU, 64, 256, 0, true>(m, 1, 65536, 256, reps, sms, bar, thin);
+    run_case<FX_LINREC_MINGRU, 64, 128, 0, true>(m, 1, 65536, 256, reps, sms, bar, thin);
+    run_case<FX_LINREC_MINGRU, 128, 128, 0, true>(m, 1, 65536, 256, reps, sms, bar, thin);
+    run_case<FX_LINREC_MINGRU, 256, 256, 0, true>(m, 1, 65536, 256, reps, sms, bar, thin);
+    run_case<FX_LINREC_SCAN, 128, 256>("scan", 1, 65536, 256, reps, sms, bar, thin);
+    run_case<FX_LINREC_SCAN, 128, 256, 0, true>("scan", 1, 65536, 256, reps, sms, bar, thin);
+    run_case<FX_LINREC_MINGRU, 128, 256>(m, 4, 4096, 512, reps, sms, bar, b4);
+    run_case<FX_LINREC_MINGRU, 128, 256, 0, true>(m, 4, 4096, 512, reps, sms, bar, b4);
+    // pipelined
     run_case<FX_LINREC_MINGRU, 128, 256, 3>(m, 1, 65536, 256, reps, sms, bar, thin);
     run_case<FX_LINREC_MINGRU, 64, 256, 3>(m, 1, 65536, 256, reps, sms, bar, thin);
     run_case<FX_LINREC_MINGRU, 64, 128, 3>(m, 1, 65536, 256, reps, sms, bar, thin);
