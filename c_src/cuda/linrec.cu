@@ -98,9 +98,6 @@ static int launch_tiles(fx_cuda_device *d, int dev, Single single, Chained chain
     return fx_cuda_launched(d, what, st);
 }
 
-// Candidate g exists for mingru and minlstm only.
-template <int KIND> constexpr bool has_cand() { return KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM; }
-
 // The forward with V channels per lane and G lanes per row: inputs staged
 // in shared memory or held in registers (fwd_stages).
 template <int KIND, typename T, int V, int G, bool CG>

@@ -30,6 +30,9 @@ namespace fxlinrec {
 
 using fxscan::affine;
 
+// Candidate g exists for mingru and minlstm only.
+template <int KIND> constexpr bool has_cand() { return KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM; }
+
 template <int KIND> constexpr int nseq()
 {
     return KIND == FX_LINREC_MINLSTM ? 3 : KIND == FX_LINREC_LIQUID ? 1 : 2;

@@ -167,8 +167,8 @@ void emu_stream(const Args *a, const lr_case &c, Run &&run)
     }
     const stream_tiling s = make_stream_tiling(&a->p, 4, BACKWARD);
     const unsigned blocks = (unsigned)((s.batch * s.columns + kStreamWarps - 1) / kStreamWarps);
-    constexpr bool cg = KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM;
-    const size_t bytes = a->p.candidate_g ? stream_block_bytes<KIND, BACKWARD, cg>()
+    // the launcher's choice of variant (linrec.cu: has_cand && candidate_g)
+    const size_t bytes = a->p.candidate_g ? stream_block_bytes<KIND, BACKWARD, has_cand<KIND>()>()
                                           : stream_block_bytes<KIND, BACKWARD, false>();
     emu_launch(blocks, 32 * kStreamWarps, c.concurrent, [&] { run(s); }, bytes);
 }
