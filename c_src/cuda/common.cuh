@@ -74,6 +74,27 @@ template <> struct fx_elem<__half> {
     __device__ __forceinline__ static __half store(float v) { return __float2half_rn(v); }
 };
 
+// Parameters, states and reduced gradients come in any float type; each
+// is read or written a few times per thread, so a switch on the type is
+// cheaper than more kernels.
+__device__ __forceinline__ float fx_load_any(const void *p, int type, int64_t i)
+{
+    switch (type) {
+    case FX_BF16: return __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i]);
+    case FX_F16: return __half2float(static_cast<const __half *>(p)[i]);
+    default: return static_cast<const float *>(p)[i];
+    }
+}
+
+__device__ __forceinline__ void fx_store_any(void *p, int type, int64_t i, float v)
+{
+    switch (type) {
+    case FX_BF16: static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(v); break;
+    case FX_F16: static_cast<__half *>(p)[i] = __float2half_rn(v); break;
+    default: static_cast<float *>(p)[i] = v; break;
+    }
+}
+
 // Calls `body.template operator()<T>()` with T the storage type of `dtype`.
 // Lets a host launcher instantiate one kernel per dtype without a switch in
 // every family.

@@ -221,16 +221,8 @@ static int backward_as(fx_cuda_device *d, int dev, const fx_linrec_bwd_args *a, 
     else
         rc = backward_cg<KIND, T, false>(d, dev, a, prm, stream, st);
     if (sums) {
-        if (rc == FX_OK) {
-            write_sums<T><<<fx_cuda_grid(d, p->hidden, 256), 256, 0, d->stream>>>(
-                prm.sum_tau, (T *)a->dtau->data, p->hidden, 1);
-            write_sums<T><<<fx_cuda_grid(d, p->hidden, 256), 256, 0, d->stream>>>(
-                prm.sum_lam, (T *)a->dlam->data, p->hidden, 1);
-            if (a->ddt)
-                write_sums<T><<<fx_cuda_grid(d, p->batch * p->seqlen, 256), 256, 0, d->stream>>>(
-                    prm.sum_dt, (T *)a->ddt->data, p->batch * p->seqlen, dt_rows(p, stream, elem));
-            rc = fx_cuda_launched(d, "liquid sums kernel", st);
-        }
+        if (rc == FX_OK)
+            rc = fx_launch_sums(d, liquid_sums(a, prm, stream, elem), "liquid sums kernel", st);
         (void)cudaFreeAsync(sums, d->stream);
     }
     return rc;

@@ -23,6 +23,7 @@
 #include "cuda/common.cuh"
 #include "cuda/scan.cuh"
 #include "cuda/sfu.cuh"
+#include "cuda/sums.cuh"
 #include "cuda/warp_sum.cuh"
 #include "fusex_linrec.h"
 
@@ -1117,7 +1118,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
         // its scheduler. A row's warps (one a column) would hit one address
         // at once with atomics (the Liquid fwd+bwd with a dt tensor took 240
         // us against 137 with a scalar), so each column stores its own row
-        // of sums (dt_rows), which write_sums adds up.
+        // of sums (dt_rows), which fx_write_sums adds up.
         if constexpr (KIND == FX_LINREC_LIQUID) {
             if (dt_sums) {
                 // one sum a lane: step j's (the 32 / K lanes of a step hold the same)
@@ -1138,19 +1139,6 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
                 atomicAdd(p.sum_tau + mine + v, sum_tau[v]);
                 atomicAdd(p.sum_lam + mine + v, sum_lam[v]);
             }
-    }
-}
-
-// out[i] = the sum of the `parts` rows of n partial sums at i.
-template <typename T>
-__global__ void write_sums(const float *__restrict__ sums, T *__restrict__ out, int64_t n, int parts)
-{
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        float sum = 0.f;
-        for (int k = 0; k < parts; k++)
-            sum += sums[k * n + i];
-        out[i] = fx_elem<T>::store(sum);
     }
 }
 
@@ -1421,6 +1409,16 @@ inline int64_t sum_count(const fx_linrec_bwd_args *a, bool stream, int elem_byte
 inline int64_t zeroed_sum_count(const fx_linrec_bwd_args *a, bool stream, int elem_bytes)
 {
     return stream ? 2 * a->p.hidden : sum_count(a, stream, elem_bytes);
+}
+
+// Liquid's sums (make_bwd_params) as written out to dtau, dA and ddt.
+inline fx_sum_regions liquid_sums(const fx_linrec_bwd_args *a, const bwd_params &prm, bool stream, int elem_bytes)
+{
+    fx_sum_regions s = {};
+    s.add(prm.sum_tau, a->dtau, a->p.hidden);
+    s.add(prm.sum_lam, a->dlam, a->p.hidden);
+    s.add(prm.sum_dt, a->ddt, a->p.batch * a->p.seqlen, dt_rows(&a->p, stream, elem_bytes));
+    return s;
 }
 
 inline step_params make_step_params(const fx_linrec_step_args *a)

@@ -62,14 +62,6 @@ int cuda_ssm_step(int dev, const fx_ssm_step_args *a, fx_status *st)
     });
 }
 
-int convert_out(fx_cuda_device *d, const float *src, int64_t n, const fx_tensor *dst, fx_status *st)
-{
-    if (!dst || n == 0)
-        return FX_OK;
-    ssm_convert_kernel<<<fx_cuda_grid(d, n, 256), 256, 0, d->stream>>>(src, n, dst->data, (int)dst->dtype);
-    return fx_cuda_launched(d, "selective_scan_backward convert kernel", st);
-}
-
 template <typename T, class C, bool FAST>
 int launch_backward_kernel(fx_cuda_device *d, const BwdParams &bp, fx_status *st)
 {
@@ -96,11 +88,7 @@ int launch_backward(fx_cuda_device *d, const fx_ssm_bwd_args *a, float *scratch,
         if (rc)
             return rc;
     }
-    if (convert_out(d, bp.acc_db, sz.n_bc, a->db, st) || convert_out(d, bp.acc_dc, sz.n_bc, a->dc, st) ||
-        convert_out(d, bp.acc_da, sz.n_a, a->da, st) || convert_out(d, bp.acc_dd, sz.n_d, a->dd, st) ||
-        convert_out(d, bp.acc_dbias, sz.n_d, a->ddt_bias, st))
-        return st->code;
-    return FX_OK;
+    return fx_launch_sums(d, bwd_sums(a, bp, sz), "selective_scan_backward sums kernel", st);
 }
 
 int cuda_ssm_backward(int dev, const fx_ssm_bwd_args *a, fx_status *st)

@@ -27,6 +27,7 @@
 #include "cuda/async_copy.cuh"
 #include "cuda/common.cuh"
 #include "cuda/sfu.cuh"
+#include "cuda/sums.cuh"
 #include "cuda/warp_sum.cuh"
 #include "fusex_ssm.h"
 
@@ -122,26 +123,6 @@ __device__ __forceinline__ float silu_grad(float z)
 {
     float s = sigmoid(z);
     return s * (1.0f + z * (1.0f - s));
-}
-
-// Parameters and states come in any float type; they are read a few
-// times per thread, so a switch on the type is cheaper than more kernels.
-__device__ __forceinline__ float load_any(const void *p, int type, int64_t i)
-{
-    switch (type) {
-    case FX_BF16: return __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i]);
-    case FX_F16: return __half2float(static_cast<const __half *>(p)[i]);
-    default: return static_cast<const float *>(p)[i];
-    }
-}
-
-__device__ __forceinline__ void store_any(void *p, int type, int64_t i, float v)
-{
-    switch (type) {
-    case FX_BF16: static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(v); break;
-    case FX_F16: static_cast<__half *>(p)[i] = __float2half_rn(v); break;
-    default: static_cast<float *>(p)[i] = v; break;
-    }
 }
 
 template <typename T> __device__ __forceinline__ float ld(const void *p, int64_t i)
@@ -486,8 +467,8 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
 #pragma unroll
         for (int v = 0; v < CV; v++) {
             const bool cok = c0 + v < t.nvalid;
-            bias[v] = cok && p.dt_bias ? load_any(p.dt_bias, p.bias_type, t.d0 + c0 + v) : 0.0f;
-            dskip[v] = cok && p.d ? load_any(p.d, p.d_type, t.d0 + c0 + v) : 0.0f;
+            bias[v] = cok && p.dt_bias ? fx_load_any(p.dt_bias, p.bias_type, t.d0 + c0 + v) : 0.0f;
+            dskip[v] = cok && p.d ? fx_load_any(p.d, p.d_type, t.d0 + c0 + v) : 0.0f;
         }
 #pragma unroll
         for (int k = 0; k < NP; k++)
@@ -760,8 +741,8 @@ __global__ void __launch_bounds__(kFwdMaxThreads, U::MINB) ssm_fwd_kernel(const 
     for (int i = 0; i < NPL; i++) {
         const int n = q * NPL + i;
         const bool nok = ok && n < p.dstate;
-        a2[i] = nok ? load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * fx_log2e : 0.0f;
-        h[i] = nok && p.h0 ? load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
+        a2[i] = nok ? fx_load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * fx_log2e : 0.0f;
+        h[i] = nok && p.h0 ? fx_load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
     }
 
     FwdStage<T, C, U, FAST> stage(p, tile, lane);
@@ -810,16 +791,16 @@ __global__ void __launch_bounds__(kThreads) ssm_step_kernel(const StepParams p)
     const int b = ok ? (int)(ch / p.dim) : 0, d = ok ? (int)(ch % p.dim) : 0;
     const int64_t row = ((int64_t)b * p.groups + d / p.cpg) * p.dstate;
     const float x = ok ? ld<T>(p.x, ch) : 0.0f;
-    const float u = ok ? ld<T>(p.dt, ch) + (p.dt_bias ? load_any(p.dt_bias, p.bias_type, d) : 0.0f) : 0.0f;
+    const float u = ok ? ld<T>(p.dt, ch) + (p.dt_bias ? fx_load_any(p.dt_bias, p.bias_type, d) : 0.0f) : 0.0f;
     const float zv = ok && p.z ? ld<T>(p.z, ch) : 0.0f;
-    const float dskip = ok && p.d ? load_any(p.d, p.d_type, d) : 0.0f;
+    const float dskip = ok && p.d ? fx_load_any(p.d, p.d_type, d) : 0.0f;
     float h[NPL], a2[NPL], bv[NPL], cv[NPL];
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
         const int n = q * NPL + i;
         const bool nok = ok && n < p.dstate;
         h[i] = nok ? p.state[ch * p.dstate + n] : 0.0f;
-        a2[i] = nok ? load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * fx_log2e : 0.0f;
+        a2[i] = nok ? fx_load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * fx_log2e : 0.0f;
         bv[i] = nok ? ld<T>(p.b, row + n) : 0.0f;
         cv[i] = nok ? ld<T>(p.c, row + n) : 0.0f;
     }
@@ -915,8 +896,8 @@ template <typename T, class C, bool FAST> struct BwdStage {
         r0 = lane / C::WCH;
         cs_ok = cs < t.nvalid;
         ds = t.d0 + cs;
-        bias = cs_ok && p.dt_bias ? load_any(p.dt_bias, p.bias_type, ds) : 0.0f;
-        dskip = cs_ok && p.d ? load_any(p.d, p.d_type, ds) : 0.0f;
+        bias = cs_ok && p.dt_bias ? fx_load_any(p.dt_bias, p.bias_type, ds) : 0.0f;
+        dskip = cs_ok && p.d ? fx_load_any(p.d, p.d_type, ds) : 0.0f;
     }
 
     __device__ __forceinline__ bool row_ok(const ScanParams &p, int t0, int k) const
@@ -1099,9 +1080,9 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
     for (int i = 0; i < NPL; i++) {
         const int n = q * NPL + i;
         const bool nok = ok && n < p.dstate;
-        a2[i] = nok ? load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * fx_log2e : 0.0f;
+        a2[i] = nok ? fx_load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * fx_log2e : 0.0f;
         // dL/dh entering the last step from after it: the final state's gradient
-        gs[i] = nok && bp.dstate ? load_any(bp.dstate, bp.dstate_type, at_state(p, tile.b, d) + n) : 0.0f;
+        gs[i] = nok && bp.dstate ? fx_load_any(bp.dstate, bp.dstate_type, at_state(p, tile.b, d) + n) : 0.0f;
         sum_a[i] = 0.0;
     }
     double sum_d = 0.0, sum_bias = 0.0;
@@ -1114,7 +1095,7 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
             const int n = q * NPL + i;
             const bool nok = ok && n < p.dstate;
             if (k == 0)
-                h[i] = nok && p.h0 ? load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
+                h[i] = nok && p.h0 ? fx_load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
             else
                 h[i] = nok ? p.saved[(((int64_t)tile.b * p.nsaved + k - 1) * p.dim + d) * p.dstate + n] : 0.0f;
         }
@@ -1265,7 +1246,7 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
                 continue;
             atomicAdd(bp.acc_da + (int64_t)d * p.dstate + n, (float)sum_a[i]);
             if (bp.dh0) // after step 0, gs is dL/dh0
-                store_any(bp.dh0, bp.dh0_type, at_state(p, tile.b, d) + n, gs[i]);
+                fx_store_any(bp.dh0, bp.dh0_type, at_state(p, tile.b, d) + n, gs[i]);
         }
     }
     // dd and ddt_bias: the lanes of one staging channel hold its rows' sums
@@ -1281,14 +1262,6 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
         if (p.dt_bias)
             atomicAdd(bp.acc_dbias + stage.ds, fb);
     }
-}
-
-// f32 sums to a gradient's type.
-__global__ void ssm_convert_kernel(const float *__restrict__ src, int64_t n, void *dst, int type)
-{
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        store_any(dst, type, i, src[i]);
 }
 
 // ---- host side: parameters from the argument structs ----
@@ -1426,6 +1399,18 @@ inline BwdParams bwd_params(const fx_ssm_bwd_args *a, float *scratch, const BwdS
     bp.acc_dd = bp.acc_da + sz.n_a;
     bp.acc_dbias = bp.acc_dd + sz.n_d;
     return bp;
+}
+
+// The f32 sums of bwd_params, as written out to the gradients asked for.
+inline fx_sum_regions bwd_sums(const fx_ssm_bwd_args *a, const BwdParams &bp, const BwdScratch &sz)
+{
+    fx_sum_regions s = {};
+    s.add(bp.acc_db, a->db, sz.n_bc);
+    s.add(bp.acc_dc, a->dc, sz.n_bc);
+    s.add(bp.acc_da, a->da, sz.n_a);
+    s.add(bp.acc_dd, a->dd, sz.n_d);
+    s.add(bp.acc_dbias, a->ddt_bias, sz.n_d);
+    return s;
 }
 
 } // namespace fx_ssm

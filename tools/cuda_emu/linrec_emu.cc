@@ -240,13 +240,8 @@ template <int KIND> void emu_backward(const fx_linrec_bwd_args *a, const lr_case
     else
         emu_backward_with<KIND, 1, 32>(a, prm, c);
     if (KIND == FX_LINREC_LIQUID) {
-        emu_launch(2, 64, 2, [&] { write_sums<float>(prm.sum_tau, (float *)a->dtau->data, a->p.hidden, 1); });
-        emu_launch(2, 64, 2, [&] { write_sums<float>(prm.sum_lam, (float *)a->dlam->data, a->p.hidden, 1); });
-        if (a->ddt)
-            emu_launch(3, 32, 3, [&] {
-                write_sums<float>(prm.sum_dt, (float *)a->ddt->data, a->p.batch * a->p.seqlen,
-                                  dt_rows(&a->p, c.stream, 4));
-            });
+        const fx_sum_regions s = liquid_sums(a, prm, c.stream, 4);
+        emu_launch(3, 32, 3, [&] { fx_write_sums<>(s); });
     }
 }
 

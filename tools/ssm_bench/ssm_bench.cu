@@ -288,12 +288,7 @@ struct Grads {
     }
 };
 
-static void convert(const float *src, int64_t n, const fx_tensor &dst)
-{
-    ssm_convert_kernel<<<264, 256, 0, g_stream>>>(src, n, dst.data, (int)dst.dtype);
-}
-
-// As launch_backward in ssm.cu: zero the sums, the kernel, the conversions.
+// As launch_backward in ssm.cu: zero the sums, the kernel, the sums written out.
 template <typename T> static void launch_bwd(Grads &g, bool kernel_only = false)
 {
     typedef Cfg<4, 4> C;
@@ -310,8 +305,8 @@ template <typename T> static void launch_bwd(Grads &g, bool kernel_only = false)
         ssm_bwd_kernel<T, C, false><<<(unsigned)grid_of(bp.f), C::BW * 32, smem, g_stream>>>(bp);
     }
     if (!kernel_only) {
-        convert(bp.acc_db, sz.n_bc, g.db), convert(bp.acc_dc, sz.n_bc, g.dc), convert(bp.acc_da, sz.n_a, g.da);
-        convert(bp.acc_dd, sz.n_d, g.dd), convert(bp.acc_dbias, sz.n_d, g.dbias);
+        const fx_sum_regions sums = bwd_sums(&g.args, bp, sz);
+        fx_write_sums<><<<264, 256, 0, g_stream>>>(sums);
     }
 }
 
@@ -418,7 +413,7 @@ int main(int argc, char **argv)
         big.args.saved = &big.saved;
         launch_fwd<float>(&big.args); // the states the backward starts from
         big.args.saved = nullptr;
-        row("bwd (memset, kernel, converts)", big, time_us([&] { launch_bwd<float>(g); }, 10), 0);
+        row("bwd (memset, kernel, sums out)", big, time_us([&] { launch_bwd<float>(g); }, 10), 0);
         row("bwd kernel alone", big, time_us([&] { launch_bwd<float>(g, true); }, 10), 0);
         row("fwd+bwd", big, time_us([&] {
             big.args.saved = &big.saved;

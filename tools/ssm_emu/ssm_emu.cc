@@ -79,10 +79,11 @@ int emu_step(int, const fx_ssm_step_args *a, fx_status *st)
     });
 }
 
-void convert_out(const float *src, int64_t n, const fx_tensor *dst)
+// Runs fx_write_sums as the launcher does: one grid over every region.
+void write_sums(const fx_sum_regions &s)
 {
-    for (int64_t i = 0; dst && i < n; i++)
-        store_any(dst->data, dst->dtype, i, src[i]);
+    if (s.total > 0)
+        launch(4, 64, 0, [&] { fx_write_sums<>(s); });
 }
 
 int emu_backward(int, const fx_ssm_bwd_args *a, fx_status *st)
@@ -102,11 +103,7 @@ int emu_backward(int, const fx_ssm_bwd_args *a, fx_status *st)
                 launch(grid_of(bp.f), C::BW * 32, BwdSmem<T, C>::BYTES, [&] { ssm_bwd_kernel<T, C, true>(bp); });
             else
                 launch(grid_of(bp.f), C::BW * 32, BwdSmem<T, C>::BYTES, [&] { ssm_bwd_kernel<T, C, false>(bp); });
-            convert_out(bp.acc_db, sz.n_bc, a->db);
-            convert_out(bp.acc_dc, sz.n_bc, a->dc);
-            convert_out(bp.acc_da, sz.n_a, a->da);
-            convert_out(bp.acc_dd, sz.n_d, a->dd);
-            convert_out(bp.acc_dbias, sz.n_d, a->ddt_bias);
+            write_sums(bwd_sums(a, bp, sz));
             return (int)FX_OK;
         });
     });

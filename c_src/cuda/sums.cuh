@@ -1,0 +1,72 @@
+// Gradients reduced over batch and time (the selective scan's da, db, dc,
+// dd, ddt_bias; Liquid's dtau, dA and dt tensor) are summed by atomics or
+// rows of partial sums into f32 scratch, then written to the callers'
+// tensors, of any float type. One launch writes them all: a launch per
+// gradient cost ~3 us of GPU time each, more than the writing itself.
+// Compiled for the CPU emulators too (no CUDA API call outside
+// __CUDACC__).
+#ifndef FX_CUDA_SUMS_CUH
+#define FX_CUDA_SUMS_CUH
+
+#include "cuda/common.cuh"
+
+// dst[i] = the sum of the `parts` rows of n floats of src at i, i < n.
+struct fx_sum_region {
+    const float *src;
+    void *dst;
+    int64_t n;
+    int parts;
+    int type; // dst's fx_dtype
+};
+
+struct fx_sum_regions {
+    static constexpr int kMax = 5;
+    fx_sum_region r[kMax];
+    int count;
+    int64_t total; // elements over all regions
+
+    // A gradient not asked for (dst NULL) or empty adds nothing.
+    void add(const float *src, const fx_tensor *dst, int64_t n, int parts = 1)
+    {
+        if (!dst || n == 0)
+            return;
+        r[count++] = fx_sum_region{src, dst->data, n, parts, (int)dst->dtype};
+        total += n;
+    }
+};
+
+// One grid-stride loop over the regions laid end to end; the region of an
+// index is found by a walk over at most kMax (unrolled, so the parameters
+// are read at constant offsets). A template only so that every file that
+// launches it may hold a copy (a __global__ function cannot be inline).
+template <int = 0> __global__ void fx_write_sums(const fx_sum_regions s)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < s.total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t j = i;
+#pragma unroll
+        for (int k = 0; k < fx_sum_regions::kMax; k++) {
+            if (k < s.count && j < s.r[k].n) {
+                const fx_sum_region &r = s.r[k];
+                float sum = 0.f;
+                for (int q = 0; q < r.parts; q++)
+                    sum += r.src[q * r.n + j];
+                fx_store_any(r.dst, r.type, j, sum);
+                break;
+            }
+            j -= s.r[k].n;
+        }
+    }
+}
+
+#ifdef __CUDACC__
+static inline int fx_launch_sums(fx_cuda_device *d, const fx_sum_regions &s, const char *what, fx_status *st)
+{
+    if (s.total == 0)
+        return FX_OK;
+    fx_write_sums<><<<fx_cuda_grid(d, s.total, 256), 256, 0, d->stream>>>(s);
+    return fx_cuda_launched(d, what, st);
+}
+#endif
+
+#endif
