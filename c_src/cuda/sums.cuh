@@ -2,7 +2,8 @@
 // dd, ddt_bias; Liquid's dtau, dA and dt tensor) are summed by atomics or
 // rows of partial sums into f32 scratch, then written to the callers'
 // tensors, of any float type. One launch writes them all: a launch per
-// gradient cost ~3 us of GPU time each, more than the writing itself.
+// gradient cost 1.2-2 us of GPU time each on an H200, more than the
+// writing itself (bench/RESULTS.md).
 // Compiled for the CPU emulators too (no CUDA API call outside
 // __CUDACC__).
 #ifndef FX_CUDA_SUMS_CUH
