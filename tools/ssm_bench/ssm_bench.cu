@@ -18,6 +18,9 @@
 #include <vector>
 
 #include "cuda/ssm_kernels.cuh"
+#ifdef SSM_WS // the warp-specialized forward prototype
+#include "ws_kernel.cuh"
+#endif
 #ifdef SSM_BASELINE // a copy of an earlier ssm_kernels.cuh in namespace fx_ssm_base
 #include "baseline_kernels.cuh"
 #endif
@@ -175,6 +178,22 @@ template <typename T> static void launch_fwd_base(const fx_ssm_fwd_args *a)
 }
 #endif
 
+#ifdef SSM_WS
+template <typename T> static void launch_ws(const fx_ssm_fwd_args *a)
+{
+    ScanParams p = scan_params(a, ws::CH);
+    p.y = a->y->data;
+    p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
+    if (!ws::fits<T>(p)) {
+        fprintf(stderr, "ws: the prototype does not take this shape\n");
+        exit(1);
+    }
+    CUDA_CHECK(cudaFuncSetAttribute(ws::fwd_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)ws::Smem<T>::BYTES));
+    ws::fwd_kernel<T><<<(unsigned)p.units, ws::THREADS, ws::Smem<T>::BYTES, g_stream>>>(p);
+}
+#endif
+
 // rel-L2 distance of two outputs of the input type (on the host).
 static double rel_l2(const fx_tensor &a, const fx_tensor &b)
 {
@@ -243,6 +262,11 @@ static std::vector<Variant> variants()
     v.push_back(variant_cfg<FwdTune<1, 0, 16, 1>, Cfg<1, 16>>("1 x 16, LOOK 1, no fence, T16"));
     v.push_back(variant_cfg<FwdTune<2, 1, 8, 1>, Cfg<1, 16>>("1 x 16, LOOK 2, fence, T8"));
     v.push_back(variant_cfg<FwdTune<2, 1, 16, 2>, Cfg<2, 8>>("2 x 8, LOOK 2, fence, T16"));
+#endif
+#ifdef SSM_WS
+    v.push_back(Variant{"warp-specialized: 4 scan + 2 staging warps, 32 channels", launch_ws<float>,
+                        launch_ws<__nv_bfloat16>});
+    v.push_back(variant<FwdDefault>("default again"));
 #endif
 #ifdef SSM_SHORT // shorter chunks: a shorter first load and commit for short sequences
     v.push_back(variant<FwdTune<2, 1, 8>>("T8, LOOK 2, fence"));
