@@ -25,23 +25,29 @@ namespace ws {
 
 using namespace fx_ssm;
 
-constexpr int CH = 32, N = 16, TS = 16, SW = 4, PW = 2, THREADS = 32 * (SW + PW);
-constexpr int R = 4;       // raw buffers: chunks j .. j + 3
+constexpr int CH = 32, N = 16, TS = 16, SW = 4;
+constexpr int R = 4;            // raw buffers: chunks j .. j + 3
 constexpr int DDS = 2 * TS + 2; // (delta, delta x) row of a channel, floats
 constexpr int LOOK = 2;
 
 template <typename T> struct Smem {
     // in floats; raw regions hold T
+    static constexpr bool F32 = sizeof(T) == 4;
     static constexpr int RAWX = TS * CH * (int)sizeof(T) / 4; // one raw x (dt, z) chunk
     static constexpr int RAWB = TS * N * (int)sizeof(T) / 4;  // one raw b (c) chunk
     static constexpr int RAW = 3 * RAWX + 2 * RAWB;           // one chunk's raw inputs
-    static constexpr int BC = 0;                              // f32 b, c [2][2][TS][N]
-    static constexpr int DD = BC + 2 * 2 * TS * N;            // [2][CH][DDS]
+    static constexpr int BC = 0;                              // 16-bit inputs: f32 b, c [2][2][TS][N]
+    static constexpr int DD = BC + (F32 ? 0 : 2 * 2 * TS * N); // [2][CH][DDS]
     static constexpr int P = DD + 2 * CH * DDS;               // parts of y [2][SW][TS][CH]
     static constexpr int RAWS = P + 2 * SW * TS * CH;         // raw inputs [R][RAW]
-    static constexpr int PAD = RAWS + R * RAW; // the scan warps' clock words
+    static constexpr int PAD = RAWS + R * RAW;                // the scan warps' clock words
     static constexpr int WORDS = PAD + SW;
     static constexpr size_t BYTES = sizeof(float) * WORDS;
+    // where the scan reads chunk j's b (c: + TS * N floats)
+    __device__ static const float *b_rows(const float *sm, int j)
+    {
+        return F32 ? sm + RAWS + (j % R) * RAW + 3 * RAWX : sm + BC + (j % 2) * 2 * TS * N;
+    }
 };
 
 template <typename T> inline bool fits(const ScanParams &p)
@@ -52,89 +58,130 @@ template <typename T> inline bool fits(const ScanParams &p)
            aligned(p.b) && aligned(p.c) && aligned(p.y) && !p.saved;
 }
 
-template <typename T> struct Staging {
+// Staging warp k of PW owns the rows r = k (mod PW) of every chunk; a lane
+// takes 4 consecutive channels (c0 ..) of rows k + PW (ri + 4 pass).
+template <typename T, int PW> struct Staging {
     using S = Smem<T>;
-    static constexpr int EPU = 16 / (int)sizeof(T);       // elements a 16-byte copy
-    static constexpr int XU = CH / EPU, BU = N / EPU;      // copies a row of x, of b
-    int lane, par; // rows of parity par
+    static constexpr int EPU = 16 / (int)sizeof(T);  // elements a 16-byte copy
+    static constexpr int XU = CH / EPU, BU = N / EPU; // copies a row of x, of b
+    static constexpr int ROWS = TS / PW, PASSES = ROWS / 4;
+    static_assert(TS % (4 * PW) == 0, "whole passes of 4 rows");
+    int lane, k, ri, c0;
     Tile t;
+    float bias[4], dskip[4];
 
-    __device__ Staging(const Tile &t_, int lane_, int par_) : lane(lane_), par(par_), t(t_) {}
+    __device__ Staging(const ScanParams &p, const Tile &t_, int lane_, int k_) : lane(lane_), k(k_), t(t_)
+    {
+        ri = lane / 8, c0 = 4 * (lane % 8);
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            bias[v] = p.dt_bias ? fx_load_any(p.dt_bias, p.bias_type, t.d0 + c0 + v) : 0.0f;
+            dskip[v] = p.d ? fx_load_any(p.d, p.d_type, t.d0 + c0 + v) : 0.0f;
+        }
+    }
+    __device__ __forceinline__ int row(int pass) const { return k + PW * (ri + 4 * pass); }
 
-    // The copies of chunk j's rows of parity par into raw buffer j % R.
+    // The copies of chunk j's rows of this warp into raw buffer j % R.
     __device__ __forceinline__ void load(const ScanParams &p, int j, float *sm)
     {
         float *raw = sm + S::RAWS + (j % R) * S::RAW;
         const int t0 = j * TS;
-        // x, dt, z: TS / 2 rows x XU copies each
-        for (int u = lane; u < TS / 2 * XU; u += 32) {
-            const int r = 2 * (u / XU) + par, k = u % XU, row = t0 + r;
-            const bool ok = row < p.seqlen;
-            const int64_t at = ok ? at_btd(p, t.b, row, t.d0) + k * EPU : 0;
-            const void *src[3] = {p.x, p.dt, p.z};
 #pragma unroll
-            for (int m = 0; m < 3; m++)
-                if (src[m])
-                    fx_copy_async<16>(reinterpret_cast<T *>(raw + m * S::RAWX) + r * CH + k * EPU,
-                                      static_cast<const T *>(src[m]) + at, ok);
+        for (int u0 = 0; u0 < ROWS * XU; u0 += 32) {
+            const int u = u0 + lane;
+            if ((ROWS * XU) % 32 == 0 || u < ROWS * XU) {
+                const int r = k + PW * (u / XU), q = u % XU, rw = t0 + r;
+                const bool ok = rw < p.seqlen;
+                const int64_t at = ok ? at_btd(p, t.b, rw, t.d0) + q * EPU : 0;
+                const void *src[3] = {p.x, p.dt, p.z};
+#pragma unroll
+                for (int m = 0; m < 3; m++)
+                    if (src[m])
+                        fx_copy_async<16>(reinterpret_cast<T *>(raw + m * S::RAWX) + r * CH + q * EPU,
+                                          static_cast<const T *>(src[m]) + at, ok);
+            }
         }
-        for (int u = lane; u < TS / 2 * BU; u += 32) {
-            const int r = 2 * (u / BU) + par, k = u % BU, row = t0 + r;
-            const bool ok = row < p.seqlen;
-            const int64_t at = ok ? at_btg(p, t.b, row, t.g) + k * EPU : 0;
-            fx_copy_async<16>(reinterpret_cast<T *>(raw + 3 * S::RAWX) + r * N + k * EPU,
-                              static_cast<const T *>(p.b) + at, ok);
-            fx_copy_async<16>(reinterpret_cast<T *>(raw + 3 * S::RAWX + S::RAWB) + r * N + k * EPU,
-                              static_cast<const T *>(p.c) + at, ok);
+#pragma unroll
+        for (int u0 = 0; u0 < ROWS * BU; u0 += 32) {
+            const int u = u0 + lane;
+            if ((ROWS * BU) % 32 == 0 || u < ROWS * BU) {
+                const int r = k + PW * (u / BU), q = u % BU, rw = t0 + r;
+                const bool ok = rw < p.seqlen;
+                const int64_t at = ok ? at_btg(p, t.b, rw, t.g) + q * EPU : 0;
+                fx_copy_async<16>(reinterpret_cast<T *>(raw + 3 * S::RAWX) + r * N + q * EPU,
+                                  static_cast<const T *>(p.b) + at, ok);
+                fx_copy_async<16>(reinterpret_cast<T *>(raw + 3 * S::RAWX + S::RAWB) + r * N + q * EPU,
+                                  static_cast<const T *>(p.c) + at, ok);
+            }
         }
         fx_copy_commit();
     }
 
-    // Chunk j's (delta, delta x) and f32 b, c of this warp's rows.
-    __device__ __forceinline__ void commit(const ScanParams &p, int j, float *sm, float bias)
+    // Chunk j's (delta, delta x) of this warp's rows (and f32 b, c for 16-bit inputs).
+    __device__ __forceinline__ void commit(const ScanParams &p, int j, float *sm)
     {
         const float *raw = sm + S::RAWS + (j % R) * S::RAW;
         const T *rx = reinterpret_cast<const T *>(raw), *rdt = reinterpret_cast<const T *>(raw + S::RAWX);
-        float *dd = sm + S::DD + (j % 2) * CH * DDS + lane * DDS;
+        float *dd = sm + S::DD + (j % 2) * CH * DDS + c0 * DDS;
         const int rows = p.seqlen - j * TS;
 #pragma unroll
-        for (int k = 0; k < TS / 2; k++) {
-            const int r = 2 * k + par;
-            float u = fx_elem<T>::load(rdt[r * CH + lane]) + bias;
-            const float delta = r < rows ? (p.softplus ? softplus(u) : u) : 0.0f;
-            *reinterpret_cast<float2 *>(dd + 2 * r) =
-                make_float2(delta, delta * fx_elem<T>::load(rx[r * CH + lane]));
-        }
-        const T *rb = reinterpret_cast<const T *>(raw + 3 * S::RAWX);
-        float *bc = sm + S::BC + (j % 2) * 2 * TS * N;
+        for (int ps = 0; ps < PASSES; ps++) {
+            const int r = row(ps);
+            float u[4], x[4];
+            ld_vec<T, 4>(u, rdt + r * CH + c0);
+            ld_vec<T, 4>(x, rx + r * CH + c0);
 #pragma unroll
-        for (int k = 0; k < 2 * TS / 2 * N / 32; k++) { // b then c, this warp's rows
-            const int e = k * 32 + lane, which = e / (TS / 2 * N), f = e % (TS / 2 * N);
-            const int r = 2 * (f / N) + par, n = f % N;
-            bc[which * TS * N + r * N + n] = fx_elem<T>::load(rb[which * TS * N + r * N + n]);
+            for (int v = 0; v < 4; v++) {
+                const float uv = u[v] + bias[v];
+                const float delta = r < rows ? (p.softplus ? softplus(uv) : uv) : 0.0f;
+                *reinterpret_cast<float2 *>(dd + v * DDS + 2 * r) = make_float2(delta, delta * x[v]);
+            }
+        }
+        if constexpr (!S::F32) {
+            const T *rb = reinterpret_cast<const T *>(raw + 3 * S::RAWX);
+            float *bc = sm + S::BC + (j % 2) * 2 * TS * N;
+            // this warp's rows of b and c: 2 x ROWS x N values, 4 a lane and pass
+#pragma unroll
+            for (int e0 = 0; e0 < 2 * ROWS * N / 4; e0 += 32) {
+                const int e = e0 + lane;
+                if ((2 * ROWS * N / 4) % 32 == 0 || e < 2 * ROWS * N / 4) {
+                    const int which = e / (ROWS * N / 4), f = e % (ROWS * N / 4);
+                    const int r = k + PW * (f / (N / 4)), n = 4 * (f % (N / 4));
+                    float v4[4];
+                    ld_vec<T, 4>(v4, rb + which * TS * N + r * N + n);
+                    *reinterpret_cast<float4 *>(bc + which * TS * N + r * N + n) = make_float4(v4[0], v4[1], v4[2], v4[3]);
+                }
+            }
         }
     }
 
     // y of chunk j's rows of this warp.
-    __device__ __forceinline__ void epilogue(const ScanParams &p, int j, const float *sm, float dskip)
+    __device__ __forceinline__ void epilogue(const ScanParams &p, int j, const float *sm)
     {
         const float *raw = sm + S::RAWS + (j % R) * S::RAW;
         const T *rx = reinterpret_cast<const T *>(raw), *rz = reinterpret_cast<const T *>(raw + 2 * S::RAWX);
-        const float *parts = sm + S::P + (j % 2) * SW * TS * CH;
+        const float *parts = sm + S::P + (j % 2) * SW * TS * CH + c0;
         const int rows = p.seqlen - j * TS;
-        T *y = static_cast<T *>(p.y) + at_btd(p, t.b, j * TS, t.d0) + lane;
+        T *y = static_cast<T *>(p.y) + at_btd(p, t.b, j * TS, t.d0) + c0;
 #pragma unroll
-        for (int k = 0; k < TS / 2; k++) {
-            const int r = 2 * k + par;
+        for (int ps = 0; ps < PASSES; ps++) {
+            const int r = row(ps);
             if (r < rows) {
-                float sum = 0.0f;
+                float4 sum = *reinterpret_cast<const float4 *>(parts + r * CH);
 #pragma unroll
-                for (int w = 0; w < SW; w++)
-                    sum += parts[(w * TS + r) * CH + lane];
-                float v = sum + dskip * fx_elem<T>::load(rx[r * CH + lane]);
+                for (int w = 1; w < SW; w++) {
+                    const float4 q = *reinterpret_cast<const float4 *>(parts + (w * TS + r) * CH);
+                    sum.x += q.x, sum.y += q.y, sum.z += q.z, sum.w += q.w;
+                }
+                float x[4], zv[4], out[4];
+                const float s4[4] = {sum.x, sum.y, sum.z, sum.w};
+                ld_vec<T, 4>(x, rx + r * CH + c0);
                 if (p.z)
-                    v *= silu(fx_elem<T>::load(rz[r * CH + lane]));
-                y[(int64_t)r * p.dim] = fx_elem<T>::store(v);
+                    ld_vec<T, 4>(zv, rz + r * CH + c0);
+#pragma unroll
+                for (int v = 0; v < 4; v++)
+                    out[v] = (s4[v] + dskip[v] * x[v]) * (p.z ? silu(zv[v]) : 1.0f);
+                st_vec<T, 4>(y + (int64_t)r * p.dim, out);
             }
         }
     }
@@ -147,7 +194,7 @@ __device__ __forceinline__ void scan_chunk(int j, int w, int lane, float (&h)[4]
 {
     using S = Smem<T>;
     const float *dd_row = sm + S::DD + (j % 2) * CH * DDS + lane * DDS;
-    const float *b_rows = sm + S::BC + (j % 2) * 2 * TS * N + 4 * w, *c_rows = b_rows + TS * N;
+    const float *b_rows = S::b_rows(sm, j) + 4 * w, *c_rows = b_rows + TS * N;
     float *parts = sm + S::P + (j % 2) * SW * TS * CH + w * TS * CH + lane;
     float2 dd[TS];
     float4 bv[TS], cv[TS];
@@ -184,14 +231,15 @@ __device__ __forceinline__ void scan_chunk(int j, int w, int lane, float (&h)[4]
     }
 }
 
-template <typename T> __global__ void __launch_bounds__(THREADS, 3) fwd_kernel(const ScanParams p)
+template <typename T, int PW> __global__ void __launch_bounds__(32 * (SW + PW), 3) fwd_kernel(const ScanParams p)
 {
     using S = Smem<T>;
     float *sm = block_smem();
     const Tile t = tile_at(p, blockIdx.x, CH);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, d = t.d0 + lane;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int chunks = (p.seqlen + TS - 1) / TS;
     if (warp < SW) {
+        const int d = t.d0 + lane;
         float a2[4], h[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -212,9 +260,7 @@ template <typename T> __global__ void __launch_bounds__(THREADS, 3) fwd_kernel(c
         if (lane == 0) // keeps the fences' clock reads
             reinterpret_cast<unsigned *>(sm)[S::PAD + warp] = clocks;
     } else {
-        Staging<T> st(t, lane, warp - SW);
-        const float bias = p.dt_bias ? fx_load_any(p.dt_bias, p.bias_type, d) : 0.0f;
-        const float dskip = p.d ? fx_load_any(p.d, p.d_type, d) : 0.0f;
+        Staging<T, PW> st(p, t, lane, warp - SW);
 #pragma unroll
         for (int j = 0; j < R - 1; j++)
             if (j < chunks)
@@ -224,15 +270,15 @@ template <typename T> __global__ void __launch_bounds__(THREADS, 3) fwd_kernel(c
         fx_copy_wait<R - 2>(); // chunk 0's
         __syncwarp();
         if (chunks > 0)
-            st.commit(p, 0, sm, bias);
+            st.commit(p, 0, sm);
         __syncthreads();
         for (int j = 0; j < chunks; j++) {
             if (j > 0)
-                st.epilogue(p, j - 1, sm, dskip);
+                st.epilogue(p, j - 1, sm);
             if (j + 1 < chunks) {
                 fx_copy_wait<R - 3>(); // chunk j + 1's
                 __syncwarp();
-                st.commit(p, j + 1, sm, bias);
+                st.commit(p, j + 1, sm);
             }
             __syncwarp(); // chunk j - 1's raw rows read: reused by chunk j + 3
             if (j + R - 1 < chunks)
@@ -242,7 +288,7 @@ template <typename T> __global__ void __launch_bounds__(THREADS, 3) fwd_kernel(c
             __syncthreads();
         }
         if (chunks > 0)
-            st.epilogue(p, chunks - 1, sm, dskip);
+            st.epilogue(p, chunks - 1, sm);
     }
 }
 
