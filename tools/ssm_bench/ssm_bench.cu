@@ -179,7 +179,7 @@ template <typename T> static void launch_fwd_base(const fx_ssm_fwd_args *a)
 #endif
 
 #ifdef SSM_WS
-template <typename T, int PW> static void launch_ws(const fx_ssm_fwd_args *a)
+template <typename T, class U> static void launch_ws(const fx_ssm_fwd_args *a)
 {
     ScanParams p = scan_params(a, ws::CH);
     p.y = a->y->data;
@@ -188,9 +188,9 @@ template <typename T, int PW> static void launch_ws(const fx_ssm_fwd_args *a)
         fprintf(stderr, "ws: the prototype does not take this shape\n");
         exit(1);
     }
-    CUDA_CHECK(cudaFuncSetAttribute(ws::fwd_kernel<T, PW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(ws::fwd_kernel<T, U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)ws::Smem<T>::BYTES));
-    ws::fwd_kernel<T, PW><<<(unsigned)p.units, 32 * (ws::SW + PW), ws::Smem<T>::BYTES, g_stream>>>(p);
+    ws::fwd_kernel<T, U><<<(unsigned)p.units, 32 * (ws::SW + U::PW), ws::Smem<T>::BYTES, g_stream>>>(p);
 }
 #endif
 
@@ -264,10 +264,16 @@ static std::vector<Variant> variants()
     v.push_back(variant_cfg<FwdTune<2, 1, 16, 2>, Cfg<2, 8>>("2 x 8, LOOK 2, fence, T16"));
 #endif
 #ifdef SSM_WS
-    v.push_back(Variant{"warp-specialized: 4 scan + 2 staging warps", launch_ws<float, 2>,
-                        launch_ws<__nv_bfloat16, 2>});
-    v.push_back(Variant{"warp-specialized: 4 scan + 4 staging warps", launch_ws<float, 4>,
-                        launch_ws<__nv_bfloat16, 4>});
+    v.push_back(Variant{"ws: 4 scan + 2 staging warps", launch_ws<float, ws::Tune<2>>,
+                        launch_ws<__nv_bfloat16, ws::Tune<2>>});
+    v.push_back(Variant{"ws: 4 + 4, LOOK 2, fence", launch_ws<float, ws::Tune<4>>,
+                        launch_ws<__nv_bfloat16, ws::Tune<4>>});
+    v.push_back(Variant{"ws: 4 + 4, LOOK 2, no fence", launch_ws<float, ws::Tune<4, 2, false>>,
+                        launch_ws<__nv_bfloat16, ws::Tune<4, 2, false>>});
+    v.push_back(Variant{"ws: 4 + 4, LOOK 1, no fence", launch_ws<float, ws::Tune<4, 1, false>>,
+                        launch_ws<__nv_bfloat16, ws::Tune<4, 1, false>>});
+    v.push_back(Variant{"ws: 4 + 4, LOOK 0, no fence", launch_ws<float, ws::Tune<4, 0, false>>,
+                        launch_ws<__nv_bfloat16, ws::Tune<4, 0, false>>});
     v.push_back(variant<FwdDefault>("default again"));
 #endif
 #ifdef SSM_SHORT // shorter chunks: a shorter first load and commit for short sequences

@@ -28,7 +28,12 @@ using namespace fx_ssm;
 constexpr int CH = 32, N = 16, TS = 16, SW = 4;
 constexpr int R = 4;            // raw buffers: chunks j .. j + 3
 constexpr int DDS = 2 * TS + 2; // (delta, delta x) row of a channel, floats
-constexpr int LOOK = 2;
+// knobs: staging warps, the scan's exps LOOK steps ahead, a scheduling
+// fence after each step
+template <int PW_ = 4, int LOOK_ = 2, bool FENCE_ = true> struct Tune {
+    static constexpr int PW = PW_, LOOK = LOOK_;
+    static constexpr bool FENCE = FENCE_;
+};
 
 template <typename T> struct Smem {
     // in floats; raw regions hold T
@@ -59,18 +64,26 @@ template <typename T> inline bool fits(const ScanParams &p)
 }
 
 // Staging warp k of PW owns the rows r = k (mod PW) of every chunk; a lane
-// takes 4 consecutive channels (c0 ..) of rows k + PW (ri + 4 pass).
+// takes 4 consecutive channels (c0 ..) of rows k + PW (ri + 4 pass). Its
+// global offsets are set once and advance by a chunk at each use (loads,
+// epilogues: each in chunk order); rows are tested against the sequence's
+// end only in its last chunk.
 template <typename T, int PW> struct Staging {
     using S = Smem<T>;
     static constexpr int EPU = 16 / (int)sizeof(T);  // elements a 16-byte copy
     static constexpr int XU = CH / EPU, BU = N / EPU; // copies a row of x, of b
     static constexpr int ROWS = TS / PW, PASSES = ROWS / 4;
+    static constexpr int NUX = (ROWS * XU + 31) / 32, NUB = (ROWS * BU + 31) / 32;
     static_assert(TS % (4 * PW) == 0, "whole passes of 4 rows");
-    int lane, k, ri, c0;
-    Tile t;
+    int k, ri, c0;
+    int rx_row[NUX], rb_row[NUB]; // the rows of the lane's copies (-1: none)
+    int sx[NUX], sb[NUB];         // their places in a raw buffer (elements)
+    int64_t gx[NUX], gb[NUB];     // their sources in the next chunk to load (elements)
+    int64_t oy;                   // the lane's first y element in the next chunk to write
+    int64_t chunk_x, chunk_b;     // elements a chunk
     float bias[4], dskip[4];
 
-    __device__ Staging(const ScanParams &p, const Tile &t_, int lane_, int k_) : lane(lane_), k(k_), t(t_)
+    __device__ Staging(const ScanParams &p, const Tile &t, int lane, int k_) : k(k_)
     {
         ri = lane / 8, c0 = 4 * (lane % 8);
 #pragma unroll
@@ -78,49 +91,68 @@ template <typename T, int PW> struct Staging {
             bias[v] = p.dt_bias ? fx_load_any(p.dt_bias, p.bias_type, t.d0 + c0 + v) : 0.0f;
             dskip[v] = p.d ? fx_load_any(p.d, p.d_type, t.d0 + c0 + v) : 0.0f;
         }
-    }
-    __device__ __forceinline__ int row(int pass) const { return k + PW * (ri + 4 * pass); }
-
-    // The copies of chunk j's rows of this warp into raw buffer j % R.
-    __device__ __forceinline__ void load(const ScanParams &p, int j, float *sm)
-    {
-        float *raw = sm + S::RAWS + (j % R) * S::RAW;
-        const int t0 = j * TS;
 #pragma unroll
-        for (int u0 = 0; u0 < ROWS * XU; u0 += 32) {
-            const int u = u0 + lane;
-            if ((ROWS * XU) % 32 == 0 || u < ROWS * XU) {
-                const int r = k + PW * (u / XU), q = u % XU, rw = t0 + r;
-                const bool ok = rw < p.seqlen;
-                const int64_t at = ok ? at_btd(p, t.b, rw, t.d0) + q * EPU : 0;
-                const void *src[3] = {p.x, p.dt, p.z};
-#pragma unroll
-                for (int m = 0; m < 3; m++)
-                    if (src[m])
-                        fx_copy_async<16>(reinterpret_cast<T *>(raw + m * S::RAWX) + r * CH + q * EPU,
-                                          static_cast<const T *>(src[m]) + at, ok);
-            }
+        for (int i = 0; i < NUX; i++) {
+            const int u = 32 * i + lane, r = k + PW * (u / XU), q = u % XU;
+            rx_row[i] = u < ROWS * XU ? r : -1;
+            sx[i] = r * CH + q * EPU;
+            gx[i] = at_btd(p, t.b, 0, t.d0) + (int64_t)r * p.dim + q * EPU;
         }
 #pragma unroll
-        for (int u0 = 0; u0 < ROWS * BU; u0 += 32) {
-            const int u = u0 + lane;
-            if ((ROWS * BU) % 32 == 0 || u < ROWS * BU) {
-                const int r = k + PW * (u / BU), q = u % BU, rw = t0 + r;
-                const bool ok = rw < p.seqlen;
-                const int64_t at = ok ? at_btg(p, t.b, rw, t.g) + q * EPU : 0;
-                fx_copy_async<16>(reinterpret_cast<T *>(raw + 3 * S::RAWX) + r * N + q * EPU,
-                                  static_cast<const T *>(p.b) + at, ok);
-                fx_copy_async<16>(reinterpret_cast<T *>(raw + 3 * S::RAWX + S::RAWB) + r * N + q * EPU,
+        for (int i = 0; i < NUB; i++) {
+            const int u = 32 * i + lane, r = k + PW * (u / BU), q = u % BU;
+            rb_row[i] = u < ROWS * BU ? r : -1;
+            sb[i] = r * N + q * EPU;
+            gb[i] = at_btg(p, t.b, 0, t.g) + (int64_t)r * p.groups * N + q * EPU;
+        }
+        oy = at_btd(p, t.b, 0, t.d0) + c0;
+        chunk_x = (int64_t)TS * p.dim, chunk_b = (int64_t)TS * p.groups * N;
+    }
+    __device__ __forceinline__ int row(int pass) const { return k + PW * (ri + 4 * pass); }
+    __device__ __forceinline__ static float *raw_of(float *sm, int j) { return sm + S::RAWS + (j % R) * S::RAW; }
+
+    // The copies of chunk j's rows of this warp into raw buffer j % R.
+    template <bool FULL> __device__ __forceinline__ void load(const ScanParams &p, int j, float *sm)
+    {
+        float *raw = raw_of(sm, j);
+        const int rows = p.seqlen - j * TS;
+#pragma unroll
+        for (int i = 0; i < NUX; i++) {
+            if ((ROWS * XU) % 32 == 0 || rx_row[i] >= 0) {
+                const bool ok = FULL || rx_row[i] < rows;
+                const int64_t at = ok ? gx[i] : 0;
+                fx_copy_async<16>(reinterpret_cast<T *>(raw) + sx[i], static_cast<const T *>(p.x) + at, ok);
+                fx_copy_async<16>(reinterpret_cast<T *>(raw + S::RAWX) + sx[i], static_cast<const T *>(p.dt) + at, ok);
+                if (p.z)
+                    fx_copy_async<16>(reinterpret_cast<T *>(raw + 2 * S::RAWX) + sx[i], static_cast<const T *>(p.z) + at, ok);
+            }
+            gx[i] += chunk_x;
+        }
+#pragma unroll
+        for (int i = 0; i < NUB; i++) {
+            if ((ROWS * BU) % 32 == 0 || rb_row[i] >= 0) {
+                const bool ok = FULL || rb_row[i] < rows;
+                const int64_t at = ok ? gb[i] : 0;
+                fx_copy_async<16>(reinterpret_cast<T *>(raw + 3 * S::RAWX) + sb[i], static_cast<const T *>(p.b) + at, ok);
+                fx_copy_async<16>(reinterpret_cast<T *>(raw + 3 * S::RAWX + S::RAWB) + sb[i],
                                   static_cast<const T *>(p.c) + at, ok);
             }
+            gb[i] += chunk_b;
         }
         fx_copy_commit();
     }
+    __device__ __forceinline__ void load(const ScanParams &p, int j, float *sm)
+    {
+        if ((j + 1) * TS <= p.seqlen)
+            load<true>(p, j, sm);
+        else
+            load<false>(p, j, sm);
+    }
 
     // Chunk j's (delta, delta x) of this warp's rows (and f32 b, c for 16-bit inputs).
-    __device__ __forceinline__ void commit(const ScanParams &p, int j, float *sm)
+    __device__ __forceinline__ void commit(const ScanParams &p, int j, float *sm, int lane)
     {
-        const float *raw = sm + S::RAWS + (j % R) * S::RAW;
+        const float *raw = raw_of(sm, j);
         const T *rx = reinterpret_cast<const T *>(raw), *rdt = reinterpret_cast<const T *>(raw + S::RAWX);
         float *dd = sm + S::DD + (j % 2) * CH * DDS + c0 * DDS;
         const int rows = p.seqlen - j * TS;
@@ -131,9 +163,16 @@ template <typename T, int PW> struct Staging {
             ld_vec<T, 4>(u, rdt + r * CH + c0);
             ld_vec<T, 4>(x, rx + r * CH + c0);
 #pragma unroll
+            for (int v = 0; v < 4; v++)
+                u[v] += bias[v];
+            if (p.softplus)
+#pragma unroll
+                for (int v = 0; v < 4; v++)
+                    u[v] = softplus(u[v]);
+            const bool ok = r < rows;
+#pragma unroll
             for (int v = 0; v < 4; v++) {
-                const float uv = u[v] + bias[v];
-                const float delta = r < rows ? (p.softplus ? softplus(uv) : uv) : 0.0f;
+                const float delta = ok ? u[v] : 0.0f;
                 *reinterpret_cast<float2 *>(dd + v * DDS + 2 * r) = make_float2(delta, delta * x[v]);
             }
         }
@@ -158,11 +197,12 @@ template <typename T, int PW> struct Staging {
     // y of chunk j's rows of this warp.
     __device__ __forceinline__ void epilogue(const ScanParams &p, int j, const float *sm)
     {
-        const float *raw = sm + S::RAWS + (j % R) * S::RAW;
+        const float *raw = raw_of(const_cast<float *>(sm), j);
         const T *rx = reinterpret_cast<const T *>(raw), *rz = reinterpret_cast<const T *>(raw + 2 * S::RAWX);
         const float *parts = sm + S::P + (j % 2) * SW * TS * CH + c0;
         const int rows = p.seqlen - j * TS;
-        T *y = static_cast<T *>(p.y) + at_btd(p, t.b, j * TS, t.d0) + c0;
+        T *y = static_cast<T *>(p.y) + oy;
+        oy += chunk_x;
 #pragma unroll
         for (int ps = 0; ps < PASSES; ps++) {
             const int r = row(ps);
@@ -176,11 +216,16 @@ template <typename T, int PW> struct Staging {
                 float x[4], zv[4], out[4];
                 const float s4[4] = {sum.x, sum.y, sum.z, sum.w};
                 ld_vec<T, 4>(x, rx + r * CH + c0);
-                if (p.z)
+                if (p.z) {
                     ld_vec<T, 4>(zv, rz + r * CH + c0);
 #pragma unroll
-                for (int v = 0; v < 4; v++)
-                    out[v] = (s4[v] + dskip[v] * x[v]) * (p.z ? silu(zv[v]) : 1.0f);
+                    for (int v = 0; v < 4; v++)
+                        out[v] = (s4[v] + dskip[v] * x[v]) * silu(zv[v]);
+                } else {
+#pragma unroll
+                    for (int v = 0; v < 4; v++)
+                        out[v] = s4[v] + dskip[v] * x[v];
+                }
                 st_vec<T, 4>(y + (int64_t)r * p.dim, out);
             }
         }
@@ -188,7 +233,7 @@ template <typename T, int PW> struct Staging {
 };
 
 // Scan warp w over chunk j: lane = channel, states 4w .. 4w + 3.
-template <typename T>
+template <typename T, class U>
 __device__ __forceinline__ void scan_chunk(int j, int w, int lane, float (&h)[4], const float (&a2)[4],
                                            float *sm, unsigned &clocks)
 {
@@ -199,6 +244,7 @@ __device__ __forceinline__ void scan_chunk(int j, int w, int lane, float (&h)[4]
     float2 dd[TS];
     float4 bv[TS], cv[TS];
     float dec[TS][4], inc[TS][4];
+    constexpr int LOOK = U::LOOK;
 #pragma unroll
     for (int s = -LOOK - 1; s < TS; s++) {
         const int so = s + LOOK + 1;
@@ -227,12 +273,14 @@ __device__ __forceinline__ void scan_chunk(int j, int w, int lane, float (&h)[4]
             acc = fmaf(c4[i], h[i], acc);
         }
         parts[s * CH] = acc;
-        sched_fence(clocks);
+        if (U::FENCE)
+            sched_fence(clocks);
     }
 }
 
-template <typename T, int PW> __global__ void __launch_bounds__(32 * (SW + PW), 3) fwd_kernel(const ScanParams p)
+template <typename T, class U> __global__ void __launch_bounds__(32 * (SW + U::PW), 3) fwd_kernel(const ScanParams p)
 {
+    constexpr int PW = U::PW;
     using S = Smem<T>;
     float *sm = block_smem();
     const Tile t = tile_at(p, blockIdx.x, CH);
@@ -250,7 +298,7 @@ template <typename T, int PW> __global__ void __launch_bounds__(32 * (SW + PW), 
         unsigned clocks = 0;
         __syncthreads(); // chunk 0 committed
         for (int j = 0; j < chunks; j++) {
-            scan_chunk<T>(j, warp, lane, h, a2, sm, clocks);
+            scan_chunk<T, U>(j, warp, lane, h, a2, sm, clocks);
             __syncthreads();
         }
         if (p.state)
@@ -270,7 +318,7 @@ template <typename T, int PW> __global__ void __launch_bounds__(32 * (SW + PW), 
         fx_copy_wait<R - 2>(); // chunk 0's
         __syncwarp();
         if (chunks > 0)
-            st.commit(p, 0, sm);
+            st.commit(p, 0, sm, lane);
         __syncthreads();
         for (int j = 0; j < chunks; j++) {
             if (j > 0)
@@ -278,7 +326,7 @@ template <typename T, int PW> __global__ void __launch_bounds__(32 * (SW + PW), 
             if (j + 1 < chunks) {
                 fx_copy_wait<R - 3>(); // chunk j + 1's
                 __syncwarp();
-                st.commit(p, j + 1, sm);
+                st.commit(p, j + 1, sm, lane);
             }
             __syncwarp(); // chunk j - 1's raw rows read: reused by chunk j + 3
             if (j + R - 1 < chunks)
