@@ -264,16 +264,16 @@ static std::vector<Variant> variants()
     v.push_back(variant_cfg<FwdTune<2, 1, 16, 2>, Cfg<2, 8>>("2 x 8, LOOK 2, fence, T16"));
 #endif
 #ifdef SSM_WS
-    v.push_back(Variant{"ws: 4 scan + 2 staging warps", launch_ws<float, ws::Tune<2>>,
-                        launch_ws<__nv_bfloat16, ws::Tune<2>>});
-    v.push_back(Variant{"ws: 4 + 4, LOOK 2, fence", launch_ws<float, ws::Tune<4>>,
-                        launch_ws<__nv_bfloat16, ws::Tune<4>>});
-    v.push_back(Variant{"ws: 4 + 4, LOOK 2, no fence", launch_ws<float, ws::Tune<4, 2, false>>,
-                        launch_ws<__nv_bfloat16, ws::Tune<4, 2, false>>});
-    v.push_back(Variant{"ws: 4 + 4, LOOK 1, no fence", launch_ws<float, ws::Tune<4, 1, false>>,
-                        launch_ws<__nv_bfloat16, ws::Tune<4, 1, false>>});
-    v.push_back(Variant{"ws: 4 + 4, LOOK 0, no fence", launch_ws<float, ws::Tune<4, 0, false>>,
-                        launch_ws<__nv_bfloat16, ws::Tune<4, 0, false>>});
+    v.push_back(Variant{"ws: 4 + 4, LOOK 2, fence", launch_ws<float, ws::Tune<4, 2, true>>,
+                        launch_ws<__nv_bfloat16, ws::Tune<4, 2, true>>});
+    v.push_back(Variant{"ws: 4 + 4, LOOK 2", launch_ws<float, ws::Tune<4, 2>>,
+                        launch_ws<__nv_bfloat16, ws::Tune<4, 2>>});
+    v.push_back(Variant{"ws: 4 + 4, LOOK 2, split barriers", launch_ws<float, ws::Tune<4, 2, false, true>>,
+                        launch_ws<__nv_bfloat16, ws::Tune<4, 2, false, true>>});
+    v.push_back(Variant{"ws: 4 + 2, LOOK 2, split barriers", launch_ws<float, ws::Tune<2, 2, false, true>>,
+                        launch_ws<__nv_bfloat16, ws::Tune<2, 2, false, true>>});
+    v.push_back(Variant{"ws: 4 + 4, LOOK 3, split barriers", launch_ws<float, ws::Tune<4, 3, false, true>>,
+                        launch_ws<__nv_bfloat16, ws::Tune<4, 3, false, true>>});
     v.push_back(variant<FwdDefault>("default again"));
 #endif
 #ifdef SSM_SHORT // shorter chunks: a shorter first load and commit for short sequences
@@ -421,6 +421,24 @@ int main(int argc, char **argv)
         return 0;
     }
 
+#ifdef SSM_WS
+    if (mode == "ws-small") { // every variant on small shapes against the first, for compute-sanitizer
+        std::vector<Variant> vs = variants();
+        for (auto shape : {std::vector<int>{2, 100, 64, 16}, std::vector<int>{1, 33, 96, 16}}) {
+            Problem pb(shape[0], shape[1], shape[2], shape[3], FX_F32);
+            fx_ssm_fwd_args a = pb.args;
+            a.y = &pb.y2;
+            vs[0].f32(&a);
+            for (auto &v : vs) {
+                CUDA_CHECK(cudaMemset(pb.y.data, 0xff, pb.y.nbytes));
+                v.f32(&pb.args);
+                CUDA_CHECK(cudaDeviceSynchronize());
+                printf("B%d L%d D%d: %s: rel-L2 %.2e\n", shape[0], shape[1], shape[2], v.name, rel_l2(pb.y, pb.y2));
+            }
+        }
+        return 0;
+    }
+#endif
     if (mode == "ncu") {
         launch_fwd<float>(&big.args);
         launch_fwd<__nv_bfloat16>(&bigh.args);

@@ -27,13 +27,37 @@ using namespace fx_ssm;
 
 constexpr int CH = 32, N = 16, TS = 16, SW = 4;
 constexpr int R = 4;            // raw buffers: chunks j .. j + 3
-constexpr int DDS = 2 * TS + 2; // (delta, delta x) row of a channel, floats
 // knobs: staging warps, the scan's exps LOOK steps ahead, a scheduling
 // fence after each step
-template <int PW_ = 4, int LOOK_ = 2, bool FENCE_ = true> struct Tune {
+// SPLIT: the staging warps and the scan warps signal each other with named
+// barriers (bar.arrive / bar.sync: chunk j committed, chunk j scanned)
+// instead of one block barrier a chunk.
+template <int PW_ = 4, int LOOK_ = 2, bool FENCE_ = false, bool SPLIT_ = false> struct Tune {
     static constexpr int PW = PW_, LOOK = LOOK_;
-    static constexpr bool FENCE = FENCE_;
+    static constexpr bool FENCE = FENCE_, SPLIT = SPLIT_;
 };
+
+// Named barrier `id` over `threads` threads: wait, or only arrive. (The
+// emulator has block barriers only: both sides then wait, a stricter order.)
+__device__ __forceinline__ void named_sync(int id, int threads)
+{
+#ifdef __CUDA_ARCH__
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+#else
+    (void)id, (void)threads;
+    __syncthreads();
+#endif
+}
+__device__ __forceinline__ void named_arrive(int id, int threads)
+{
+#ifdef __CUDA_ARCH__
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+#else
+    (void)id, (void)threads;
+    __syncthreads();
+#endif
+}
+constexpr int kFull = 1, kDone = 3; // + chunk parity
 
 template <typename T> struct Smem {
     // in floats; raw regions hold T
@@ -42,8 +66,8 @@ template <typename T> struct Smem {
     static constexpr int RAWB = TS * N * (int)sizeof(T) / 4;  // one raw b (c) chunk
     static constexpr int RAW = 3 * RAWX + 2 * RAWB;           // one chunk's raw inputs
     static constexpr int BC = 0;                              // 16-bit inputs: f32 b, c [2][2][TS][N]
-    static constexpr int DD = BC + (F32 ? 0 : 2 * 2 * TS * N); // [2][CH][DDS]
-    static constexpr int P = DD + 2 * CH * DDS;               // parts of y [2][SW][TS][CH]
+    static constexpr int DD = BC + (F32 ? 0 : 2 * 2 * TS * N); // (delta, delta x) [2][TS][CH] float2
+    static constexpr int P = DD + 2 * TS * CH * 2;            // parts of y [2][SW][TS][CH]
     static constexpr int RAWS = P + 2 * SW * TS * CH;         // raw inputs [R][RAW]
     static constexpr int PAD = RAWS + R * RAW;                // the scan warps' clock words
     static constexpr int WORDS = PAD + SW;
@@ -154,7 +178,7 @@ template <typename T, int PW> struct Staging {
     {
         const float *raw = raw_of(sm, j);
         const T *rx = reinterpret_cast<const T *>(raw), *rdt = reinterpret_cast<const T *>(raw + S::RAWX);
-        float *dd = sm + S::DD + (j % 2) * CH * DDS + c0 * DDS;
+        float *dd = sm + S::DD + (j % 2) * TS * CH * 2 + 2 * c0;
         const int rows = p.seqlen - j * TS;
 #pragma unroll
         for (int ps = 0; ps < PASSES; ps++) {
@@ -170,11 +194,15 @@ template <typename T, int PW> struct Staging {
                 for (int v = 0; v < 4; v++)
                     u[v] = softplus(u[v]);
             const bool ok = r < rows;
+            float o[8];
 #pragma unroll
             for (int v = 0; v < 4; v++) {
-                const float delta = ok ? u[v] : 0.0f;
-                *reinterpret_cast<float2 *>(dd + v * DDS + 2 * r) = make_float2(delta, delta * x[v]);
+                o[2 * v] = ok ? u[v] : 0.0f;
+                o[2 * v + 1] = o[2 * v] * x[v];
             }
+            float4 *row_dd = reinterpret_cast<float4 *>(dd + r * CH * 2);
+            row_dd[0] = make_float4(o[0], o[1], o[2], o[3]);
+            row_dd[1] = make_float4(o[4], o[5], o[6], o[7]);
         }
         if constexpr (!S::F32) {
             const T *rb = reinterpret_cast<const T *>(raw + 3 * S::RAWX);
@@ -238,7 +266,7 @@ __device__ __forceinline__ void scan_chunk(int j, int w, int lane, float (&h)[4]
                                            float *sm, unsigned &clocks)
 {
     using S = Smem<T>;
-    const float *dd_row = sm + S::DD + (j % 2) * CH * DDS + lane * DDS;
+    const float *dd_row = sm + S::DD + (j % 2) * TS * CH * 2 + 2 * lane;
     const float *b_rows = S::b_rows(sm, j) + 4 * w, *c_rows = b_rows + TS * N;
     float *parts = sm + S::P + (j % 2) * SW * TS * CH + w * TS * CH + lane;
     float2 dd[TS];
@@ -249,7 +277,7 @@ __device__ __forceinline__ void scan_chunk(int j, int w, int lane, float (&h)[4]
     for (int s = -LOOK - 1; s < TS; s++) {
         const int so = s + LOOK + 1;
         if (so >= 0 && so < TS) {
-            dd[so] = *reinterpret_cast<const float2 *>(dd_row + 2 * so);
+            dd[so] = *reinterpret_cast<const float2 *>(dd_row + so * CH * 2);
             bv[so] = *reinterpret_cast<const float4 *>(b_rows + so * N);
         }
         if (s + 1 >= 0 && s + 1 < TS)
@@ -280,7 +308,7 @@ __device__ __forceinline__ void scan_chunk(int j, int w, int lane, float (&h)[4]
 
 template <typename T, class U> __global__ void __launch_bounds__(32 * (SW + U::PW), 3) fwd_kernel(const ScanParams p)
 {
-    constexpr int PW = U::PW;
+    constexpr int PW = U::PW, THREADS = 32 * (SW + PW);
     using S = Smem<T>;
     float *sm = block_smem();
     const Tile t = tile_at(p, blockIdx.x, CH);
@@ -296,10 +324,16 @@ template <typename T, class U> __global__ void __launch_bounds__(32 * (SW + U::P
             h[i] = p.h0 ? fx_load_any(p.h0, p.h0_type, at_state(p, t.b, d) + n) : 0.0f;
         }
         unsigned clocks = 0;
-        __syncthreads(); // chunk 0 committed
+        if (!U::SPLIT)
+            __syncthreads(); // chunk 0 committed
         for (int j = 0; j < chunks; j++) {
+            if (U::SPLIT)
+                named_sync(kFull + j % 2, THREADS);
             scan_chunk<T, U>(j, warp, lane, h, a2, sm, clocks);
-            __syncthreads();
+            if (U::SPLIT)
+                named_arrive(kDone + j % 2, THREADS);
+            else
+                __syncthreads();
         }
         if (p.state)
 #pragma unroll
@@ -319,24 +353,38 @@ template <typename T, class U> __global__ void __launch_bounds__(32 * (SW + U::P
         __syncwarp();
         if (chunks > 0)
             st.commit(p, 0, sm, lane);
-        __syncthreads();
+        if (U::SPLIT) {
+            if (chunks > 0)
+                named_arrive(kFull, THREADS);
+        } else {
+            __syncthreads();
+        }
         for (int j = 0; j < chunks; j++) {
-            if (j > 0)
+            if (j > 0) {
+                if (U::SPLIT) // chunk j - 1 scanned: its parts are in, its DD and P slots free
+                    named_sync(kDone + (j - 1) % 2, THREADS);
                 st.epilogue(p, j - 1, sm);
+            }
             if (j + 1 < chunks) {
                 fx_copy_wait<R - 3>(); // chunk j + 1's
                 __syncwarp();
                 st.commit(p, j + 1, sm, lane);
+                if (U::SPLIT)
+                    named_arrive(kFull + (j + 1) % 2, THREADS);
             }
             __syncwarp(); // chunk j - 1's raw rows read: reused by chunk j + 3
             if (j + R - 1 < chunks)
                 st.load(p, j + R - 1, sm);
             else
                 fx_copy_commit();
-            __syncthreads();
+            if (!U::SPLIT)
+                __syncthreads();
         }
-        if (chunks > 0)
+        if (chunks > 0) {
+            if (U::SPLIT)
+                named_sync(kDone + (chunks - 1) % 2, THREADS);
             st.epilogue(p, chunks - 1, sm);
+        }
     }
 }
 
