@@ -9,17 +9,35 @@ namespace fx_ssm {
 namespace {
 
 // Blocks above 48 KB of shared memory need the kernel's opt-in, once per
-// device and kernel.
+// device and kernel (`opted`: the kernel's flags).
+template <typename K>
+int opt_in_smem(fx_cuda_device *d, K kernel, size_t bytes, std::atomic<bool> (&opted)[FX_CUDA_MAX_DEVICES],
+                const char *what, fx_status *st)
+{
+    if (bytes > 48 * 1024 && !opted[d->ordinal].load(std::memory_order_relaxed)) {
+        FX_CUDA_TRY(d, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), what, st);
+        opted[d->ordinal].store(true, std::memory_order_relaxed);
+    }
+    return FX_OK;
+}
+
 template <typename T, class C, bool FAST>
 int launch_forward(fx_cuda_device *d, const FwdLaunch &l, fx_status *st)
 {
     auto kernel = ssm_fwd_kernel<T, C, FAST>;
     static std::atomic<bool> opted[FX_CUDA_MAX_DEVICES];
-    if (l.smem > 48 * 1024 && !opted[d->ordinal].load(std::memory_order_relaxed)) {
-        FX_CUDA_TRY(d, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdMaxSmem),
-                    "cudaFuncSetAttribute (selective_scan forward)", st);
-        opted[d->ordinal].store(true, std::memory_order_relaxed);
-    }
+    if (opt_in_smem(d, kernel, kFwdMaxSmem, opted, "cudaFuncSetAttribute (selective_scan forward)", st))
+        return st->code;
+    kernel<<<(unsigned)l.grid, 32 * l.warps, l.smem, d->stream>>>(l.p);
+    return fx_cuda_launched(d, "selective_scan forward kernel", st);
+}
+
+template <typename T> int launch_forward_ws(fx_cuda_device *d, const FwdLaunch &l, fx_status *st)
+{
+    auto kernel = ssm_fwd_ws_kernel<T>;
+    static std::atomic<bool> opted[FX_CUDA_MAX_DEVICES];
+    if (opt_in_smem(d, kernel, l.smem, opted, "cudaFuncSetAttribute (selective_scan forward)", st))
+        return st->code;
     kernel<<<(unsigned)l.grid, 32 * l.warps, l.smem, d->stream>>>(l.p);
     return fx_cuda_launched(d, "selective_scan forward kernel", st);
 }
@@ -38,6 +56,8 @@ int cuda_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
                 return st->code;
             if (l.p.units == 0)
                 return (int)FX_OK;
+            if (l.ws)
+                return launch_forward_ws<T>(d, l, st);
             return l.fast ? launch_forward<T, C, true>(d, l, st) : launch_forward<T, C, false>(d, l, st);
         });
     });
@@ -68,11 +88,8 @@ int launch_backward_kernel(fx_cuda_device *d, const BwdParams &bp, fx_status *st
     auto kernel = ssm_bwd_kernel<T, C, FAST>;
     const size_t smem = BwdSmem<T, C>::BYTES;
     static std::atomic<bool> opted[FX_CUDA_MAX_DEVICES];
-    if (smem > 48 * 1024 && !opted[d->ordinal].load(std::memory_order_relaxed)) {
-        FX_CUDA_TRY(d, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                    "cudaFuncSetAttribute (selective_scan_backward)", st);
-        opted[d->ordinal].store(true, std::memory_order_relaxed);
-    }
+    if (opt_in_smem(d, kernel, smem, opted, "cudaFuncSetAttribute (selective_scan_backward)", st))
+        return st->code;
     kernel<<<(unsigned)grid_of(bp.f), C::BW * 32, smem, d->stream>>>(bp);
     return fx_cuda_launched(d, "selective_scan_backward kernel", st);
 }

@@ -776,6 +776,324 @@ __global__ void __launch_bounds__(kFwdMaxThreads, U::MINB) ssm_fwd_kernel(const 
     }
 }
 
+// ---- forward, warp-specialized (dstate 16) ----
+//
+// The forward above gives each warp its own staging, so a warp does
+// everything for its 8 channels and the large case has ~3 warps a
+// scheduler: each warp then waits on its own latencies (bench/RESULTS.md:
+// fewer warps measured slower, every other lever moved it little). Here a
+// block of 32 channels of one (batch, group) is 8 warps with two jobs:
+//   scan warps 0-3: lane = channel, warp w holds states 4w .. 4w + 3, so
+//     every lane of a warp reads the same b and c values (a broadcast, not
+//     4 wavefronts); per step one (delta, delta x) load, 4 exps, 12 FMAs
+//     and one store of the warp's part of y's sum over states;
+//   staging warps 4-7: warp k owns rows k, k + 4, ... of every chunk, a lane
+//     4 consecutive channels of one of them: the cp.async copies (three
+//     chunks ahead), the commit (softplus, delta x; 16-bit b and c to f32)
+//     and the epilogue (the 4 parts added, d x, the gate recomputed from
+//     the raw z, one vector store of y). A staging warp touches no other's
+//     rows, so the staging needs no barrier of its own.
+// One block barrier a chunk: the scan of chunk j runs beside the epilogue
+// of j - 1 and the commit of j + 1. 24 warps an SM (3 blocks, 61 KB of
+// shared memory each for f32), all resident for the large case: 218 -> ~182
+// us (bench/RESULTS.md), the small cases faster too.
+constexpr int kWsChannels = 32, kWsScanWarps = 4, kWsStageWarps = 4, kWsSteps = 16, kWsStates = 16;
+constexpr int kWsThreads = 32 * (kWsScanWarps + kWsStageWarps);
+constexpr int kWsRing = 4; // raw chunks: j (b, c being scanned) .. j + 3 (landing)
+constexpr int kWsLook = 2; // a decay's exp this many steps before its FMA
+
+template <typename T> struct WsSmem {
+    static constexpr int CH = kWsChannels, N = kWsStates, TS = kWsSteps;
+    static constexpr bool F32 = sizeof(T) == 4; // b, c read where they land
+    // in floats; the raw regions hold T
+    static constexpr int RAWX = TS * CH * (int)sizeof(T) / 4; // one raw x (dt, z) chunk [TS][CH]
+    static constexpr int RAWB = TS * N * (int)sizeof(T) / 4;  // one raw b (c) chunk [TS][N]
+    static constexpr int RAW = 3 * RAWX + 2 * RAWB;
+    static constexpr int BC = 0;                               // 16-bit: f32 b, c [2][2][TS][N]
+    static constexpr int DD = BC + (F32 ? 0 : 2 * 2 * TS * N); // (delta, delta x) [2][TS][CH] float2
+    static constexpr int P = DD + 2 * TS * CH * 2;             // y's parts [2][scan warp][TS][CH]
+    static constexpr int RAWS = P + 2 * kWsScanWarps * TS * CH; // [kWsRing][RAW]
+    static constexpr int WORDS = RAWS + kWsRing * RAW;
+    static constexpr size_t BYTES = sizeof(float) * WORDS;
+    __device__ static float *raw(float *sm, int j) { return sm + RAWS + (j % kWsRing) * RAW; }
+    // chunk j's f32 b rows (its c rows follow, TS * N floats on)
+    __device__ static const float *b_rows(float *sm, int j)
+    {
+        return F32 ? raw(sm, j) + 3 * RAWX : sm + BC + (j % 2) * 2 * TS * N;
+    }
+};
+
+// The shapes it takes: dstate 16, whole 32-channel tiles, 16-byte aligned
+// rows (the copies and the staging's vector accesses).
+template <typename T> inline bool ws_fits(const ScanParams &p)
+{
+    auto aligned = [](const void *ptr) { return ptr == nullptr || (uintptr_t)ptr % 16 == 0; };
+    return p.dstate == kWsStates && p.cpg % kWsChannels == 0 && (int64_t)p.dim * sizeof(T) % 16 == 0 &&
+           aligned(p.x) && aligned(p.dt) && aligned(p.z) && aligned(p.b) && aligned(p.c) && aligned(p.y);
+}
+
+template <typename T> struct WsStaging {
+    using S = WsSmem<T>;
+    static constexpr int CH = S::CH, N = S::N, TS = S::TS;
+    static constexpr int EPU = 16 / (int)sizeof(T);  // elements a 16-byte copy
+    static constexpr int XU = CH / EPU, BU = N / EPU; // copies a row of x, of b
+    static constexpr int ROWS = TS / kWsStageWarps;   // a staging warp's rows a chunk
+    static constexpr int NUX = (ROWS * XU + 31) / 32, NUB = (ROWS * BU + 31) / 32;
+    static_assert(ROWS == 4, "a lane takes one row of 8 lanes x 4 channels");
+    int r, c0;     // the lane's row of each chunk and its first channel
+    int rx[NUX], rb[NUB]; // rows of the lane's copies (-1: none)
+    int sx[NUX], sb[NUB]; // their places in a raw buffer (elements)
+    int64_t gx[NUX], gb[NUB]; // their sources in the next chunk to load (elements)
+    int64_t oy;               // the lane's y in the next chunk written
+    int64_t chunk_x, chunk_b, row_y;
+    float bias[4], dskip[4];
+
+    __device__ WsStaging(const ScanParams &p, const Tile &t, int lane, int k)
+    {
+        r = k + kWsStageWarps * (lane / 8);
+        c0 = 4 * (lane % 8);
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            bias[v] = p.dt_bias ? fx_load_any(p.dt_bias, p.bias_type, t.d0 + c0 + v) : 0.0f;
+            dskip[v] = p.d ? fx_load_any(p.d, p.d_type, t.d0 + c0 + v) : 0.0f;
+        }
+        const int64_t x0 = at_btd(p, t.b, 0, t.d0), b0 = at_btg(p, t.b, 0, t.g);
+#pragma unroll
+        for (int i = 0; i < NUX; i++) {
+            const int u = 32 * i + lane, row = k + kWsStageWarps * (u / XU), q = u % XU;
+            rx[i] = u < ROWS * XU ? row : -1;
+            sx[i] = row * CH + q * EPU;
+            gx[i] = x0 + (int64_t)row * p.dim + q * EPU;
+        }
+#pragma unroll
+        for (int i = 0; i < NUB; i++) {
+            const int u = 32 * i + lane, row = k + kWsStageWarps * (u / BU), q = u % BU;
+            rb[i] = u < ROWS * BU ? row : -1;
+            sb[i] = row * N + q * EPU;
+            gb[i] = b0 + (int64_t)row * p.groups * N + q * EPU;
+        }
+        chunk_x = (int64_t)TS * p.dim, chunk_b = (int64_t)TS * p.groups * N;
+        row_y = (int64_t)r * p.dim;
+        oy = x0 + row_y + c0;
+    }
+
+    // Starts the copies of chunk j's rows of this warp into raw buffer j;
+    // called for j = 0, 1, 2, ... in order (the sources step a chunk).
+    // Rows past the end are zeros (the scan then keeps its state).
+    template <bool FULL> __device__ __forceinline__ void copy(const ScanParams &p, int j, float *sm)
+    {
+        float *raw = S::raw(sm, j);
+        const int rows = p.seqlen - j * TS;
+        const T *src[3] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt), static_cast<const T *>(p.z)};
+#pragma unroll
+        for (int i = 0; i < NUX; i++) {
+            if ((ROWS * XU) % 32 == 0 || rx[i] >= 0) {
+                const bool ok = FULL || rx[i] < rows;
+                const int64_t at = ok ? gx[i] : 0;
+#pragma unroll
+                for (int m = 0; m < 3; m++)
+                    if (m < 2 || src[2])
+                        fx_copy_async<16>(reinterpret_cast<T *>(raw + m * S::RAWX) + sx[i], src[m] + at, ok);
+            }
+            gx[i] += chunk_x;
+        }
+#pragma unroll
+        for (int i = 0; i < NUB; i++) {
+            if ((ROWS * BU) % 32 == 0 || rb[i] >= 0) {
+                const bool ok = FULL || rb[i] < rows;
+                const int64_t at = ok ? gb[i] : 0;
+                fx_copy_async<16>(reinterpret_cast<T *>(raw + 3 * S::RAWX) + sb[i], static_cast<const T *>(p.b) + at, ok);
+                fx_copy_async<16>(reinterpret_cast<T *>(raw + 3 * S::RAWX + S::RAWB) + sb[i],
+                                  static_cast<const T *>(p.c) + at, ok);
+            }
+            gb[i] += chunk_b;
+        }
+    }
+    __device__ __forceinline__ void load(const ScanParams &p, int j, float *sm)
+    {
+        if ((j + 1) * TS <= p.seqlen)
+            copy<true>(p, j, sm);
+        else
+            copy<false>(p, j, sm);
+        fx_copy_commit();
+    }
+
+    // Chunk j's (delta, delta x) of the lane's row (delta 0 past the end),
+    // and for 16-bit inputs the warp's rows of b and c in f32.
+    __device__ __forceinline__ void commit(const ScanParams &p, int j, float *sm, int lane, int k)
+    {
+        const float *raw = S::raw(sm, j);
+        float u[4], x[4];
+        ld_vec<T, 4>(u, reinterpret_cast<const T *>(raw + S::RAWX) + r * CH + c0);
+        ld_vec<T, 4>(x, reinterpret_cast<const T *>(raw) + r * CH + c0);
+#pragma unroll
+        for (int v = 0; v < 4; v++)
+            u[v] += bias[v];
+        if (p.softplus)
+#pragma unroll
+            for (int v = 0; v < 4; v++)
+                u[v] = softplus(u[v]);
+        const bool ok = r < p.seqlen - j * TS;
+        float o[8];
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            o[2 * v] = ok ? u[v] : 0.0f;
+            o[2 * v + 1] = o[2 * v] * x[v];
+        }
+        float4 *dd = reinterpret_cast<float4 *>(sm + S::DD + (j % 2) * TS * CH * 2 + r * CH * 2 + 2 * c0);
+        dd[0] = make_float4(o[0], o[1], o[2], o[3]);
+        dd[1] = make_float4(o[4], o[5], o[6], o[7]);
+        if constexpr (!S::F32) {
+            // 2 x ROWS rows of N: one quad a lane (ROWS * N / 2 = 32 quads)
+            const int which = lane / (ROWS * N / 4), f = lane % (ROWS * N / 4);
+            const int row = k + kWsStageWarps * (f / (N / 4)), n = 4 * (f % (N / 4));
+            float v4[4];
+            ld_vec<T, 4>(v4, reinterpret_cast<const T *>(raw + 3 * S::RAWX) + which * TS * N + row * N + n);
+            *reinterpret_cast<float4 *>(sm + S::BC + (j % 2) * 2 * TS * N + which * TS * N + row * N + n) =
+                make_float4(v4[0], v4[1], v4[2], v4[3]);
+        }
+    }
+
+    // y of chunk j's row of the lane; called for j = 0, 1, ... in order.
+    __device__ __forceinline__ void epilogue(const ScanParams &p, int j, float *sm)
+    {
+        const float *raw = S::raw(sm, j);
+        const float *parts = sm + S::P + (j % 2) * kWsScanWarps * TS * CH + r * CH + c0;
+        T *y = static_cast<T *>(p.y) + oy;
+        oy += chunk_x;
+        if (r >= p.seqlen - j * TS)
+            return;
+        float4 sum = *reinterpret_cast<const float4 *>(parts);
+#pragma unroll
+        for (int w = 1; w < kWsScanWarps; w++) {
+            const float4 q = *reinterpret_cast<const float4 *>(parts + w * TS * CH);
+            sum.x += q.x, sum.y += q.y, sum.z += q.z, sum.w += q.w;
+        }
+        const float s4[4] = {sum.x, sum.y, sum.z, sum.w};
+        float x[4], out[4];
+        ld_vec<T, 4>(x, reinterpret_cast<const T *>(raw) + r * CH + c0);
+#pragma unroll
+        for (int v = 0; v < 4; v++)
+            out[v] = s4[v] + dskip[v] * x[v];
+        if (p.z) {
+            float zv[4];
+            ld_vec<T, 4>(zv, reinterpret_cast<const T *>(raw + 2 * S::RAWX) + r * CH + c0);
+#pragma unroll
+            for (int v = 0; v < 4; v++)
+                out[v] *= silu(zv[v]);
+        }
+        st_vec<T, 4>(y, out);
+    }
+};
+
+// Scan warp w over chunk j: lane = channel, states 4w .. 4w + 3. The decays
+// and increments are computed kWsLook steps before their FMAs, from
+// operands read a step before that; every load is issued before the step's
+// store (a shared-memory load cannot move above a store).
+template <typename T>
+__device__ __forceinline__ void ws_scan_chunk(int j, int w, int lane, float (&h)[4], const float (&a2)[4], float *sm)
+{
+    using S = WsSmem<T>;
+    constexpr int TS = S::TS, CH = S::CH, N = S::N, LOOK = kWsLook;
+    const float *dd_col = sm + S::DD + (j % 2) * TS * CH * 2 + 2 * lane;
+    const float *b_rows = S::b_rows(sm, j) + 4 * w, *c_rows = b_rows + TS * N;
+    float *parts = sm + S::P + (j % 2) * kWsScanWarps * TS * CH + w * TS * CH + lane;
+    float2 dd[TS];
+    float4 bv[TS], cv[TS];
+    float dec[TS][4], inc[TS][4];
+#pragma unroll
+    for (int s = -LOOK - 1; s < TS; s++) {
+        const int so = s + LOOK + 1; // the operands of step so's exps
+        if (so >= 0 && so < TS) {
+            dd[so] = *reinterpret_cast<const float2 *>(dd_col + so * CH * 2);
+            bv[so] = *reinterpret_cast<const float4 *>(b_rows + so * N);
+        }
+        if (s + 1 >= 0 && s + 1 < TS)
+            cv[s + 1] = *reinterpret_cast<const float4 *>(c_rows + (s + 1) * N);
+        const int se = s + LOOK; // step se's exps and increments
+        if (se >= 0 && se < TS) {
+            const float b4[4] = {bv[se].x, bv[se].y, bv[se].z, bv[se].w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                dec[se][i] = fx_fast_exp2(dd[se].x * a2[i]);
+                inc[se][i] = dd[se].y * b4[i];
+            }
+        }
+        if (s < 0)
+            continue;
+        const float c4[4] = {cv[s].x, cv[s].y, cv[s].z, cv[s].w};
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            h[i] = fmaf(dec[s][i], h[i], inc[s][i]);
+            acc = fmaf(c4[i], h[i], acc);
+        }
+        parts[s * CH] = acc;
+    }
+}
+
+template <typename T> __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanParams p)
+{
+    using S = WsSmem<T>;
+    constexpr int TS = S::TS;
+    float *sm = block_smem();
+    const Tile t = tile_of(p, kWsChannels);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int chunks = (p.seqlen + TS - 1) / TS;
+    if (warp < kWsScanWarps) {
+        const int d = t.d0 + lane;
+        const int64_t at = at_state(p, t.b, d) + 4 * warp;
+        float a2[4], h[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            a2[i] = fx_load_any(p.a, p.a_type, (int64_t)d * kWsStates + 4 * warp + i) * fx_log2e;
+            h[i] = p.h0 ? fx_load_any(p.h0, p.h0_type, at + i) : 0.0f;
+        }
+        __syncthreads(); // chunk 0 committed
+        for (int j = 0; j < chunks; j++) {
+            ws_scan_chunk<T>(j, warp, lane, h, a2, sm);
+            // the state entering chunk j + 1, for the backward (SAVE = TS)
+            if (p.saved && (j + 1) * TS < p.seqlen)
+                *reinterpret_cast<float4 *>(p.saved + (((int64_t)t.b * p.nsaved + j) * p.dim + d) * kWsStates +
+                                            4 * warp) = make_float4(h[0], h[1], h[2], h[3]);
+            __syncthreads(); // chunk j's parts written; chunk j + 1 committed
+        }
+        if (p.state)
+            *reinterpret_cast<float4 *>(p.state + at) = make_float4(h[0], h[1], h[2], h[3]);
+    } else {
+        const int k = warp - kWsScanWarps;
+        WsStaging<T> st(p, t, lane, k);
+#pragma unroll
+        for (int j = 0; j < kWsRing - 1; j++)
+            if (j < chunks)
+                st.load(p, j, sm);
+            else
+                fx_copy_commit(); // empty groups keep the count
+        fx_copy_wait<kWsRing - 2>(); // chunk 0's
+        __syncwarp();
+        if (chunks > 0)
+            st.commit(p, 0, sm, lane, k);
+        __syncthreads();
+        for (int j = 0; j < chunks; j++) {
+            if (j > 0)
+                st.epilogue(p, j - 1, sm);
+            if (j + 1 < chunks) {
+                fx_copy_wait<kWsRing - 3>(); // chunk j + 1's
+                __syncwarp();
+                st.commit(p, j + 1, sm, lane, k);
+            }
+            __syncwarp(); // chunk j - 1's raw rows read: chunk j + 3 lands there
+            if (j + kWsRing - 1 < chunks)
+                st.load(p, j + kWsRing - 1, sm);
+            else
+                fx_copy_commit();
+            __syncthreads();
+        }
+        if (chunks > 0)
+            st.epilogue(p, chunks - 1, sm);
+    }
+}
+
 // ---- single step ----
 
 // One group of LANES lanes per (batch, channel). Every load is issued
@@ -1326,12 +1644,14 @@ inline int check_saved(const fx_ssm_fwd_args *a, int64_t save, fx_status *st)
 
 // A forward launch: its parameters (outputs included) and block shape, as
 // the launcher (ssm.cu) and the CPU emulator (tools/ssm_emu) both use them.
+// ws: the warp-specialized kernel (dstate 16 where ws_fits), else the
+// one-warp-a-tile kernel (fast: its cp.async path).
 struct FwdLaunch {
     ScanParams p;
     int warps;
     size_t smem;
     int64_t grid;
-    bool fast;
+    bool fast, ws;
 };
 
 template <typename T, class C>
@@ -1339,6 +1659,20 @@ inline int fwd_launch(const fx_ssm_fwd_args *a, int sm_count, FwdLaunch *l, fx_s
 {
     if (check_saved(a, C::SAVE, st))
         return st->code;
+    if (C::NPAD == kWsStates && C::SAVE == kWsSteps) {
+        l->p = scan_params(a, kWsChannels);
+        l->p.y = a->y->data;
+        l->p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
+        l->ws = ws_fits<T>(l->p);
+        if (l->ws) {
+            l->warps = kWsThreads / 32;
+            l->smem = WsSmem<T>::BYTES;
+            l->grid = l->p.units;
+            l->fast = true;
+            return FX_OK;
+        }
+    }
+    l->ws = false;
     l->p = scan_params(a, C::WCH);
     l->p.y = a->y->data;
     l->p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;

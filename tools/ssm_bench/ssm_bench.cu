@@ -18,9 +18,6 @@
 #include <vector>
 
 #include "cuda/ssm_kernels.cuh"
-#ifdef SSM_WS // the warp-specialized forward prototype
-#include "ws_kernel.cuh"
-#endif
 #ifdef SSM_BASELINE // a copy of an earlier ssm_kernels.cuh in namespace fx_ssm_base
 #include "baseline_kernels.cuh"
 #endif
@@ -178,21 +175,24 @@ template <typename T> static void launch_fwd_base(const fx_ssm_fwd_args *a)
 }
 #endif
 
-#ifdef SSM_WS
-template <typename T, class U> static void launch_ws(const fx_ssm_fwd_args *a)
+// As cuda_ssm_forward: the warp-specialized kernel where it fits, else the
+// one-warp-a-tile kernel.
+template <typename T> static void launch_fwd_lib(const fx_ssm_fwd_args *a)
 {
-    ScanParams p = scan_params(a, ws::CH);
-    p.y = a->y->data;
-    p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
-    if (!ws::fits<T>(p)) {
-        fprintf(stderr, "ws: the prototype does not take this shape\n");
+    typedef Cfg<4, 4> C;
+    FwdLaunch l{};
+    fx_status st{};
+    if (fwd_launch<T, C>(a, g_sms, &l, &st)) {
+        fprintf(stderr, "fwd_launch: %s\n", st.msg);
         exit(1);
     }
-    CUDA_CHECK(cudaFuncSetAttribute(ws::fwd_kernel<T, U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)ws::Smem<T>::BYTES));
-    ws::fwd_kernel<T, U><<<(unsigned)p.units, 32 * (ws::SW + U::PW), ws::Smem<T>::BYTES, g_stream>>>(p);
+    if (!l.ws) {
+        launch_fwd<T>(a);
+        return;
+    }
+    CUDA_CHECK(cudaFuncSetAttribute(ssm_fwd_ws_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l.smem));
+    ssm_fwd_ws_kernel<T><<<(unsigned)l.grid, 32 * l.warps, l.smem, g_stream>>>(l.p);
 }
-#endif
 
 // rel-L2 distance of two outputs of the input type (on the host).
 static double rel_l2(const fx_tensor &a, const fx_tensor &b)
@@ -248,7 +248,9 @@ static std::vector<Variant> variants()
     v.push_back(Variant{"baseline (main)", [](const fx_ssm_fwd_args *a) { launch_fwd_base<float>(a); },
                         [](const fx_ssm_fwd_args *a) { launch_fwd_base<__nv_bfloat16>(a); }});
 #endif
-    v.push_back(variant<FwdDefault>("default"));
+    v.push_back(Variant{"library (warp-specialized where it fits)", launch_fwd_lib<float>,
+                        launch_fwd_lib<__nv_bfloat16>});
+    v.push_back(variant<FwdDefault>("one warp a tile, LOOK 2, fence"));
 #ifdef SSM_VARIANTS
     v.push_back(variant<FwdTune<2, 0>>("LOOK 2, no fence"));
     v.push_back(variant<FwdTune<0, 0>>("LOOK 0, no fence"));
@@ -262,19 +264,6 @@ static std::vector<Variant> variants()
     v.push_back(variant_cfg<FwdTune<1, 0, 16, 1>, Cfg<1, 16>>("1 x 16, LOOK 1, no fence, T16"));
     v.push_back(variant_cfg<FwdTune<2, 1, 8, 1>, Cfg<1, 16>>("1 x 16, LOOK 2, fence, T8"));
     v.push_back(variant_cfg<FwdTune<2, 1, 16, 2>, Cfg<2, 8>>("2 x 8, LOOK 2, fence, T16"));
-#endif
-#ifdef SSM_WS
-    v.push_back(Variant{"ws: 4 + 4, LOOK 2, fence", launch_ws<float, ws::Tune<4, 2, true>>,
-                        launch_ws<__nv_bfloat16, ws::Tune<4, 2, true>>});
-    v.push_back(Variant{"ws: 4 + 4, LOOK 2", launch_ws<float, ws::Tune<4, 2>>,
-                        launch_ws<__nv_bfloat16, ws::Tune<4, 2>>});
-    v.push_back(Variant{"ws: 4 + 4, LOOK 2, split barriers", launch_ws<float, ws::Tune<4, 2, false, true>>,
-                        launch_ws<__nv_bfloat16, ws::Tune<4, 2, false, true>>});
-    v.push_back(Variant{"ws: 4 + 2, LOOK 2, split barriers", launch_ws<float, ws::Tune<2, 2, false, true>>,
-                        launch_ws<__nv_bfloat16, ws::Tune<2, 2, false, true>>});
-    v.push_back(Variant{"ws: 4 + 4, LOOK 3, split barriers", launch_ws<float, ws::Tune<4, 3, false, true>>,
-                        launch_ws<__nv_bfloat16, ws::Tune<4, 3, false, true>>});
-    v.push_back(variant<FwdDefault>("default again"));
 #endif
 #ifdef SSM_SHORT // shorter chunks: a shorter first load and commit for short sequences
     v.push_back(variant<FwdTune<2, 1, 8>>("T8, LOOK 2, fence"));
@@ -421,29 +410,11 @@ int main(int argc, char **argv)
         return 0;
     }
 
-#ifdef SSM_WS
-    if (mode == "ws-small") { // every variant on small shapes against the first, for compute-sanitizer
-        std::vector<Variant> vs = variants();
-        for (auto shape : {std::vector<int>{2, 100, 64, 16}, std::vector<int>{1, 33, 96, 16}}) {
-            Problem pb(shape[0], shape[1], shape[2], shape[3], FX_F32);
-            fx_ssm_fwd_args a = pb.args;
-            a.y = &pb.y2;
-            vs[0].f32(&a);
-            for (auto &v : vs) {
-                CUDA_CHECK(cudaMemset(pb.y.data, 0xff, pb.y.nbytes));
-                v.f32(&pb.args);
-                CUDA_CHECK(cudaDeviceSynchronize());
-                printf("B%d L%d D%d: %s: rel-L2 %.2e\n", shape[0], shape[1], shape[2], v.name, rel_l2(pb.y, pb.y2));
-            }
-        }
-        return 0;
-    }
-#endif
     if (mode == "ncu") {
-        launch_fwd<float>(&big.args);
-        launch_fwd<__nv_bfloat16>(&bigh.args);
+        launch_fwd_lib<float>(&big.args);
+        launch_fwd_lib<__nv_bfloat16>(&bigh.args);
         big.args.saved = &big.saved;
-        launch_fwd<float>(&big.args);
+        launch_fwd_lib<float>(&big.args);
         big.args.saved = nullptr;
         Grads g(big, &big.saved);
         launch_bwd<float>(g);
@@ -453,15 +424,15 @@ int main(int argc, char **argv)
 
     printf("| kernel | shape | type | median us | GB/s |\n|---|---|---|---:|---:|\n");
     const int R = 20;
-    row("fwd", big, time_us([&] { launch_fwd<float>(&big.args); }, R), fwd_bytes(big));
-    row("fwd", bigh, time_us([&] { launch_fwd<__nv_bfloat16>(&bigh.args); }, R), fwd_bytes(bigh));
+    row("fwd", big, time_us([&] { launch_fwd_lib<float>(&big.args); }, R), fwd_bytes(big));
+    row("fwd", bigh, time_us([&] { launch_fwd_lib<__nv_bfloat16>(&bigh.args); }, R), fwd_bytes(bigh));
     {
         big.args.saved = &big.saved;
-        row("fwd + saved states", big, time_us([&] { launch_fwd<float>(&big.args); }, R), fwd_bytes(big));
+        row("fwd + saved states", big, time_us([&] { launch_fwd_lib<float>(&big.args); }, R), fwd_bytes(big));
         big.args.saved = nullptr;
         Grads g(big, &big.saved);
         big.args.saved = &big.saved;
-        launch_fwd<float>(&big.args); // the states the backward starts from
+        launch_fwd_lib<float>(&big.args); // the states the backward starts from
         big.args.saved = nullptr;
         // a busy-wait first: the host's enqueue of the memset, the kernel and the
         // sums (cudaFuncSetAttribute every time here) would otherwise be timed as
@@ -471,7 +442,7 @@ int main(int argc, char **argv)
         row("bwd kernel alone", big, time_us([&] { launch_bwd<float>(g, true); }, 10, busy), 0);
         row("fwd+bwd", big, time_us([&] {
             big.args.saved = &big.saved;
-            launch_fwd<float>(&big.args);
+            launch_fwd_lib<float>(&big.args);
             big.args.saved = nullptr;
             launch_bwd<float>(g);
         }, 10, busy), 0);
@@ -482,15 +453,13 @@ int main(int argc, char **argv)
         for (int i = 0; i < 4; i++)
             sets.push_back(new Problem(32, 60, 512, 16, FX_F32));
         int k = 0;
-        for (int w : {1, 4})
-            row(w == 1 ? "fwd W1" : "fwd W4", *sets[0],
-                time_us([&] { launch_fwd<float>(&sets[k++ % 4]->args, w); }, 200), fwd_bytes(*sets[0]));
+        row("fwd", *sets[0], time_us([&] { launch_fwd_lib<float>(&sets[k++ % 4]->args); }, 200), fwd_bytes(*sets[0]));
     }
     {
         Problem s1(1, 32, 512, 16, FX_F32);
         row("empty kernel (launch floor)", s1,
             time_us([&] { empty_kernel<<<16, 128, 0, g_stream>>>(static_cast<float *>(s1.y2.data)); }, 300), 0);
-        row("fwd", s1, time_us([&] { launch_fwd<float>(&s1.args); }, 300), fwd_bytes(s1));
+        row("fwd", s1, time_us([&] { launch_fwd_lib<float>(&s1.args); }, 300), fwd_bytes(s1));
         Problem st(1, 1, 512, 16, FX_F32);
         StepParams sp = step_of(st);
         row("step", st, time_us([&] { launch_step<float>(sp); }, 500), 0);

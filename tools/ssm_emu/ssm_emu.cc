@@ -55,7 +55,9 @@ int emu_forward(int, const fx_ssm_fwd_args *a, fx_status *st)
             if (fwd_launch<T, C>(a, 4, &l, st))
                 return st->code;
             const ScanParams &p = l.p;
-            if (l.fast)
+            if (l.ws)
+                launch(l.grid, 32 * l.warps, l.smem, [&] { ssm_fwd_ws_kernel<T>(p); });
+            else if (l.fast)
                 launch(l.grid, 32 * l.warps, l.smem, [&] { ssm_fwd_kernel<T, C, true>(p); });
             else
                 launch(l.grid, 32 * l.warps, l.smem, [&] { ssm_fwd_kernel<T, C, false>(p); });
