@@ -793,8 +793,8 @@ __global__ void __launch_bounds__(kFwdMaxThreads, U::MINB) ssm_fwd_kernel(const 
 //     and the epilogue (the 4 parts added, d x, the gate recomputed from
 //     the raw z, one vector store of y). A staging warp touches no other's
 //     rows, so the staging needs no barrier of its own.
-// One block barrier a chunk: the scan of chunk j runs beside the epilogue
-// of j - 1 and the commit of j + 1. 24 warps an SM (3 blocks, 61 KB of
+// One block barrier a chunk (ws_block_sync): the scan of chunk j runs
+// beside the epilogue of j - 1 and the commit of j + 1. 24 warps an SM (3 blocks, 61 KB of
 // shared memory each for f32), all resident for the large case: 218 -> ~182
 // us (bench/RESULTS.md), the small cases faster too.
 constexpr int kWsChannels = 32, kWsScanWarps = 4, kWsStageWarps = 4, kWsSteps = 16, kWsStates = 16;
@@ -1032,6 +1032,19 @@ __device__ __forceinline__ void ws_scan_chunk(int j, int w, int lane, float (&h)
     }
 }
 
+// The block barrier of the warp-specialized kernel. The scan and staging
+// warps reach it at different instructions, which __syncthreads (bar.sync,
+// i.e. barrier.sync.aligned) does not allow (compute-sanitizer's synccheck
+// reports it); barrier.sync without .aligned does.
+__device__ __forceinline__ void ws_block_sync()
+{
+#ifdef __CUDA_ARCH__
+    asm volatile("barrier.sync 1, %0;" ::"n"(kWsThreads) : "memory");
+#else
+    __syncthreads();
+#endif
+}
+
 template <typename T> __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanParams p)
 {
     using S = WsSmem<T>;
@@ -1049,14 +1062,14 @@ template <typename T> __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_w
             a2[i] = fx_load_any(p.a, p.a_type, (int64_t)d * kWsStates + 4 * warp + i) * fx_log2e;
             h[i] = p.h0 ? fx_load_any(p.h0, p.h0_type, at + i) : 0.0f;
         }
-        __syncthreads(); // chunk 0 committed
+        ws_block_sync(); // chunk 0 committed
         for (int j = 0; j < chunks; j++) {
             ws_scan_chunk<T>(j, warp, lane, h, a2, sm);
             // the state entering chunk j + 1, for the backward (SAVE = TS)
             if (p.saved && (j + 1) * TS < p.seqlen)
                 *reinterpret_cast<float4 *>(p.saved + (((int64_t)t.b * p.nsaved + j) * p.dim + d) * kWsStates +
                                             4 * warp) = make_float4(h[0], h[1], h[2], h[3]);
-            __syncthreads(); // chunk j's parts written; chunk j + 1 committed
+            ws_block_sync(); // chunk j's parts written; chunk j + 1 committed
         }
         if (p.state)
             *reinterpret_cast<float4 *>(p.state + at) = make_float4(h[0], h[1], h[2], h[3]);
@@ -1073,7 +1086,7 @@ template <typename T> __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_w
         __syncwarp();
         if (chunks > 0)
             st.commit(p, 0, sm, lane, k);
-        __syncthreads();
+        ws_block_sync();
         for (int j = 0; j < chunks; j++) {
             if (j > 0)
                 st.epilogue(p, j - 1, sm);
@@ -1087,7 +1100,7 @@ template <typename T> __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_w
                 st.load(p, j + kWsRing - 1, sm);
             else
                 fx_copy_commit();
-            __syncthreads();
+            ws_block_sync();
         }
         if (chunks > 0)
             st.epilogue(p, chunks - 1, sm);
