@@ -21,25 +21,28 @@ int opt_in_smem(fx_cuda_device *d, K kernel, size_t bytes, std::atomic<bool> (&o
     return FX_OK;
 }
 
-template <typename T, class C, bool FAST>
-int launch_forward(fx_cuda_device *d, const FwdLaunch &l, fx_status *st)
+// One forward kernel's launch; `opted`: that kernel's opt-in flags.
+template <typename K>
+int launch_forward_kernel(fx_cuda_device *d, K kernel, std::atomic<bool> (&opted)[FX_CUDA_MAX_DEVICES],
+                          size_t opt_in_bytes, const FwdLaunch &l, fx_status *st)
 {
-    auto kernel = ssm_fwd_kernel<T, C, FAST>;
-    static std::atomic<bool> opted[FX_CUDA_MAX_DEVICES];
-    if (opt_in_smem(d, kernel, kFwdMaxSmem, opted, "cudaFuncSetAttribute (selective_scan forward)", st))
+    if (opt_in_smem(d, kernel, opt_in_bytes, opted, "cudaFuncSetAttribute (selective_scan forward)", st))
         return st->code;
     kernel<<<(unsigned)l.grid, 32 * l.warps, l.smem, d->stream>>>(l.p);
     return fx_cuda_launched(d, "selective_scan forward kernel", st);
 }
 
+template <typename T, class C, bool FAST>
+int launch_forward(fx_cuda_device *d, const FwdLaunch &l, fx_status *st)
+{
+    static std::atomic<bool> opted[FX_CUDA_MAX_DEVICES];
+    return launch_forward_kernel(d, ssm_fwd_kernel<T, C, FAST>, opted, kFwdMaxSmem, l, st);
+}
+
 template <typename T> int launch_forward_ws(fx_cuda_device *d, const FwdLaunch &l, fx_status *st)
 {
-    auto kernel = ssm_fwd_ws_kernel<T>;
     static std::atomic<bool> opted[FX_CUDA_MAX_DEVICES];
-    if (opt_in_smem(d, kernel, l.smem, opted, "cudaFuncSetAttribute (selective_scan forward)", st))
-        return st->code;
-    kernel<<<(unsigned)l.grid, 32 * l.warps, l.smem, d->stream>>>(l.p);
-    return fx_cuda_launched(d, "selective_scan forward kernel", st);
+    return launch_forward_kernel(d, ssm_fwd_ws_kernel<T>, opted, l.smem, l, st);
 }
 
 int cuda_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)

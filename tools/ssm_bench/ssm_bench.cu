@@ -137,12 +137,12 @@ static void row(const char *what, const Problem &p, double us, double bytes)
 // ---- launchers (as in ssm.cu, with the knobs exposed) ----
 
 template <typename T, class U = FwdDefault, class C = Cfg<4, 4>>
-static void launch_fwd(const fx_ssm_fwd_args *a, int warps_override = 0)
+static void launch_fwd(const fx_ssm_fwd_args *a)
 {
     ScanParams p = scan_params(a, C::WCH);
     p.y = a->y->data;
     p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
-    const int warps = warps_override ? warps_override : fwd_block_warps<T, C, U>(p, g_sms);
+    const int warps = fwd_block_warps<T, C, U>(p, g_sms);
     const unsigned grid = (unsigned)((p.units + warps - 1) / warps);
     const size_t smem = warps * FwdSmem<T, C, U>::BYTES;
     if (fwd_fast<T, C>(p)) {
