@@ -14,12 +14,15 @@
 // warp holds 8 channels and the large benchmark (8 x 1536 channels) ~12
 // warps per SM, all resident at once.
 //
-// Forward and backward are built from warps that do not wait for each other
-// (see the sections below): with ~3 warps per scheduler, a barrier would
-// leave it idle, so each warp stages its own inputs (cp.async a chunk
-// ahead), and sums over the lanes of a channel go through shared memory,
-// out of the path from one step to the next. The step is one thread group
-// per (batch, channel), one launch.
+// The one-warp-a-tile forward and the backward are built from warps that do
+// not wait for each other (see the sections below): with ~3 warps per
+// scheduler, a barrier would leave it idle, so each warp stages its own
+// inputs (cp.async a chunk ahead), and sums over the lanes of a channel go
+// through shared memory, out of the path from one step to the next. For
+// dstate 16 the forward is warp-specialized instead (ssm_fwd_ws_kernel):
+// scan warps with a lane per channel beside as many staging warps, which
+// doubles the warps a scheduler for the same instructions. The step is one
+// thread group per (batch, channel), one launch.
 
 #include <limits.h>
 #include <string.h>
