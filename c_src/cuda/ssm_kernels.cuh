@@ -797,9 +797,9 @@ __global__ void __launch_bounds__(kFwdMaxThreads, U::MINB) ssm_fwd_kernel(const 
 //     the raw z, one vector store of y). A staging warp touches no other's
 //     rows, so the staging needs no barrier of its own.
 // One block barrier a chunk (ws_block_sync): the scan of chunk j runs
-// beside the epilogue of j - 1 and the commit of j + 1. 24 warps an SM (3 blocks, 61 KB of
-// shared memory each for f32), all resident for the large case: 218 -> ~182
-// us (bench/RESULTS.md), the small cases faster too.
+// beside the epilogue of j - 1 and the commit of j + 1. 24 warps an SM (3
+// blocks of 56 KB of shared memory for f32), all resident for the large
+// case: 214-221 -> 184-188 us (bench/RESULTS.md), the small cases faster too.
 constexpr int kWsChannels = 32, kWsScanWarps = 4, kWsStageWarps = 4, kWsSteps = 16, kWsStates = 16;
 constexpr int kWsThreads = 32 * (kWsScanWarps + kWsStageWarps);
 constexpr int kWsRing = 4; // raw chunks: j (b, c being scanned) .. j + 3 (landing)
@@ -843,12 +843,12 @@ template <typename T> struct WsStaging {
     static constexpr int ROWS = TS / kWsStageWarps;   // a staging warp's rows a chunk
     static constexpr int NUX = (ROWS * XU + 31) / 32, NUB = (ROWS * BU + 31) / 32;
     static_assert(ROWS == 4, "a lane takes one row of 8 lanes x 4 channels");
-    int r, c0;     // the lane's row of each chunk and its first channel
-    int rx[NUX], rb[NUB]; // rows of the lane's copies (-1: none)
+    int r, c0;                // the lane's row of each chunk and its first channel
+    int rx[NUX], rb[NUB];     // rows of the lane's copies (-1: none)
     int sx[NUX], sb[NUB]; // their places in a raw buffer (elements)
     int64_t gx[NUX], gb[NUB]; // their sources in the next chunk to load (elements)
     int64_t oy;               // the lane's y in the next chunk written
-    int64_t chunk_x, chunk_b, row_y;
+    int64_t chunk_x, chunk_b;
     float bias[4], dskip[4];
 
     __device__ WsStaging(const ScanParams &p, const Tile &t, int lane, int k)
@@ -876,8 +876,7 @@ template <typename T> struct WsStaging {
             gb[i] = b0 + (int64_t)row * p.groups * N + q * EPU;
         }
         chunk_x = (int64_t)TS * p.dim, chunk_b = (int64_t)TS * p.groups * N;
-        row_y = (int64_t)r * p.dim;
-        oy = x0 + row_y + c0;
+        oy = x0 + (int64_t)r * p.dim + c0;
     }
 
     // Starts the copies of chunk j's rows of this warp into raw buffer j;
