@@ -803,7 +803,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads, U::MINB) ssm_fwd_kernel(const 
 constexpr int kWsChannels = 32, kWsScanWarps = 4, kWsStageWarps = 4, kWsSteps = 16, kWsStates = 16;
 constexpr int kWsThreads = 32 * (kWsScanWarps + kWsStageWarps);
 constexpr int kWsRing = 4; // raw chunks: j (b, c being scanned) .. j + 3 (landing)
-constexpr int kWsLook = 2; // a decay's exp this many steps before its FMA
+constexpr int kWsLook = 3; // a decay's exp this many steps before its FMA
 
 template <typename T> struct WsSmem {
     static constexpr int CH = kWsChannels, N = kWsStates, TS = kWsSteps;
@@ -992,11 +992,11 @@ template <typename T> struct WsStaging {
 // and increments are computed kWsLook steps before their FMAs, from
 // operands read a step before that; every load is issued before the step's
 // store (a shared-memory load cannot move above a store).
-template <typename T>
+template <typename T, int LOOK>
 __device__ __forceinline__ void ws_scan_chunk(int j, int w, int lane, float (&h)[4], const float (&a2)[4], float *sm)
 {
     using S = WsSmem<T>;
-    constexpr int TS = S::TS, CH = S::CH, N = S::N, LOOK = kWsLook;
+    constexpr int TS = S::TS, CH = S::CH, N = S::N;
     const float *dd_col = sm + S::DD + (j % 2) * TS * CH * 2 + 2 * lane;
     const float *b_rows = S::b_rows(sm, j) + 4 * w, *c_rows = b_rows + TS * N;
     float *parts = sm + S::P + (j % 2) * kWsScanWarps * TS * CH + w * TS * CH + lane;
@@ -1047,7 +1047,8 @@ __device__ __forceinline__ void ws_block_sync()
 #endif
 }
 
-template <typename T> __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanParams p)
+template <typename T, int LOOK = kWsLook>
+__global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanParams p)
 {
     using S = WsSmem<T>;
     constexpr int TS = S::TS;
@@ -1066,7 +1067,7 @@ template <typename T> __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_w
         }
         ws_block_sync(); // chunk 0 committed
         for (int j = 0; j < chunks; j++) {
-            ws_scan_chunk<T>(j, warp, lane, h, a2, sm);
+            ws_scan_chunk<T, LOOK>(j, warp, lane, h, a2, sm);
             // the state entering chunk j + 1, for the backward (SAVE = TS)
             if (p.saved && (j + 1) * TS < p.seqlen)
                 *reinterpret_cast<float4 *>(p.saved + (((int64_t)t.b * p.nsaved + j) * p.dim + d) * kWsStates +

@@ -177,7 +177,7 @@ template <typename T> static void launch_fwd_base(const fx_ssm_fwd_args *a)
 
 // As cuda_ssm_forward: the warp-specialized kernel where it fits, else the
 // one-warp-a-tile kernel.
-template <typename T> static void launch_fwd_lib(const fx_ssm_fwd_args *a)
+template <typename T, int LOOK = kWsLook> static void launch_fwd_lib(const fx_ssm_fwd_args *a)
 {
     typedef Cfg<4, 4> C;
     FwdLaunch l{};
@@ -190,8 +190,8 @@ template <typename T> static void launch_fwd_lib(const fx_ssm_fwd_args *a)
         launch_fwd<T>(a);
         return;
     }
-    CUDA_CHECK(cudaFuncSetAttribute(ssm_fwd_ws_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l.smem));
-    ssm_fwd_ws_kernel<T><<<(unsigned)l.grid, 32 * l.warps, l.smem, g_stream>>>(l.p);
+    CUDA_CHECK(cudaFuncSetAttribute(ssm_fwd_ws_kernel<T, LOOK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l.smem));
+    ssm_fwd_ws_kernel<T, LOOK><<<(unsigned)l.grid, 32 * l.warps, l.smem, g_stream>>>(l.p);
 }
 
 // rel-L2 distance of two outputs of the input type (on the host).
@@ -250,6 +250,7 @@ static std::vector<Variant> variants()
 #endif
     v.push_back(Variant{"library (warp-specialized where it fits)", launch_fwd_lib<float>,
                         launch_fwd_lib<__nv_bfloat16>});
+    v.push_back(Variant{"warp-specialized, LOOK 2", launch_fwd_lib<float, 2>, launch_fwd_lib<__nv_bfloat16, 2>});
     v.push_back(variant<FwdDefault>("one warp a tile, LOOK 2, fence"));
 #ifdef SSM_VARIANTS
     v.push_back(variant<FwdTune<2, 0>>("LOOK 2, no fence"));
