@@ -803,7 +803,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads, U::MINB) ssm_fwd_kernel(const 
 constexpr int kWsChannels = 32, kWsScanWarps = 4, kWsStageWarps = 4, kWsSteps = 16, kWsStates = 16;
 constexpr int kWsThreads = 32 * (kWsScanWarps + kWsStageWarps);
 constexpr int kWsRing = 4; // raw chunks: j (b, c being scanned) .. j + 3 (landing)
-constexpr int kWsLook = 3; // a decay's exp this many steps before its FMA
+constexpr int kWsLook = 2; // a decay's exp this many steps before its FMA (3: slower)
 
 template <typename T> struct WsSmem {
     static constexpr int CH = kWsChannels, N = kWsStates, TS = kWsSteps;

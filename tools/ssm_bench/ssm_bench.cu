@@ -250,7 +250,7 @@ static std::vector<Variant> variants()
 #endif
     v.push_back(Variant{"library (warp-specialized where it fits)", launch_fwd_lib<float>,
                         launch_fwd_lib<__nv_bfloat16>});
-    v.push_back(Variant{"warp-specialized, LOOK 2", launch_fwd_lib<float, 2>, launch_fwd_lib<__nv_bfloat16, 2>});
+    v.push_back(Variant{"warp-specialized, LOOK 3", launch_fwd_lib<float, 3>, launch_fwd_lib<__nv_bfloat16, 3>});
     v.push_back(variant<FwdDefault>("one warp a tile, LOOK 2, fence"));
 #ifdef SSM_VARIANTS
     v.push_back(variant<FwdTune<2, 0>>("LOOK 2, no fence"));
