@@ -36,6 +36,7 @@ template <typename T, class C, bool FAST>
 int launch_forward(fx_cuda_device *d, const FwdLaunch &l, fx_status *st)
 {
     static std::atomic<bool> opted[FX_CUDA_MAX_DEVICES];
+    // its blocks vary in size (1-4 warps): opt in once for the largest
     return launch_forward_kernel(d, ssm_fwd_kernel<T, C, FAST>, opted, kFwdMaxSmem, l, st);
 }
 

@@ -1632,6 +1632,8 @@ inline ScanParams scan_params(const fx_ssm_fwd_args *a, int ch)
     p.tiles = (p.cpg + ch - 1) / ch;
     p.units = p.batch * p.groups * p.tiles;
     p.softplus = a->dt_softplus;
+    p.y = a->y ? a->y->data : nullptr; // the outputs (a backward's copy of the arguments has none)
+    p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
     if (a->saved) {
         p.saved = static_cast<float *>(a->saved->data);
         p.nsaved = (int)a->saved->dims[1];
@@ -1675,10 +1677,8 @@ inline int fwd_launch(const fx_ssm_fwd_args *a, int sm_count, FwdLaunch *l, fx_s
 {
     if (check_saved(a, C::SAVE, st))
         return st->code;
-    if (C::NPAD == kWsStates && C::SAVE == kWsSteps) {
+    if constexpr (C::NPAD == kWsStates && C::SAVE == kWsSteps) {
         l->p = scan_params(a, kWsChannels);
-        l->p.y = a->y->data;
-        l->p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
         l->ws = ws_fits<T>(l->p);
         if (l->ws) {
             l->warps = kWsThreads / 32;
@@ -1690,8 +1690,6 @@ inline int fwd_launch(const fx_ssm_fwd_args *a, int sm_count, FwdLaunch *l, fx_s
     }
     l->ws = false;
     l->p = scan_params(a, C::WCH);
-    l->p.y = a->y->data;
-    l->p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
     l->warps = fwd_block_warps<T, C>(l->p, sm_count);
     l->smem = l->warps * FwdSmem<T, C>::BYTES;
     l->grid = (l->p.units + l->warps - 1) / l->warps;
