@@ -818,9 +818,9 @@ template <typename T> struct WsSmem {
     static constexpr int RAWS = P + 2 * kWsScanWarps * TS * CH; // [kWsRing][RAW]
     static constexpr int WORDS = RAWS + kWsRing * RAW;
     static constexpr size_t BYTES = sizeof(float) * WORDS;
-    __device__ static float *raw(float *sm, int j) { return sm + RAWS + (j % kWsRing) * RAW; }
+    __device__ static float *raw(float *sm, unsigned j) { return sm + RAWS + (j % kWsRing) * RAW; }
     // chunk j's f32 b rows (its c rows follow, TS * N floats on)
-    __device__ static const float *b_rows(float *sm, int j)
+    __device__ static const float *b_rows(float *sm, unsigned j)
     {
         return F32 ? raw(sm, j) + 3 * RAWX : sm + BC + (j % 2) * 2 * TS * N;
     }
@@ -841,13 +841,17 @@ template <typename T> struct WsStaging {
     static constexpr int EPU = 16 / (int)sizeof(T);  // elements a 16-byte copy
     static constexpr int XU = CH / EPU, BU = N / EPU; // copies a row of x, of b
     static constexpr int ROWS = TS / kWsStageWarps;   // a staging warp's rows a chunk
-    static constexpr int NUX = (ROWS * XU + 31) / 32, NUB = (ROWS * BU + 31) / 32;
     static_assert(ROWS == 4, "a lane takes one row of 8 lanes x 4 channels");
-    int r, c0;                // the lane's row of each chunk and its first channel
-    int rx[NUX], rb[NUB];     // rows of the lane's copies (-1: none)
-    int sx[NUX], sb[NUB]; // their places in a raw buffer (elements)
-    int64_t gx[NUX], gb[NUB]; // their sources in the next chunk to load (elements)
-    int64_t oy;               // the lane's y in the next chunk written
+    static_assert(ROWS * XU <= 32 && ROWS * BU <= 32, "one copy a lane and input");
+    // Everything a chunk touches is a fixed offset from where the previous
+    // chunk's was: the sources and y step by pointers, the shared slots are
+    // offsets from the ring's slot (unsigned chunk numbers: a slot is a mask).
+    int r, c0;                   // the lane's row of each chunk and its first channel
+    bool copies_x, copies_b;     // whether the lane has a piece of x (dt, z), of b (c)
+    int row_x, row_b;            // the rows of its pieces
+    int sx, sb;                  // their places in a raw buffer (elements of T)
+    const T *src[5];             // x, dt, z, b, c: the lane's pieces of the next chunk to load
+    T *y;                        // the lane's y in the next chunk written
     int64_t chunk_x, chunk_b;
     float bias[4], dskip[4];
 
@@ -861,59 +865,53 @@ template <typename T> struct WsStaging {
             dskip[v] = p.d ? fx_load_any(p.d, p.d_type, t.d0 + c0 + v) : 0.0f;
         }
         const int64_t x0 = at_btd(p, t.b, 0, t.d0), b0 = at_btg(p, t.b, 0, t.g);
+        copies_x = lane < ROWS * XU, copies_b = lane < ROWS * BU;
+        row_x = k + kWsStageWarps * (lane / XU), row_b = k + kWsStageWarps * (lane / BU);
+        sx = row_x * CH + (lane % XU) * EPU, sb = row_b * N + (lane % BU) * EPU;
+        const int64_t gx = x0 + (int64_t)row_x * p.dim + (lane % XU) * EPU;
+        const int64_t gb = b0 + (int64_t)row_b * p.groups * N + (lane % BU) * EPU;
+        const T *const in[5] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt),
+                                static_cast<const T *>(p.z), static_cast<const T *>(p.b),
+                                static_cast<const T *>(p.c)};
 #pragma unroll
-        for (int i = 0; i < NUX; i++) {
-            const int u = 32 * i + lane, row = k + kWsStageWarps * (u / XU), q = u % XU;
-            rx[i] = u < ROWS * XU ? row : -1;
-            sx[i] = row * CH + q * EPU;
-            gx[i] = x0 + (int64_t)row * p.dim + q * EPU;
-        }
-#pragma unroll
-        for (int i = 0; i < NUB; i++) {
-            const int u = 32 * i + lane, row = k + kWsStageWarps * (u / BU), q = u % BU;
-            rb[i] = u < ROWS * BU ? row : -1;
-            sb[i] = row * N + q * EPU;
-            gb[i] = b0 + (int64_t)row * p.groups * N + q * EPU;
-        }
+        for (int m = 0; m < 5; m++) // (no z: x's pieces stand in, never copied)
+            src[m] = (in[m] ? in[m] : in[0]) + (m < 3 ? gx : gb);
         chunk_x = (int64_t)TS * p.dim, chunk_b = (int64_t)TS * p.groups * N;
-        oy = x0 + (int64_t)r * p.dim + c0;
+        y = static_cast<T *>(p.y) + x0 + (int64_t)r * p.dim + c0;
     }
 
     // Starts the copies of chunk j's rows of this warp into raw buffer j;
     // called for j = 0, 1, 2, ... in order (the sources step a chunk).
     // Rows past the end are zeros (the scan then keeps its state).
-    template <bool FULL> __device__ __forceinline__ void copy(const ScanParams &p, int j, float *sm)
+    template <bool FULL> __device__ __forceinline__ void copy(const ScanParams &p, unsigned j, float *sm)
     {
         float *raw = S::raw(sm, j);
-        const int rows = p.seqlen - j * TS;
-        const T *src[3] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt), static_cast<const T *>(p.z)};
+        const int rows = p.seqlen - (int)j * TS;
+        // a row past the end reads nothing; its address is the tensor's start
+        const T *const in[5] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt),
+                                static_cast<const T *>(p.z), static_cast<const T *>(p.b),
+                                static_cast<const T *>(p.c)};
+        if (copies_x) {
+            const bool ok = FULL || row_x < rows;
 #pragma unroll
-        for (int i = 0; i < NUX; i++) {
-            if ((ROWS * XU) % 32 == 0 || rx[i] >= 0) {
-                const bool ok = FULL || rx[i] < rows;
-                const int64_t at = ok ? gx[i] : 0;
+            for (int m = 0; m < 3; m++)
+                if (m < 2 || p.z)
+                    fx_copy_async<16>(reinterpret_cast<T *>(raw + m * S::RAWX) + sx, ok ? src[m] : in[m], ok);
+        }
+        if (copies_b) {
+            const bool ok = FULL || row_b < rows;
 #pragma unroll
-                for (int m = 0; m < 3; m++)
-                    if (m < 2 || src[2])
-                        fx_copy_async<16>(reinterpret_cast<T *>(raw + m * S::RAWX) + sx[i], src[m] + at, ok);
-            }
-            gx[i] += chunk_x;
+            for (int m = 3; m < 5; m++)
+                fx_copy_async<16>(reinterpret_cast<T *>(raw + 3 * S::RAWX + (m - 3) * S::RAWB) + sb,
+                                  ok ? src[m] : in[m], ok);
         }
 #pragma unroll
-        for (int i = 0; i < NUB; i++) {
-            if ((ROWS * BU) % 32 == 0 || rb[i] >= 0) {
-                const bool ok = FULL || rb[i] < rows;
-                const int64_t at = ok ? gb[i] : 0;
-                fx_copy_async<16>(reinterpret_cast<T *>(raw + 3 * S::RAWX) + sb[i], static_cast<const T *>(p.b) + at, ok);
-                fx_copy_async<16>(reinterpret_cast<T *>(raw + 3 * S::RAWX + S::RAWB) + sb[i],
-                                  static_cast<const T *>(p.c) + at, ok);
-            }
-            gb[i] += chunk_b;
-        }
+        for (int m = 0; m < 5; m++)
+            src[m] += m < 3 ? chunk_x : chunk_b;
     }
-    __device__ __forceinline__ void load(const ScanParams &p, int j, float *sm)
+    __device__ __forceinline__ void load(const ScanParams &p, unsigned j, float *sm)
     {
-        if ((j + 1) * TS <= p.seqlen)
+        if ((int)(j + 1) * TS <= p.seqlen)
             copy<true>(p, j, sm);
         else
             copy<false>(p, j, sm);
@@ -922,7 +920,7 @@ template <typename T> struct WsStaging {
 
     // Chunk j's (delta, delta x) of the lane's row (delta 0 past the end),
     // and for 16-bit inputs the warp's rows of b and c in f32.
-    __device__ __forceinline__ void commit(const ScanParams &p, int j, float *sm, int lane, int k)
+    __device__ __forceinline__ void commit(const ScanParams &p, unsigned j, float *sm, int lane, int k)
     {
         const float *raw = S::raw(sm, j);
         float u[4], x[4];
@@ -935,7 +933,7 @@ template <typename T> struct WsStaging {
 #pragma unroll
             for (int v = 0; v < 4; v++)
                 u[v] = softplus(u[v]);
-        const bool ok = r < p.seqlen - j * TS;
+        const bool ok = r < p.seqlen - (int)j * TS;
         float o[8];
 #pragma unroll
         for (int v = 0; v < 4; v++) {
@@ -957,13 +955,13 @@ template <typename T> struct WsStaging {
     }
 
     // y of chunk j's row of the lane; called for j = 0, 1, ... in order.
-    __device__ __forceinline__ void epilogue(const ScanParams &p, int j, float *sm)
+    __device__ __forceinline__ void epilogue(const ScanParams &p, unsigned j, float *sm)
     {
         const float *raw = S::raw(sm, j);
         const float *parts = sm + S::P + (j % 2) * kWsScanWarps * TS * CH + r * CH + c0;
-        T *y = static_cast<T *>(p.y) + oy;
-        oy += chunk_x;
-        if (r >= p.seqlen - j * TS)
+        T *out_y = y;
+        y += chunk_x;
+        if (r >= p.seqlen - (int)j * TS)
             return;
         float4 sum = *reinterpret_cast<const float4 *>(parts);
 #pragma unroll
@@ -984,7 +982,7 @@ template <typename T> struct WsStaging {
             for (int v = 0; v < 4; v++)
                 out[v] *= silu(zv[v]);
         }
-        st_vec<T, 4>(y, out);
+        st_vec<T, 4>(out_y, out);
     }
 };
 
@@ -993,7 +991,7 @@ template <typename T> struct WsStaging {
 // operands read a step before that; every load is issued before the step's
 // store (a shared-memory load cannot move above a store).
 template <typename T, int LOOK>
-__device__ __forceinline__ void ws_scan_chunk(int j, int w, int lane, float (&h)[4], const float (&a2)[4], float *sm)
+__device__ __forceinline__ void ws_scan_chunk(unsigned j, int w, int lane, float (&h)[4], const float (&a2)[4], float *sm)
 {
     using S = WsSmem<T>;
     constexpr int TS = S::TS, CH = S::CH, N = S::N;
@@ -1066,10 +1064,10 @@ __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanPar
             h[i] = p.h0 ? fx_load_any(p.h0, p.h0_type, at + i) : 0.0f;
         }
         ws_block_sync(); // chunk 0 committed
-        for (int j = 0; j < chunks; j++) {
+        for (unsigned j = 0; (int)j < chunks; j++) {
             ws_scan_chunk<T, LOOK>(j, warp, lane, h, a2, sm);
             // the state entering chunk j + 1, for the backward (SAVE = TS)
-            if (p.saved && (j + 1) * TS < p.seqlen)
+            if (p.saved && (int)(j + 1) * TS < p.seqlen)
                 *reinterpret_cast<float4 *>(p.saved + (((int64_t)t.b * p.nsaved + j) * p.dim + d) * kWsStates +
                                             4 * warp) = make_float4(h[0], h[1], h[2], h[3]);
             ws_block_sync(); // chunk j's parts written; chunk j + 1 committed
@@ -1080,8 +1078,8 @@ __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanPar
         const int k = warp - kWsScanWarps;
         WsStaging<T> st(p, t, lane, k);
 #pragma unroll
-        for (int j = 0; j < kWsRing - 1; j++)
-            if (j < chunks)
+        for (unsigned j = 0; j < kWsRing - 1; j++)
+            if ((int)j < chunks)
                 st.load(p, j, sm);
             else
                 fx_copy_commit(); // empty groups keep the count
@@ -1090,16 +1088,16 @@ __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanPar
         if (chunks > 0)
             st.commit(p, 0, sm, lane, k);
         ws_block_sync();
-        for (int j = 0; j < chunks; j++) {
+        for (unsigned j = 0; (int)j < chunks; j++) {
             if (j > 0)
                 st.epilogue(p, j - 1, sm);
-            if (j + 1 < chunks) {
+            if ((int)j + 1 < chunks) {
                 fx_copy_wait<kWsRing - 3>(); // chunk j + 1's
                 __syncwarp();
                 st.commit(p, j + 1, sm, lane, k);
             }
             __syncwarp(); // chunk j - 1's raw rows read: chunk j + 3 lands there
-            if (j + kWsRing - 1 < chunks)
+            if ((int)j + kWsRing - 1 < chunks)
                 st.load(p, j + kWsRing - 1, sm);
             else
                 fx_copy_commit();

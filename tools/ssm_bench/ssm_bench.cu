@@ -154,23 +154,19 @@ static void launch_fwd(const fx_ssm_fwd_args *a)
 }
 
 #ifdef SSM_BASELINE
-// The forward of the baseline copy, launched as its ssm.cu did.
+// The forward of the baseline copy, launched as its ssm.cu did (the
+// warp-specialized kernel where it fits).
 template <typename T> static void launch_fwd_base(const fx_ssm_fwd_args *a)
 {
     namespace B = fx_ssm_base;
-    typedef B::Cfg<4, 4> C;
-    B::ScanParams p = B::scan_params(a, C::WCH);
-    p.y = a->y->data;
-    p.state = a->state ? static_cast<float *>(a->state->data) : nullptr;
-    const int warps = B::fwd_block_warps<T, C>(p, g_sms);
-    const unsigned grid = (unsigned)((p.units + warps - 1) / warps);
-    const size_t smem = warps * B::FwdSmem<T, C>::BYTES;
-    if (!B::fwd_fast<T, C>(p)) {
-        fprintf(stderr, "baseline: not the fast path\n");
+    B::FwdLaunch l{};
+    fx_status st{};
+    if (B::fwd_launch<T, B::Cfg<4, 4>>(a, g_sms, &l, &st) || !l.ws) {
+        fprintf(stderr, "baseline: not the warp-specialized path\n");
         exit(1);
     }
-    CUDA_CHECK(cudaFuncSetAttribute(B::ssm_fwd_kernel<T, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, B::kFwdMaxSmem));
-    B::ssm_fwd_kernel<T, C, true><<<grid, 32 * warps, smem, g_stream>>>(p);
+    CUDA_CHECK(cudaFuncSetAttribute(B::ssm_fwd_ws_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l.smem));
+    B::ssm_fwd_ws_kernel<T><<<(unsigned)l.grid, 32 * l.warps, l.smem, g_stream>>>(l.p);
 }
 #endif
 
