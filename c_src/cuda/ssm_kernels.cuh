@@ -824,6 +824,12 @@ template <typename T> struct WsSmem {
     {
         return F32 ? raw(sm, j) + 3 * RAWX : sm + BC + (j % 2) * 2 * TS * N;
     }
+    // (delta, delta x) rows: a row of 32 channels is 16 16-byte pairs of
+    // channels, the last 8 of them swapped two by two, so that a staging
+    // lane's two stores of 4 channels (pairs 2l, 2l + 1) and a scan warp's
+    // 8-byte reads are free of bank conflicts; `dd_at(c)` is channel c's
+    // place (in floats) in its row
+    __device__ static constexpr int dd_at(int c) { return 2 * c ^ (c >> 4) << 2; }
 };
 
 // The shapes it takes: dstate 16, whole 32-channel tiles, 16-byte aligned
@@ -842,15 +848,26 @@ template <typename T> struct WsStaging {
     static constexpr int XU = CH / EPU, BU = N / EPU; // copies a row of x, of b
     static constexpr int ROWS = TS / kWsStageWarps;   // a staging warp's rows a chunk
     static_assert(ROWS == 4, "a lane takes one row of 8 lanes x 4 channels");
-    static_assert(ROWS * XU <= 32 && ROWS * BU <= 32, "one copy a lane and input");
+    static_assert(ROWS * XU <= 32 && 2 * ROWS * BU <= 32, "one copy a lane of x (dt, z), of b or c");
+    // The rows of b and c a staging warp copies (and for 16-bit inputs
+    // converts): 2k, 2k + 1, 2k + 8, 2k + 9, so that a copy's 8 lanes
+    // cover two neighbouring rows, all 32 banks. (Its own rows of x, dt, z
+    // are k, k + 4, ...: nothing else reads the rows of b and c before the
+    // block barrier.) `bc_row_of(k, g)`: the warp's g-th row; piece i of its
+    // copies: BU pieces a row, rows by pairs, b's pair then c's.
+    __device__ static int bc_row_of(int k, int g) { return 2 * k + g % 2 + 8 * (g / 2); }
+    __device__ static int bc_row(int k, int i) { return bc_row_of(k, i / BU % 2 + 2 * (i / (4 * BU))); }
+    __device__ static bool bc_is_c(int i) { return i / (2 * BU) % 2; }
     // Everything a chunk touches is a fixed offset from where the previous
     // chunk's was: the sources and y step by pointers, the shared slots are
     // offsets from the ring's slot (unsigned chunk numbers: a slot is a mask).
     int r, c0;                   // the lane's row of each chunk and its first channel
-    bool copies_x, copies_b;     // whether the lane has a piece of x (dt, z), of b (c)
-    int row_x, row_b;            // the rows of its pieces
-    int sx, sb;                  // their places in a raw buffer (elements of T)
-    const T *src[5];             // x, dt, z, b, c: the lane's pieces of the next chunk to load
+    bool copies_x, copies_bc;    // whether the lane has a piece of x (dt, z), of b or c
+    bool of_c;                   // its piece of b or c is c's
+    int row_x, row_bc;           // the rows of its pieces
+    int sx, sbc;                 // their places in a raw buffer (elements of T)
+    int dd0, dd1;                // its (delta, delta x) stores' places in a row (floats)
+    const T *src[4];             // x, dt, z, b or c: the lane's pieces of the next chunk to load
     T *y;                        // the lane's y in the next chunk written
     int64_t chunk_x, chunk_b;
     float bias[4], dskip[4];
@@ -865,16 +882,18 @@ template <typename T> struct WsStaging {
             dskip[v] = p.d ? fx_load_any(p.d, p.d_type, t.d0 + c0 + v) : 0.0f;
         }
         const int64_t x0 = at_btd(p, t.b, 0, t.d0), b0 = at_btg(p, t.b, 0, t.g);
-        copies_x = lane < ROWS * XU, copies_b = lane < ROWS * BU;
-        row_x = k + kWsStageWarps * (lane / XU), row_b = k + kWsStageWarps * (lane / BU);
-        sx = row_x * CH + (lane % XU) * EPU, sb = row_b * N + (lane % BU) * EPU;
+        copies_x = lane < ROWS * XU, copies_bc = lane < 2 * ROWS * BU;
+        of_c = bc_is_c(lane);
+        row_x = k + kWsStageWarps * (lane / XU), row_bc = bc_row(k, lane);
+        sx = row_x * CH + (lane % XU) * EPU;
+        sbc = (of_c ? TS * N : 0) + row_bc * N + (lane % BU) * EPU;
+        dd0 = S::dd_at(c0), dd1 = S::dd_at(c0 + 2);
         const int64_t gx = x0 + (int64_t)row_x * p.dim + (lane % XU) * EPU;
-        const int64_t gb = b0 + (int64_t)row_b * p.groups * N + (lane % BU) * EPU;
-        const T *const in[5] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt),
-                                static_cast<const T *>(p.z), static_cast<const T *>(p.b),
-                                static_cast<const T *>(p.c)};
+        const int64_t gb = b0 + (int64_t)row_bc * p.groups * N + (lane % BU) * EPU;
+        const T *const in[4] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt),
+                                static_cast<const T *>(p.z), static_cast<const T *>(of_c ? p.c : p.b)};
 #pragma unroll
-        for (int m = 0; m < 5; m++) // (no z: x's pieces stand in, never copied)
+        for (int m = 0; m < 4; m++) // (no z: x's pieces stand in, never copied)
             src[m] = (in[m] ? in[m] : in[0]) + (m < 3 ? gx : gb);
         chunk_x = (int64_t)TS * p.dim, chunk_b = (int64_t)TS * p.groups * N;
         y = static_cast<T *>(p.y) + x0 + (int64_t)r * p.dim + c0;
@@ -888,9 +907,8 @@ template <typename T> struct WsStaging {
         float *raw = S::raw(sm, j);
         const int rows = p.seqlen - (int)j * TS;
         // a row past the end reads nothing; its address is the tensor's start
-        const T *const in[5] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt),
-                                static_cast<const T *>(p.z), static_cast<const T *>(p.b),
-                                static_cast<const T *>(p.c)};
+        const T *const in[4] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt),
+                                static_cast<const T *>(p.z), static_cast<const T *>(of_c ? p.c : p.b)};
         if (copies_x) {
             const bool ok = FULL || row_x < rows;
 #pragma unroll
@@ -898,15 +916,12 @@ template <typename T> struct WsStaging {
                 if (m < 2 || p.z)
                     fx_copy_async<16>(reinterpret_cast<T *>(raw + m * S::RAWX) + sx, ok ? src[m] : in[m], ok);
         }
-        if (copies_b) {
-            const bool ok = FULL || row_b < rows;
-#pragma unroll
-            for (int m = 3; m < 5; m++)
-                fx_copy_async<16>(reinterpret_cast<T *>(raw + 3 * S::RAWX + (m - 3) * S::RAWB) + sb,
-                                  ok ? src[m] : in[m], ok);
+        if (copies_bc) {
+            const bool ok = FULL || row_bc < rows;
+            fx_copy_async<16>(reinterpret_cast<T *>(raw + 3 * S::RAWX) + sbc, ok ? src[3] : in[3], ok);
         }
 #pragma unroll
-        for (int m = 0; m < 5; m++)
+        for (int m = 0; m < 4; m++)
             src[m] += m < 3 ? chunk_x : chunk_b;
     }
     __device__ __forceinline__ void load(const ScanParams &p, unsigned j, float *sm)
@@ -940,13 +955,13 @@ template <typename T> struct WsStaging {
             o[2 * v] = ok ? u[v] : 0.0f;
             o[2 * v + 1] = o[2 * v] * x[v];
         }
-        float4 *dd = reinterpret_cast<float4 *>(sm + S::DD + (j % 2) * TS * CH * 2 + r * CH * 2 + 2 * c0);
-        dd[0] = make_float4(o[0], o[1], o[2], o[3]);
-        dd[1] = make_float4(o[4], o[5], o[6], o[7]);
+        float *dd = sm + S::DD + (j % 2) * TS * CH * 2 + r * CH * 2;
+        *reinterpret_cast<float4 *>(dd + dd0) = make_float4(o[0], o[1], o[2], o[3]);
+        *reinterpret_cast<float4 *>(dd + dd1) = make_float4(o[4], o[5], o[6], o[7]);
         if constexpr (!S::F32) {
             // 2 x ROWS rows of N: one quad a lane (ROWS * N / 2 = 32 quads)
             const int which = lane / (ROWS * N / 4), f = lane % (ROWS * N / 4);
-            const int row = k + kWsStageWarps * (f / (N / 4)), n = 4 * (f % (N / 4));
+            const int row = bc_row_of(k, f / (N / 4)), n = 4 * (f % (N / 4));
             float v4[4];
             ld_vec<T, 4>(v4, reinterpret_cast<const T *>(raw + 3 * S::RAWX) + which * TS * N + row * N + n);
             *reinterpret_cast<float4 *>(sm + S::BC + (j % 2) * 2 * TS * N + which * TS * N + row * N + n) =
@@ -995,7 +1010,7 @@ __device__ __forceinline__ void ws_scan_chunk(unsigned j, int w, int lane, float
 {
     using S = WsSmem<T>;
     constexpr int TS = S::TS, CH = S::CH, N = S::N;
-    const float *dd_col = sm + S::DD + (j % 2) * TS * CH * 2 + 2 * lane;
+    const float *dd_col = sm + S::DD + (j % 2) * TS * CH * 2 + S::dd_at(lane);
     const float *b_rows = S::b_rows(sm, j) + 4 * w, *c_rows = b_rows + TS * N;
     float *parts = sm + S::P + (j % 2) * kWsScanWarps * TS * CH + w * TS * CH + lane;
     float2 dd[TS];
