@@ -1125,18 +1125,29 @@ __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanPar
 
 // ---- single step ----
 
-// One group of LANES lanes per (batch, channel). Every load is issued
-// before the first store (the compiler cannot tell that the state does not
-// alias the inputs, and would otherwise wait for each load in turn).
+// One group of LANES lanes per (batch, channel); a block's channels are
+// of one batch element (step_grid), so that a lane finds its channel with
+// one 32-bit division of the block's index instead of a 64-bit one of its
+// own (on the path to the loads: the frame's latency). Every load is
+// issued before the first store (the compiler cannot tell that the state
+// does not alias the inputs, and would otherwise wait for each load in
+// turn).
+template <class C> __host__ __device__ inline unsigned step_row_blocks(int dim)
+{
+    constexpr int per_block = kThreads / C::LANES;
+    return ((unsigned)dim + per_block - 1) / per_block;
+}
+
 template <typename T, class C>
 __global__ void __launch_bounds__(kThreads) ssm_step_kernel(const StepParams p)
 {
     constexpr int NPL = C::NPL;
     const int q = threadIdx.x % C::LANES;
-    const int64_t ch = (int64_t)blockIdx.x * (kThreads / C::LANES) + threadIdx.x / C::LANES; // b * dim + d
-    const bool ok = ch < (int64_t)p.batch * p.dim;
-    const int b = ok ? (int)(ch / p.dim) : 0, d = ok ? (int)(ch % p.dim) : 0;
-    const int64_t row = ((int64_t)b * p.groups + d / p.cpg) * p.dstate;
+    const unsigned row_blocks = step_row_blocks<C>(p.dim), b = blockIdx.x / row_blocks;
+    const int d = (int)(blockIdx.x - b * row_blocks) * (kThreads / C::LANES) + (int)threadIdx.x / C::LANES;
+    const bool ok = d < p.dim;
+    const int64_t ch = (int64_t)b * p.dim + d; // b * dim + d
+    const int64_t row = ((int64_t)b * p.groups + (p.groups == 1 ? 0 : d / p.cpg)) * p.dstate;
     const float x = ok ? ld<T>(p.x, ch) : 0.0f;
     const float u = ok ? ld<T>(p.dt, ch) + (p.dt_bias ? fx_load_any(p.dt_bias, p.bias_type, d) : 0.0f) : 0.0f;
     const float zv = ok && p.z ? ld<T>(p.z, ch) : 0.0f;
@@ -1739,8 +1750,7 @@ inline StepParams step_params(const fx_ssm_step_args *a)
 
 template <class C> inline int64_t step_grid(const StepParams &p)
 {
-    const int per_block = kThreads / C::LANES;
-    return ((int64_t)p.batch * p.dim + per_block - 1) / per_block;
+    return p.dim > 0 ? (int64_t)p.batch * step_row_blocks<C>(p.dim) : 0;
 }
 
 // `scratch`: BwdScratch::total zeroed floats.

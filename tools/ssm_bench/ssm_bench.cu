@@ -459,6 +459,21 @@ int main(int argc, char **argv)
         Problem st(1, 1, 512, 16, FX_F32);
         StepParams sp = step_of(st);
         row("step", st, time_us([&] { launch_step<float>(sp); }, 500), 0);
+#ifdef SSM_BASELINE // the baseline's step, alternating with this one's
+        {
+            namespace B = fx_ssm_base;
+            typedef B::Cfg<4, 4> BC;
+            static_assert(sizeof(B::StepParams) == sizeof(StepParams), "the same parameters");
+            B::StepParams bp;
+            memcpy(&bp, &sp, sizeof bp);
+            for (int round = 0; round < 2; round++) {
+                row("step (baseline)", st, time_us([&] {
+                        B::ssm_step_kernel<float, BC><<<(unsigned)B::step_grid<BC>(bp), B::kThreads, 0, g_stream>>>(bp);
+                    }, 500), 0);
+                row("step", st, time_us([&] { launch_step<float>(sp); }, 500), 0);
+            }
+        }
+#endif
     }
     return 0;
 }
