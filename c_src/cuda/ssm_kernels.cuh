@@ -792,14 +792,16 @@ __global__ void __launch_bounds__(kFwdMaxThreads, U::MINB) ssm_fwd_kernel(const 
 //     and one store of the warp's part of y's sum over states;
 //   staging warps 4-7: warp k owns rows k, k + 4, ... of every chunk, a lane
 //     4 consecutive channels of one of them: the cp.async copies (three
-//     chunks ahead), the commit (softplus, delta x; 16-bit b and c to f32)
-//     and the epilogue (the 4 parts added, d x, the gate recomputed from
-//     the raw z, one vector store of y). A staging warp touches no other's
-//     rows, so the staging needs no barrier of its own.
+//     chunks ahead; b and c by rows of their own, WsStaging::bc_row), the
+//     commit (softplus, delta x; 16-bit b and c to f32) and the epilogue
+//     (the 4 parts added, d x, the gate recomputed from the raw z, one
+//     vector store of y). A staging warp touches no other's rows, so the
+//     staging needs no barrier of its own.
 // One block barrier a chunk (ws_block_sync): the scan of chunk j runs
-// beside the epilogue of j - 1 and the commit of j + 1. 24 warps an SM (3
+// beside the epilogue of j - 1 and the commit of j + 1 (mbarrier hand-overs
+// that let the scan warps run on measured slower). 24 warps an SM (3
 // blocks of 56 KB of shared memory for f32), all resident for the large
-// case: 214-221 -> 184-188 us (bench/RESULTS.md), the small cases faster too.
+// case: 214-221 -> 180-182 us (bench/RESULTS.md), the small cases faster too.
 constexpr int kWsChannels = 32, kWsScanWarps = 4, kWsStageWarps = 4, kWsSteps = 16, kWsStates = 16;
 constexpr int kWsThreads = 32 * (kWsScanWarps + kWsStageWarps);
 constexpr int kWsRing = 4; // raw chunks: j (b, c being scanned) .. j + 3 (landing)
@@ -907,6 +909,8 @@ template <typename T> struct WsStaging {
         float *raw = S::raw(sm, j);
         const int rows = p.seqlen - (int)j * TS;
         // a row past the end reads nothing; its address is the tensor's start
+        // (the constructor's list again: one helper for both changed the
+        // loop's code, +4 to +8 instructions)
         const T *const in[4] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt),
                                 static_cast<const T *>(p.z), static_cast<const T *>(of_c ? p.c : p.b)};
         if (copies_x) {
