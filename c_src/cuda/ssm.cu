@@ -9,41 +9,24 @@ namespace fx_ssm {
 namespace {
 
 // Blocks above 48 KB of shared memory need the kernel's opt-in, once per
-// device and kernel (`opted`: the kernel's flags).
-template <typename K>
-int opt_in_smem(fx_cuda_device *d, K kernel, size_t bytes, std::atomic<bool> (&opted)[FX_CUDA_MAX_DEVICES],
-                const char *what, fx_status *st)
+// device and kernel: the flags are KERNEL's own (one set per instantiation).
+template <auto KERNEL> int opt_in_smem(fx_cuda_device *d, size_t bytes, const char *what, fx_status *st)
 {
+    static std::atomic<bool> opted[FX_CUDA_MAX_DEVICES];
     if (bytes > 48 * 1024 && !opted[d->ordinal].load(std::memory_order_relaxed)) {
-        FX_CUDA_TRY(d, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), what, st);
+        FX_CUDA_TRY(d, cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), what, st);
         opted[d->ordinal].store(true, std::memory_order_relaxed);
     }
     return FX_OK;
 }
 
-// One forward kernel's launch; `opted`: that kernel's opt-in flags.
-template <typename K>
-int launch_forward_kernel(fx_cuda_device *d, K kernel, std::atomic<bool> (&opted)[FX_CUDA_MAX_DEVICES],
-                          size_t opt_in_bytes, const FwdLaunch &l, fx_status *st)
+// One forward kernel's launch, opting in for `opt_in_bytes`.
+template <auto KERNEL> int launch_forward_kernel(fx_cuda_device *d, size_t opt_in_bytes, const FwdLaunch &l, fx_status *st)
 {
-    if (opt_in_smem(d, kernel, opt_in_bytes, opted, "cudaFuncSetAttribute (selective_scan forward)", st))
+    if (opt_in_smem<KERNEL>(d, opt_in_bytes, "cudaFuncSetAttribute (selective_scan forward)", st))
         return st->code;
-    kernel<<<(unsigned)l.grid, 32 * l.warps, l.smem, d->stream>>>(l.p);
+    KERNEL<<<(unsigned)l.grid, 32 * l.warps, l.smem, d->stream>>>(l.p);
     return fx_cuda_launched(d, "selective_scan forward kernel", st);
-}
-
-template <typename T, class C, bool FAST>
-int launch_forward(fx_cuda_device *d, const FwdLaunch &l, fx_status *st)
-{
-    static std::atomic<bool> opted[FX_CUDA_MAX_DEVICES];
-    // its blocks vary in size (1-4 warps): opt in once for the largest
-    return launch_forward_kernel(d, ssm_fwd_kernel<T, C, FAST>, opted, kFwdMaxSmem, l, st);
-}
-
-template <typename T> int launch_forward_ws(fx_cuda_device *d, const FwdLaunch &l, fx_status *st)
-{
-    static std::atomic<bool> opted[FX_CUDA_MAX_DEVICES];
-    return launch_forward_kernel(d, ssm_fwd_ws_kernel<T>, opted, l.smem, l, st);
 }
 
 int cuda_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
@@ -61,8 +44,11 @@ int cuda_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
             if (l.p.units == 0)
                 return (int)FX_OK;
             if (l.ws)
-                return launch_forward_ws<T>(d, l, st);
-            return l.fast ? launch_forward<T, C, true>(d, l, st) : launch_forward<T, C, false>(d, l, st);
+                return launch_forward_kernel<ssm_fwd_ws_kernel<T>>(d, l.smem, l, st);
+            // the one-warp-a-tile kernel's blocks vary in size (1-4 warps):
+            // it opts in once for the largest
+            return l.fast ? launch_forward_kernel<ssm_fwd_kernel<T, C, true>>(d, kFwdMaxSmem, l, st)
+                          : launch_forward_kernel<ssm_fwd_kernel<T, C, false>>(d, kFwdMaxSmem, l, st);
         });
     });
 }
@@ -89,10 +75,9 @@ int cuda_ssm_step(int dev, const fx_ssm_step_args *a, fx_status *st)
 template <typename T, class C, bool FAST>
 int launch_backward_kernel(fx_cuda_device *d, const BwdParams &bp, fx_status *st)
 {
-    auto kernel = ssm_bwd_kernel<T, C, FAST>;
+    constexpr auto kernel = ssm_bwd_kernel<T, C, FAST>;
     const size_t smem = BwdSmem<T, C>::BYTES;
-    static std::atomic<bool> opted[FX_CUDA_MAX_DEVICES];
-    if (opt_in_smem(d, kernel, smem, opted, "cudaFuncSetAttribute (selective_scan_backward)", st))
+    if (opt_in_smem<kernel>(d, smem, "cudaFuncSetAttribute (selective_scan_backward)", st))
         return st->code;
     kernel<<<(unsigned)grid_of(bp.f), C::BW * 32, smem, d->stream>>>(bp);
     return fx_cuda_launched(d, "selective_scan_backward kernel", st);
