@@ -380,14 +380,20 @@ template <typename T, class C> struct FwdCopy {
     static constexpr bool POSSIBLE = RX >= 4; // cp.async copies 4, 8 or 16 bytes
 };
 
+// Whether every row of x, dt, z, y starts on a multiple of ux bytes, and
+// every row of b, c on one of ub (what the cp.async paths copy in units of).
+template <typename T> inline bool rows_aligned(const ScanParams &p, int ux, int ub)
+{
+    auto aligned = [](const void *ptr, int unit) { return ptr == nullptr || (uintptr_t)ptr % unit == 0; };
+    return (int64_t)p.dim * sizeof(T) % ux == 0 && aligned(p.x, ux) && aligned(p.dt, ux) && aligned(p.z, ux) &&
+           aligned(p.y, ux) && (int64_t)p.groups * p.dstate * sizeof(T) % ub == 0 && aligned(p.b, ub) &&
+           aligned(p.c, ub);
+}
+
 template <typename T, class C> inline bool fwd_fast(const ScanParams &p)
 {
     typedef FwdCopy<T, C> K;
-    auto aligned = [](const void *ptr, int unit) { return ptr == nullptr || (uintptr_t)ptr % unit == 0; };
-    return K::POSSIBLE && p.cpg % C::WCH == 0 && p.dstate == C::NPAD &&
-           (int64_t)p.dim * sizeof(T) % K::UX == 0 && aligned(p.x, K::UX) && aligned(p.dt, K::UX) &&
-           aligned(p.z, K::UX) && (int64_t)p.groups * p.dstate * sizeof(T) % K::UB == 0 &&
-           aligned(p.b, K::UB) && aligned(p.c, K::UB) && aligned(p.y, K::UX);
+    return K::POSSIBLE && p.cpg % C::WCH == 0 && p.dstate == C::NPAD && rows_aligned<T>(p, K::UX, K::UB);
 }
 
 // A scheduling fence: ptxas keeps every instruction on its side of a read
@@ -838,9 +844,7 @@ template <typename T> struct WsSmem {
 // rows (the copies and the staging's vector accesses).
 template <typename T> inline bool ws_fits(const ScanParams &p)
 {
-    auto aligned = [](const void *ptr) { return ptr == nullptr || (uintptr_t)ptr % 16 == 0; };
-    return p.dstate == kWsStates && p.cpg % kWsChannels == 0 && (int64_t)p.dim * sizeof(T) % 16 == 0 &&
-           aligned(p.x) && aligned(p.dt) && aligned(p.z) && aligned(p.b) && aligned(p.c) && aligned(p.y);
+    return p.dstate == kWsStates && p.cpg % kWsChannels == 0 && rows_aligned<T>(p, 16, 16);
 }
 
 template <typename T> struct WsStaging {
@@ -1691,7 +1695,7 @@ inline int check_saved(const fx_ssm_fwd_args *a, int64_t save, fx_status *st)
 // A forward launch: its parameters (outputs included) and block shape, as
 // the launcher (ssm.cu) and the CPU emulator (tools/ssm_emu) both use them.
 // ws: the warp-specialized kernel (dstate 16 where ws_fits), else the
-// one-warp-a-tile kernel (fast: its cp.async path).
+// one-warp-a-tile kernel (fast: its cp.async path; false with ws).
 struct FwdLaunch {
     ScanParams p;
     int warps;
@@ -1712,7 +1716,7 @@ inline int fwd_launch(const fx_ssm_fwd_args *a, int sm_count, FwdLaunch *l, fx_s
             l->warps = kWsThreads / 32;
             l->smem = WsSmem<T>::BYTES;
             l->grid = l->p.units;
-            l->fast = true;
+            l->fast = false; // (the one-warp-a-tile kernel's choice)
             return FX_OK;
         }
     }
