@@ -123,12 +123,6 @@ $(BUILD)/floor_bench: tools/floor_bench/floor_bench.cu tools/cuda_check.h
 	@mkdir -p $(BUILD)
 	$(NVCC) $(LV_FLAGS) -Itools $< -o $@
 
-# Prototype: the long-and-thin recurrence in waves joined by a grid barrier
-# (GPU only; bench/RESULTS.md).
-$(BUILD)/wave_scan: tools/wave_scan/wave_scan.cu tools/cuda_check.h tools/cuda_timing.cuh $(HEADERS)
-	@mkdir -p $(BUILD)
-	$(NVCC) $(LV_FLAGS) -Itools $< -o $@
-
 test-emu: $(BUILD)/linrec_emu
 	$(BUILD)/linrec_emu $${FUSEX_SEED:-$$(date +%s)} 32
 
