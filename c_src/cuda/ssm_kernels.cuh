@@ -1194,9 +1194,9 @@ __global__ void __launch_bounds__(kThreads) ssm_step_kernel(const StepParams p)
 // element and group; every warp runs on its own (as in the forward) except
 // for one block barrier per chunk, where the warps add up their b and c
 // gradients. Chunks of K = SAVE steps, last to first. Per chunk, per warp:
-//   load       x, dt, z, dy, b, c of the chunk into the raw buffer (cp.async
-//              a chunk ahead, as in the forward) and the saved state
-//              entering the chunk into registers;
+//   load       x, dt, z, dy, b, c of the chunk into the raw buffer and the
+//              saved state entering the chunk into the warp's state slot
+//              (cp.async a chunk ahead, as in the forward);
 //   commit     per (step, channel) pair: delta, delta * x, dyp = dy silu(z)
 //              for the scan lanes; x, dy silu'(z), softplus'(u) for the
 //              epilogue; b, c rows to f32;
@@ -1228,7 +1228,8 @@ template <typename T, class C> struct BwdSmem {
     static constexpr int B = OWN + 4 * K * WCH, CC = B + K * NPAD; // f32 [K][NPAD]
     static constexpr int PY = CC + K * NPAD;  // parts of c . h [K][32 lanes]
     static constexpr int PR = PY + 32 * K;    // parts of sum g decay h a, of sum g b [K][2][32]
-    static constexpr int WARP = PR + 64 * K;
+    static constexpr int HS = PR + 64 * K;    // the state entering the next chunk [32 lanes][NPL]
+    static constexpr int WARP = HS + 32 * C::NPL;
     // per block after the warps: b and c gradients per warp [BW][K][2 * NPAD]
     static constexpr int DBC = C::BW * WARP;
     static constexpr int WORDS = DBC + C::BW * K * 2 * NPAD;
@@ -1440,7 +1441,7 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
     const int c = lane / C::LANES, q = lane % C::LANES, d = tile.d0 + c;
     const bool ok = c < tile.nvalid;
 
-    float a2[NPL], gs[NPL], hnext[NPL];
+    float a2[NPL], gs[NPL];
     double sum_a[NPL];
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
@@ -1454,37 +1455,51 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
     double sum_d = 0.0, sum_bias = 0.0;
     BwdStage<T, C, FAST> stage(p, tile, lane);
 
-    // The state entering chunk k: h0 (or zeros) for the first, else saved.
-    auto chunk_state = [&](int k, float (&h)[NPL]) {
+    // The state entering chunk k (h0 or zeros for the first, else saved)
+    // into the lane's slot of shared memory, where the chunk reads it: a
+    // saved one copied with the chunk's inputs (16 bytes a copy where every
+    // state is valid, FAST), so that no register holds it while it travels
+    // (the kernel is at its register cap); h0 loaded at once.
+    float *hslot = sm + S::HS + lane * NPL;
+    auto stage_state = [&](int k) {
+        if (k > 0) {
+            const float *src = p.saved + (((int64_t)tile.b * p.nsaved + k - 1) * p.dim + d) * p.dstate + q * NPL;
+            if constexpr (FAST) {
+#pragma unroll
+                for (int i = 0; i < NPL; i += 4)
+                    fx_copy_async<16>(hslot + i, ok ? src + i : p.saved, ok);
+            } else {
+#pragma unroll
+                for (int i = 0; i < NPL; i++) {
+                    const bool nok = ok && q * NPL + i < p.dstate;
+                    fx_copy_async<4>(hslot + i, nok ? src + i : p.saved, nok);
+                }
+            }
+            return;
+        }
 #pragma unroll
         for (int i = 0; i < NPL; i++) {
             const int n = q * NPL + i;
-            const bool nok = ok && n < p.dstate;
-            if (k == 0)
-                h[i] = nok && p.h0 ? fx_load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
-            else
-                h[i] = nok ? p.saved[(((int64_t)tile.b * p.nsaved + k - 1) * p.dim + d) * p.dstate + n] : 0.0f;
+            hslot[i] = ok && n < p.dstate && p.h0 ? fx_load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
         }
     };
 
     const int chunks = (p.seqlen + KS - 1) / KS;
     if (chunks > 0) {
+        stage_state(chunks - 1);
         stage.load(bp, tile, (chunks - 1) * KS, sm);
-        chunk_state(chunks - 1, hnext);
     }
     for (int k = chunks - 1; k >= 0; k--) {
         const int t0 = k * KS;
         float h[NPL], hs[KS][NPL];
-#pragma unroll
-        for (int i = 0; i < NPL; i++)
-            h[i] = hnext[i];
         fx_copy_wait_all();
-        __syncwarp(); // the chunk's raw inputs are in; the last chunk's parts are read
+        __syncwarp(); // the chunk's raw inputs and state are in; the last chunk's parts are read
+        lds(h, hslot);
         stage.commit(p, t0, sm);
-        __syncwarp(); // staged; the raw buffer is free
+        __syncwarp(); // staged; the raw buffer and the state's slot are free
         if (k > 0) {
+            stage_state(k - 1);
             stage.load(bp, tile, t0 - KS, sm); // lands during this chunk
-            chunk_state(k - 1, hnext);
         }
 
         // recompute: the chunk's states, and each lane's part of c . h (a

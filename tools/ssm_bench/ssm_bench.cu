@@ -327,6 +327,23 @@ template <typename T> static void launch_bwd(Grads &g, bool kernel_only = false)
     }
 }
 
+#ifdef SSM_BASELINE
+// The baseline copy's backward kernel alone, launched as its ssm.cu did.
+template <typename T> static void launch_bwd_base_kernel(Grads &g)
+{
+    namespace B = fx_ssm_base;
+    typedef B::Cfg<4, 4> C;
+    const B::BwdScratch sz(g.args.fwd.n);
+    const B::BwdParams bp = B::bwd_params<C>(&g.args, g.scratch, sz);
+    const size_t smem = B::BwdSmem<T, C>::BYTES;
+    if (!B::bwd_fast<T, C>(bp)) {
+        fprintf(stderr, "baseline: not the fast backward\n");
+        exit(1);
+    }
+    CUDA_CHECK(cudaFuncSetAttribute(B::ssm_bwd_kernel<T, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    B::ssm_bwd_kernel<T, C, true><<<(unsigned)grid_of(bp.f), C::BW * 32, smem, g_stream>>>(bp);
+}
+#endif
 
 static StepParams step_of(Problem &pb)
 {
@@ -436,6 +453,22 @@ int main(int argc, char **argv)
         const unsigned long long busy = 200000;
         row("bwd (memset, kernel, sums out)", big, time_us([&] { launch_bwd<float>(g); }, 10, busy), 0);
         row("bwd kernel alone", big, time_us([&] { launch_bwd<float>(g, true); }, 10, busy), 0);
+#ifdef SSM_BASELINE // the baseline's backward kernel, alternating with this one's; dx compared
+        {
+            fx_tensor dx_new = tensor(big.type, {big.B, big.L, big.D}, 0, 0, false);
+            CUDA_CHECK(cudaMemsetAsync(g.scratch, 0, sizeof(float) * g.scratch_floats, g_stream));
+            launch_bwd<float>(g, true);
+            CUDA_CHECK(cudaMemcpy(dx_new.data, g.dx.data, g.dx.nbytes, cudaMemcpyDeviceToDevice));
+            CUDA_CHECK(cudaMemset(g.dx.data, 0xff, g.dx.nbytes));
+            launch_bwd_base_kernel<float>(g);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            printf("bwd: dx rel-L2 new vs baseline %.2e\n", rel_l2(dx_new, g.dx));
+            for (int round = 0; round < 3; round++) {
+                row("bwd kernel alone (baseline)", big, time_us([&] { launch_bwd_base_kernel<float>(g); }, 10, busy), 0);
+                row("bwd kernel alone", big, time_us([&] { launch_bwd<float>(g, true); }, 10, busy), 0);
+            }
+        }
+#endif
         row("fwd+bwd", big, time_us([&] {
             big.args.saved = &big.saved;
             launch_fwd_lib<float>(&big.args);
