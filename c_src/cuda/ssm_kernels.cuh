@@ -180,6 +180,22 @@ template <> struct Quad<float> {
     __device__ __forceinline__ static float4 to_float(float4 r) { return r; }
 };
 
+// A float4 of shared memory in one vector load even where only some of its
+// floats are used (ptxas would load those alone, which can conflict where
+// the whole vector does not).
+__device__ __forceinline__ float4 lds_whole(const float *p)
+{
+#ifdef __CUDA_ARCH__
+    float4 v;
+    asm volatile("ld.volatile.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+    return v;
+#else
+    return *reinterpret_cast<const float4 *>(p);
+#endif
+}
+
 // The sum of LANES consecutive floats of shared memory (aligned to their size).
 template <int LANES> __device__ __forceinline__ float sum_parts(const float *p)
 {
@@ -1394,7 +1410,7 @@ template <typename T, class C, bool FAST> struct BwdStage {
                 continue;
             const int at = tl * C::WCH + cs;
             const int64_t off = (int64_t)(k * C::LANES) * p.dim;
-            const float4 in = *reinterpret_cast<const float4 *>(sm + S::IN + cs * S::INS + 4 * tl);
+            const float4 in = lds_whole(sm + S::IN + cs * S::INS + 4 * tl);
             const float4 own = *reinterpret_cast<const float4 *>(sm + S::OWN + 4 * at);
             const float ypre = sum_parts<C::LANES>(sm + S::PY + at * C::LANES) + dskip * own.x;
             const float *pr = sm + S::PR + tl * 64 + cs * C::LANES;
