@@ -1244,7 +1244,7 @@ template <typename T, class C> struct BwdSmem {
     static constexpr int B = OWN + 4 * K * WCH, CC = B + K * NPAD; // f32 [K][NPAD]
     static constexpr int PY = CC + K * NPAD;  // parts of c . h [K][32 lanes]
     static constexpr int PR = PY + 32 * K;    // parts of sum g decay h a, of sum g b [K][2][32]
-    static constexpr int HS = PR + 64 * K;    // the state entering the next chunk [32 lanes][NPL]
+    static constexpr int HS = PR + 64 * K;    // the state entering a chunk, copied a chunk ahead [32 lanes][NPL]
     static constexpr int WARP = HS + 32 * C::NPL;
     // per block after the warps: b and c gradients per warp [BW][K][2 * NPAD]
     static constexpr int DBC = C::BW * WARP;
