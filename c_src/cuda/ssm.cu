@@ -43,12 +43,17 @@ int cuda_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
                 return st->code;
             if (l.p.units == 0)
                 return (int)FX_OK;
-            if (l.ws)
+            switch (l.kernel) {
+            case FwdKernel::WS:
                 return launch_forward_kernel<ssm_fwd_ws_kernel<T>>(d, l.smem, l, st);
             // the one-warp-a-tile kernel's blocks vary in size (1-4 warps):
             // it opts in once for the largest
-            return l.fast ? launch_forward_kernel<ssm_fwd_kernel<T, C, true>>(d, kFwdMaxSmem, l, st)
-                          : launch_forward_kernel<ssm_fwd_kernel<T, C, false>>(d, kFwdMaxSmem, l, st);
+            case FwdKernel::TILE_FAST:
+                return launch_forward_kernel<ssm_fwd_kernel<T, C, true>>(d, kFwdMaxSmem, l, st);
+            case FwdKernel::TILE:
+                break;
+            }
+            return launch_forward_kernel<ssm_fwd_kernel<T, C, false>>(d, kFwdMaxSmem, l, st);
         });
     });
 }

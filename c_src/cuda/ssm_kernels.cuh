@@ -1723,16 +1723,20 @@ inline int check_saved(const fx_ssm_fwd_args *a, int64_t save, fx_status *st)
     return FX_OK;
 }
 
-// A forward launch: its parameters (outputs included) and block shape, as
-// the launcher (ssm.cu) and the CPU emulator (tools/ssm_emu) both use them.
-// ws: the warp-specialized kernel (dstate 16 where ws_fits), else the
-// one-warp-a-tile kernel (fast: its cp.async path; false with ws).
+// Which forward kernel runs: the warp-specialized one (dstate 16 where
+// ws_fits), else the one-warp-a-tile kernel with its cp.async path
+// (fwd_fast) or without.
+enum class FwdKernel { WS, TILE_FAST, TILE };
+
+// A forward launch: its parameters (outputs included), kernel and block
+// shape, as the launcher (ssm.cu) and the CPU emulator (tools/ssm_emu) both
+// use them.
 struct FwdLaunch {
     ScanParams p;
+    FwdKernel kernel;
     int warps;
     size_t smem;
     int64_t grid;
-    bool fast, ws;
 };
 
 template <typename T, class C>
@@ -1742,21 +1746,19 @@ inline int fwd_launch(const fx_ssm_fwd_args *a, int sm_count, FwdLaunch *l, fx_s
         return st->code;
     if constexpr (C::NPAD == kWsStates && C::SAVE == kWsSteps) {
         l->p = scan_params(a, kWsChannels);
-        l->ws = ws_fits<T>(l->p);
-        if (l->ws) {
+        if (ws_fits<T>(l->p)) {
+            l->kernel = FwdKernel::WS;
             l->warps = kWsThreads / 32;
             l->smem = WsSmem<T>::BYTES;
             l->grid = l->p.units;
-            l->fast = false; // (the one-warp-a-tile kernel's choice)
             return FX_OK;
         }
     }
-    l->ws = false;
     l->p = scan_params(a, C::WCH);
+    l->kernel = fwd_fast<T, C>(l->p) ? FwdKernel::TILE_FAST : FwdKernel::TILE;
     l->warps = fwd_block_warps<T, C>(l->p, sm_count);
     l->smem = l->warps * FwdSmem<T, C>::BYTES;
     l->grid = (l->p.units + l->warps - 1) / l->warps;
-    l->fast = fwd_fast<T, C>(l->p);
     return FX_OK;
 }
 

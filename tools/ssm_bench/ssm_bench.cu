@@ -161,7 +161,7 @@ template <typename T> static void launch_fwd_base(const fx_ssm_fwd_args *a)
     namespace B = fx_ssm_base;
     B::FwdLaunch l{};
     fx_status st{};
-    if (B::fwd_launch<T, B::Cfg<4, 4>>(a, g_sms, &l, &st) || !l.ws) {
+    if (B::fwd_launch<T, B::Cfg<4, 4>>(a, g_sms, &l, &st) || l.kernel != B::FwdKernel::WS) {
         fprintf(stderr, "baseline: not the warp-specialized path\n");
         exit(1);
     }
@@ -181,7 +181,7 @@ template <typename T, int LOOK = kWsLook> static void launch_fwd_lib(const fx_ss
         fprintf(stderr, "fwd_launch: %s\n", st.msg);
         exit(1);
     }
-    if (!l.ws) {
+    if (l.kernel != FwdKernel::WS) {
         launch_fwd<T>(a);
         return;
     }

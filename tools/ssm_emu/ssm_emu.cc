@@ -55,12 +55,17 @@ int emu_forward(int, const fx_ssm_fwd_args *a, fx_status *st)
             if (fwd_launch<T, C>(a, 4, &l, st))
                 return st->code;
             const ScanParams &p = l.p;
-            if (l.ws)
+            switch (l.kernel) {
+            case FwdKernel::WS:
                 launch(l.grid, 32 * l.warps, l.smem, [&] { ssm_fwd_ws_kernel<T>(p); });
-            else if (l.fast)
+                break;
+            case FwdKernel::TILE_FAST:
                 launch(l.grid, 32 * l.warps, l.smem, [&] { ssm_fwd_kernel<T, C, true>(p); });
-            else
+                break;
+            case FwdKernel::TILE:
                 launch(l.grid, 32 * l.warps, l.smem, [&] { ssm_fwd_kernel<T, C, false>(p); });
+                break;
+            }
             return (int)FX_OK;
         });
     });
