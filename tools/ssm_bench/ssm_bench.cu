@@ -137,20 +137,27 @@ static void row(const char *what, const Problem &p, double us, double bytes)
 
 // ---- launchers (as in ssm.cu, with the knobs exposed) ----
 
+// A kernel's launch on the bench's stream with `smem` bytes of dynamic
+// shared memory, opted in before every launch (the library opts in once
+// per device and kernel).
+template <typename KERNEL, typename... A>
+static void launch_smem(KERNEL kernel, int64_t grid, int threads, size_t smem, const A &...args)
+{
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel<<<(unsigned)grid, threads, smem, g_stream>>>(args...);
+}
+
 template <typename T, class U = FwdDefault, class C = Cfg<4, 4>>
 static void launch_fwd(const fx_ssm_fwd_args *a)
 {
     const ScanParams p = scan_params(a, C::WCH);
     const int warps = fwd_block_warps<T, C, U>(p, g_sms);
-    const unsigned grid = (unsigned)((p.units + warps - 1) / warps);
+    const int64_t grid = (p.units + warps - 1) / warps;
     const size_t smem = warps * FwdSmem<T, C, U>::BYTES;
-    if (fwd_fast<T, C>(p)) {
-        CUDA_CHECK(cudaFuncSetAttribute(ssm_fwd_kernel<T, C, true, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdMaxSmem));
-        ssm_fwd_kernel<T, C, true, U><<<grid, 32 * warps, smem, g_stream>>>(p);
-    } else {
-        CUDA_CHECK(cudaFuncSetAttribute(ssm_fwd_kernel<T, C, false, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFwdMaxSmem));
-        ssm_fwd_kernel<T, C, false, U><<<grid, 32 * warps, smem, g_stream>>>(p);
-    }
+    if (fwd_fast<T, C>(p))
+        launch_smem(ssm_fwd_kernel<T, C, true, U>, grid, 32 * warps, smem, p);
+    else
+        launch_smem(ssm_fwd_kernel<T, C, false, U>, grid, 32 * warps, smem, p);
 }
 
 #ifdef SSM_BASELINE
@@ -165,8 +172,7 @@ template <typename T> static void launch_fwd_base(const fx_ssm_fwd_args *a)
         fprintf(stderr, "baseline: not the warp-specialized path\n");
         exit(1);
     }
-    CUDA_CHECK(cudaFuncSetAttribute(B::ssm_fwd_ws_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l.smem));
-    B::ssm_fwd_ws_kernel<T><<<(unsigned)l.grid, 32 * l.warps, l.smem, g_stream>>>(l.p);
+    launch_smem(B::ssm_fwd_ws_kernel<T>, l.grid, 32 * l.warps, l.smem, l.p);
 }
 #endif
 
@@ -181,12 +187,10 @@ template <typename T, int LOOK = kWsLook> static void launch_fwd_lib(const fx_ss
         fprintf(stderr, "fwd_launch: %s\n", st.msg);
         exit(1);
     }
-    if (l.kernel != FwdKernel::WS) {
+    if (l.kernel != FwdKernel::WS)
         launch_fwd<T>(a);
-        return;
-    }
-    CUDA_CHECK(cudaFuncSetAttribute(ssm_fwd_ws_kernel<T, LOOK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l.smem));
-    ssm_fwd_ws_kernel<T, LOOK><<<(unsigned)l.grid, 32 * l.warps, l.smem, g_stream>>>(l.p);
+    else
+        launch_smem(ssm_fwd_ws_kernel<T, LOOK>, l.grid, 32 * l.warps, l.smem, l.p);
 }
 
 // rel-L2 distance of two outputs of the input type (on the host).
@@ -314,13 +318,10 @@ template <typename T> static void launch_bwd(Grads &g, bool kernel_only = false)
         CUDA_CHECK(cudaMemsetAsync(g.scratch, 0, sizeof(float) * sz.total, g_stream));
     const BwdParams bp = bwd_params<C>(&g.args, g.scratch, sz);
     const size_t smem = BwdSmem<T, C>::BYTES;
-    if (bwd_fast<T, C>(bp)) {
-        CUDA_CHECK(cudaFuncSetAttribute(ssm_bwd_kernel<T, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        ssm_bwd_kernel<T, C, true><<<(unsigned)grid_of(bp.f), C::BW * 32, smem, g_stream>>>(bp);
-    } else {
-        CUDA_CHECK(cudaFuncSetAttribute(ssm_bwd_kernel<T, C, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        ssm_bwd_kernel<T, C, false><<<(unsigned)grid_of(bp.f), C::BW * 32, smem, g_stream>>>(bp);
-    }
+    if (bwd_fast<T, C>(bp))
+        launch_smem(ssm_bwd_kernel<T, C, true>, grid_of(bp.f), C::BW * 32, smem, bp);
+    else
+        launch_smem(ssm_bwd_kernel<T, C, false>, grid_of(bp.f), C::BW * 32, smem, bp);
     if (!kernel_only) {
         const fx_sum_regions sums = bwd_sums(&g.args, bp, sz);
         fx_write_sums<><<<264, 256, 0, g_stream>>>(sums);
@@ -340,8 +341,7 @@ template <typename T> static void launch_bwd_base_kernel(Grads &g)
         fprintf(stderr, "baseline: not the fast backward\n");
         exit(1);
     }
-    CUDA_CHECK(cudaFuncSetAttribute(B::ssm_bwd_kernel<T, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    B::ssm_bwd_kernel<T, C, true><<<(unsigned)grid_of(bp.f), C::BW * 32, smem, g_stream>>>(bp);
+    launch_smem(B::ssm_bwd_kernel<T, C, true>, B::grid_of(bp.f), C::BW * 32, smem, bp);
 }
 #endif
 
