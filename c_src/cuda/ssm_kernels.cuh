@@ -848,6 +848,12 @@ template <typename T> struct WsSmem {
     {
         return F32 ? raw(sm, j) + 3 * RAWX : sm + BC + (j % 2) * 2 * TS * N;
     }
+    // The same places by the chunk's ring slot (j % kWsRing), for the staging:
+    // where the slot is a constant, so is each address's offset from the base.
+    __device__ static float *raw_slot(float *sm, unsigned slot) { return sm + RAWS + slot * RAW; }
+    __device__ static float *dd_slot(float *sm, unsigned slot) { return sm + DD + slot % 2 * TS * CH * 2; }
+    __device__ static float *parts_slot(float *sm, unsigned slot) { return sm + P + slot % 2 * kWsScanWarps * TS * CH; }
+    __device__ static float *bc_slot(float *sm, unsigned slot) { return sm + BC + slot % 2 * 2 * TS * N; }
     // (delta, delta x) rows: a row of 32 channels is 16 16-byte pairs of
     // channels, the last 8 of them swapped two by two, so that a staging
     // lane's two stores of 4 channels (pairs 2l, 2l + 1) and a scan warp's
@@ -861,6 +867,19 @@ template <typename T> struct WsSmem {
 template <typename T> inline bool ws_fits(const ScanParams &p)
 {
     return p.dstate == kWsStates && p.cpg % kWsChannels == 0 && rows_aligned<T>(p, 16, 16);
+}
+
+// The block barrier of the warp-specialized kernel. The scan and staging
+// warps reach it at different instructions, which __syncthreads (bar.sync,
+// i.e. barrier.sync.aligned) does not allow (compute-sanitizer's synccheck
+// reports it); barrier.sync without .aligned does.
+__device__ __forceinline__ void ws_block_sync()
+{
+#ifdef __CUDA_ARCH__
+    asm volatile("barrier.sync 1, %0;" ::"n"(kWsThreads) : "memory");
+#else
+    __syncthreads();
+#endif
 }
 
 template <typename T> struct WsStaging {
@@ -888,7 +907,7 @@ template <typename T> struct WsStaging {
     bool of_c;                   // its piece of b or c is c's
     int row_x, row_bc;           // the rows of its pieces
     int sx, sbc;                 // their places in a raw buffer (elements of T)
-    int dd0, dd1;                // its (delta, delta x) stores' places in a row (floats)
+    int dd0, dd1;                // its (delta, delta x) stores' places in a slot (floats)
     const T *src[4];             // x, dt, z, b or c: the lane's pieces of the next chunk to load
     T *y;                        // the lane's y in the next chunk written
     int64_t chunk_x, chunk_b;
@@ -909,7 +928,7 @@ template <typename T> struct WsStaging {
         row_x = k + kWsStageWarps * (lane / XU), row_bc = bc_row(k, lane);
         sx = row_x * CH + (lane % XU) * EPU;
         sbc = (of_c ? TS * N : 0) + row_bc * N + (lane % BU) * EPU;
-        dd0 = S::dd_at(c0), dd1 = S::dd_at(c0 + 2);
+        dd0 = r * CH * 2 + S::dd_at(c0), dd1 = r * CH * 2 + S::dd_at(c0 + 2);
         const int64_t gx = x0 + (int64_t)row_x * p.dim + (lane % XU) * EPU;
         const int64_t gb = b0 + (int64_t)row_bc * p.groups * N + (lane % BU) * EPU;
         const T *const in[4] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt),
@@ -924,9 +943,9 @@ template <typename T> struct WsStaging {
     // Starts the copies of chunk j's rows of this warp into raw buffer j;
     // called for j = 0, 1, 2, ... in order (the sources step a chunk).
     // Rows past the end are zeros (the scan then keeps its state).
-    template <bool FULL> __device__ __forceinline__ void copy(const ScanParams &p, unsigned j, float *sm)
+    template <bool FULL> __device__ __forceinline__ void copy(const ScanParams &p, unsigned j, unsigned slot, float *sm)
     {
-        float *raw = S::raw(sm, j);
+        float *raw = S::raw_slot(sm, slot);
         const int rows = p.seqlen - (int)j * TS;
         // a row past the end reads nothing; its address is the tensor's start
         // (the constructor's list again: one helper for both changed the
@@ -948,20 +967,20 @@ template <typename T> struct WsStaging {
         for (int m = 0; m < 4; m++)
             src[m] += m < 3 ? chunk_x : chunk_b;
     }
-    __device__ __forceinline__ void load(const ScanParams &p, unsigned j, float *sm)
+    __device__ __forceinline__ void load(const ScanParams &p, unsigned j, unsigned slot, float *sm)
     {
         if ((int)(j + 1) * TS <= p.seqlen)
-            copy<true>(p, j, sm);
+            copy<true>(p, j, slot, sm);
         else
-            copy<false>(p, j, sm);
+            copy<false>(p, j, slot, sm);
         fx_copy_commit();
     }
 
     // Chunk j's (delta, delta x) of the lane's row (delta 0 past the end),
     // and for 16-bit inputs the warp's rows of b and c in f32.
-    __device__ __forceinline__ void commit(const ScanParams &p, unsigned j, float *sm, int lane, int k)
+    __device__ __forceinline__ void commit(const ScanParams &p, unsigned j, unsigned slot, float *sm, int lane, int k)
     {
-        const float *raw = S::raw(sm, j);
+        const float *raw = S::raw_slot(sm, slot);
         float u[4], x[4];
         ld_vec<T, 4>(u, reinterpret_cast<const T *>(raw + S::RAWX) + r * CH + c0);
         ld_vec<T, 4>(x, reinterpret_cast<const T *>(raw) + r * CH + c0);
@@ -979,7 +998,7 @@ template <typename T> struct WsStaging {
             o[2 * v] = ok ? u[v] : 0.0f;
             o[2 * v + 1] = o[2 * v] * x[v];
         }
-        float *dd = sm + S::DD + (j % 2) * TS * CH * 2 + r * CH * 2;
+        float *dd = S::dd_slot(sm, slot);
         *reinterpret_cast<float4 *>(dd + dd0) = make_float4(o[0], o[1], o[2], o[3]);
         *reinterpret_cast<float4 *>(dd + dd1) = make_float4(o[4], o[5], o[6], o[7]);
         if constexpr (!S::F32) {
@@ -988,16 +1007,52 @@ template <typename T> struct WsStaging {
             const int row = bc_row_of(k, f / (N / 4)), n = 4 * (f % (N / 4));
             float v4[4];
             ld_vec<T, 4>(v4, reinterpret_cast<const T *>(raw + 3 * S::RAWX) + which * TS * N + row * N + n);
-            *reinterpret_cast<float4 *>(sm + S::BC + (j % 2) * 2 * TS * N + which * TS * N + row * N + n) =
+            *reinterpret_cast<float4 *>(S::bc_slot(sm, slot) + which * TS * N + row * N + n) =
                 make_float4(v4[0], v4[1], v4[2], v4[3]);
         }
     }
 
-    // y of chunk j's row of the lane; called for j = 0, 1, ... in order.
-    __device__ __forceinline__ void epilogue(const ScanParams &p, unsigned j, float *sm)
+    // Makes the warp's copies of a chunk visible to its other lanes. For f32
+    // inputs there is nothing to make visible: a lane commits and writes out
+    // only the pieces of x, dt and z it copied itself, and the scan warps read
+    // b and c after a block barrier.
+    __device__ __forceinline__ static void lanes_sync()
     {
-        const float *raw = S::raw(sm, j);
-        const float *parts = sm + S::P + (j % 2) * kWsScanWarps * TS * CH + r * CH + c0;
+        if constexpr (!S::F32)
+            __syncwarp();
+    }
+
+    // Chunk j of the staging's loop, in ring slot `slot` (j % kWsRing): y of
+    // chunk j - 1, the commit of j + 1, the copies of j + 3, the block
+    // barrier. Called for j = 0 .. chunks; true at chunks, where only the
+    // last y is left to write.
+    __device__ __forceinline__ bool step(const ScanParams &p, unsigned j, unsigned slot, int chunks, float *sm,
+                                         int lane, int k)
+    {
+        constexpr unsigned M = kWsRing - 1; // slot + M: the slot of chunk j + M, and of j - 1
+        if (slot != 0 || j > 0) // (a constant where the slot is)
+            epilogue(p, j - 1, (slot + M) % kWsRing, sm);
+        if ((int)j == chunks)
+            return true;
+        if ((int)j + 1 < chunks) {
+            fx_copy_wait<kWsRing - 3>(); // chunk j + 1's
+            lanes_sync();
+            commit(p, j + 1, (slot + 1) % kWsRing, sm, lane, k);
+        }
+        lanes_sync(); // chunk j - 1's raw rows read: chunk j + 3 lands there
+        if ((int)j + kWsRing - 1 < chunks)
+            load(p, j + M, (slot + M) % kWsRing, sm);
+        else
+            fx_copy_commit();
+        ws_block_sync();
+        return false;
+    }
+
+    // y of chunk j's row of the lane; called for j = 0, 1, ... in order.
+    __device__ __forceinline__ void epilogue(const ScanParams &p, unsigned j, unsigned slot, float *sm)
+    {
+        const float *raw = S::raw_slot(sm, slot);
+        const float *parts = S::parts_slot(sm, slot) + r * CH + c0;
         T *out_y = y;
         y += chunk_x;
         if (r >= p.seqlen - (int)j * TS)
@@ -1071,19 +1126,6 @@ __device__ __forceinline__ void ws_scan_chunk(unsigned j, int w, int lane, float
     }
 }
 
-// The block barrier of the warp-specialized kernel. The scan and staging
-// warps reach it at different instructions, which __syncthreads (bar.sync,
-// i.e. barrier.sync.aligned) does not allow (compute-sanitizer's synccheck
-// reports it); barrier.sync without .aligned does.
-__device__ __forceinline__ void ws_block_sync()
-{
-#ifdef __CUDA_ARCH__
-    asm volatile("barrier.sync 1, %0;" ::"n"(kWsThreads) : "memory");
-#else
-    __syncthreads();
-#endif
-}
-
 template <typename T, int LOOK = kWsLook>
 __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanParams p)
 {
@@ -1119,31 +1161,27 @@ __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanPar
 #pragma unroll
         for (unsigned j = 0; j < kWsRing - 1; j++)
             if ((int)j < chunks)
-                st.load(p, j, sm);
+                st.load(p, j, j, sm);
             else
                 fx_copy_commit(); // empty groups keep the count
         fx_copy_wait<kWsRing - 2>(); // chunk 0's
-        __syncwarp();
+        st.lanes_sync();
         if (chunks > 0)
-            st.commit(p, 0, sm, lane, k);
+            st.commit(p, 0, 0, sm, lane, k);
         ws_block_sync();
-        for (unsigned j = 0; (int)j < chunks; j++) {
-            if (j > 0)
-                st.epilogue(p, j - 1, sm);
-            if ((int)j + 1 < chunks) {
-                fx_copy_wait<kWsRing - 3>(); // chunk j + 1's
-                __syncwarp();
-                st.commit(p, j + 1, sm, lane, k);
-            }
-            __syncwarp(); // chunk j - 1's raw rows read: chunk j + 3 lands there
-            if ((int)j + kWsRing - 1 < chunks)
-                st.load(p, j + kWsRing - 1, sm);
-            else
-                fx_copy_commit();
-            ws_block_sync();
+        if constexpr (S::F32) {
+            // unrolled by the ring's length: each chunk's slot is a constant
+            // (the f32 staging loop 252 -> 211 instructions a chunk, -1 to -2 %
+            // time; the 16-bit one gained nothing and lost 2 %: bench/RESULTS.md)
+            static_assert(kWsRing == 4, "four steps a round");
+            for (unsigned j = 0; !st.step(p, j, 0, chunks, sm, lane, k) && !st.step(p, j + 1, 1, chunks, sm, lane, k) &&
+                                 !st.step(p, j + 2, 2, chunks, sm, lane, k) && !st.step(p, j + 3, 3, chunks, sm, lane, k);
+                 j += kWsRing)
+                ;
+        } else {
+            for (unsigned j = 0; !st.step(p, j, j % kWsRing, chunks, sm, lane, k); j++)
+                ;
         }
-        if (chunks > 0)
-            st.epilogue(p, chunks - 1, sm);
     }
 }
 
