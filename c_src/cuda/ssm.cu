@@ -45,7 +45,9 @@ int cuda_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
                 return (int)FX_OK;
             switch (l.kernel) {
             case FwdKernel::WS:
-                return launch_forward_kernel<ssm_fwd_ws_kernel<T>>(d, l.smem, l, st);
+                return with_ws_opts(l.p, [&](auto opts) {
+                    return launch_forward_kernel<ssm_fwd_ws_kernel<T, decltype(opts)>>(d, l.smem, l, st);
+                });
             // the one-warp-a-tile kernel's blocks vary in size (1-4 warps):
             // it opts in once for the largest
             case FwdKernel::TILE_FAST:

@@ -27,6 +27,8 @@
 #include <limits.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "cuda/async_copy.cuh"
 #include "cuda/common.cuh"
 #include "cuda/sfu.cuh"
@@ -214,6 +216,22 @@ template <int LANES> __device__ __forceinline__ float sum_parts(const float *p)
         }
         return s;
     }
+}
+
+// A shared-memory address the compiler cannot recompute: ptxas otherwise
+// rebuilds a lane's address from the block's base (S2UR of the CTA's id,
+// ULEA) and the lane's bits at each use, 3-6 instructions, rather than keep
+// it in a register. Pinned, it is one register, and each access is that
+// register plus a constant.
+template <typename P> __device__ __forceinline__ P *pinned_shared(P *ptr)
+{
+#ifdef __CUDA_ARCH__
+    unsigned a = (unsigned)__cvta_generic_to_shared(ptr);
+    asm volatile("" : "+r"(a));
+    return static_cast<P *>(__cvta_shared_to_generic(a));
+#else
+    return ptr;
+#endif
 }
 
 // The block's dynamic shared memory; every kernel lays out its own.
@@ -851,8 +869,6 @@ template <typename T> struct WsSmem {
     // The same places by the chunk's ring slot (j % kWsRing), for the staging:
     // where the slot is a constant, so is each address's offset from the base.
     __device__ static float *raw_slot(float *sm, unsigned slot) { return sm + RAWS + slot * RAW; }
-    __device__ static float *dd_slot(float *sm, unsigned slot) { return sm + DD + slot % 2 * TS * CH * 2; }
-    __device__ static float *parts_slot(float *sm, unsigned slot) { return sm + P + slot % 2 * kWsScanWarps * TS * CH; }
     __device__ static float *bc_slot(float *sm, unsigned slot) { return sm + BC + slot % 2 * 2 * TS * N; }
     // (delta, delta x) rows: a row of 32 channels is 16 16-byte pairs of
     // channels, the last 8 of them swapped two by two, so that a staging
@@ -869,6 +885,27 @@ template <typename T> inline bool ws_fits(const ScanParams &p)
     return p.dstate == kWsStates && p.cpg % kWsChannels == 0 && rows_aligned<T>(p, 16, 16);
 }
 
+// The options a chunk of the warp-specialized kernel would otherwise test at
+// run time (the gate z, softplus, the saved states): compiled in, since each
+// test is a reload of the parameter and a few uniform instructions a chunk
+// (bench/RESULTS.md).
+template <bool Z_, bool SP_, bool SAVE_> struct WsOpts {
+    static constexpr bool Z = Z_, SP = SP_, SAVE = SAVE_;
+};
+
+// body(WsOpts<...>()) for p's options.
+template <class F> inline auto with_ws_opts(const ScanParams &p, F &&body) -> decltype(body(WsOpts<true, true, true>()))
+{
+    auto save = [&](auto z, auto sp) {
+        constexpr bool Z = decltype(z)::value, SP = decltype(sp)::value;
+        return p.saved ? body(WsOpts<Z, SP, true>()) : body(WsOpts<Z, SP, false>());
+    };
+    auto softplus = [&](auto z) {
+        return p.softplus ? save(z, std::true_type{}) : save(z, std::false_type{});
+    };
+    return p.z ? softplus(std::true_type{}) : softplus(std::false_type{});
+}
+
 // The block barrier of the warp-specialized kernel. The scan and staging
 // warps reach it at different instructions, which __syncthreads (bar.sync,
 // i.e. barrier.sync.aligned) does not allow (compute-sanitizer's synccheck
@@ -882,7 +919,7 @@ __device__ __forceinline__ void ws_block_sync()
 #endif
 }
 
-template <typename T> struct WsStaging {
+template <typename T, class O> struct WsStaging {
     using S = WsSmem<T>;
     static constexpr int CH = S::CH, N = S::N, TS = S::TS;
     static constexpr int EPU = 16 / (int)sizeof(T);  // elements a 16-byte copy
@@ -906,14 +943,16 @@ template <typename T> struct WsStaging {
     bool copies_x, copies_bc;    // whether the lane has a piece of x (dt, z), of b or c
     bool of_c;                   // its piece of b or c is c's
     int row_x, row_bc;           // the rows of its pieces
-    int sx, sbc;                 // their places in a raw buffer (elements of T)
-    int dd0, dd1;                // its (delta, delta x) stores' places in a slot (floats)
+    // the lane's places in shared memory, pinned (each access a constant
+    // from one of them): its parts of y in a row, its pieces of a raw x
+    // (dt, z) row, its (delta, delta x) stores, its copies' destinations
+    float *my_parts, *my_raw, *my_dd0, *my_dd1, *my_copy_x, *my_copy_bc;
     const T *src[4];             // x, dt, z, b or c: the lane's pieces of the next chunk to load
     T *y;                        // the lane's y in the next chunk written
     int64_t chunk_x, chunk_b;
     float bias[4], dskip[4];
 
-    __device__ WsStaging(const ScanParams &p, const Tile &t, int lane, int k)
+    __device__ WsStaging(const ScanParams &p, const Tile &t, int lane, int k, float *sm)
     {
         r = k + kWsStageWarps * (lane / 8);
         c0 = 4 * (lane % 8);
@@ -926,9 +965,14 @@ template <typename T> struct WsStaging {
         copies_x = lane < ROWS * XU, copies_bc = lane < 2 * ROWS * BU;
         of_c = bc_is_c(lane);
         row_x = k + kWsStageWarps * (lane / XU), row_bc = bc_row(k, lane);
-        sx = row_x * CH + (lane % XU) * EPU;
-        sbc = (of_c ? TS * N : 0) + row_bc * N + (lane % BU) * EPU;
-        dd0 = r * CH * 2 + S::dd_at(c0), dd1 = r * CH * 2 + S::dd_at(c0 + 2);
+        // (offsets in T scaled to floats: c0 and the pieces are multiples of 4)
+        constexpr int TW = (int)sizeof(T);
+        my_parts = pinned_shared(sm + r * CH + c0);
+        my_raw = S::F32 ? my_parts : pinned_shared(sm + (r * CH + c0) * TW / 4);
+        my_copy_x = S::F32 ? my_parts : pinned_shared(sm + (row_x * CH + (lane % XU) * EPU) * TW / 4);
+        my_copy_bc = pinned_shared(sm + ((of_c ? TS * N : 0) + row_bc * N + (lane % BU) * EPU) * TW / 4);
+        my_dd0 = pinned_shared(sm + r * CH * 2 + S::dd_at(c0));
+        my_dd1 = pinned_shared(sm + r * CH * 2 + S::dd_at(c0 + 2));
         const int64_t gx = x0 + (int64_t)row_x * p.dim + (lane % XU) * EPU;
         const int64_t gb = b0 + (int64_t)row_bc * p.groups * N + (lane % BU) * EPU;
         const T *const in[4] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt),
@@ -943,9 +987,9 @@ template <typename T> struct WsStaging {
     // Starts the copies of chunk j's rows of this warp into raw buffer j;
     // called for j = 0, 1, 2, ... in order (the sources step a chunk).
     // Rows past the end are zeros (the scan then keeps its state).
-    template <bool FULL> __device__ __forceinline__ void copy(const ScanParams &p, unsigned j, unsigned slot, float *sm)
+    template <bool FULL> __device__ __forceinline__ void copy(const ScanParams &p, unsigned j, unsigned slot)
     {
-        float *raw = S::raw_slot(sm, slot);
+        const int raw = S::RAWS + (int)slot * S::RAW;
         const int rows = p.seqlen - (int)j * TS;
         // a row past the end reads nothing; its address is the tensor's start
         // (the constructor's list again: one helper for both changed the
@@ -956,23 +1000,23 @@ template <typename T> struct WsStaging {
             const bool ok = FULL || row_x < rows;
 #pragma unroll
             for (int m = 0; m < 3; m++)
-                if (m < 2 || p.z)
-                    fx_copy_async<16>(reinterpret_cast<T *>(raw + m * S::RAWX) + sx, ok ? src[m] : in[m], ok);
+                if (m < 2 || O::Z)
+                    fx_copy_async<16>(my_copy_x + raw + m * S::RAWX, ok ? src[m] : in[m], ok);
         }
         if (copies_bc) {
             const bool ok = FULL || row_bc < rows;
-            fx_copy_async<16>(reinterpret_cast<T *>(raw + 3 * S::RAWX) + sbc, ok ? src[3] : in[3], ok);
+            fx_copy_async<16>(my_copy_bc + raw + 3 * S::RAWX, ok ? src[3] : in[3], ok);
         }
 #pragma unroll
         for (int m = 0; m < 4; m++)
             src[m] += m < 3 ? chunk_x : chunk_b;
     }
-    __device__ __forceinline__ void load(const ScanParams &p, unsigned j, unsigned slot, float *sm)
+    __device__ __forceinline__ void load(const ScanParams &p, unsigned j, unsigned slot)
     {
         if ((int)(j + 1) * TS <= p.seqlen)
-            copy<true>(p, j, slot, sm);
+            copy<true>(p, j, slot);
         else
-            copy<false>(p, j, slot, sm);
+            copy<false>(p, j, slot);
         fx_copy_commit();
     }
 
@@ -980,14 +1024,14 @@ template <typename T> struct WsStaging {
     // and for 16-bit inputs the warp's rows of b and c in f32.
     __device__ __forceinline__ void commit(const ScanParams &p, unsigned j, unsigned slot, float *sm, int lane, int k)
     {
-        const float *raw = S::raw_slot(sm, slot);
+        const float *mine = my_raw + S::RAWS + slot * S::RAW;
         float u[4], x[4];
-        ld_vec<T, 4>(u, reinterpret_cast<const T *>(raw + S::RAWX) + r * CH + c0);
-        ld_vec<T, 4>(x, reinterpret_cast<const T *>(raw) + r * CH + c0);
+        ld_vec<T, 4>(u, reinterpret_cast<const T *>(mine + S::RAWX));
+        ld_vec<T, 4>(x, reinterpret_cast<const T *>(mine));
 #pragma unroll
         for (int v = 0; v < 4; v++)
             u[v] += bias[v];
-        if (p.softplus)
+        if constexpr (O::SP)
 #pragma unroll
             for (int v = 0; v < 4; v++)
                 u[v] = softplus(u[v]);
@@ -998,13 +1042,14 @@ template <typename T> struct WsStaging {
             o[2 * v] = ok ? u[v] : 0.0f;
             o[2 * v + 1] = o[2 * v] * x[v];
         }
-        float *dd = S::dd_slot(sm, slot);
-        *reinterpret_cast<float4 *>(dd + dd0) = make_float4(o[0], o[1], o[2], o[3]);
-        *reinterpret_cast<float4 *>(dd + dd1) = make_float4(o[4], o[5], o[6], o[7]);
+        const int dd = S::DD + slot % 2 * TS * CH * 2;
+        *reinterpret_cast<float4 *>(my_dd0 + dd) = make_float4(o[0], o[1], o[2], o[3]);
+        *reinterpret_cast<float4 *>(my_dd1 + dd) = make_float4(o[4], o[5], o[6], o[7]);
         if constexpr (!S::F32) {
             // 2 x ROWS rows of N: one quad a lane (ROWS * N / 2 = 32 quads)
             const int which = lane / (ROWS * N / 4), f = lane % (ROWS * N / 4);
             const int row = bc_row_of(k, f / (N / 4)), n = 4 * (f % (N / 4));
+            const float *raw = S::raw_slot(sm, slot);
             float v4[4];
             ld_vec<T, 4>(v4, reinterpret_cast<const T *>(raw + 3 * S::RAWX) + which * TS * N + row * N + n);
             *reinterpret_cast<float4 *>(S::bc_slot(sm, slot) + which * TS * N + row * N + n) =
@@ -1030,8 +1075,8 @@ template <typename T> struct WsStaging {
                                          int lane, int k)
     {
         constexpr unsigned M = kWsRing - 1; // slot + M: the slot of chunk j + M, and of j - 1
-        if (slot != 0 || j > 0) // (a constant where the slot is)
-            epilogue(p, j - 1, (slot + M) % kWsRing, sm);
+        if (slot != 0 || j > 0) // (only slot 0 tests j)
+            epilogue(p, j - 1, (slot + M) % kWsRing);
         if ((int)j == chunks)
             return true;
         if ((int)j + 1 < chunks) {
@@ -1041,7 +1086,7 @@ template <typename T> struct WsStaging {
         }
         lanes_sync(); // chunk j - 1's raw rows read: chunk j + 3 lands there
         if ((int)j + kWsRing - 1 < chunks)
-            load(p, j + M, (slot + M) % kWsRing, sm);
+            load(p, j + M, (slot + M) % kWsRing);
         else
             fx_copy_commit();
         ws_block_sync();
@@ -1049,10 +1094,10 @@ template <typename T> struct WsStaging {
     }
 
     // y of chunk j's row of the lane; called for j = 0, 1, ... in order.
-    __device__ __forceinline__ void epilogue(const ScanParams &p, unsigned j, unsigned slot, float *sm)
+    __device__ __forceinline__ void epilogue(const ScanParams &p, unsigned j, unsigned slot)
     {
-        const float *raw = S::raw_slot(sm, slot);
-        const float *parts = S::parts_slot(sm, slot) + r * CH + c0;
+        const float *mine = my_raw + S::RAWS + slot * S::RAW;
+        const float *parts = my_parts + S::P + slot % 2 * kWsScanWarps * TS * CH;
         T *out_y = y;
         y += chunk_x;
         if (r >= p.seqlen - (int)j * TS)
@@ -1065,13 +1110,13 @@ template <typename T> struct WsStaging {
         }
         const float s4[4] = {sum.x, sum.y, sum.z, sum.w};
         float x[4], out[4];
-        ld_vec<T, 4>(x, reinterpret_cast<const T *>(raw) + r * CH + c0);
+        ld_vec<T, 4>(x, reinterpret_cast<const T *>(mine));
 #pragma unroll
         for (int v = 0; v < 4; v++)
             out[v] = s4[v] + dskip[v] * x[v];
-        if (p.z) {
+        if constexpr (O::Z) {
             float zv[4];
-            ld_vec<T, 4>(zv, reinterpret_cast<const T *>(raw + 2 * S::RAWX) + r * CH + c0);
+            ld_vec<T, 4>(zv, reinterpret_cast<const T *>(mine + 2 * S::RAWX));
 #pragma unroll
             for (int v = 0; v < 4; v++)
                 out[v] *= silu(zv[v]);
@@ -1126,7 +1171,7 @@ __device__ __forceinline__ void ws_scan_chunk(unsigned j, int w, int lane, float
     }
 }
 
-template <typename T, int LOOK = kWsLook>
+template <typename T, class O, int LOOK = kWsLook>
 __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanParams p)
 {
     using S = WsSmem<T>;
@@ -1148,7 +1193,7 @@ __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanPar
         for (unsigned j = 0; (int)j < chunks; j++) {
             ws_scan_chunk<T, LOOK>(j, warp, lane, h, a2, sm);
             // the state entering chunk j + 1, for the backward (SAVE = TS)
-            if (p.saved && (int)(j + 1) * TS < p.seqlen)
+            if (O::SAVE && (int)(j + 1) * TS < p.seqlen)
                 *reinterpret_cast<float4 *>(p.saved + (((int64_t)t.b * p.nsaved + j) * p.dim + d) * kWsStates +
                                             4 * warp) = make_float4(h[0], h[1], h[2], h[3]);
             ws_block_sync(); // chunk j's parts written; chunk j + 1 committed
@@ -1157,11 +1202,11 @@ __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanPar
             *reinterpret_cast<float4 *>(p.state + at) = make_float4(h[0], h[1], h[2], h[3]);
     } else {
         const int k = warp - kWsScanWarps;
-        WsStaging<T> st(p, t, lane, k);
+        WsStaging<T, O> st(p, t, lane, k, sm);
 #pragma unroll
         for (unsigned j = 0; j < kWsRing - 1; j++)
             if ((int)j < chunks)
-                st.load(p, j, j, sm);
+                st.load(p, j, j);
             else
                 fx_copy_commit(); // empty groups keep the count
         fx_copy_wait<kWsRing - 2>(); // chunk 0's
@@ -1169,19 +1214,15 @@ __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanPar
         if (chunks > 0)
             st.commit(p, 0, 0, sm, lane, k);
         ws_block_sync();
-        if constexpr (S::F32) {
-            // unrolled by the ring's length: each chunk's slot is a constant
-            // (the f32 staging loop 252 -> 211 instructions a chunk, -1 to -2 %
-            // time; the 16-bit one gained nothing and lost 2 %: bench/RESULTS.md)
-            static_assert(kWsRing == 4, "four steps a round");
-            for (unsigned j = 0; !st.step(p, j, 0, chunks, sm, lane, k) && !st.step(p, j + 1, 1, chunks, sm, lane, k) &&
-                                 !st.step(p, j + 2, 2, chunks, sm, lane, k) && !st.step(p, j + 3, 3, chunks, sm, lane, k);
-                 j += kWsRing)
-                ;
-        } else {
-            for (unsigned j = 0; !st.step(p, j, j % kWsRing, chunks, sm, lane, k); j++)
-                ;
-        }
+        // unrolled by the ring's length: each chunk's slot is a constant, and
+        // with the pinned addresses every shared access is a register plus a
+        // constant (f32 staging 252 -> 179 instructions a chunk, bf16 322 ->
+        // 232: bench/RESULTS.md)
+        static_assert(kWsRing == 4, "four steps a round");
+        for (unsigned j = 0; !st.step(p, j, 0, chunks, sm, lane, k) && !st.step(p, j + 1, 1, chunks, sm, lane, k) &&
+                             !st.step(p, j + 2, 2, chunks, sm, lane, k) && !st.step(p, j + 3, 3, chunks, sm, lane, k);
+             j += kWsRing)
+            ;
     }
 }
 

@@ -57,7 +57,9 @@ int emu_forward(int, const fx_ssm_fwd_args *a, fx_status *st)
             const ScanParams &p = l.p;
             switch (l.kernel) {
             case FwdKernel::WS:
-                launch(l.grid, 32 * l.warps, l.smem, [&] { ssm_fwd_ws_kernel<T>(p); });
+                with_ws_opts(p, [&](auto o) {
+                    launch(l.grid, 32 * l.warps, l.smem, [&] { ssm_fwd_ws_kernel<T, decltype(o)>(p); });
+                });
                 break;
             case FwdKernel::TILE_FAST:
                 launch(l.grid, 32 * l.warps, l.smem, [&] { ssm_fwd_kernel<T, C, true>(p); });
