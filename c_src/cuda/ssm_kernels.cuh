@@ -860,16 +860,16 @@ template <typename T> struct WsSmem {
     static constexpr int RAWS = P + 2 * kWsScanWarps * TS * CH; // [kWsRing][RAW]
     static constexpr int WORDS = RAWS + kWsRing * RAW;
     static constexpr size_t BYTES = sizeof(float) * WORDS;
-    __device__ static float *raw(float *sm, unsigned j) { return sm + RAWS + (j % kWsRing) * RAW; }
+    // A chunk's places by its ring slot (j % kWsRing; where the slot is a
+    // constant, as in the staging's loop, so is each offset from the base):
+    // its raw inputs, and for 16-bit inputs its b rows in f32
+    __device__ static float *raw_slot(float *sm, unsigned slot) { return sm + RAWS + slot * RAW; }
+    __device__ static float *bc_slot(float *sm, unsigned slot) { return sm + BC + slot % 2 * 2 * TS * N; }
     // chunk j's f32 b rows (its c rows follow, TS * N floats on)
     __device__ static const float *b_rows(float *sm, unsigned j)
     {
-        return F32 ? raw(sm, j) + 3 * RAWX : sm + BC + (j % 2) * 2 * TS * N;
+        return F32 ? raw_slot(sm, j % kWsRing) + 3 * RAWX : bc_slot(sm, j % 2);
     }
-    // The same places by the chunk's ring slot (j % kWsRing), for the staging:
-    // where the slot is a constant, so is each address's offset from the base.
-    __device__ static float *raw_slot(float *sm, unsigned slot) { return sm + RAWS + slot * RAW; }
-    __device__ static float *bc_slot(float *sm, unsigned slot) { return sm + BC + slot % 2 * 2 * TS * N; }
     // (delta, delta x) rows: a row of 32 channels is 16 16-byte pairs of
     // channels, the last 8 of them swapped two by two, so that a staging
     // lane's two stores of 4 channels (pairs 2l, 2l + 1) and a scan warp's
@@ -984,7 +984,7 @@ template <typename T, class O> struct WsStaging {
         y = static_cast<T *>(p.y) + x0 + (int64_t)r * p.dim + c0;
     }
 
-    // Starts the copies of chunk j's rows of this warp into raw buffer j;
+    // Starts the copies of chunk j's rows of this warp into its ring slot;
     // called for j = 0, 1, 2, ... in order (the sources step a chunk).
     // Rows past the end are zeros (the scan then keeps its state).
     template <bool FULL> __device__ __forceinline__ void copy(const ScanParams &p, unsigned j, unsigned slot)

@@ -190,7 +190,9 @@ template <typename T, int LOOK = kWsLook> static void launch_fwd_lib(const fx_ss
     if (l.kernel != FwdKernel::WS)
         launch_fwd<T>(a);
     else
-        with_ws_opts(l.p, [&](auto o) { launch_smem(ssm_fwd_ws_kernel<T, decltype(o), LOOK>, l.grid, 32 * l.warps, l.smem, l.p); });
+        with_ws_opts(l.p, [&](auto o) {
+            launch_smem(ssm_fwd_ws_kernel<T, decltype(o), LOOK>, l.grid, 32 * l.warps, l.smem, l.p);
+        });
 }
 
 // rel-L2 distance of two outputs of the input type (on the host).
