@@ -937,9 +937,9 @@ template <typename T, class O> struct WsStaging {
     __device__ static int bc_row(int k, int i) { return bc_row_of(k, i / BU % 2 + 2 * (i / (4 * BU))); }
     __device__ static bool bc_is_c(int i) { return i / (2 * BU) % 2; }
     // Everything a chunk touches is a fixed offset from where the previous
-    // chunk's was: the sources and y step by pointers, the shared slots are
-    // offsets from the ring's slot (unsigned chunk numbers: a slot is a mask).
-    int r, c0;                   // the lane's row of each chunk and its first channel
+    // chunk's was: the sources and y step by pointers, and a shared place is
+    // one of the lane's pinned addresses plus a constant for the chunk's slot.
+    int r;                       // the lane's row of each chunk
     bool copies_x, copies_bc;    // whether the lane has a piece of x (dt, z), of b or c
     bool of_c;                   // its piece of b or c is c's
     int row_x, row_bc;           // the rows of its pieces
@@ -955,7 +955,7 @@ template <typename T, class O> struct WsStaging {
     __device__ WsStaging(const ScanParams &p, const Tile &t, int lane, int k, float *sm)
     {
         r = k + kWsStageWarps * (lane / 8);
-        c0 = 4 * (lane % 8);
+        const int c0 = 4 * (lane % 8); // its first channel
 #pragma unroll
         for (int v = 0; v < 4; v++) {
             bias[v] = p.dt_bias ? fx_load_any(p.dt_bias, p.bias_type, t.d0 + c0 + v) : 0.0f;
