@@ -470,6 +470,11 @@ static const spec quick_cases[] = {
 START_TEST(forward_sweep_f32)
 {
     fx_device *dev = fx_test_device();
+    /* 4 and 8 chunks of 16 steps: the warp-specialized forward's staging
+     * loop, unrolled by its ring of 4, ends after a whole round (the sweep's
+     * lengths never give a multiple of 4 chunks) */
+    check_forward_case((spec){2, 64, 128, 16, 4, OPT_ALL}, FX_F32, FX_F32); /* 32 channels a group */
+    check_forward_case((spec){1, 128, 32, 16, 1, OPT_D | OPT_Z}, FX_F32, FX_F32);
     if (fx_test_quick()) {
         for (int i = 0; i < COUNT(quick_cases); i++)
             check_forward_case(quick_cases[i], FX_F32, FX_F32);
@@ -501,7 +506,7 @@ START_TEST(forward_sweep_other_types)
     spec cases[] = {
         {2, 33, 64, 16, 4, OPT_ALL}, {1, 257, 130, 16, 1, OPT_D | OPT_Z},
         {3, 31, 3, 4, 1, OPT_SOFTPLUS | OPT_BIAS}, {1, 2049, 64, 64, 1, OPT_ALL},
-        {4, 1, 64, 1, 4, OPT_H0},
+        {4, 1, 64, 1, 4, OPT_H0}, {1, 64, 32, 16, 1, OPT_ALL},
     };
     int count = fx_test_quick() ? 2 : COUNT(cases);
     for (int i = 0; i < count; i++) {
