@@ -162,7 +162,8 @@ static void launch_fwd(const fx_ssm_fwd_args *a)
 
 #ifdef SSM_BASELINE
 // The forward of the baseline copy, launched as its ssm.cu did (the
-// warp-specialized kernel where it fits).
+// warp-specialized kernel where it fits, one instantiation per option set:
+// a baseline from 6badf12 on).
 template <typename T> static void launch_fwd_base(const fx_ssm_fwd_args *a)
 {
     namespace B = fx_ssm_base;
@@ -172,7 +173,9 @@ template <typename T> static void launch_fwd_base(const fx_ssm_fwd_args *a)
         fprintf(stderr, "baseline: not the warp-specialized path\n");
         exit(1);
     }
-    launch_smem(B::ssm_fwd_ws_kernel<T>, l.grid, 32 * l.warps, l.smem, l.p);
+    B::with_ws_opts(l.p, [&](auto o) {
+        launch_smem(B::ssm_fwd_ws_kernel<T, decltype(o)>, l.grid, 32 * l.warps, l.smem, l.p);
+    });
 }
 #endif
 
