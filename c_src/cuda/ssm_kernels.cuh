@@ -945,8 +945,9 @@ template <typename T, class O> struct WsStaging {
     int row_x, row_bc;           // the rows of its pieces
     // the lane's places in shared memory, pinned (each access a constant
     // from one of them): its parts of y in a row, its pieces of a raw x
-    // (dt, z) row, its (delta, delta x) stores, its copies' destinations
-    float *my_parts, *my_raw, *my_dd0, *my_dd1, *my_copy_x, *my_copy_bc;
+    // (dt, z) row, its (delta, delta x) stores, its copies' destinations,
+    // and for 16-bit inputs its quad of b or c to convert (raw, then f32)
+    float *my_parts, *my_raw, *my_dd0, *my_dd1, *my_copy_x, *my_copy_bc, *my_conv_raw, *my_conv;
     const T *src[4];             // x, dt, z, b or c: the lane's pieces of the next chunk to load
     T *y;                        // the lane's y in the next chunk written
     int64_t chunk_x, chunk_b;
@@ -973,6 +974,13 @@ template <typename T, class O> struct WsStaging {
         my_copy_bc = pinned_shared(sm + ((of_c ? TS * N : 0) + row_bc * N + (lane % BU) * EPU) * TW / 4);
         my_dd0 = pinned_shared(sm + r * CH * 2 + S::dd_at(c0));
         my_dd1 = pinned_shared(sm + r * CH * 2 + S::dd_at(c0 + 2));
+        if constexpr (!S::F32) {
+            // 2 x ROWS rows of N: one quad a lane (ROWS * N / 2 = 32 quads)
+            const int which = lane / (ROWS * N / 4), f = lane % (ROWS * N / 4);
+            const int conv = which * TS * N + bc_row_of(k, f / (N / 4)) * N + 4 * (f % (N / 4));
+            my_conv_raw = pinned_shared(sm + conv * TW / 4);
+            my_conv = pinned_shared(sm + conv);
+        }
         const int64_t gx = x0 + (int64_t)row_x * p.dim + (lane % XU) * EPU;
         const int64_t gb = b0 + (int64_t)row_bc * p.groups * N + (lane % BU) * EPU;
         const T *const in[4] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt),
@@ -1022,7 +1030,7 @@ template <typename T, class O> struct WsStaging {
 
     // Chunk j's (delta, delta x) of the lane's row (delta 0 past the end),
     // and for 16-bit inputs the warp's rows of b and c in f32.
-    __device__ __forceinline__ void commit(const ScanParams &p, unsigned j, unsigned slot, float *sm, int lane, int k)
+    __device__ __forceinline__ void commit(const ScanParams &p, unsigned j, unsigned slot)
     {
         const float *mine = my_raw + S::RAWS + slot * S::RAW;
         float u[4], x[4];
@@ -1046,14 +1054,9 @@ template <typename T, class O> struct WsStaging {
         *reinterpret_cast<float4 *>(my_dd0 + dd) = make_float4(o[0], o[1], o[2], o[3]);
         *reinterpret_cast<float4 *>(my_dd1 + dd) = make_float4(o[4], o[5], o[6], o[7]);
         if constexpr (!S::F32) {
-            // 2 x ROWS rows of N: one quad a lane (ROWS * N / 2 = 32 quads)
-            const int which = lane / (ROWS * N / 4), f = lane % (ROWS * N / 4);
-            const int row = bc_row_of(k, f / (N / 4)), n = 4 * (f % (N / 4));
-            const float *raw = S::raw_slot(sm, slot);
             float v4[4];
-            ld_vec<T, 4>(v4, reinterpret_cast<const T *>(raw + 3 * S::RAWX) + which * TS * N + row * N + n);
-            *reinterpret_cast<float4 *>(S::bc_slot(sm, slot) + which * TS * N + row * N + n) =
-                make_float4(v4[0], v4[1], v4[2], v4[3]);
+            ld_vec<T, 4>(v4, reinterpret_cast<const T *>(my_conv_raw + S::RAWS + slot * S::RAW + 3 * S::RAWX));
+            *reinterpret_cast<float4 *>(my_conv + S::BC + slot % 2 * 2 * TS * N) = make_float4(v4[0], v4[1], v4[2], v4[3]);
         }
     }
 
@@ -1071,8 +1074,7 @@ template <typename T, class O> struct WsStaging {
     // chunk j - 1, the commit of j + 1, the copies of j + 3, the block
     // barrier. Called for j = 0 .. chunks; true at chunks, where only the
     // last y is left to write.
-    __device__ __forceinline__ bool step(const ScanParams &p, unsigned j, unsigned slot, int chunks, float *sm,
-                                         int lane, int k)
+    __device__ __forceinline__ bool step(const ScanParams &p, unsigned j, unsigned slot, int chunks)
     {
         constexpr unsigned M = kWsRing - 1; // slot + M: the slot of chunk j + M, and of j - 1
         if (slot != 0 || j > 0) // (only slot 0 tests j)
@@ -1082,7 +1084,7 @@ template <typename T, class O> struct WsStaging {
         if ((int)j + 1 < chunks) {
             fx_copy_wait<kWsRing - 3>(); // chunk j + 1's
             lanes_sync();
-            commit(p, j + 1, (slot + 1) % kWsRing, sm, lane, k);
+            commit(p, j + 1, (slot + 1) % kWsRing);
         }
         lanes_sync(); // chunk j - 1's raw rows read: chunk j + 3 lands there
         if ((int)j + kWsRing - 1 < chunks)
@@ -1212,15 +1214,15 @@ __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanPar
         fx_copy_wait<kWsRing - 2>(); // chunk 0's
         st.lanes_sync();
         if (chunks > 0)
-            st.commit(p, 0, 0, sm, lane, k);
+            st.commit(p, 0, 0);
         ws_block_sync();
         // unrolled by the ring's length: each chunk's slot is a constant, and
         // with the pinned addresses every shared access is a register plus a
         // constant (f32 staging 252 -> 179 instructions a chunk, bf16 322 ->
         // 232: bench/RESULTS.md)
         static_assert(kWsRing == 4, "four steps a round");
-        for (unsigned j = 0; !st.step(p, j, 0, chunks, sm, lane, k) && !st.step(p, j + 1, 1, chunks, sm, lane, k) &&
-                             !st.step(p, j + 2, 2, chunks, sm, lane, k) && !st.step(p, j + 3, 3, chunks, sm, lane, k);
+        for (unsigned j = 0; !st.step(p, j, 0, chunks) && !st.step(p, j + 1, 1, chunks) &&
+                             !st.step(p, j + 2, 2, chunks) && !st.step(p, j + 3, 3, chunks);
              j += kWsRing)
             ;
     }
