@@ -1219,7 +1219,7 @@ __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanPar
         // unrolled by the ring's length: each chunk's slot is a constant, and
         // with the pinned addresses every shared access is a register plus a
         // constant (f32 staging 252 -> 179 instructions a chunk, bf16 322 ->
-        // 232: bench/RESULTS.md)
+        // 228: bench/RESULTS.md)
         static_assert(kWsRing == 4, "four steps a round");
         for (unsigned j = 0; !st.step(p, j, 0, chunks) && !st.step(p, j + 1, 1, chunks) &&
                              !st.step(p, j + 2, 2, chunks) && !st.step(p, j + 3, 3, chunks);
