@@ -1599,36 +1599,31 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
             stage.load(bp, tile, t0 - KS, sm); // lands during this chunk
         }
 
-        // recompute: the chunk's states, and each lane's part of c . h (a
-        // step's operands are read before the previous step's store, as in
-        // fwd_scan)
+        // recompute: the chunk's states (a step's operands are read before
+        // the previous step's store, as in fwd_scan). Only `b` is read here:
+        // each lane's part of c . h is taken in the adjoint, which reads `c`
+        // anyway (shared memory's data path is the backward's busiest unit).
         const float *in_row = sm + S::IN + c * S::INS, *b_row = sm + S::B + q * NPL, *c_row = sm + S::CC + q * NPL;
         {
-            float4 in = *reinterpret_cast<const float4 *>(in_row);
-            float bv[NPL], cv[NPL];
+            float2 in = *reinterpret_cast<const float2 *>(in_row);
+            float bv[NPL];
             lds(bv, b_row);
-            lds(cv, c_row);
 #pragma unroll
             for (int s = 0; s < KS; s++) {
-                float4 inn = in;
-                float bn[NPL], cn[NPL];
+                float2 inn = in;
+                float bn[NPL] = {}; // (set where it is used: g++ cannot tell)
                 if (s + 1 < KS) {
-                    inn = *reinterpret_cast<const float4 *>(in_row + 4 * (s + 1));
+                    inn = *reinterpret_cast<const float2 *>(in_row + 4 * (s + 1));
                     lds(bn, b_row + (s + 1) * C::NPAD);
-                    lds(cn, c_row + (s + 1) * C::NPAD);
                 }
-                float yp = 0.0f;
 #pragma unroll
-                for (int i = 0; i < NPL; i++) {
+                for (int i = 0; i < NPL; i++)
                     hs[s][i] = fmaf(fx_fast_exp2(in.x * a2[i]), s > 0 ? hs[s - 1][i] : h[i], in.y * bv[i]);
-                    yp = fmaf(cv[i], hs[s][i], yp);
-                }
-                sm[S::PY + s * 32 + lane] = yp;
                 if (s + 1 < KS) {
                     in = inn;
 #pragma unroll
                     for (int i = 0; i < NPL; i++)
-                        bv[i] = bn[i], cv[i] = cn[i];
+                        bv[i] = bn[i];
                 }
             }
         }
@@ -1653,9 +1648,10 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
                     lds(bn, b_row + (s - 1) * C::NPAD);
                     lds(cn, c_row + (s - 1) * C::NPAD);
                 }
-                float r_a = 0.0f, r_b = 0.0f, pbc[2 * NPL];
+                float r_a = 0.0f, r_b = 0.0f, yp = 0.0f, pbc[2 * NPL];
 #pragma unroll
                 for (int i = 0; i < NPL; i++) {
+                    yp = fmaf(cv[i], hs[s][i], yp);
                     const float decay = fx_fast_exp2(in.x * a2[i]);
                     const float prev = s > 0 ? hs[s - 1][i] : h[i];
                     const float g = fmaf(cv[i], in.z, gs[i]); // dL/dh_t
@@ -1667,6 +1663,7 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
                     pbc[NPL + i] = in.z * hs[s][i]; // dc: dyp h
                     gs[i] = decay * g;             // dL/dh_{t-1} through h_t
                 }
+                sm[S::PY + s * 32 + lane] = yp;
                 sm[S::PR + s * 64 + lane] = r_a;
                 sm[S::PR + s * 64 + 32 + lane] = r_b;
                 // over the warp's channels (lane bits LO..4)
