@@ -198,6 +198,24 @@ __device__ __forceinline__ float4 lds_whole(const float *p)
 #endif
 }
 
+// A step's (delta, delta x, dyp) of the backward's chunk inputs, as a
+// float2 and a float: 3 shared-memory wavefronts where the float4 (which
+// ptxas would make of two adjacent plain loads) costs 4. Volatile, so that
+// the two loads stay two.
+__device__ __forceinline__ float4 lds_three(const float *p)
+{
+#ifdef __CUDA_ARCH__
+    float4 v;
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ld.volatile.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a));
+    asm volatile("ld.volatile.shared.f32 %0, [%1+8];" : "=f"(v.z) : "r"(a));
+    v.w = 0.0f;
+    return v;
+#else
+    return make_float4(p[0], p[1], p[2], 0.0f);
+#endif
+}
+
 // The sum of LANES consecutive floats of shared memory (aligned to their size).
 template <int LANES> __device__ __forceinline__ float sum_parts(const float *p)
 {
@@ -1635,7 +1653,7 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
         for (int i = 0; i < NPL; i++)
             acc_a[i] = 0.0f;
         {
-            float4 in = *reinterpret_cast<const float4 *>(in_row + 4 * (KS - 1));
+            float4 in = lds_three(in_row + 4 * (KS - 1));
             float bv[NPL], cv[NPL];
             lds(bv, b_row + (KS - 1) * C::NPAD);
             lds(cv, c_row + (KS - 1) * C::NPAD);
@@ -1644,7 +1662,7 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
                 float4 inn = in;
                 float bn[NPL], cn[NPL];
                 if (s > 0) {
-                    inn = *reinterpret_cast<const float4 *>(in_row + 4 * (s - 1));
+                    inn = lds_three(in_row + 4 * (s - 1));
                     lds(bn, b_row + (s - 1) * C::NPAD);
                     lds(cn, c_row + (s - 1) * C::NPAD);
                 }
