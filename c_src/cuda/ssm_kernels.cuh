@@ -1316,12 +1316,12 @@ __global__ void __launch_bounds__(kThreads) ssm_step_kernel(const StepParams p)
 //              for the scan lanes; x, dy silu'(z), softplus'(u) for the
 //              epilogue; b, c rows to f32;
 //   recompute  K steps forward from the saved state, the K states kept in
-//              registers (one exp per state and step); each lane's part of
-//              c . h (the pre-gate output, for dz) to shared memory;
+//              registers (one exp per state and step), reading b only;
 //   adjoint    K steps backward: the decay again (a second exp: cheaper than
 //              K more registers), g = c dyp + decay' g', the lane's parts of
-//              the sums over states of g decay h_prev a and g b (for ddt,
-//              dx) to shared memory, da summed in registers, and the
+//              c . h (the pre-gate output, for dz) and of the sums over
+//              states of g decay h_prev a and g b (for ddt, dx) to shared
+//              memory, da summed in registers, and the
 //              gradients of b and c summed over the warp's channels by a
 //              transposing butterfly (each lane ends with one sum);
 //   epilogue   per pair: the parts summed, dx, ddt, dz written;
