@@ -314,19 +314,25 @@ struct Grads {
     }
 };
 
-// As launch_backward in ssm.cu: zero the sums, the kernel, the sums written out.
-template <typename T> static void launch_bwd(Grads &g, bool kernel_only = false)
+// The backward kernel alone, for dstate's configuration C.
+template <typename T, class C = Cfg<4, 4>> static BwdParams launch_bwd_kernel(Grads &g, const BwdScratch &sz)
 {
-    typedef Cfg<4, 4> C;
-    const BwdScratch sz(g.args.fwd.n);
-    if (!kernel_only)
-        CUDA_CHECK(cudaMemsetAsync(g.scratch, 0, sizeof(float) * sz.total, g_stream));
     const BwdParams bp = bwd_params<C>(&g.args, g.scratch, sz);
     const size_t smem = BwdSmem<T, C>::BYTES;
     if (bwd_fast<T, C>(bp))
         launch_smem(ssm_bwd_kernel<T, C, true>, grid_of(bp.f), C::BW * 32, smem, bp);
     else
         launch_smem(ssm_bwd_kernel<T, C, false>, grid_of(bp.f), C::BW * 32, smem, bp);
+    return bp;
+}
+
+// As launch_backward in ssm.cu: zero the sums, the kernel, the sums written out.
+template <typename T> static void launch_bwd(Grads &g, bool kernel_only = false)
+{
+    const BwdScratch sz(g.args.fwd.n);
+    if (!kernel_only)
+        CUDA_CHECK(cudaMemsetAsync(g.scratch, 0, sizeof(float) * sz.total, g_stream));
+    const BwdParams bp = launch_bwd_kernel<T>(g, sz);
     if (!kernel_only) {
         const fx_sum_regions sums = bwd_sums(&g.args, bp, sz);
         fx_write_sums<><<<264, 256, 0, g_stream>>>(sums);
@@ -335,18 +341,17 @@ template <typename T> static void launch_bwd(Grads &g, bool kernel_only = false)
 
 #ifdef SSM_BASELINE
 // The baseline copy's backward kernel alone, launched as its ssm.cu did.
-template <typename T> static void launch_bwd_base_kernel(Grads &g)
+template <typename T, int LANES = 4, int NPL = 4> static void launch_bwd_base_kernel(Grads &g)
 {
     namespace B = fx_ssm_base;
-    typedef B::Cfg<4, 4> C;
+    typedef B::Cfg<LANES, NPL> C;
     const B::BwdScratch sz(g.args.fwd.n);
     const B::BwdParams bp = B::bwd_params<C>(&g.args, g.scratch, sz);
     const size_t smem = B::BwdSmem<T, C>::BYTES;
-    if (!B::bwd_fast<T, C>(bp)) {
-        fprintf(stderr, "baseline: not the fast backward\n");
-        exit(1);
-    }
-    launch_smem(B::ssm_bwd_kernel<T, C, true>, B::grid_of(bp.f), C::BW * 32, smem, bp);
+    if (B::bwd_fast<T, C>(bp))
+        launch_smem(B::ssm_bwd_kernel<T, C, true>, B::grid_of(bp.f), C::BW * 32, smem, bp);
+    else
+        launch_smem(B::ssm_bwd_kernel<T, C, false>, B::grid_of(bp.f), C::BW * 32, smem, bp);
 }
 #endif
 
@@ -427,6 +432,46 @@ int main(int argc, char **argv)
         }
         return 0;
     }
+
+#ifdef SSM_BASELINE
+    if (mode == "bwd-dstate") { // the backward of the other dstates' configurations, against the baseline's
+        printf("| kernel | shape | type | median us | GB/s |\n|---|---|---|---:|---:|\n");
+        auto one = [&](auto cfg, auto *tag, fx_dtype type, int B = 4, int L = 1024, int D = 1024) {
+            typedef decltype(cfg) C;
+            typedef typename std::remove_pointer<decltype(tag)>::type T;
+            static_assert(C::SAVE == fx_ssm_base::Cfg<C::LANES, C::NPL>::SAVE, "the same saved states");
+            Problem pb(B, L, D, C::NPAD, type);
+            const int64_t chunks = (pb.L + C::SAVE - 1) / C::SAVE;
+            fx_tensor saved = tensor(FX_F32, {pb.B, chunks - 1, pb.D, pb.N}, 0, 0, false);
+            pb.args.saved = &saved, pb.args.save_every = C::SAVE;
+            launch_fwd<T, FwdDefault, C>(&pb.args);
+            Grads g(pb, &saved), gb(pb, &saved);
+            g.args.fwd.save_every = gb.args.fwd.save_every = C::SAVE;
+            CUDA_CHECK(cudaMemsetAsync(g.scratch, 0, sizeof(float) * g.scratch_floats, g_stream));
+            CUDA_CHECK(cudaMemsetAsync(gb.scratch, 0, sizeof(float) * gb.scratch_floats, g_stream));
+            launch_bwd_kernel<T, C>(g, BwdScratch(g.args.fwd.n));
+            launch_bwd_base_kernel<T, C::LANES, C::NPL>(gb);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            printf("dstate %d: dx rel-L2 new vs baseline %.2e\n", pb.N, rel_l2(g.dx, gb.dx));
+            for (int round = 0; round < 2; round++) {
+                row("bwd kernel alone (baseline)", pb, time_us([&] { launch_bwd_base_kernel<T, C::LANES, C::NPL>(gb); }, 10, 200000), 0);
+                row("bwd kernel alone", pb, time_us([&] { launch_bwd_kernel<T, C>(g, BwdScratch(g.args.fwd.n)); }, 10, 200000), 0);
+            }
+        };
+        const std::string only = argc > 2 ? argv[2] : "";
+        if (only == "" || only == "16") {
+            one(Cfg<4, 4>(), (float *)nullptr, FX_F32), one(Cfg<4, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16);
+            one(Cfg<4, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 8, 2048, 1536);
+        }
+        if (only == "" || only == "other") {
+            one(Cfg<8, 4>(), (float *)nullptr, FX_F32), one(Cfg<8, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16);
+            one(Cfg<16, 4>(), (float *)nullptr, FX_F32), one(Cfg<16, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16);
+            one(Cfg<32, 4>(), (float *)nullptr, FX_F32), one(Cfg<32, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16);
+            one(Cfg<32, 8>(), (float *)nullptr, FX_F32), one(Cfg<32, 8>(), (__nv_bfloat16 *)nullptr, FX_BF16);
+        }
+        return 0;
+    }
+#endif
 
     if (mode == "ncu") {
         launch_fwd_lib<float>(&big.args);
