@@ -83,7 +83,7 @@ template <typename T, class C, bool FAST>
 int launch_backward_kernel(fx_cuda_device *d, const BwdParams &bp, fx_status *st)
 {
     constexpr auto kernel = ssm_bwd_kernel<T, C, FAST>;
-    const size_t smem = BwdSmem<T, C>::BYTES;
+    const size_t smem = BwdSmem<T, C, FAST>::BYTES;
     if (opt_in_smem<kernel>(d, smem, "cudaFuncSetAttribute (selective_scan_backward)", st))
         return st->code;
     kernel<<<(unsigned)grid_of(bp.f), C::BW * 32, smem, d->stream>>>(bp);

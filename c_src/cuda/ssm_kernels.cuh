@@ -1326,11 +1326,19 @@ __global__ void __launch_bounds__(kThreads) ssm_step_kernel(const StepParams p)
 //              transposing butterfly (each lane ends with one sum);
 //   epilogue   per pair: the parts summed, dx, ddt, dz written;
 //   block      the warps' b and c gradients added, one vector atomic per
-//              (step, 4 states) and block.
+//              (step, 4 states) and block (a one-warp block's warp adds its
+//              own from the adjoint, bwd_direct).
 // Nothing of size [batch, seqlen, dim, dstate] exists: the states of a
 // chunk live in registers.
 
-template <typename T, class C> struct BwdSmem {
+// Whether the warps of a backward block add their b and c gradients to
+// memory themselves, from the step loop, instead of through a block buffer
+// and pass: where a block is one warp, on the FAST path (its buffer took a
+// third of the block's shared memory; the plain path measured slower
+// without it, bench/RESULTS.md).
+template <class C, bool FAST> constexpr bool bwd_direct() { return C::BW == 1 && FAST; }
+
+template <typename T, class C, bool FAST> struct BwdSmem {
     static constexpr int K = C::SAVE, WCH = C::WCH, NPAD = C::NPAD;
     static constexpr int words(int elems) { return (elems * (int)sizeof(T) + 15) / 16 * 4; }
     // per warp, in 4-byte words; raw inputs in the input type
@@ -1346,8 +1354,9 @@ template <typename T, class C> struct BwdSmem {
     static constexpr int HS = PR + 64 * K;    // the state entering a chunk, copied a chunk ahead [32 lanes][NPL]
     static constexpr int WARP = HS + 32 * C::NPL;
     // per block after the warps: b and c gradients per warp [BW][K][2 * NPAD]
+    // (none where bwd_direct)
     static constexpr int DBC = C::BW * WARP;
-    static constexpr int WORDS = DBC + C::BW * K * 2 * NPAD;
+    static constexpr int WORDS = DBC + (bwd_direct<C, FAST>() ? 0 : C::BW * K * 2 * NPAD);
     static constexpr size_t BYTES = sizeof(float) * WORDS;
     static_assert(INS % 4 == 0, "float4 rows");
 };
@@ -1363,7 +1372,7 @@ template <typename T, class C> inline bool bwd_fast(const BwdParams &bp)
 template <int N> __device__ __forceinline__ constexpr int log2i() { return N <= 1 ? 0 : 1 + log2i<N / 2>(); }
 
 template <typename T, class C, bool FAST> struct BwdStage {
-    using S = BwdSmem<T, C>;
+    using S = BwdSmem<T, C, FAST>;
     typedef FwdCopy<T, C> K;
     static constexpr int KS = C::SAVE;
     static constexpr int E = (KS + C::LANES - 1) / C::LANES; // pairs per lane
@@ -1544,8 +1553,9 @@ __device__ __forceinline__ void add4(float *dst, int n0, int dstate, float4 v)
 template <typename T, class C, bool FAST>
 __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const BwdParams bp)
 {
-    using S = BwdSmem<T, C>;
+    using S = BwdSmem<T, C, FAST>;
     constexpr int NPL = C::NPL, KS = C::SAVE, LO = log2i<C::LANES>();
+    constexpr bool DIRECT = bwd_direct<C, FAST>();
     const ScanParams &p = bp.f;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float *sm = block_smem() + warp * S::WARP;
@@ -1647,7 +1657,7 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
         }
 
         // adjoint, last step first
-        float *dbc_out = dbc + warp * KS * 2 * C::NPAD;
+        [[maybe_unused]] float *dbc_out = dbc + warp * KS * 2 * C::NPAD;
         float acc_a[NPL];
 #pragma unroll
         for (int i = 0; i < NPL; i++)
@@ -1687,10 +1697,22 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
                 // over the warp's channels (lane bits LO..4)
                 const int first = fx_warp::transpose_sum<2 * NPL, LO>(pbc, lane);
                 constexpr int CNT = (2 * NPL) >> (5 - LO) > 0 ? (2 * NPL) >> (5 - LO) : 1;
+                if constexpr (!DIRECT) {
 #pragma unroll
-                for (int j = 0; j < CNT; j++) {
-                    const int o = first + j; // which * NPL + i
-                    dbc_out[s * 2 * C::NPAD + (o / NPL) * C::NPAD + q * NPL + o % NPL] = pbc[j];
+                    for (int j = 0; j < CNT; j++) {
+                        const int o = first + j; // which * NPL + i
+                        dbc_out[s * 2 * C::NPAD + (o / NPL) * C::NPAD + q * NPL + o % NPL] = pbc[j];
+                    }
+                } else if (t0 + s < p.seqlen) { // already the block's sums: to memory
+                    static_assert(CNT % 4 == 0 && NPL % 4 == 0, "whole quads of one gradient");
+#pragma unroll
+                    for (int j = 0; j < CNT; j += 4) {
+                        const int o = first + j, n0 = q * NPL + o % NPL;
+                        float *acc = o / NPL == 0 ? bp.acc_db : bp.acc_dc;
+                        if (n0 < p.dstate)
+                            add4(acc + at_btg(p, tile.b, t0 + s, tile.g) + n0, n0, p.dstate,
+                                 make_float4(pbc[j], pbc[j + 1], pbc[j + 2], pbc[j + 3]));
+                    }
                 }
                 if (s > 0) {
                     in = inn;
@@ -1711,24 +1733,26 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
 
         // the block's b and c gradients: the warps' sums added, one vector
         // atomic per (step, 4 states)
-        __syncthreads();
-        const float *src = dbc;
-        constexpr int QUADS = KS * 2 * C::NPAD / 4;
-        for (int e = threadIdx.x; e < QUADS; e += C::BW * 32) {
-            const int tl = e / (2 * C::NPAD / 4), rest = e % (2 * C::NPAD / 4);
-            const int which = rest / (C::NPAD / 4), n0 = (rest % (C::NPAD / 4)) * 4;
-            if (t0 + tl >= p.seqlen || n0 >= p.dstate)
-                continue;
-            float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if constexpr (!DIRECT) {
+            __syncthreads();
+            const float *src = dbc;
+            constexpr int QUADS = KS * 2 * C::NPAD / 4;
+            for (int e = threadIdx.x; e < QUADS; e += C::BW * 32) {
+                const int tl = e / (2 * C::NPAD / 4), rest = e % (2 * C::NPAD / 4);
+                const int which = rest / (C::NPAD / 4), n0 = (rest % (C::NPAD / 4)) * 4;
+                if (t0 + tl >= p.seqlen || n0 >= p.dstate)
+                    continue;
+                float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-            for (int w = 0; w < C::BW; w++) {
-                const float4 v = *reinterpret_cast<const float4 *>(src + (w * KS + tl) * 2 * C::NPAD + 4 * rest);
-                sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+                for (int w = 0; w < C::BW; w++) {
+                    const float4 v = *reinterpret_cast<const float4 *>(src + (w * KS + tl) * 2 * C::NPAD + 4 * rest);
+                    sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+                }
+                float *acc = which == 0 ? bp.acc_db : bp.acc_dc;
+                add4(acc + at_btg(p, tile.b, t0 + tl, tile.g) + n0, n0, p.dstate, sum);
             }
-            float *acc = which == 0 ? bp.acc_db : bp.acc_dc;
-            add4(acc + at_btg(p, tile.b, t0 + tl, tile.g) + n0, n0, p.dstate, sum);
+            __syncthreads(); // the buffer is read
         }
-        __syncthreads(); // the buffer is read
     }
 
     if (ok) {

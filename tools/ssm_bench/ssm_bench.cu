@@ -318,11 +318,10 @@ struct Grads {
 template <typename T, class C = Cfg<4, 4>> static BwdParams launch_bwd_kernel(Grads &g, const BwdScratch &sz)
 {
     const BwdParams bp = bwd_params<C>(&g.args, g.scratch, sz);
-    const size_t smem = BwdSmem<T, C>::BYTES;
     if (bwd_fast<T, C>(bp))
-        launch_smem(ssm_bwd_kernel<T, C, true>, grid_of(bp.f), C::BW * 32, smem, bp);
+        launch_smem(ssm_bwd_kernel<T, C, true>, grid_of(bp.f), C::BW * 32, BwdSmem<T, C, true>::BYTES, bp);
     else
-        launch_smem(ssm_bwd_kernel<T, C, false>, grid_of(bp.f), C::BW * 32, smem, bp);
+        launch_smem(ssm_bwd_kernel<T, C, false>, grid_of(bp.f), C::BW * 32, BwdSmem<T, C, false>::BYTES, bp);
     return bp;
 }
 

@@ -109,9 +109,9 @@ int emu_backward(int, const fx_ssm_bwd_args *a, fx_status *st)
                 return st->code;
             const BwdParams bp = bwd_params<C>(a, scratch, sz);
             if (bwd_fast<T, C>(bp))
-                launch(grid_of(bp.f), C::BW * 32, BwdSmem<T, C>::BYTES, [&] { ssm_bwd_kernel<T, C, true>(bp); });
+                launch(grid_of(bp.f), C::BW * 32, BwdSmem<T, C, true>::BYTES, [&] { ssm_bwd_kernel<T, C, true>(bp); });
             else
-                launch(grid_of(bp.f), C::BW * 32, BwdSmem<T, C>::BYTES, [&] { ssm_bwd_kernel<T, C, false>(bp); });
+                launch(grid_of(bp.f), C::BW * 32, BwdSmem<T, C, false>::BYTES, [&] { ssm_bwd_kernel<T, C, false>(bp); });
             write_sums(bwd_sums(a, bp, sz));
             return (int)FX_OK;
         });
