@@ -1334,8 +1334,8 @@ __global__ void __launch_bounds__(kThreads) ssm_step_kernel(const StepParams p)
 // Whether the warps of a backward block add their b and c gradients to
 // memory themselves, from the step loop, instead of through a block buffer
 // and pass: where a block is one warp, on the FAST path (its buffer took a
-// third of the block's shared memory; the plain path measured slower
-// without it, bench/RESULTS.md).
+// quarter to a third of the block's shared memory; the plain path measured
+// slower without it, bench/RESULTS.md).
 template <class C, bool FAST> constexpr bool bwd_direct() { return C::BW == 1 && FAST; }
 
 template <typename T, class C, bool FAST> struct BwdSmem {

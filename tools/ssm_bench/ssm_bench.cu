@@ -433,7 +433,10 @@ int main(int argc, char **argv)
     }
 
 #ifdef SSM_BASELINE
-    if (mode == "bwd-dstate") { // the backward of the other dstates' configurations, against the baseline's
+    // The backward of every dstate configuration (B4 L1024 D1024; dstate 16
+    // also at the benchmark's size, bf16), alternating with the baseline's;
+    // `bwd-dstate 16` or `bwd-dstate other` for a part.
+    if (mode == "bwd-dstate") {
         printf("| kernel | shape | type | median us | GB/s |\n|---|---|---|---:|---:|\n");
         auto one = [&](auto cfg, auto *tag, fx_dtype type, int B = 4, int L = 1024, int D = 1024) {
             typedef decltype(cfg) C;
