@@ -20,15 +20,6 @@ template <auto KERNEL> int opt_in_smem(fx_cuda_device *d, size_t bytes, const ch
     return FX_OK;
 }
 
-// One forward kernel's launch, opting in for `opt_in_bytes`.
-template <auto KERNEL> int launch_forward_kernel(fx_cuda_device *d, size_t opt_in_bytes, const FwdLaunch &l, fx_status *st)
-{
-    if (opt_in_smem<KERNEL>(d, opt_in_bytes, "cudaFuncSetAttribute (selective_scan forward)", st))
-        return st->code;
-    KERNEL<<<(unsigned)l.grid, 32 * l.warps, l.smem, d->stream>>>(l.p);
-    return fx_cuda_launched(d, "selective_scan forward kernel", st);
-}
-
 int cuda_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
 {
     fx_cuda_device *d = fx_cuda_enter(dev, st);
@@ -43,19 +34,13 @@ int cuda_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
                 return st->code;
             if (l.p.units == 0)
                 return (int)FX_OK;
-            switch (l.kernel) {
-            case FwdKernel::WS:
-                return with_ws_opts(l.p, [&](auto opts) {
-                    return launch_forward_kernel<ssm_fwd_ws_kernel<T, decltype(opts)>>(d, l.smem, l, st);
-                });
-            // the one-warp-a-tile kernel's blocks vary in size (1-4 warps):
-            // it opts in once for the largest
-            case FwdKernel::TILE_FAST:
-                return launch_forward_kernel<ssm_fwd_kernel<T, C, true>>(d, kFwdMaxSmem, l, st);
-            case FwdKernel::TILE:
-                break;
-            }
-            return launch_forward_kernel<ssm_fwd_kernel<T, C, false>>(d, kFwdMaxSmem, l, st);
+            return with_fwd_kernel<T, C>(l, [&](auto kernel, size_t opt_in) {
+                if (opt_in_smem<decltype(kernel)::value>(d, opt_in, "cudaFuncSetAttribute (selective_scan forward)",
+                                                         st))
+                    return st->code;
+                decltype(kernel)::value<<<(unsigned)l.grid, 32 * l.warps, l.smem, d->stream>>>(l.p);
+                return fx_cuda_launched(d, "selective_scan forward kernel", st);
+            });
         });
     });
 }
@@ -79,25 +64,18 @@ int cuda_ssm_step(int dev, const fx_ssm_step_args *a, fx_status *st)
     });
 }
 
-template <typename T, class C, bool FAST>
-int launch_backward_kernel(fx_cuda_device *d, const BwdParams &bp, fx_status *st)
-{
-    constexpr auto kernel = ssm_bwd_kernel<T, C, FAST>;
-    const size_t smem = BwdSmem<T, C, FAST>::BYTES;
-    if (opt_in_smem<kernel>(d, smem, "cudaFuncSetAttribute (selective_scan_backward)", st))
-        return st->code;
-    kernel<<<(unsigned)grid_of(bp.f), C::BW * 32, smem, d->stream>>>(bp);
-    return fx_cuda_launched(d, "selective_scan_backward kernel", st);
-}
-
 template <typename T, class C>
 int launch_backward(fx_cuda_device *d, const fx_ssm_bwd_args *a, float *scratch, const BwdScratch &sz,
                     fx_status *st)
 {
     const BwdParams bp = bwd_params<C>(a, scratch, sz);
     if (grid_of(bp.f) > 0) {
-        const int rc = bwd_fast<T, C>(bp) ? launch_backward_kernel<T, C, true>(d, bp, st)
-                                          : launch_backward_kernel<T, C, false>(d, bp, st);
+        const int rc = with_bwd_kernel<T, C>(bp, [&](auto kernel, size_t smem) {
+            if (opt_in_smem<decltype(kernel)::value>(d, smem, "cudaFuncSetAttribute (selective_scan_backward)", st))
+                return st->code;
+            decltype(kernel)::value<<<(unsigned)grid_of(bp.f), C::BW * 32, smem, d->stream>>>(bp);
+            return fx_cuda_launched(d, "selective_scan_backward kernel", st);
+        });
         if (rc)
             return rc;
     }

@@ -1657,7 +1657,7 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
         }
 
         // adjoint, last step first
-        [[maybe_unused]] float *dbc_out = dbc + warp * KS * 2 * C::NPAD;
+        float *dbc_out = dbc + warp * KS * 2 * C::NPAD;
         float acc_a[NPL];
 #pragma unroll
         for (int i = 0; i < NPL; i++)
@@ -1882,6 +1882,29 @@ inline int fwd_launch(const fx_ssm_fwd_args *a, int sm_count, FwdLaunch *l, fx_s
     return FX_OK;
 }
 
+// A kernel as a type (KernelIs<k>::value is k), for launchers that take
+// it as a template argument.
+template <auto KERNEL> struct KernelIs {
+    static constexpr auto value = KERNEL;
+};
+
+// body(KernelIs<kernel>(), opt_in) for the forward launch l, with the shared
+// memory its kernel must be opted in for: the tile kernel's blocks vary in
+// size (1-4 warps), so it opts in once for the largest. The one place that
+// maps a launch to its kernel, for the launcher (ssm.cu) and the emulator.
+template <typename T, class C, class F> inline auto with_fwd_kernel(const FwdLaunch &l, F &&body)
+{
+    switch (l.kernel) {
+    case FwdKernel::WS:
+        return with_ws_opts(l.p, [&](auto o) { return body(KernelIs<ssm_fwd_ws_kernel<T, decltype(o)>>(), l.smem); });
+    case FwdKernel::TILE_FAST:
+        return body(KernelIs<ssm_fwd_kernel<T, C, true>>(), (size_t)kFwdMaxSmem);
+    case FwdKernel::TILE:
+        break;
+    }
+    return body(KernelIs<ssm_fwd_kernel<T, C, false>>(), (size_t)kFwdMaxSmem);
+}
+
 // One f32 scratch for the summed gradients: [db][dc][da][dd][ddt_bias]
 // (db first so that its rows are 16-byte aligned for vector atomics).
 struct BwdScratch {
@@ -1931,6 +1954,15 @@ inline BwdParams bwd_params(const fx_ssm_bwd_args *a, float *scratch, const BwdS
     bp.acc_dd = bp.acc_da + sz.n_a;
     bp.acc_dbias = bp.acc_dd + sz.n_d;
     return bp;
+}
+
+// body(KernelIs<kernel>(), shared memory bytes) for the backward of bp:
+// the FAST kernel where bwd_fast allows it.
+template <typename T, class C, class F> inline auto with_bwd_kernel(const BwdParams &bp, F &&body)
+{
+    if (bwd_fast<T, C>(bp))
+        return body(KernelIs<ssm_bwd_kernel<T, C, true>>(), BwdSmem<T, C, true>::BYTES);
+    return body(KernelIs<ssm_bwd_kernel<T, C, false>>(), BwdSmem<T, C, false>::BYTES);
 }
 
 // The f32 sums of bwd_params, as written out to the gradients asked for.

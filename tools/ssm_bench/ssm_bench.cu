@@ -318,10 +318,9 @@ struct Grads {
 template <typename T, class C = Cfg<4, 4>> static BwdParams launch_bwd_kernel(Grads &g, const BwdScratch &sz)
 {
     const BwdParams bp = bwd_params<C>(&g.args, g.scratch, sz);
-    if (bwd_fast<T, C>(bp))
-        launch_smem(ssm_bwd_kernel<T, C, true>, grid_of(bp.f), C::BW * 32, BwdSmem<T, C, true>::BYTES, bp);
-    else
-        launch_smem(ssm_bwd_kernel<T, C, false>, grid_of(bp.f), C::BW * 32, BwdSmem<T, C, false>::BYTES, bp);
+    with_bwd_kernel<T, C>(bp, [&](auto kernel, size_t smem) {
+        launch_smem(decltype(kernel)::value, grid_of(bp.f), C::BW * 32, smem, bp);
+    });
     return bp;
 }
 

@@ -54,21 +54,10 @@ int emu_forward(int, const fx_ssm_fwd_args *a, fx_status *st)
             FwdLaunch l{};
             if (fwd_launch<T, C>(a, 4, &l, st))
                 return st->code;
-            const ScanParams &p = l.p;
-            switch (l.kernel) {
-            case FwdKernel::WS:
-                with_ws_opts(p, [&](auto o) {
-                    launch(l.grid, 32 * l.warps, l.smem, [&] { ssm_fwd_ws_kernel<T, decltype(o)>(p); });
-                });
-                break;
-            case FwdKernel::TILE_FAST:
-                launch(l.grid, 32 * l.warps, l.smem, [&] { ssm_fwd_kernel<T, C, true>(p); });
-                break;
-            case FwdKernel::TILE:
-                launch(l.grid, 32 * l.warps, l.smem, [&] { ssm_fwd_kernel<T, C, false>(p); });
-                break;
-            }
-            return (int)FX_OK;
+            return with_fwd_kernel<T, C>(l, [&](auto kernel, size_t) { // (no opt-in here)
+                launch(l.grid, 32 * l.warps, l.smem, [&] { decltype(kernel)::value(l.p); });
+                return (int)FX_OK;
+            });
         });
     });
 }
@@ -108,10 +97,9 @@ int emu_backward(int, const fx_ssm_bwd_args *a, fx_status *st)
             if (check_saved(&a->fwd, C::SAVE, st))
                 return st->code;
             const BwdParams bp = bwd_params<C>(a, scratch, sz);
-            if (bwd_fast<T, C>(bp))
-                launch(grid_of(bp.f), C::BW * 32, BwdSmem<T, C, true>::BYTES, [&] { ssm_bwd_kernel<T, C, true>(bp); });
-            else
-                launch(grid_of(bp.f), C::BW * 32, BwdSmem<T, C, false>::BYTES, [&] { ssm_bwd_kernel<T, C, false>(bp); });
+            with_bwd_kernel<T, C>(bp, [&](auto kernel, size_t smem) {
+                launch(grid_of(bp.f), C::BW * 32, smem, [&] { decltype(kernel)::value(bp); });
+            });
             write_sums(bwd_sums(a, bp, sz));
             return (int)FX_OK;
         });
