@@ -334,14 +334,49 @@ __device__ __forceinline__ int64_t at_state(const ScanParams &p, int b, int d)
     return ((int64_t)b * p.dim + d) * p.dstate;
 }
 
+// The copy unit of a row of NPAD values of b or c: 16 bytes, or the whole
+// row where it is shorter (cp.async copies 4, 8 or 16 bytes).
+template <typename T, int NPAD> struct BcCopy {
+    static constexpr int RB = NPAD * (int)sizeof(T); // bytes of a row
+    static constexpr int UB = RB < 16 ? RB : 16;
+    static constexpr int EPU = UB / (int)sizeof(T); // elements a unit
+};
+
+// Whether the b and c rows copy in whole units: every row starts on a unit
+// (dstate a multiple of its elements, the tensors aligned to it) and a unit
+// is either all states or all padding.
+template <typename T, int NPAD> __host__ __device__ inline bool bc_rows_copy(const ScanParams &p)
+{
+    typedef BcCopy<T, NPAD> K;
+    return p.dstate % K::EPU == 0 && (uintptr_t)p.b % K::UB == 0 && (uintptr_t)p.c % K::UB == 0;
+}
+
 // The plain (not FAST) load of a chunk of b and c rows: STEPS rows of NPAD
 // values from step t0, into raw [STEPS][NPAD] buffers of the input type;
-// rows past the end and states past dstate are zeros.
+// rows past the end and states past dstate are zeros. Where bc_rows_copy,
+// by cp.async (the caller waits, as for the FAST copies): one element at a
+// time, each a load the warp waits on before its store, made 16-bit rows of
+// dstate 128 ~3x slower than the f32 ones (bench/RESULTS.md).
 template <typename T, int NPAD, int STEPS>
 __device__ __forceinline__ void load_bc_rows(const ScanParams &p, const Tile &t, int t0, int lane, T *raw_b,
                                              T *raw_c)
 {
+    typedef BcCopy<T, NPAD> K;
     const T *b = static_cast<const T *>(p.b), *c = static_cast<const T *>(p.c);
+    if (bc_rows_copy<T, NPAD>(p)) {
+        constexpr int PER_ROW = NPAD / K::EPU, UNITS = STEPS * PER_ROW;
+#pragma unroll 1 // (unrolled, dstate 256 spilled 100 bytes more)
+        for (int k = 0; k < (UNITS + 31) / 32; k++) {
+            const int u = lane + 32 * k, tl = u / PER_ROW, n = u % PER_ROW * K::EPU;
+            if (UNITS % 32 == 0 || u < UNITS) {
+                const bool ok = t0 + tl < p.seqlen && n < p.dstate;
+                const int64_t i = ok ? at_btg(p, t.b, t0 + tl, t.g) + n : 0;
+                fx_copy_async<K::UB>(raw_b + u * K::EPU, b + i, ok);
+                fx_copy_async<K::UB>(raw_c + u * K::EPU, c + i, ok);
+            }
+        }
+        return;
+    }
     for (int e = lane; e < STEPS * NPAD; e += 32) {
         const int tl = e / NPAD, n = e % NPAD;
         const bool ok = t0 + tl < p.seqlen && n < p.dstate;
@@ -427,8 +462,8 @@ template <typename T, class C, class U = FwdDefault> struct FwdSmem {
 template <typename T, class C> struct FwdCopy {
     static constexpr int RX = C::WCH * (int)sizeof(T);  // bytes of a tile's row of x
     static constexpr int UX = RX < 16 ? RX : 16;
-    static constexpr int RB = C::NPAD * (int)sizeof(T); // bytes of a row of b
-    static constexpr int UB = RB < 16 ? RB : 16;
+    static constexpr int RB = BcCopy<T, C::NPAD>::RB;   // bytes of a row of b
+    static constexpr int UB = BcCopy<T, C::NPAD>::UB;
     static constexpr bool POSSIBLE = RX >= 4; // cp.async copies 4, 8 or 16 bytes
 };
 

@@ -338,18 +338,32 @@ template <typename T> static void launch_bwd(Grads &g, bool kernel_only = false)
 }
 
 #ifdef SSM_BASELINE
-// The baseline copy's backward kernel alone, launched as its ssm.cu did.
+// The baseline copy's one-warp-a-tile forward for dstate's configuration C.
+template <typename T, class C> static void launch_fwd_base_tile(const fx_ssm_fwd_args *a)
+{
+    namespace B = fx_ssm_base;
+    typedef B::Cfg<C::LANES, C::NPL> BC;
+    const B::ScanParams p = B::scan_params(a, BC::WCH);
+    const int warps = B::fwd_block_warps<T, BC>(p, g_sms);
+    const int64_t grid = (p.units + warps - 1) / warps;
+    const size_t smem = warps * B::FwdSmem<T, BC>::BYTES;
+    if (B::fwd_fast<T, BC>(p))
+        launch_smem(B::ssm_fwd_kernel<T, BC, true>, grid, 32 * warps, smem, p);
+    else
+        launch_smem(B::ssm_fwd_kernel<T, BC, false>, grid, 32 * warps, smem, p);
+}
+
+// The baseline copy's backward kernel alone, launched as its ssm.cu did (a
+// baseline from d7def70 on, with_bwd_kernel).
 template <typename T, int LANES = 4, int NPL = 4> static void launch_bwd_base_kernel(Grads &g)
 {
     namespace B = fx_ssm_base;
     typedef B::Cfg<LANES, NPL> C;
     const B::BwdScratch sz(g.args.fwd.n);
     const B::BwdParams bp = B::bwd_params<C>(&g.args, g.scratch, sz);
-    const size_t smem = B::BwdSmem<T, C>::BYTES;
-    if (B::bwd_fast<T, C>(bp))
-        launch_smem(B::ssm_bwd_kernel<T, C, true>, B::grid_of(bp.f), C::BW * 32, smem, bp);
-    else
-        launch_smem(B::ssm_bwd_kernel<T, C, false>, B::grid_of(bp.f), C::BW * 32, smem, bp);
+    B::with_bwd_kernel<T, C>(bp, [&](auto kernel, size_t smem) {
+        launch_smem(decltype(kernel)::value, B::grid_of(bp.f), C::BW * 32, smem, bp);
+    });
 }
 #endif
 
@@ -432,12 +446,13 @@ int main(int argc, char **argv)
     }
 
 #ifdef SSM_BASELINE
-    // The backward of every dstate configuration (B4 L1024 D1024; dstate 16
-    // also at the benchmark's size, bf16), alternating with the baseline's;
-    // `bwd-dstate 16` or `bwd-dstate other` for a part.
+    // The backward and the tile forward of every dstate configuration (B4
+    // L1024 D1024; dstate 16 also at the benchmark's size, bf16, backward
+    // only), alternating with the baseline's; `bwd-dstate 16`, `other` or
+    // `plain` (D1020) for a part.
     if (mode == "bwd-dstate") {
         printf("| kernel | shape | type | median us | GB/s |\n|---|---|---|---:|---:|\n");
-        auto one = [&](auto cfg, auto *tag, fx_dtype type, int B = 4, int L = 1024, int D = 1024) {
+        auto one = [&](auto cfg, auto *tag, fx_dtype type, int B = 4, int L = 1024, int D = 1024, bool fwd = false) {
             typedef decltype(cfg) C;
             typedef typename std::remove_pointer<decltype(tag)>::type T;
             static_assert(C::SAVE == fx_ssm_base::Cfg<C::LANES, C::NPL>::SAVE, "the same saved states");
@@ -453,22 +468,45 @@ int main(int argc, char **argv)
             launch_bwd_kernel<T, C>(g, BwdScratch(g.args.fwd.n));
             launch_bwd_base_kernel<T, C::LANES, C::NPL>(gb);
             CUDA_CHECK(cudaDeviceSynchronize());
-            printf("dstate %d: dx rel-L2 new vs baseline %.2e\n", pb.N, rel_l2(g.dx, gb.dx));
+            printf("dstate %d D%d: dx rel-L2 new vs baseline %.2e\n", pb.N, pb.D, rel_l2(g.dx, gb.dx));
+            if (fwd) { // the one-warp-a-tile forward (no saved states), y compared
+                pb.args.saved = nullptr;
+                fx_ssm_fwd_args ab = pb.args;
+                ab.y = &pb.y2;
+                launch_fwd<T, FwdDefault, C>(&pb.args);
+                launch_fwd_base_tile<T, C>(&ab);
+                CUDA_CHECK(cudaDeviceSynchronize());
+                printf("dstate %d D%d: y rel-L2 new vs baseline %.2e\n", pb.N, pb.D, rel_l2(pb.y, pb.y2));
+                for (int round = 0; round < 2; round++) {
+                    row("fwd tile kernel (baseline)", pb, time_us([&] { launch_fwd_base_tile<T, C>(&ab); }, 10, 200000), 0);
+                    row("fwd tile kernel", pb, time_us([&] { launch_fwd<T, FwdDefault, C>(&pb.args); }, 10, 200000), 0);
+                }
+            }
             for (int round = 0; round < 2; round++) {
                 row("bwd kernel alone (baseline)", pb, time_us([&] { launch_bwd_base_kernel<T, C::LANES, C::NPL>(gb); }, 10, 200000), 0);
                 row("bwd kernel alone", pb, time_us([&] { launch_bwd_kernel<T, C>(g, BwdScratch(g.args.fwd.n)); }, 10, 200000), 0);
             }
         };
         const std::string only = argc > 2 ? argv[2] : "";
+        const bool F = true; // the tile forward too
         if (only == "" || only == "16") {
-            one(Cfg<4, 4>(), (float *)nullptr, FX_F32), one(Cfg<4, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16);
+            one(Cfg<4, 4>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
+            one(Cfg<4, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
             one(Cfg<4, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 8, 2048, 1536);
         }
         if (only == "" || only == "other") {
-            one(Cfg<8, 4>(), (float *)nullptr, FX_F32), one(Cfg<8, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16);
-            one(Cfg<16, 4>(), (float *)nullptr, FX_F32), one(Cfg<16, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16);
-            one(Cfg<32, 4>(), (float *)nullptr, FX_F32), one(Cfg<32, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16);
-            one(Cfg<32, 8>(), (float *)nullptr, FX_F32), one(Cfg<32, 8>(), (__nv_bfloat16 *)nullptr, FX_BF16);
+            one(Cfg<8, 4>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
+            one(Cfg<8, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
+            one(Cfg<16, 4>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
+            one(Cfg<16, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
+            one(Cfg<32, 4>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
+            one(Cfg<32, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
+            one(Cfg<32, 8>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
+            one(Cfg<32, 8>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
+        }
+        if (only == "" || only == "plain") { // the plain paths: 1020 channels are not whole tiles
+            one(Cfg<4, 4>(), (float *)nullptr, FX_F32, 4, 1024, 1020, F);
+            one(Cfg<4, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1020, F);
         }
         return 0;
     }
