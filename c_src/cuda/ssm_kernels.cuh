@@ -543,13 +543,17 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
     using S = FwdSmem<T, C, U>;
     typedef FwdCopy<T, C> K;
     static constexpr int TS = S::TS, CV = S::CV, NP = S::NP;
-    // FAST loads: each lane copies NU consecutive units of UX (UB) bytes,
-    // all in one row
+    // FAST loads: of x (dt, z), each lane copies NUX consecutive units of UX
+    // bytes, all in one row; of b (c), units lane, lane + 32, ... of UB
+    // bytes, so that a copy's lanes write consecutive units of shared memory
+    // (a lane's consecutive units had NUB-way bank conflicts on every copy:
+    // 8-way at dstate 64-256, bench/RESULTS.md)
     static constexpr int PER_ROW = K::RX / K::UX, UNITS = TS * PER_ROW, NUX = (UNITS + 31) / 32;
     static constexpr int EPU = K::UX / (int)sizeof(T);
     static constexpr int BPR = K::RB / K::UB, BUNITS = TS * BPR, NUB = (BUNITS + 31) / 32;
     static constexpr int EPB = K::UB / (int)sizeof(T);
-    static_assert(PER_ROW % NUX == 0 && BPR % NUB == 0, "a lane's copies lie in one row");
+    static_assert(PER_ROW % NUX == 0, "a lane's copies of x lie in one row");
+    static_assert(BPR % 32 == 0 || 32 % BPR == 0, "unit lane + 32 k is the lane's unit moved by 32 k");
     int lane, r0, c0; // staging: rows r0, r0 + RPP, ...; channels c0 .. c0 + CV - 1 of the tile
     const T *src[5];  // FAST: the lane's first element of x, dt, z, b, c in the next chunk to load
     int64_t oy;       // its first element of y in the next chunk to write
@@ -572,9 +576,9 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
             for (int v = 0; v < CV; v++)
                 xk[k][v] = 0.0f, gate[k][v] = 1.0f;
         if constexpr (FAST) {
-            const int ux = lane * NUX, ub = lane * NUB;
+            const int ux = lane * NUX;
             const int64_t ox = at_btd(p, t.b, ux / PER_ROW, t.d0) + ux % PER_ROW * EPU;
-            const int64_t ob = at_btg(p, t.b, ub / BPR, t.g) + ub % BPR * EPB;
+            const int64_t ob = at_btg(p, t.b, lane / BPR, t.g) + lane % BPR * EPB;
             src[0] = static_cast<const T *>(p.x) + ox, src[1] = static_cast<const T *>(p.dt) + ox;
             src[2] = p.z ? static_cast<const T *>(p.z) + ox : nullptr;
             src[3] = static_cast<const T *>(p.b) + ob, src[4] = static_cast<const T *>(p.c) + ob;
@@ -587,7 +591,7 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
     // first element).
     template <bool FULL> __device__ __forceinline__ void copy(const ScanParams &p, int t0, float *sm, int buf)
     {
-        const int ux = lane * NUX, ub = lane * NUB; // a unit's place in the raw buffer is its place in the rows
+        const int ux = lane * NUX; // a unit's place in the raw buffer is its place in the rows
         if (UNITS % 32 == 0 || ux < UNITS) {
             const bool ok = FULL || t0 + ux / PER_ROW < p.seqlen;
             const void *base[3] = {p.x, p.dt, p.z};
@@ -600,16 +604,20 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
                         fx_copy_async<K::UX>(reinterpret_cast<T *>(sm + at[j]) + (ux + k) * EPU,
                                         ok ? src[j] + k * EPU : static_cast<const T *>(base[j]), ok);
         }
-        if (BUNITS % 32 == 0 || ub < BUNITS) {
-            const bool ok = FULL || t0 + ub / BPR < p.seqlen;
-            const void *base[2] = {p.b, p.c};
-            const int at[2] = {S::BR, S::CR};
+        const int64_t row = (int64_t)p.groups * p.dstate; // elements from a step's b row to the next
+        const void *base[2] = {p.b, p.c};
+        const int at[2] = {S::BR, S::CR};
 #pragma unroll
-            for (int j = 0; j < 2; j++)
+        for (int k = 0; k < NUB; k++) {
+            const int ub = lane + 32 * k;
+            if (BUNITS % 32 == 0 || ub < BUNITS) {
+                const bool ok = FULL || t0 + ub / BPR < p.seqlen;
+                const int64_t from = 32 * k / BPR * row + 32 * k % BPR * EPB; // unit ub from unit lane
 #pragma unroll
-                for (int k = 0; k < NUB; k++)
-                    fx_copy_async<K::UB>(reinterpret_cast<T *>(sm + at[j] + buf * S::BCW) + (ub + k) * EPB,
-                                    ok ? src[3 + j] + k * EPB : static_cast<const T *>(base[j]), ok);
+                for (int j = 0; j < 2; j++)
+                    fx_copy_async<K::UB>(reinterpret_cast<T *>(sm + at[j] + buf * S::BCW) + ub * EPB,
+                                         ok ? src[3 + j] + from : static_cast<const T *>(base[j]), ok);
+            }
         }
     }
 
