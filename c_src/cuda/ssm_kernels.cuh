@@ -1376,12 +1376,13 @@ __global__ void __launch_bounds__(kThreads) ssm_step_kernel(const StepParams p)
 
 // Whether the warps of a backward block add their b and c gradients to
 // memory themselves, from the step loop, instead of through a block buffer
-// and pass: where a block is one warp, on the FAST path (its buffer took a
-// quarter to a third of the block's shared memory; the plain path measured
-// slower without it, bench/RESULTS.md).
-template <class C, bool FAST> constexpr bool bwd_direct() { return C::BW == 1 && FAST; }
+// and pass: where a block is one warp (its buffer took a quarter to a third
+// of the block's shared memory). The plain path measured slower without
+// the buffer only while it loaded b and c element by element
+// (bench/RESULTS.md).
+template <class C> constexpr bool bwd_direct() { return C::BW == 1; }
 
-template <typename T, class C, bool FAST> struct BwdSmem {
+template <typename T, class C> struct BwdSmem {
     static constexpr int K = C::SAVE, WCH = C::WCH, NPAD = C::NPAD;
     static constexpr int words(int elems) { return (elems * (int)sizeof(T) + 15) / 16 * 4; }
     // per warp, in 4-byte words; raw inputs in the input type
@@ -1399,7 +1400,7 @@ template <typename T, class C, bool FAST> struct BwdSmem {
     // per block after the warps: b and c gradients per warp [BW][K][2 * NPAD]
     // (none where bwd_direct)
     static constexpr int DBC = C::BW * WARP;
-    static constexpr int WORDS = DBC + (bwd_direct<C, FAST>() ? 0 : C::BW * K * 2 * NPAD);
+    static constexpr int WORDS = DBC + (bwd_direct<C>() ? 0 : C::BW * K * 2 * NPAD);
     static constexpr size_t BYTES = sizeof(float) * WORDS;
     static_assert(INS % 4 == 0, "float4 rows");
 };
@@ -1415,7 +1416,7 @@ template <typename T, class C> inline bool bwd_fast(const BwdParams &bp)
 template <int N> __device__ __forceinline__ constexpr int log2i() { return N <= 1 ? 0 : 1 + log2i<N / 2>(); }
 
 template <typename T, class C, bool FAST> struct BwdStage {
-    using S = BwdSmem<T, C, FAST>;
+    using S = BwdSmem<T, C>;
     typedef FwdCopy<T, C> K;
     static constexpr int KS = C::SAVE;
     static constexpr int E = (KS + C::LANES - 1) / C::LANES; // pairs per lane
@@ -1596,9 +1597,9 @@ __device__ __forceinline__ void add4(float *dst, int n0, int dstate, float4 v)
 template <typename T, class C, bool FAST>
 __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const BwdParams bp)
 {
-    using S = BwdSmem<T, C, FAST>;
+    using S = BwdSmem<T, C>;
     constexpr int NPL = C::NPL, KS = C::SAVE, LO = log2i<C::LANES>();
-    constexpr bool DIRECT = bwd_direct<C, FAST>();
+    constexpr bool DIRECT = bwd_direct<C>();
     const ScanParams &p = bp.f;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float *sm = block_smem() + warp * S::WARP;
@@ -2004,8 +2005,8 @@ inline BwdParams bwd_params(const fx_ssm_bwd_args *a, float *scratch, const BwdS
 template <typename T, class C, class F> inline auto with_bwd_kernel(const BwdParams &bp, F &&body)
 {
     if (bwd_fast<T, C>(bp))
-        return body(KernelIs<ssm_bwd_kernel<T, C, true>>(), BwdSmem<T, C, true>::BYTES);
-    return body(KernelIs<ssm_bwd_kernel<T, C, false>>(), BwdSmem<T, C, false>::BYTES);
+        return body(KernelIs<ssm_bwd_kernel<T, C, true>>(), BwdSmem<T, C>::BYTES);
+    return body(KernelIs<ssm_bwd_kernel<T, C, false>>(), BwdSmem<T, C>::BYTES);
 }
 
 // The f32 sums of bwd_params, as written out to the gradients asked for.

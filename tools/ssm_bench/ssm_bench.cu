@@ -452,11 +452,12 @@ int main(int argc, char **argv)
     // `plain` (D1020) for a part.
     if (mode == "bwd-dstate") {
         printf("| kernel | shape | type | median us | GB/s |\n|---|---|---|---:|---:|\n");
-        auto one = [&](auto cfg, auto *tag, fx_dtype type, int B = 4, int L = 1024, int D = 1024, bool fwd = false) {
+        auto one = [&](auto cfg, auto *tag, fx_dtype type, int B = 4, int L = 1024, int D = 1024, bool fwd = false,
+                       int N = 0) { // N: dstate (0: the configuration's whole rows)
             typedef decltype(cfg) C;
             typedef typename std::remove_pointer<decltype(tag)>::type T;
             static_assert(C::SAVE == fx_ssm_base::Cfg<C::LANES, C::NPL>::SAVE, "the same saved states");
-            Problem pb(B, L, D, C::NPAD, type);
+            Problem pb(B, L, D, N ? N : C::NPAD, type);
             const int64_t chunks = (pb.L + C::SAVE - 1) / C::SAVE;
             fx_tensor saved = tensor(FX_F32, {pb.B, chunks - 1, pb.D, pb.N}, 0, 0, false);
             pb.args.saved = &saved, pb.args.save_every = C::SAVE;
@@ -504,9 +505,12 @@ int main(int argc, char **argv)
             one(Cfg<32, 8>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
             one(Cfg<32, 8>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
         }
-        if (only == "" || only == "plain") { // the plain paths: 1020 channels are not whole tiles
-            one(Cfg<4, 4>(), (float *)nullptr, FX_F32, 4, 1024, 1020, F);
+        if (only == "" || only == "plain") { // the plain paths: 1020 channels are not whole tiles,
+            one(Cfg<4, 4>(), (float *)nullptr, FX_F32, 4, 1024, 1020, F); // dstate 100 not a whole row
             one(Cfg<4, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1020, F);
+            one(Cfg<32, 4>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F, 100);
+            one(Cfg<32, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F, 100);
+            one(Cfg<32, 8>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F, 200);
         }
         return 0;
     }
