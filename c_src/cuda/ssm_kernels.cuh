@@ -353,10 +353,10 @@ template <typename T, int NPAD> __host__ __device__ inline bool bc_rows_copy(con
 
 // The plain (not FAST) load of a chunk of b and c rows: STEPS rows of NPAD
 // values from step t0, into raw [STEPS][NPAD] buffers of the input type;
-// rows past the end and states past dstate are zeros. Where bc_rows_copy,
-// by cp.async (the caller waits, as for the FAST copies): one element at a
-// time, each a load the warp waits on before its store, made 16-bit rows of
-// dstate 128 ~3x slower than the f32 ones (bench/RESULTS.md).
+// rows past the end and states past dstate are zeros. By cp.async where
+// bc_rows_copy holds (the caller waits, as for the FAST copies), else
+// element by element: a load, then a store that waits on it, which made
+// the 16-bit plain kernels of dstate 128 2x slower (bench/RESULTS.md).
 template <typename T, int NPAD, int STEPS>
 __device__ __forceinline__ void load_bc_rows(const ScanParams &p, const Tile &t, int t0, int lane, T *raw_b,
                                              T *raw_c)
@@ -365,7 +365,7 @@ __device__ __forceinline__ void load_bc_rows(const ScanParams &p, const Tile &t,
     const T *b = static_cast<const T *>(p.b), *c = static_cast<const T *>(p.c);
     if (bc_rows_copy<T, NPAD>(p)) {
         constexpr int PER_ROW = NPAD / K::EPU, UNITS = STEPS * PER_ROW;
-#pragma unroll 1 // (unrolled, dstate 256 spilled 100 bytes more)
+#pragma unroll 1 // (unrolled, the dstate-256 backward spilled ~100 bytes more)
         for (int k = 0; k < (UNITS + 31) / 32; k++) {
             const int u = lane + 32 * k, tl = u / PER_ROW, n = u % PER_ROW * K::EPU;
             if (UNITS % 32 == 0 || u < UNITS) {
@@ -2004,9 +2004,10 @@ inline BwdParams bwd_params(const fx_ssm_bwd_args *a, float *scratch, const BwdS
 // the FAST kernel where bwd_fast allows it.
 template <typename T, class C, class F> inline auto with_bwd_kernel(const BwdParams &bp, F &&body)
 {
+    constexpr size_t smem = BwdSmem<T, C>::BYTES; // (both paths lay out the same)
     if (bwd_fast<T, C>(bp))
-        return body(KernelIs<ssm_bwd_kernel<T, C, true>>(), BwdSmem<T, C>::BYTES);
-    return body(KernelIs<ssm_bwd_kernel<T, C, false>>(), BwdSmem<T, C>::BYTES);
+        return body(KernelIs<ssm_bwd_kernel<T, C, true>>(), smem);
+    return body(KernelIs<ssm_bwd_kernel<T, C, false>>(), smem);
 }
 
 // The f32 sums of bwd_params, as written out to the gradients asked for.
