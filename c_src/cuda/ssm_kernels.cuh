@@ -551,7 +551,7 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
     static constexpr int PER_ROW = K::RX / K::UX, UNITS = TS * PER_ROW, NUX = (UNITS + 31) / 32;
     static constexpr int EPU = K::UX / (int)sizeof(T);
     static constexpr int BPR = K::RB / K::UB, BUNITS = TS * BPR, NUB = (BUNITS + 31) / 32;
-    static constexpr int EPB = K::UB / (int)sizeof(T);
+    static constexpr int EPB = BcCopy<T, C::NPAD>::EPU;
     static_assert(PER_ROW % NUX == 0, "a lane's copies of x lie in one row");
     static_assert(BPR % 32 == 0 || 32 % BPR == 0, "unit lane + 32 k is the lane's unit moved by 32 k");
     int lane, r0, c0; // staging: rows r0, r0 + RPP, ...; channels c0 .. c0 + CV - 1 of the tile
@@ -921,15 +921,19 @@ template <typename T> struct WsSmem {
     static constexpr int RAWS = P + 2 * kWsScanWarps * TS * CH; // [kWsRing][RAW]
     static constexpr int WORDS = RAWS + kWsRing * RAW;
     static constexpr size_t BYTES = sizeof(float) * WORDS;
-    // A chunk's places by its ring slot (j % kWsRing; where the slot is a
-    // constant, as in the staging's loop, so is each offset from the base):
-    // its raw inputs, and for 16-bit inputs its b rows in f32
-    __device__ static float *raw_slot(float *sm, unsigned slot) { return sm + RAWS + slot * RAW; }
-    __device__ static float *bc_slot(float *sm, unsigned slot) { return sm + BC + slot % 2 * 2 * TS * N; }
+    // A chunk's places (in floats from the block's base, or from a lane's
+    // pinned place in the region) by its ring slot, j % kWsRing (the double
+    // buffers take slot % 2 = j % 2); where the slot is a constant, as in
+    // the staging's unrolled loop, so is each offset. The one statement of
+    // this layout, for the scan and the staging.
+    __device__ static constexpr unsigned raw_at(unsigned slot) { return RAWS + slot * RAW; } // raw inputs
+    __device__ static constexpr unsigned bc_at(unsigned slot) { return BC + slot % 2 * 2 * TS * N; } // 16-bit: f32 b, c
+    __device__ static constexpr unsigned dd_rows_at(unsigned slot) { return DD + slot % 2 * TS * CH * 2; }
+    __device__ static constexpr unsigned parts_at(unsigned slot) { return P + slot % 2 * kWsScanWarps * TS * CH; }
     // chunk j's f32 b rows (its c rows follow, TS * N floats on)
     __device__ static const float *b_rows(float *sm, unsigned j)
     {
-        return F32 ? raw_slot(sm, j % kWsRing) + 3 * RAWX : bc_slot(sm, j % 2);
+        return sm + (F32 ? raw_at(j % kWsRing) + 3 * RAWX : bc_at(j));
     }
     // (delta, delta x) rows: a row of 32 channels is 16 16-byte pairs of
     // channels, the last 8 of them swapped two by two, so that a staging
@@ -1058,7 +1062,7 @@ template <typename T, class O> struct WsStaging {
     // Rows past the end are zeros (the scan then keeps its state).
     template <bool FULL> __device__ __forceinline__ void copy(const ScanParams &p, unsigned j, unsigned slot)
     {
-        const int raw = S::RAWS + (int)slot * S::RAW;
+        const unsigned raw = S::raw_at(slot);
         const int rows = p.seqlen - (int)j * TS;
         // a row past the end reads nothing; its address is the tensor's start
         // (the constructor's list again: one helper for both changed the
@@ -1093,7 +1097,7 @@ template <typename T, class O> struct WsStaging {
     // and for 16-bit inputs the warp's rows of b and c in f32.
     __device__ __forceinline__ void commit(const ScanParams &p, unsigned j, unsigned slot)
     {
-        const float *mine = my_raw + S::RAWS + slot * S::RAW;
+        const float *mine = my_raw + S::raw_at(slot);
         float u[4], x[4];
         ld_vec<T, 4>(u, reinterpret_cast<const T *>(mine + S::RAWX));
         ld_vec<T, 4>(x, reinterpret_cast<const T *>(mine));
@@ -1111,13 +1115,13 @@ template <typename T, class O> struct WsStaging {
             o[2 * v] = ok ? u[v] : 0.0f;
             o[2 * v + 1] = o[2 * v] * x[v];
         }
-        const int dd = S::DD + slot % 2 * TS * CH * 2;
+        const unsigned dd = S::dd_rows_at(slot);
         *reinterpret_cast<float4 *>(my_dd0 + dd) = make_float4(o[0], o[1], o[2], o[3]);
         *reinterpret_cast<float4 *>(my_dd1 + dd) = make_float4(o[4], o[5], o[6], o[7]);
         if constexpr (!S::F32) {
             float v4[4];
-            ld_vec<T, 4>(v4, reinterpret_cast<const T *>(my_conv_raw + S::RAWS + slot * S::RAW + 3 * S::RAWX));
-            *reinterpret_cast<float4 *>(my_conv + S::BC + slot % 2 * 2 * TS * N) = make_float4(v4[0], v4[1], v4[2], v4[3]);
+            ld_vec<T, 4>(v4, reinterpret_cast<const T *>(my_conv_raw + S::raw_at(slot) + 3 * S::RAWX));
+            *reinterpret_cast<float4 *>(my_conv + S::bc_at(slot)) = make_float4(v4[0], v4[1], v4[2], v4[3]);
         }
     }
 
@@ -1159,8 +1163,8 @@ template <typename T, class O> struct WsStaging {
     // y of chunk j's row of the lane; called for j = 0, 1, ... in order.
     __device__ __forceinline__ void epilogue(const ScanParams &p, unsigned j, unsigned slot)
     {
-        const float *mine = my_raw + S::RAWS + slot * S::RAW;
-        const float *parts = my_parts + S::P + slot % 2 * kWsScanWarps * TS * CH;
+        const float *mine = my_raw + S::raw_at(slot);
+        const float *parts = my_parts + S::parts_at(slot);
         T *out_y = y;
         y += chunk_x;
         if (r >= p.seqlen - (int)j * TS)
@@ -1197,9 +1201,9 @@ __device__ __forceinline__ void ws_scan_chunk(unsigned j, int w, int lane, float
 {
     using S = WsSmem<T>;
     constexpr int TS = S::TS, CH = S::CH, N = S::N;
-    const float *dd_col = sm + S::DD + (j % 2) * TS * CH * 2 + S::dd_at(lane);
+    const float *dd_col = sm + S::dd_rows_at(j) + S::dd_at(lane);
     const float *b_rows = S::b_rows(sm, j) + 4 * w, *c_rows = b_rows + TS * N;
-    float *parts = sm + S::P + (j % 2) * kWsScanWarps * TS * CH + w * TS * CH + lane;
+    float *parts = sm + S::parts_at(j) + w * TS * CH + lane;
     float2 dd[TS];
     float4 bv[TS], cv[TS];
     float dec[TS][4], inc[TS][4];
