@@ -449,7 +449,7 @@ int main(int argc, char **argv)
     // The backward and the tile forward of every dstate configuration (B4
     // L1024 D1024; dstate 16 also at the benchmark's size, bf16, backward
     // only), alternating with the baseline's; `bwd-dstate 16`, `other` or
-    // `plain` (D1020) for a part.
+    // `plain` (shapes of the plain paths: D1020, dstate 100 and 200) for a part.
     if (mode == "bwd-dstate") {
         printf("| kernel | shape | type | median us | GB/s |\n|---|---|---|---:|---:|\n");
         auto one = [&](auto cfg, auto *tag, fx_dtype type, int B = 4, int L = 1024, int D = 1024, bool fwd = false,
