@@ -500,8 +500,14 @@ int main(int argc, char **argv)
             one(Cfg<8, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
             one(Cfg<16, 4>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
             one(Cfg<16, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
+            // dstate 64 as 4 channels a warp, 8 states a lane
+            one(Cfg<8, 8>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
+            one(Cfg<8, 8>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
             one(Cfg<32, 4>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
             one(Cfg<32, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
+            // dstate 128 as 2 channels a warp, 8 states a lane
+            one(Cfg<16, 8>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
+            one(Cfg<16, 8>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
             one(Cfg<32, 8>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
             one(Cfg<32, 8>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
         }
