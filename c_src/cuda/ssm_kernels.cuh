@@ -71,14 +71,17 @@ template <int LANES_, int NPL_> struct Cfg {
 };
 
 // Calls body(Cfg<...>()) for the configuration that covers dstate (<= 256).
+// Above dstate 32 a lane holds 8 states: with 4, dstate 64 and 128 ran
+// 1.2-1.6x slower (each warp had too little independent work, and twice
+// the atomics of the b and c gradients; bench/RESULTS.md).
 template <typename F> static auto with_cfg(int64_t dstate, F &&body) -> decltype(body(Cfg<4, 4>()))
 {
     if (dstate <= 4) return body(Cfg<1, 4>());
     if (dstate <= 8) return body(Cfg<2, 4>());
     if (dstate <= 16) return body(Cfg<4, 4>());
     if (dstate <= 32) return body(Cfg<8, 4>());
-    if (dstate <= 64) return body(Cfg<16, 4>());
-    if (dstate <= 128) return body(Cfg<32, 4>());
+    if (dstate <= 64) return body(Cfg<8, 8>());
+    if (dstate <= 128) return body(Cfg<16, 8>());
     return body(Cfg<32, 8>());
 }
 
@@ -554,11 +557,12 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
     static constexpr int BPR = K::RB / K::UB, BUNITS = TS * BPR, NUB = (BUNITS + 31) / 32;
     static constexpr int EPB = BcCopy<T, C::NPAD>::EPU;
     // Copies of b and c kept in L1 as well where a warp is one channel
-    // (dstate > 64): then every warp of an SM copies the same rows of its
+    // (dstate > 128): then every warp of an SM copies the same rows of its
     // batch element's steps, and from L2 (cp.async.cg) those copies were
-    // the forward's limit: dstate 128 f32 -34 %, 256 -47 %. Where a warp is
-    // 2-4 channels they made the forward 6-7 % slower, and the backward
-    // slower at every dstate (bench/RESULTS.md).
+    // the forward's limit (dstate 256 f32 -47 %; dstate 128, while it was
+    // one channel a warp, -34 %). Where a warp is 2-4 channels they made
+    // the forward 6-7 % slower, and the backward slower at every dstate
+    // (bench/RESULTS.md).
     static constexpr bool BC_L1 = C::WCH == 1;
     static_assert(PER_ROW % NUX == 0, "a lane's copies of x lie in one row");
     static_assert(BPR % 32 == 0 || 32 % BPR == 0, "unit lane + 32 k is the lane's unit moved by 32 k");

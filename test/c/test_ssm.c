@@ -507,10 +507,12 @@ START_TEST(forward_sweep_other_types)
         {2, 33, 64, 16, 4, OPT_ALL}, {1, 257, 130, 16, 1, OPT_D | OPT_Z},
         {3, 31, 3, 4, 1, OPT_SOFTPLUS | OPT_BIAS}, {1, 2049, 64, 64, 1, OPT_ALL},
         {4, 1, 64, 1, 4, OPT_H0}, {1, 64, 32, 16, 1, OPT_ALL},
-        /* dstate above 64: on cuda one channel a tile, whose 2-byte rows of
-         * x take the plain path, b and c copied by rows (100: element by
-         * element) */
-        {2, 40, 12, 128, 3, OPT_ALL}, {1, 37, 6, 256, 2, OPT_D | OPT_Z}, {1, 5, 130, 100, 2, OPT_SOFTPLUS},
+        /* dstate above 64: on cuda two channels a tile up to 128 (4-byte
+         * rows of x: the cp.async path for whole tiles, the plain one for
+         * the odd groups of 3 channels), one above, whose 2-byte rows take
+         * the plain path; b and c copied by rows (100: element by element) */
+        {2, 40, 12, 128, 3, OPT_ALL}, {1, 21, 6, 128, 2, OPT_ALL}, {1, 37, 6, 256, 2, OPT_D | OPT_Z},
+        {1, 5, 130, 100, 2, OPT_SOFTPLUS},
     };
     int count = fx_test_quick() ? 2 : COUNT(cases);
     for (int i = 0; i < count; i++) {
@@ -1015,8 +1017,10 @@ START_TEST(backward_matches_cpu)
     check_backward_case((spec){2, 257, 64, 16, 4, OPT_ALL}, FX_BF16, FX_F32, true);
     check_backward_case((spec){2, 257, 64, 16, 1, OPT_ALL}, FX_F16, FX_F16, false);
     check_backward_case((spec){1, 130, 130, 16, 2, OPT_ALL}, FX_BF16, FX_BF16, true);
-    /* 16-bit inputs above dstate 64 (the plain path, as in the forward sweep) */
+    /* 16-bit inputs above dstate 64 (as in the forward sweep: at 128 whole
+     * tiles and odd groups, plain paths above) */
     check_backward_case((spec){2, 100, 12, 128, 3, OPT_ALL}, FX_BF16, FX_F32, true);
+    check_backward_case((spec){1, 21, 6, 128, 2, OPT_ALL}, FX_BF16, FX_BF16, true);
     check_backward_case((spec){1, 45, 6, 256, 2, OPT_ALL}, FX_F16, FX_F16, false);
     check_backward_case((spec){1, 33, 10, 100, 2, OPT_ALL}, FX_BF16, FX_BF16, true);
 }

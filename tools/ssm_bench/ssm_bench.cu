@@ -498,14 +498,8 @@ int main(int argc, char **argv)
         if (only == "" || only == "other") {
             one(Cfg<8, 4>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
             one(Cfg<8, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
-            one(Cfg<16, 4>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
-            one(Cfg<16, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
-            // dstate 64 as 4 channels a warp, 8 states a lane
             one(Cfg<8, 8>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
             one(Cfg<8, 8>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
-            one(Cfg<32, 4>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
-            one(Cfg<32, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
-            // dstate 128 as 2 channels a warp, 8 states a lane
             one(Cfg<16, 8>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
             one(Cfg<16, 8>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
             one(Cfg<32, 8>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
@@ -516,8 +510,8 @@ int main(int argc, char **argv)
         if (only == "" || only == "plain") {
             one(Cfg<4, 4>(), (float *)nullptr, FX_F32, 4, 1024, 1020, F);
             one(Cfg<4, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1020, F);
-            one(Cfg<32, 4>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F, 100);
-            one(Cfg<32, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F, 100);
+            one(Cfg<16, 8>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F, 100);
+            one(Cfg<16, 8>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F, 100);
             one(Cfg<32, 8>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F, 200);
         }
         return 0;
