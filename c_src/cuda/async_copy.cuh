@@ -12,19 +12,14 @@
 
 // BYTES (4, 8 or 16) from src to dst in shared memory. L2_128: ask L2 to
 // fetch the whole 128-byte line (the linrec streaming forward measured a
-// small gain with it; bench/RESULTS.md). L1: keep 16-byte copies in L1 as
-// well (smaller ones always are), for rows that other warps of the SM copy
-// too, such as the selective scan's b and c.
-template <int BYTES, bool L2_128 = false, bool L1 = false>
+// small gain with it; bench/RESULTS.md).
+template <int BYTES, bool L2_128 = false>
 __device__ __forceinline__ void fx_copy_async(void *dst, const void *src)
 {
     static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async moves 4, 8 or 16 bytes");
-    static_assert(!(L2_128 && L1), "one hint");
 #ifdef __CUDA_ARCH__
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    if constexpr (BYTES == 16 && L1)
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-    else if constexpr (BYTES == 16 && L2_128)
+    if constexpr (BYTES == 16 && L2_128)
         asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
     else if constexpr (BYTES == 16)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
@@ -36,7 +31,9 @@ __device__ __forceinline__ void fx_copy_async(void *dst, const void *src)
 }
 
 // The same, writing zeros instead (and reading nothing from src) where
-// `valid` is false.
+// `valid` is false. L1: keep 16-byte copies in L1 as well (smaller ones
+// always are), for rows that other warps of the SM copy too: the selective
+// scan's b and c where a warp is one channel.
 template <int BYTES, bool L2_128 = false, bool L1 = false>
 __device__ __forceinline__ void fx_copy_async(void *dst, const void *src, bool valid)
 {
