@@ -448,16 +448,16 @@ int main(int argc, char **argv)
 #ifdef SSM_BASELINE
     // The backward and the tile forward of every dstate configuration (B4
     // L1024 D1024; dstate 16 also at the benchmark's size, bf16, backward
-    // only), alternating with the baseline's; `bwd-dstate 16`, `other` or
+    // only), alternating with the baseline's, each in the configuration the
+    // library picks for its dstate (with_cfg); `bwd-dstate 16`, `other` or
     // `plain` (shapes of the plain paths: D1020, dstate 100 and 200) for a part.
     if (mode == "bwd-dstate") {
         printf("| kernel | shape | type | median us | GB/s |\n|---|---|---|---:|---:|\n");
-        auto one = [&](auto cfg, auto *tag, fx_dtype type, int B = 4, int L = 1024, int D = 1024, bool fwd = false,
-                       int N = 0) { // N: dstate (0: the configuration's whole rows)
+        auto one = [&](auto cfg, auto *tag, fx_dtype type, int N, int B, int L, int D, bool fwd) {
             typedef decltype(cfg) C;
             typedef typename std::remove_pointer<decltype(tag)>::type T;
             static_assert(C::SAVE == fx_ssm_base::Cfg<C::LANES, C::NPL>::SAVE, "the same saved states");
-            Problem pb(B, L, D, N ? N : C::NPAD, type);
+            Problem pb(B, L, D, N, type);
             const int64_t chunks = (pb.L + C::SAVE - 1) / C::SAVE;
             fx_tensor saved = tensor(FX_F32, {pb.B, chunks - 1, pb.D, pb.N}, 0, 0, false);
             pb.args.saved = &saved, pb.args.save_every = C::SAVE;
@@ -488,31 +488,28 @@ int main(int argc, char **argv)
                 row("bwd kernel alone", pb, time_us([&] { launch_bwd_kernel<T, C>(g, BwdScratch(g.args.fwd.n)); }, 10, 200000), 0);
             }
         };
+        // dstate N in f32 and bf16 (bf16 only where !both), the tile forward too where fwd
+        auto at = [&](int N, int B, int L, int D, bool fwd, bool both = true) {
+            with_cfg(N, [&](auto cfg) {
+                if (both)
+                    one(cfg, (float *)nullptr, FX_F32, N, B, L, D, fwd);
+                one(cfg, (__nv_bfloat16 *)nullptr, FX_BF16, N, B, L, D, fwd);
+            });
+        };
         const std::string only = argc > 2 ? argv[2] : "";
-        const bool F = true; // the tile forward too
         if (only == "" || only == "16") {
-            one(Cfg<4, 4>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
-            one(Cfg<4, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
-            one(Cfg<4, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 8, 2048, 1536);
+            at(16, 4, 1024, 1024, true);
+            at(16, 8, 2048, 1536, false, false);
         }
-        if (only == "" || only == "other") {
-            one(Cfg<8, 4>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
-            one(Cfg<8, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
-            one(Cfg<8, 8>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
-            one(Cfg<8, 8>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
-            one(Cfg<16, 8>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
-            one(Cfg<16, 8>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
-            one(Cfg<32, 8>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F);
-            one(Cfg<32, 8>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F);
-        }
-        // the plain paths: 1020 channels are not whole tiles of 8, and dstate
-        // 100 (200) is not whole rows of 128 (256)
+        if (only == "" || only == "other")
+            for (int N : {32, 64, 128, 256})
+                at(N, 4, 1024, 1024, true);
+        // the plain paths: 1020 channels are not whole tiles, and dstate 100
+        // (200) is not whole rows of 128 (256)
         if (only == "" || only == "plain") {
-            one(Cfg<4, 4>(), (float *)nullptr, FX_F32, 4, 1024, 1020, F);
-            one(Cfg<4, 4>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1020, F);
-            one(Cfg<16, 8>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F, 100);
-            one(Cfg<16, 8>(), (__nv_bfloat16 *)nullptr, FX_BF16, 4, 1024, 1024, F, 100);
-            one(Cfg<32, 8>(), (float *)nullptr, FX_F32, 4, 1024, 1024, F, 200);
+            at(16, 4, 1024, 1020, true);
+            at(100, 4, 1024, 1024, true);
+            with_cfg(200, [&](auto cfg) { one(cfg, (float *)nullptr, FX_F32, 200, 4, 1024, 1024, true); });
         }
         return 0;
     }
