@@ -157,6 +157,26 @@ template <int NPL> __device__ __forceinline__ void lds(float (&v)[NPL], const fl
     }
 }
 
+// The state that register i of a channel's lane q holds. A lane's states
+// come in quads, quad j at j * 4 * LANES + 4 q, so that a channel's lanes
+// read a row of b or c (or write one of their gradients) in consecutive
+// 16-byte pieces. With 8 consecutive states a lane (dstate 33-256) the
+// pieces of a quarter warp were 32 bytes apart, and every read of a row a
+// 2-way bank conflict. At 4 states a lane this is q * 4 + i, as before.
+template <class C> __host__ __device__ constexpr int quad_offset(int i) { return i / 4 * 4 * C::LANES + i % 4; }
+template <class C> __host__ __device__ constexpr int state_of(int q, int i) { return 4 * q + quad_offset<C>(i); }
+
+// Lane q's NPL states of a row of NPAD floats in shared memory; row_q is the
+// row plus 4 q (its first quad).
+template <class C> __device__ __forceinline__ void lds_states(float (&v)[C::NPL], const float *row_q)
+{
+#pragma unroll
+    for (int i = 0; i < C::NPL; i += 4) {
+        const float4 t = *reinterpret_cast<const float4 *>(row_q + i * C::LANES);
+        v[i] = t.x, v[i + 1] = t.y, v[i + 2] = t.z, v[i + 3] = t.w;
+    }
+}
+
 // The bit patterns of the 16-bit floats (their _raw structs convert both ways).
 template <typename T> struct Raw16;
 template <> struct Raw16<__half> {
@@ -406,7 +426,7 @@ __device__ __forceinline__ void load_bc_rows(const ScanParams &p, const Tile &t,
 //            + RPP, ...): delta, delta * x for the scan; x and silu(z) kept
 //            in registers for the epilogue; 16-bit b and c rows converted to
 //            f32 (f32 rows are read where they land: two raw buffers);
-//   scan     lanes (channel l / LANES, states (l % LANES) * NPL ...) walk
+//   scan     lanes (channel l / LANES, states state_of(l % LANES, i)) walk
 //            the TS steps: per state one exp and three FMAs, the exps LOOK
 //            steps ahead of the FMAs that use them (the only dependency from
 //            a step to the next is one FMA per state); per step one store of
@@ -788,7 +808,7 @@ __device__ __forceinline__ void fwd_scan(const ScanParams &p, const Tile &t, int
     using S = FwdSmem<T, C, U>;
     constexpr int NPL = C::NPL, TS = S::TS, LOOK = S::LOOK;
     const int lane = c * C::LANES + q;
-    const float *dd_row = sm + S::DD + c * S::DDS, *b_row = bsrc + q * NPL, *c_row = csrc + q * NPL;
+    const float *dd_row = sm + S::DD + c * S::DDS, *b_row = bsrc + 4 * q, *c_row = csrc + 4 * q;
     float4 dd[TS / 2];                // (delta, delta x) of steps 2i, 2i + 1
     float bv[TS][NPL], cv[TS][NPL];   // b and c of a step
     float dec[TS][NPL], inc[TS][NPL]; // exp(delta a) and delta x b of a step
@@ -799,10 +819,10 @@ __device__ __forceinline__ void fwd_scan(const ScanParams &p, const Tile &t, int
         if (so >= 0 && so < TS) {
             if (so % 2 == 0)
                 dd[so / 2] = *reinterpret_cast<const float4 *>(dd_row + 2 * so);
-            lds(bv[so], b_row + so * C::NPAD);
+            lds_states<C>(bv[so], b_row + so * C::NPAD);
         }
         if (s + 1 >= 0 && s + 1 < TS)
-            lds(cv[s + 1], c_row + (s + 1) * C::NPAD);
+            lds_states<C>(cv[s + 1], c_row + (s + 1) * C::NPAD);
         const int se = s + LOOK; // step se's exps and increments
         if (se >= 0 && se < TS) {
             const float delta = se % 2 ? dd[se / 2].z : dd[se / 2].x, dx = se % 2 ? dd[se / 2].w : dd[se / 2].y;
@@ -830,8 +850,8 @@ __device__ __forceinline__ void fwd_scan(const ScanParams &p, const Tile &t, int
                 float *out = p.saved + (((int64_t)t.b * p.nsaved + te / C::SAVE - 1) * p.dim + t.d0 + c) * p.dstate;
 #pragma unroll
                 for (int i = 0; i < NPL; i++)
-                    if (q * NPL + i < p.dstate)
-                        out[q * NPL + i] = h[i];
+                    if (state_of<C>(q, i) < p.dstate)
+                        out[state_of<C>(q, i)] = h[i];
             }
         }
     }
@@ -855,7 +875,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads, U::MINB) ssm_fwd_kernel(const 
     float a2[NPL], h[NPL]; // a2 = a log2(e): a decay is one ex2 of delta * a2
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
-        const int n = q * NPL + i;
+        const int n = state_of<C>(q, i);
         const bool nok = ok && n < p.dstate;
         a2[i] = nok ? fx_load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * fx_log2e : 0.0f;
         h[i] = nok && p.h0 ? fx_load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
@@ -887,8 +907,8 @@ __global__ void __launch_bounds__(kFwdMaxThreads, U::MINB) ssm_fwd_kernel(const 
     if (p.state && ok) {
 #pragma unroll
         for (int i = 0; i < NPL; i++)
-            if (q * NPL + i < p.dstate)
-                p.state[at_state(p, tile.b, d) + q * NPL + i] = h[i];
+            if (state_of<C>(q, i) < p.dstate)
+                p.state[at_state(p, tile.b, d) + state_of<C>(q, i)] = h[i];
     }
 }
 
@@ -1630,7 +1650,7 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
     double sum_a[NPL];
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
-        const int n = q * NPL + i;
+        const int n = state_of<C>(q, i);
         const bool nok = ok && n < p.dstate;
         a2[i] = nok ? fx_load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * fx_log2e : 0.0f;
         // dL/dh entering the last step from after it: the final state's gradient
@@ -1648,23 +1668,23 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
     float *hslot = sm + S::HS + lane * NPL;
     auto stage_state = [&](int k) {
         if (k > 0) {
-            const float *src = p.saved + (((int64_t)tile.b * p.nsaved + k - 1) * p.dim + d) * p.dstate + q * NPL;
+            const float *src = p.saved + (((int64_t)tile.b * p.nsaved + k - 1) * p.dim + d) * p.dstate + 4 * q;
             if constexpr (FAST) {
 #pragma unroll
                 for (int i = 0; i < NPL; i += 4)
-                    fx_copy_async<16>(hslot + i, ok ? src + i : p.saved, ok);
+                    fx_copy_async<16>(hslot + i, ok ? src + quad_offset<C>(i) : p.saved, ok);
             } else {
 #pragma unroll
                 for (int i = 0; i < NPL; i++) {
-                    const bool nok = ok && q * NPL + i < p.dstate;
-                    fx_copy_async<4>(hslot + i, nok ? src + i : p.saved, nok);
+                    const bool nok = ok && state_of<C>(q, i) < p.dstate;
+                    fx_copy_async<4>(hslot + i, nok ? src + quad_offset<C>(i) : p.saved, nok);
                 }
             }
             return;
         }
 #pragma unroll
         for (int i = 0; i < NPL; i++) {
-            const int n = q * NPL + i;
+            const int n = state_of<C>(q, i);
             hslot[i] = ok && n < p.dstate && p.h0 ? fx_load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
         }
     };
@@ -1691,18 +1711,18 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
         // the previous step's store, as in fwd_scan). Only `b` is read here:
         // each lane's part of c . h is taken in the adjoint, which reads `c`
         // anyway (shared memory's data path is the backward's busiest unit).
-        const float *in_row = sm + S::IN + c * S::INS, *b_row = sm + S::B + q * NPL, *c_row = sm + S::CC + q * NPL;
+        const float *in_row = sm + S::IN + c * S::INS, *b_row = sm + S::B + 4 * q, *c_row = sm + S::CC + 4 * q;
         {
             float2 in = *reinterpret_cast<const float2 *>(in_row);
             float bv[NPL];
-            lds(bv, b_row);
+            lds_states<C>(bv, b_row);
 #pragma unroll
             for (int s = 0; s < KS; s++) {
                 float2 inn = in;
                 float bn[NPL] = {}; // (set where it is used: g++ cannot tell)
                 if (s + 1 < KS) {
                     inn = *reinterpret_cast<const float2 *>(in_row + 4 * (s + 1));
-                    lds(bn, b_row + (s + 1) * C::NPAD);
+                    lds_states<C>(bn, b_row + (s + 1) * C::NPAD);
                 }
 #pragma unroll
                 for (int i = 0; i < NPL; i++)
@@ -1725,16 +1745,16 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
         {
             float4 in = lds_three(in_row + 4 * (KS - 1));
             float bv[NPL], cv[NPL];
-            lds(bv, b_row + (KS - 1) * C::NPAD);
-            lds(cv, c_row + (KS - 1) * C::NPAD);
+            lds_states<C>(bv, b_row + (KS - 1) * C::NPAD);
+            lds_states<C>(cv, c_row + (KS - 1) * C::NPAD);
 #pragma unroll
             for (int s = KS - 1; s >= 0; s--) {
                 float4 inn = in;
                 float bn[NPL], cn[NPL];
                 if (s > 0) {
                     inn = lds_three(in_row + 4 * (s - 1));
-                    lds(bn, b_row + (s - 1) * C::NPAD);
-                    lds(cn, c_row + (s - 1) * C::NPAD);
+                    lds_states<C>(bn, b_row + (s - 1) * C::NPAD);
+                    lds_states<C>(cn, c_row + (s - 1) * C::NPAD);
                 }
                 float r_a = 0.0f, r_b = 0.0f, yp = 0.0f, pbc[2 * NPL];
 #pragma unroll
@@ -1761,13 +1781,13 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
 #pragma unroll
                     for (int j = 0; j < CNT; j++) {
                         const int o = first + j; // which * NPL + i
-                        dbc_out[s * 2 * C::NPAD + (o / NPL) * C::NPAD + q * NPL + o % NPL] = pbc[j];
+                        dbc_out[s * 2 * C::NPAD + (o / NPL) * C::NPAD + 4 * q + quad_offset<C>(o % NPL)] = pbc[j];
                     }
                 } else if (t0 + s < p.seqlen) { // already the block's sums: to memory
                     static_assert(CNT % 4 == 0 && NPL % 4 == 0, "whole quads of one gradient");
 #pragma unroll
                     for (int j = 0; j < CNT; j += 4) {
-                        const int o = first + j, n0 = q * NPL + o % NPL;
+                        const int o = first + j, n0 = state_of<C>(q, o % NPL);
                         float *acc = o / NPL == 0 ? bp.acc_db : bp.acc_dc;
                         if (n0 < p.dstate)
                             add4(acc + at_btg(p, tile.b, t0 + s, tile.g) + n0, n0, p.dstate,
@@ -1818,7 +1838,7 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
     if (ok) {
 #pragma unroll
         for (int i = 0; i < NPL; i++) {
-            const int n = q * NPL + i;
+            const int n = state_of<C>(q, i);
             if (n >= p.dstate)
                 continue;
             atomicAdd(bp.acc_da + (int64_t)d * p.dstate + n, (float)sum_a[i]);

@@ -515,6 +515,57 @@ int main(int argc, char **argv)
     }
 #endif
 
+    // The tile forward above dstate 32 with shorter chunks than the
+    // configuration's T (FwdTune's TF): fewer shared-memory bytes a warp,
+    // more warps an SM. Each variant's y must equal the default's bit for
+    // bit (the chunk length changes no arithmetic); warps an SM printed.
+    if (mode == "fwd-tf") {
+        printf("| kernel | shape | type | median us | GB/s |\n|---|---|---|---:|---:|\n");
+        auto one = [&](auto cfg, auto *tag, fx_dtype type, int N, int B, int L, int D) {
+            typedef decltype(cfg) C;
+            typedef typename std::remove_pointer<decltype(tag)>::type T;
+            Problem pb(B, L, D, N, type);
+            fx_ssm_fwd_args ref = pb.args;
+            ref.y = &pb.y2;
+            launch_fwd<T, FwdDefault, C>(&ref);
+            auto tf = [&](auto u) {
+                typedef decltype(u) U;
+                constexpr int TS = FwdSmem<T, C, U>::TS;
+                if constexpr (TS <= C::T && TS % 2 == 0 && (TS % C::SAVE == 0 || C::SAVE % TS == 0)) {
+                    const ScanParams p = scan_params(&pb.args, C::WCH);
+                    const int warps = fwd_block_warps<T, C, U>(p, g_sms);
+                    const size_t smem = warps * FwdSmem<T, C, U>::BYTES;
+                    int blocks = 0;
+                    CUDA_CHECK(cudaFuncSetAttribute(ssm_fwd_kernel<T, C, true, U>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, ssm_fwd_kernel<T, C, true, U>,
+                                                                             32 * warps, smem));
+                    CUDA_CHECK(cudaMemset(pb.y.data, 0xff, pb.y.nbytes));
+                    launch_fwd<T, U, C>(&pb.args);
+                    CUDA_CHECK(cudaDeviceSynchronize());
+                    printf("dstate %d T%d: %zu B a warp, %d warps an SM, %lld warps; y rel-L2 vs default %.2e\n", N,
+                           TS, FwdSmem<T, C, U>::BYTES, blocks * warps, (long long)p.units, rel_l2(pb.y, pb.y2));
+                    char name[40];
+                    snprintf(name, sizeof name, "fwd tile T%d", TS);
+                    for (int round = 0; round < 2; round++)
+                        row(name, pb, time_us([&] { launch_fwd<T, U, C>(&pb.args); }, 10, 200000), fwd_bytes(pb));
+                }
+            };
+            tf(FwdDefault());
+            tf(FwdTune<2, 1, 8>());
+            tf(FwdTune<2, 1, 4>());
+            tf(FwdTune<2, 1, 2>());
+        };
+        for (int N : {64, 128, 256})
+            for (int big_case = 0; big_case < 2; big_case++)
+                with_cfg(N, [&](auto cfg) {
+                    const int B = big_case ? 8 : 4, L = big_case ? 2048 : 1024, D = big_case ? 1536 : 1024;
+                    one(cfg, (float *)nullptr, FX_F32, N, B, L, D);
+                    one(cfg, (__nv_bfloat16 *)nullptr, FX_BF16, N, B, L, D);
+                });
+        return 0;
+    }
+
     if (mode == "ncu") {
         launch_fwd_lib<float>(&big.args);
         launch_fwd_lib<__nv_bfloat16>(&bigh.args);
