@@ -6,6 +6,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/families.h"
+#include "cuda/launch.cuh"
 #include "cuda/linrec_kernels.cuh"
 
 using namespace fxlinrec;
@@ -66,36 +67,28 @@ static int prepare_lookback(fx_cuda_device *d, int dev, fxscan::tiling &t, int w
 // Launches the kernel for the plan's tiles: the single-tile one (no
 // look-back) or the chained one, with the look-back scratch prepared (and
 // its lock held through the launch). `stage_bytes`: the staged forward's
-// dynamic shared memory. A block gets 48 KB of static and dynamic shared
-// memory together unless its kernel opts in to more; the scan's own static
-// part is ~10 KB, so any staging opts in (large launches only, where the
-// call costs nothing next to the kernel).
-template <typename Single, typename Chained, typename Params>
-static int launch_tiles(fx_cuda_device *d, int dev, Single single, Chained chained, const Params &prm,
-                        const plan &pl, fxscan::tiling &t, size_t stage_bytes, const char *what, fx_status *st)
+// dynamic shared memory (0: none), for which the kernel is opted in
+// (fx_cuda_opt_in_smem: the scan's own static part, ~10 KB, counts against
+// the 48 KB a block gets without it).
+template <auto SINGLE, auto CHAINED, typename Params>
+static int launch_tiles(fx_cuda_device *d, int dev, const Params &prm, const plan &pl, fxscan::tiling &t,
+                        size_t stage_bytes, const char *what, fx_status *st)
 {
     if (!plan_fits(pl))
         return fx_fail(st, FX_EBADARG, "%s: %lld tiles is more than one launch can take", what,
                        (long long)(pl.ctiles * pl.ttiles));
-    const unsigned blocks = (unsigned)(pl.ctiles * pl.ttiles), threads = 32 * pl.warps;
-    if (pl.ttiles == 1) {
-        if (stage_bytes > 0)
-            FX_CUDA_TRY(d, cudaFuncSetAttribute(single, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)stage_bytes),
-                        "cudaFuncSetAttribute (linrec staging)", st);
-        single<<<blocks, threads, stage_bytes, d->stream>>>(prm, t);
-        return fx_cuda_launched(d, what, st);
-    }
-    if (stage_bytes > 0)
-        FX_CUDA_TRY(d, cudaFuncSetAttribute(chained, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)stage_bytes),
-                    "cudaFuncSetAttribute (linrec staging)", st);
+    const int64_t blocks = pl.ctiles * pl.ttiles;
+    const int threads = 32 * pl.warps;
+    if (pl.ttiles == 1)
+        return fx_cuda_launch_opted<SINGLE>(d, stage_bytes, blocks, threads, stage_bytes, what, st, prm, t);
     std::lock_guard<std::mutex> held(scratch[dev].lock);
     if (prepare_lookback(d, dev, t, pl.vec * pl.group, st))
         return st->code;
-    chained<<<blocks, threads, stage_bytes, d->stream>>>(prm, t);
+    const int rc = fx_cuda_launch_opted<CHAINED>(d, stage_bytes, blocks, threads, stage_bytes, what, st, prm, t);
 #ifdef FXLR_STATS
-    print_stats<<<1, 1, 0, d->stream>>>(blocks);
+    print_stats<<<1, 1, 0, d->stream>>>((unsigned)blocks);
 #endif
-    return fx_cuda_launched(d, what, st);
+    return rc;
 }
 
 // The forward with V channels per lane and G lanes per row: inputs staged
@@ -109,41 +102,38 @@ static int forward_with(fx_cuda_device *d, int dev, const fx_linrec_fwd_args *a,
             constexpr int S = kStagedFwdSteps;
             const plan pl = make_plan(d, &a->p, V, G, S, a->max_tile_steps);
             fxscan::tiling t = make_tiling(&a->p, pl, a->p.reverse);
-            return launch_tiles(d, dev, forward_staged_kernel<KIND, T, V, G, S, CG, false>,
-                                forward_staged_kernel<KIND, T, V, G, S, CG, true>, prm, pl, t,
-                                fwd_stage_bytes<KIND, T, V>(pl.steps, pl.warps), "linrec forward kernel", st);
+            return launch_tiles<forward_staged_kernel<KIND, T, V, G, S, CG, false>,
+                                forward_staged_kernel<KIND, T, V, G, S, CG, true>>(
+                d, dev, prm, pl, t, fwd_stage_bytes<KIND, T, V>(pl.steps, pl.warps), "linrec forward kernel", st);
         }
     }
     constexpr int S = fwd_steps<KIND, T, V>();
     const plan pl = make_plan(d, &a->p, V, G, S, a->max_tile_steps);
     fxscan::tiling t = make_tiling(&a->p, pl, a->p.reverse);
-    return launch_tiles(d, dev, forward_kernel<KIND, T, V, G, S, CG, false>,
-                        forward_kernel<KIND, T, V, G, S, CG, true>, prm, pl, t, 0, "linrec forward kernel", st);
+    return launch_tiles<forward_kernel<KIND, T, V, G, S, CG, false>, forward_kernel<KIND, T, V, G, S, CG, true>>(
+        d, dev, prm, pl, t, 0, "linrec forward kernel", st);
 }
 
 // Launches a streaming kernel (forward or backward): a warp per 128-byte
 // column of channels, kStreamWarps to a block, `bytes` of ring a block.
-template <typename Kernel, typename Params>
-static int launch_stream(fx_cuda_device *d, Kernel kernel, const Params &prm, const stream_tiling &s, size_t bytes,
-                         const char *what, fx_status *st)
+template <auto KERNEL, typename Params>
+static int launch_stream(fx_cuda_device *d, const Params &prm, const stream_tiling &s, size_t bytes, const char *what,
+                         fx_status *st)
 {
     const int64_t blocks = (s.batch * s.columns + kStreamWarps - 1) / kStreamWarps;
     if (blocks > 0x7fffffff)
         return fx_fail(st, FX_EBADARG, "%s: %lld blocks is more than one launch can take", what, (long long)blocks);
-    if (bytes > 48 * 1024)
-        FX_CUDA_TRY(d, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
-                    "cudaFuncSetAttribute (linrec streaming)", st);
-    kernel<<<(unsigned)blocks, 32 * kStreamWarps, bytes, d->stream>>>(prm, s);
-    return fx_cuda_launched(d, what, st);
+    return fx_cuda_launch_opted<KERNEL>(d, bytes, blocks, 32 * kStreamWarps, bytes, what, st, prm, s);
 }
 
 // The streaming forward: a warp per 128-byte column of channels.
 template <int KIND, typename T, bool CG>
 static int forward_stream(fx_cuda_device *d, const fx_linrec_fwd_args *a, fx_status *st)
 {
-    return launch_stream(d, forward_stream_kernel<KIND, T, CG>, make_fwd_params(a),
-                         make_stream_tiling(&a->p, (int)sizeof(T), false), stream_block_bytes<KIND, false, CG>(),
-                         "linrec streaming forward kernel", st);
+    return launch_stream<forward_stream_kernel<KIND, T, CG>>(d, make_fwd_params(a),
+                                                             make_stream_tiling(&a->p, (int)sizeof(T), false),
+                                                             stream_block_bytes<KIND, false, CG>(),
+                                                             "linrec streaming forward kernel", st);
 }
 
 template <int KIND, typename T, bool CG>
@@ -172,16 +162,17 @@ static int backward_with(fx_cuda_device *d, int dev, const fx_linrec_bwd_args *a
     constexpr int S = bwd_steps<KIND, T, V>();
     const plan pl = make_plan(d, &a->p, V, G, S, a->max_tile_steps);
     fxscan::tiling t = make_tiling(&a->p, pl, !a->p.reverse);
-    return launch_tiles(d, dev, backward_kernel<KIND, T, V, G, S, CG, false>,
-                        backward_kernel<KIND, T, V, G, S, CG, true>, prm, pl, t, 0, "linrec backward kernel", st);
+    return launch_tiles<backward_kernel<KIND, T, V, G, S, CG, false>, backward_kernel<KIND, T, V, G, S, CG, true>>(
+        d, dev, prm, pl, t, 0, "linrec backward kernel", st);
 }
 
 // The streaming backward: a warp per 128-byte column, walking back.
 template <int KIND, typename T, bool CG>
 static int backward_stream(fx_cuda_device *d, const fx_linrec_bwd_args *a, const bwd_params &prm, fx_status *st)
 {
-    return launch_stream(d, backward_stream_kernel<KIND, T, CG>, prm, make_stream_tiling(&a->p, (int)sizeof(T), true),
-                         stream_block_bytes<KIND, true, CG>(), "linrec streaming backward kernel", st);
+    return launch_stream<backward_stream_kernel<KIND, T, CG>>(d, prm, make_stream_tiling(&a->p, (int)sizeof(T), true),
+                                                              stream_block_bytes<KIND, true, CG>(),
+                                                              "linrec streaming backward kernel", st);
 }
 
 template <int KIND, typename T, bool CG>

@@ -1,42 +1,11 @@
 // The selective scan's launchers and the family's ops table (the kernels
 // and their design notes are in ssm_kernels.cuh).
 #include "cuda/families.h"
+#include "cuda/launch.cuh"
 #include "cuda/ssm_kernels.cuh"
-
-#include <atomic>
-#include <stdio.h>
 
 namespace fx_ssm {
 namespace {
-
-// Blocks above 48 KB of shared memory need the kernel's opt-in, once per
-// device and kernel: the flags are KERNEL's own (one set per instantiation).
-template <auto KERNEL> int opt_in_smem(fx_cuda_device *d, size_t bytes, const char *name, fx_status *st)
-{
-    static std::atomic<bool> opted[FX_CUDA_MAX_DEVICES];
-    if (bytes > 48 * 1024 && !opted[d->ordinal].load(std::memory_order_relaxed)) {
-        const cudaError_t err = cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-        if (err != cudaSuccess) {
-            char what[96];
-            snprintf(what, sizeof what, "cudaFuncSetAttribute (%s)", name);
-            return fx_cuda_fail(d, err, what, st);
-        }
-        opted[d->ordinal].store(true, std::memory_order_relaxed);
-    }
-    return FX_OK;
-}
-
-// KERNEL<<<grid, threads, smem>>>(params) on the device's stream, opted in
-// for `opt_in` bytes first; `name` says which in errors.
-template <auto KERNEL, class P>
-int launch_opted(fx_cuda_device *d, size_t opt_in, int64_t grid, int threads, size_t smem, const P &params,
-                 const char *name, fx_status *st)
-{
-    if (opt_in_smem<KERNEL>(d, opt_in, name, st))
-        return st->code;
-    KERNEL<<<(unsigned)grid, threads, smem, d->stream>>>(params);
-    return fx_cuda_launched(d, name, st);
-}
 
 int cuda_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
 {
@@ -53,8 +22,8 @@ int cuda_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
             if (l.p.units == 0)
                 return (int)FX_OK;
             return with_fwd_kernel<T, C>(l, [&](auto kernel, size_t opt_in) {
-                return launch_opted<decltype(kernel)::value>(d, opt_in, l.grid, 32 * l.warps, l.smem, l.p,
-                                                             "selective_scan forward kernel", st);
+                return fx_cuda_launch_opted<decltype(kernel)::value>(d, opt_in, l.grid, 32 * l.warps, l.smem,
+                                                                     "selective_scan forward kernel", st, l.p);
             });
         });
     });
@@ -86,8 +55,8 @@ int launch_backward(fx_cuda_device *d, const fx_ssm_bwd_args *a, float *scratch,
     const BwdParams bp = bwd_params<C>(a, scratch, sz);
     if (grid_of(bp.f) > 0) {
         const int rc = with_bwd_kernel<T, C>(bp, [&](auto kernel, size_t smem) {
-            return launch_opted<decltype(kernel)::value>(d, smem, grid_of(bp.f), C::BW * 32, smem, bp,
-                                                         "selective_scan_backward kernel", st);
+            return fx_cuda_launch_opted<decltype(kernel)::value>(d, smem, grid_of(bp.f), C::BW * 32, smem,
+                                                                 "selective_scan_backward kernel", st, bp);
         });
         if (rc)
             return rc;
