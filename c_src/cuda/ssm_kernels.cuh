@@ -147,12 +147,14 @@ template <int LANES> __device__ __forceinline__ float lane_sum(float v)
     return v;
 }
 
-// NPL consecutive floats of shared memory (16-byte aligned) into registers.
-template <int NPL> __device__ __forceinline__ void lds(float (&v)[NPL], const float *p)
+// NPL floats of shared memory into registers, quad j (16-byte aligned) from
+// p + j * STRIDE: consecutive floats (STRIDE 4), or a lane's states of a
+// row (lds_states).
+template <int NPL, int STRIDE = 4> __device__ __forceinline__ void lds(float (&v)[NPL], const float *p)
 {
 #pragma unroll
     for (int i = 0; i < NPL; i += 4) {
-        const float4 t = *reinterpret_cast<const float4 *>(p + i);
+        const float4 t = *reinterpret_cast<const float4 *>(p + i / 4 * STRIDE);
         v[i] = t.x, v[i + 1] = t.y, v[i + 2] = t.z, v[i + 3] = t.w;
     }
 }
@@ -170,11 +172,7 @@ template <class C> __host__ __device__ constexpr int state_of(int q, int i) { re
 // row plus 4 q (its first quad).
 template <class C> __device__ __forceinline__ void lds_states(float (&v)[C::NPL], const float *row_q)
 {
-#pragma unroll
-    for (int i = 0; i < C::NPL; i += 4) {
-        const float4 t = *reinterpret_cast<const float4 *>(row_q + i * C::LANES);
-        v[i] = t.x, v[i + 1] = t.y, v[i + 2] = t.z, v[i + 3] = t.w;
-    }
+    lds<C::NPL, 4 * C::LANES>(v, row_q);
 }
 
 // The bit patterns of the 16-bit floats (their _raw structs convert both ways).
@@ -1357,7 +1355,7 @@ __global__ void __launch_bounds__(kThreads) ssm_step_kernel(const StepParams p)
     float h[NPL], a2[NPL], bv[NPL], cv[NPL];
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
-        const int n = q * NPL + i;
+        const int n = state_of<C>(q, i);
         const bool nok = ok && n < p.dstate;
         h[i] = nok ? p.state[ch * p.dstate + n] : 0.0f;
         a2[i] = nok ? fx_load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * fx_log2e : 0.0f;
@@ -1373,8 +1371,8 @@ __global__ void __launch_bounds__(kThreads) ssm_step_kernel(const StepParams p)
     }
 #pragma unroll
     for (int i = 0; i < NPL; i++)
-        if (ok && q * NPL + i < p.dstate)
-            p.state[ch * p.dstate + q * NPL + i] = h[i];
+        if (ok && state_of<C>(q, i) < p.dstate)
+            p.state[ch * p.dstate + state_of<C>(q, i)] = h[i];
     acc = lane_sum<C::LANES>(acc);
     if (ok && q == 0) {
         const float y = acc + dskip * x;
