@@ -38,12 +38,12 @@ template <auto KERNEL> int fx_cuda_opt_in_smem(fx_cuda_device *d, size_t bytes, 
 }
 
 // KERNEL<<<grid, threads, smem>>>(params...) on the device's stream, opted
-// in for `opt_in` bytes first; `name` says which in errors.
+// in for its `smem` bytes first; `name` says which in errors.
 template <auto KERNEL, class... P>
-int fx_cuda_launch_opted(fx_cuda_device *d, size_t opt_in, int64_t grid, int threads, size_t smem, const char *name,
-                         fx_status *st, const P &...params)
+int fx_cuda_launch_opted(fx_cuda_device *d, int64_t grid, int threads, size_t smem, const char *name, fx_status *st,
+                         const P &...params)
 {
-    if (fx_cuda_opt_in_smem<KERNEL>(d, opt_in, name, st))
+    if (fx_cuda_opt_in_smem<KERNEL>(d, smem, name, st))
         return st->code;
     KERNEL<<<(unsigned)grid, threads, smem, d->stream>>>(params...);
     return fx_cuda_launched(d, name, st);

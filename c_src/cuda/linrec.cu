@@ -80,11 +80,11 @@ static int launch_tiles(fx_cuda_device *d, int dev, const Params &prm, const pla
     const int64_t blocks = pl.ctiles * pl.ttiles;
     const int threads = 32 * pl.warps;
     if (pl.ttiles == 1)
-        return fx_cuda_launch_opted<SINGLE>(d, stage_bytes, blocks, threads, stage_bytes, what, st, prm, t);
+        return fx_cuda_launch_opted<SINGLE>(d, blocks, threads, stage_bytes, what, st, prm, t);
     std::lock_guard<std::mutex> held(scratch[dev].lock);
     if (prepare_lookback(d, dev, t, pl.vec * pl.group, st))
         return st->code;
-    const int rc = fx_cuda_launch_opted<CHAINED>(d, stage_bytes, blocks, threads, stage_bytes, what, st, prm, t);
+    const int rc = fx_cuda_launch_opted<CHAINED>(d, blocks, threads, stage_bytes, what, st, prm, t);
 #ifdef FXLR_STATS
     print_stats<<<1, 1, 0, d->stream>>>((unsigned)blocks);
 #endif
@@ -123,7 +123,7 @@ static int launch_stream(fx_cuda_device *d, const Params &prm, const stream_tili
     const int64_t blocks = (s.batch * s.columns + kStreamWarps - 1) / kStreamWarps;
     if (blocks > 0x7fffffff)
         return fx_fail(st, FX_EBADARG, "%s: %lld blocks is more than one launch can take", what, (long long)blocks);
-    return fx_cuda_launch_opted<KERNEL>(d, bytes, blocks, 32 * kStreamWarps, bytes, what, st, prm, s);
+    return fx_cuda_launch_opted<KERNEL>(d, blocks, 32 * kStreamWarps, bytes, what, st, prm, s);
 }
 
 // The streaming forward: a warp per 128-byte column of channels.

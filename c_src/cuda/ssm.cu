@@ -21,8 +21,8 @@ int cuda_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
                 return st->code;
             if (l.p.units == 0)
                 return (int)FX_OK;
-            return with_fwd_kernel<T, C>(l, [&](auto kernel, size_t opt_in) {
-                return fx_cuda_launch_opted<decltype(kernel)::value>(d, opt_in, l.grid, 32 * l.warps, l.smem,
+            return with_fwd_kernel<T, C>(l, [&](auto kernel) {
+                return fx_cuda_launch_opted<decltype(kernel)::value>(d, l.grid, 32 * l.warps, l.smem,
                                                                      "selective_scan forward kernel", st, l.p);
             });
         });
@@ -55,7 +55,7 @@ int launch_backward(fx_cuda_device *d, const fx_ssm_bwd_args *a, float *scratch,
     const BwdParams bp = bwd_params<C>(a, scratch, sz);
     if (grid_of(bp.f) > 0) {
         const int rc = with_bwd_kernel<T, C>(bp, [&](auto kernel, size_t smem) {
-            return fx_cuda_launch_opted<decltype(kernel)::value>(d, smem, grid_of(bp.f), C::BW * 32, smem,
+            return fx_cuda_launch_opted<decltype(kernel)::value>(d, grid_of(bp.f), C::BW * 32, smem,
                                                                  "selective_scan_backward kernel", st, bp);
         });
         if (rc)

@@ -1966,21 +1966,20 @@ template <auto KERNEL> struct KernelIs {
     static constexpr auto value = KERNEL;
 };
 
-// body(KernelIs<kernel>(), opt_in) for the forward launch l, with the shared
-// memory its kernel must be opted in for: the tile kernel's blocks vary in
-// size (1-4 warps), so it opts in once for the largest. The one place that
-// maps a launch to its kernel, for the launcher (ssm.cu) and the emulator.
+// body(KernelIs<kernel>()) for the forward launch l (whose shared memory is
+// l.smem): the one place that maps a launch to its kernel, for the launcher
+// (ssm.cu) and the emulator.
 template <typename T, class C, class F> inline auto with_fwd_kernel(const FwdLaunch &l, F &&body)
 {
     switch (l.kernel) {
     case FwdKernel::WS:
-        return with_ws_opts(l.p, [&](auto o) { return body(KernelIs<ssm_fwd_ws_kernel<T, decltype(o)>>(), l.smem); });
+        return with_ws_opts(l.p, [&](auto o) { return body(KernelIs<ssm_fwd_ws_kernel<T, decltype(o)>>()); });
     case FwdKernel::TILE_FAST:
-        return body(KernelIs<ssm_fwd_kernel<T, C, true>>(), (size_t)kFwdMaxSmem);
+        return body(KernelIs<ssm_fwd_kernel<T, C, true>>());
     case FwdKernel::TILE:
         break;
     }
-    return body(KernelIs<ssm_fwd_kernel<T, C, false>>(), (size_t)kFwdMaxSmem);
+    return body(KernelIs<ssm_fwd_kernel<T, C, false>>());
 }
 
 // One f32 scratch for the summed gradients: [db][dc][da][dd][ddt_bias]

@@ -54,7 +54,7 @@ int emu_forward(int, const fx_ssm_fwd_args *a, fx_status *st)
             FwdLaunch l{};
             if (fwd_launch<T, C>(a, 4, &l, st))
                 return st->code;
-            return with_fwd_kernel<T, C>(l, [&](auto kernel, size_t) { // (no opt-in here)
+            return with_fwd_kernel<T, C>(l, [&](auto kernel) {
                 launch(l.grid, 32 * l.warps, l.smem, [&] { decltype(kernel)::value(l.p); });
                 return (int)FX_OK;
             });
