@@ -1735,7 +1735,6 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
         }
 
         // adjoint, last step first
-        float *dbc_out = dbc + warp * KS * 2 * C::NPAD;
         float acc_a[NPL];
 #pragma unroll
         for (int i = 0; i < NPL; i++)
@@ -1775,11 +1774,12 @@ __global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const B
                 // over the warp's channels (lane bits LO..4)
                 const int first = fx_warp::transpose_sum<2 * NPL, LO>(pbc, lane);
                 constexpr int CNT = (2 * NPL) >> (5 - LO) > 0 ? (2 * NPL) >> (5 - LO) : 1;
-                if constexpr (!DIRECT) {
+                if constexpr (!DIRECT) { // the warp's part of the block's buffer
+                    float *dbc_out = dbc + (warp * KS + s) * 2 * C::NPAD;
 #pragma unroll
                     for (int j = 0; j < CNT; j++) {
                         const int o = first + j; // which * NPL + i
-                        dbc_out[s * 2 * C::NPAD + (o / NPL) * C::NPAD + 4 * q + quad_offset<C>(o % NPL)] = pbc[j];
+                        dbc_out[(o / NPL) * C::NPAD + state_of<C>(q, o % NPL)] = pbc[j];
                     }
                 } else if (t0 + s < p.seqlen) { // already the block's sums: to memory
                     static_assert(CNT % 4 == 0 && NPL % 4 == 0, "whole quads of one gradient");
