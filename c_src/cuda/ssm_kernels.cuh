@@ -1439,6 +1439,18 @@ template <typename T, class C> struct BwdSmem {
     static_assert(INS % 4 == 0, "float4 rows");
 };
 
+// Backward blocks an SM: the 12 warps its registers were tuned for (168 a
+// thread), or fewer where the block's shared memory fits at most 8 warps on
+// sm_90 (228 KB an SM, 1 KB of it the driver's per block: dstate <= 8 and
+// > 128). An SM's registers are split between its 4 schedulers, so only
+// there, at 2 warps a scheduler, do the missing warps' registers go to the
+// others: at dstate 256 the kernel spilled at 168 (bench/RESULTS.md).
+template <typename T, class C> constexpr int bwd_min_blocks()
+{
+    constexpr int fit = 228 * 1024 / (int)(BwdSmem<T, C>::BYTES + 1024);
+    return fit * C::BW <= 8 ? cmax(1, fit) : 12 / C::BW;
+}
+
 template <typename T, class C> inline bool bwd_fast(const BwdParams &bp)
 {
     typedef FwdCopy<T, C> K;
@@ -1629,7 +1641,7 @@ __device__ __forceinline__ void add4(float *dst, int n0, int dstate, float4 v)
 }
 
 template <typename T, class C, bool FAST>
-__global__ void __launch_bounds__(C::BW * 32, 12 / C::BW) ssm_bwd_kernel(const BwdParams bp)
+__global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_kernel(const BwdParams bp)
 {
     using S = BwdSmem<T, C>;
     constexpr int NPL = C::NPL, KS = C::SAVE, LO = log2i<C::LANES>();

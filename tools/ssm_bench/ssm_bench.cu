@@ -502,7 +502,7 @@ int main(int argc, char **argv)
             at(16, 8, 2048, 1536, false, false);
         }
         if (only == "" || only == "other")
-            for (int N : {32, 64, 128, 256})
+            for (int N : {4, 8, 32, 64, 128, 256})
                 at(N, 4, 1024, 1024, true);
         // the plain paths: 1020 channels are not whole tiles, and dstate 100
         // (200) is not whole rows of 128 (256)
