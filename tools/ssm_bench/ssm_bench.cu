@@ -8,6 +8,10 @@
 //
 //   mode all   every case, one table (default)
 //   mode ncu   each main kernel once, for `ncu -k regex:ssm`
+//   mode slices  dstate 64-256 beside dstate 16 at N / 16 times the batch
+//   mode fwd-tf  the tile forward's chunk length above dstate 32
+//   mode bwd-dstate [16|other|plain]  every dstate against the baseline
+//                (built with -DSSM_BASELINE)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -563,6 +567,49 @@ int main(int argc, char **argv)
                     one(cfg, (float *)nullptr, FX_F32, N, B, L, D);
                     one(cfg, (__nv_bfloat16 *)nullptr, FX_BF16, N, B, L, D);
                 });
+        return 0;
+    }
+
+    // What a large dstate would take as slices of 16 states in the dstate-16
+    // kernels (a scan's states are separable: its per-channel outputs are
+    // sums over states): each large case beside its proxy, the same
+    // state-steps as dstate 16 with N / 16 times the batch. The proxy reads
+    // x, dt, z (dy) once a slice where slices would share them, so it bounds
+    // such a path from above but for the sums of the slices' outputs.
+    if (mode == "slices") {
+        printf("| kernel | shape | type | median us | GB/s |\n|---|---|---|---:|---:|\n");
+        auto both = [&](auto cfg, auto *tag, fx_dtype type, int B, int N) {
+            typedef decltype(cfg) C;
+            typedef typename std::remove_pointer<decltype(tag)>::type T;
+            Problem pb(B, 1024, 1024, N, type);
+            const int64_t chunks = (pb.L + C::SAVE - 1) / C::SAVE;
+            fx_tensor saved = tensor(FX_F32, {pb.B, chunks - 1, pb.D, pb.N}, 0, 0, false);
+            row("fwd (library's kernel)", pb, time_us([&] {
+                if constexpr (C::NPAD == 16)
+                    launch_fwd_lib<T>(&pb.args); // warp-specialized
+                else
+                    launch_fwd<T, FwdDefault, C>(&pb.args);
+            }, 10, 200000), fwd_bytes(pb));
+            pb.args.saved = &saved, pb.args.save_every = C::SAVE;
+            launch_fwd<T, FwdDefault, C>(&pb.args);
+            Grads g(pb, &saved);
+            g.args.fwd.save_every = C::SAVE;
+            CUDA_CHECK(cudaMemsetAsync(g.scratch, 0, sizeof(float) * g.scratch_floats, g_stream));
+            row("bwd kernel alone", pb, time_us([&] { launch_bwd_kernel<T, C>(g, BwdScratch(g.args.fwd.n)); }, 10, 200000), 0);
+        };
+        for (int N : {64, 128, 256})
+            for (fx_dtype type : {FX_F32, FX_BF16}) {
+                auto at = [&](int B, int n) {
+                    with_cfg(n, [&](auto cfg) {
+                        if (type == FX_F32)
+                            both(cfg, (float *)nullptr, type, B, n);
+                        else
+                            both(cfg, (__nv_bfloat16 *)nullptr, type, B, n);
+                    });
+                };
+                at(4, N);
+                at(4 * N / 16, 16);
+            }
         return 0;
     }
 
