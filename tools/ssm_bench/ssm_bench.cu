@@ -102,7 +102,9 @@ struct Problem {
         y2 = tensor(type, {B, L, D}, 0, 0, false);
         dy = tensor(type, {B, L, D}, -1, 1);
         state = tensor(FX_F32, {B, D, N}, 0, 0, false);
-        const int64_t every = Cfg<4, 4>::SAVE, chunks = (L + every - 1) / every;
+        // the saved states' interval: the backward's chunk for dstate's configuration
+        const int64_t every = with_cfg(N, [](auto cfg) { return (int64_t)decltype(cfg)::SAVE; });
+        const int64_t chunks = (L + every - 1) / every;
         saved = tensor(FX_F32, {B, chunks > 1 ? chunks - 1 : 0, D, N}, 0, 0, false);
         memset(&args, 0, sizeof args);
         args.n = fx_ssm_dims{B, L, D, N, 1};
@@ -162,6 +164,14 @@ static void launch_fwd(const fx_ssm_fwd_args *a)
         launch_smem(ssm_fwd_kernel<T, C, true, U>, grid, 32 * warps, smem, p);
     else
         launch_smem(ssm_fwd_kernel<T, C, false, U>, grid, 32 * warps, smem, p);
+}
+
+// The states a backward of configuration C starts from (pb.args keeps
+// them: the backward's arguments are a copy).
+template <typename T, class C> static void forward_saving(Problem &pb)
+{
+    pb.args.saved = &pb.saved;
+    launch_fwd<T, FwdDefault, C>(&pb.args);
 }
 
 #ifdef SSM_BASELINE
@@ -308,6 +318,7 @@ struct Grads {
         dbias = tensor(FX_F32, {pb.D}, 0, 0, false);
         scratch_floats = BwdScratch(pb.args.n).total;
         CUDA_CHECK(cudaMalloc(&scratch, sizeof(float) * scratch_floats));
+        CUDA_CHECK(cudaMemset(scratch, 0, sizeof(float) * scratch_floats));
         memset(&args, 0, sizeof args);
         args.fwd = pb.args;
         args.fwd.saved = saved;
@@ -462,14 +473,8 @@ int main(int argc, char **argv)
             typedef typename std::remove_pointer<decltype(tag)>::type T;
             static_assert(C::SAVE == fx_ssm_base::Cfg<C::LANES, C::NPL>::SAVE, "the same saved states");
             Problem pb(B, L, D, N, type);
-            const int64_t chunks = (pb.L + C::SAVE - 1) / C::SAVE;
-            fx_tensor saved = tensor(FX_F32, {pb.B, chunks - 1, pb.D, pb.N}, 0, 0, false);
-            pb.args.saved = &saved, pb.args.save_every = C::SAVE;
-            launch_fwd<T, FwdDefault, C>(&pb.args);
-            Grads g(pb, &saved), gb(pb, &saved);
-            g.args.fwd.save_every = gb.args.fwd.save_every = C::SAVE;
-            CUDA_CHECK(cudaMemsetAsync(g.scratch, 0, sizeof(float) * g.scratch_floats, g_stream));
-            CUDA_CHECK(cudaMemsetAsync(gb.scratch, 0, sizeof(float) * gb.scratch_floats, g_stream));
+            forward_saving<T, C>(pb);
+            Grads g(pb, &pb.saved), gb(pb, &pb.saved);
             launch_bwd_kernel<T, C>(g, BwdScratch(g.args.fwd.n));
             launch_bwd_base_kernel<T, C::LANES, C::NPL>(gb);
             CUDA_CHECK(cudaDeviceSynchronize());
@@ -582,19 +587,14 @@ int main(int argc, char **argv)
             typedef decltype(cfg) C;
             typedef typename std::remove_pointer<decltype(tag)>::type T;
             Problem pb(B, 1024, 1024, N, type);
-            const int64_t chunks = (pb.L + C::SAVE - 1) / C::SAVE;
-            fx_tensor saved = tensor(FX_F32, {pb.B, chunks - 1, pb.D, pb.N}, 0, 0, false);
             row("fwd (library's kernel)", pb, time_us([&] {
                 if constexpr (C::NPAD == 16)
                     launch_fwd_lib<T>(&pb.args); // warp-specialized
                 else
                     launch_fwd<T, FwdDefault, C>(&pb.args);
             }, 10, 200000), fwd_bytes(pb));
-            pb.args.saved = &saved, pb.args.save_every = C::SAVE;
-            launch_fwd<T, FwdDefault, C>(&pb.args);
-            Grads g(pb, &saved);
-            g.args.fwd.save_every = C::SAVE;
-            CUDA_CHECK(cudaMemsetAsync(g.scratch, 0, sizeof(float) * g.scratch_floats, g_stream));
+            forward_saving<T, C>(pb);
+            Grads g(pb, &pb.saved);
             row("bwd kernel alone", pb, time_us([&] { launch_bwd_kernel<T, C>(g, BwdScratch(g.args.fwd.n)); }, 10, 200000), 0);
         };
         for (int N : {64, 128, 256})
