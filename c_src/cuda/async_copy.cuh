@@ -10,20 +10,28 @@
 
 #include "cuda/common.cuh"
 
-// BYTES (4, 8 or 16) from src to dst in shared memory. L2_128: ask L2 to
-// fetch the whole 128-byte line (the linrec streaming forward measured a
-// small gain with it; bench/RESULTS.md).
-template <int BYTES, bool L2_128 = false>
+// Where a 16-byte copy is cached on its way (smaller copies are always
+// kept in L1 as well: cp.async.ca):
+//   FX_COPY_L2      L2 only (cp.async.cg);
+//   FX_COPY_L2_128  L2 only, which fetches the whole 128-byte line (the
+//                   linrec streaming forward measured a small gain with it);
+//   FX_COPY_L1      L1 as well, for rows that other warps of the SM copy too
+//                   (the selective scan's b and c where a warp is one channel).
+// bench/RESULTS.md has the measurements.
+enum fx_copy_hint { FX_COPY_L2, FX_COPY_L2_128, FX_COPY_L1 };
+
+// BYTES (4, 8 or 16) from src to dst in shared memory.
+template <int BYTES, fx_copy_hint HINT = FX_COPY_L2>
 __device__ __forceinline__ void fx_copy_async(void *dst, const void *src)
 {
     static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async moves 4, 8 or 16 bytes");
 #ifdef __CUDA_ARCH__
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    if constexpr (BYTES == 16 && L2_128)
+    if constexpr (BYTES == 16 && HINT == FX_COPY_L2_128)
         asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-    else if constexpr (BYTES == 16)
+    else if constexpr (BYTES == 16 && HINT == FX_COPY_L2)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-    else
+    else // FX_COPY_L1, or fewer than 16 bytes
         asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"(BYTES) : "memory");
 #else
     memcpy(dst, src, BYTES);
@@ -31,25 +39,20 @@ __device__ __forceinline__ void fx_copy_async(void *dst, const void *src)
 }
 
 // The same, writing zeros instead (and reading nothing from src) where
-// `valid` is false. L1: keep 16-byte copies in L1 as well (smaller ones
-// always are), for rows that other warps of the SM copy too: the selective
-// scan's b and c where a warp is one channel.
-template <int BYTES, bool L2_128 = false, bool L1 = false>
+// `valid` is false.
+template <int BYTES, fx_copy_hint HINT = FX_COPY_L2>
 __device__ __forceinline__ void fx_copy_async(void *dst, const void *src, bool valid)
 {
     static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async moves 4, 8 or 16 bytes");
-    static_assert(!(L2_128 && L1), "one hint");
 #ifdef __CUDA_ARCH__
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     const int n = valid ? BYTES : 0;
-    if constexpr (BYTES == 16 && L1)
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n) : "memory");
-    else if constexpr (BYTES == 16 && L2_128)
+    if constexpr (BYTES == 16 && HINT == FX_COPY_L2_128)
         asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n)
                      : "memory");
-    else if constexpr (BYTES == 16)
+    else if constexpr (BYTES == 16 && HINT == FX_COPY_L2)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n) : "memory");
-    else
+    else // FX_COPY_L1, or fewer than 16 bytes
         asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(d), "l"(src), "n"(BYTES), "r"(n)
                      : "memory");
 #else

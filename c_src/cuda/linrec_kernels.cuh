@@ -655,7 +655,8 @@ template <typename T, int SEQS, int K, int STAGES> struct stream_ring {
             for (int q = 0; q < Q; q++) {
                 // (a whole stage tests only the lane's piece, once per launch)
                 const bool ok = piece_live && (WHOLE || st * K + 4 * q + sub < last[k]);
-                fx_copy_async<16, true>(fill + 4 * lane + (k * K + 4 * q) * 32, ok ? src[k][q] : zero[k], ok);
+                fx_copy_async<16, FX_COPY_L2_128>(fill + 4 * lane + (k * K + 4 * q) * 32, ok ? src[k][q] : zero[k],
+                                                  ok);
                 src[k][q] += K * stride;
             }
     }

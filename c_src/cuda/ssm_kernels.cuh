@@ -378,8 +378,8 @@ template <typename T, int NPAD> __host__ __device__ inline bool bc_rows_copy(con
 // bc_rows_copy holds (the caller waits, as for the FAST copies), else
 // element by element: a load, then a store that waits on it, which made
 // the 16-bit plain kernels of dstate 128 2x slower (bench/RESULTS.md).
-// L1: the copies are kept in L1 as well (FwdStage::BC_L1).
-template <typename T, int NPAD, int STEPS, bool L1 = false>
+// HINT: where the copies are cached (FwdStage::BC_HINT).
+template <typename T, int NPAD, int STEPS, fx_copy_hint HINT = FX_COPY_L2>
 __device__ __forceinline__ void load_bc_rows(const ScanParams &p, const Tile &t, int t0, int lane, T *raw_b,
                                              T *raw_c)
 {
@@ -393,8 +393,8 @@ __device__ __forceinline__ void load_bc_rows(const ScanParams &p, const Tile &t,
             if (UNITS % 32 == 0 || u < UNITS) {
                 const bool ok = t0 + tl < p.seqlen && n < p.dstate;
                 const int64_t i = ok ? at_btg(p, t.b, t0 + tl, t.g) + n : 0;
-                fx_copy_async<K::UB, false, L1>(raw_b + u * K::EPU, b + i, ok);
-                fx_copy_async<K::UB, false, L1>(raw_c + u * K::EPU, c + i, ok);
+                fx_copy_async<K::UB, HINT>(raw_b + u * K::EPU, b + i, ok);
+                fx_copy_async<K::UB, HINT>(raw_c + u * K::EPU, c + i, ok);
             }
         }
         return;
@@ -581,7 +581,7 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
     // one channel a warp, -34 %). Where a warp is 2-4 channels they made
     // the forward 6-7 % slower, and the backward slower at every dstate
     // (bench/RESULTS.md).
-    static constexpr bool BC_L1 = C::WCH == 1;
+    static constexpr fx_copy_hint BC_HINT = C::WCH == 1 ? FX_COPY_L1 : FX_COPY_L2;
     static_assert(PER_ROW % NUX == 0, "a lane's copies of x lie in one row");
     static_assert(BPR % 32 == 0 || 32 % BPR == 0, "unit lane + 32 k is the lane's unit moved by 32 k");
     int lane, r0, c0; // staging: rows r0, r0 + RPP, ...; channels c0 .. c0 + CV - 1 of the tile
@@ -645,7 +645,7 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
                 const int64_t from = 32 * k / BPR * row + 32 * k % BPR * EPB; // unit ub from unit lane
 #pragma unroll
                 for (int j = 0; j < 2; j++)
-                    fx_copy_async<K::UB, false, BC_L1>(reinterpret_cast<T *>(sm + at[j] + buf * S::BCW) + ub * EPB,
+                    fx_copy_async<K::UB, BC_HINT>(reinterpret_cast<T *>(sm + at[j] + buf * S::BCW) + ub * EPB,
                                          ok ? src[3 + j] + from : static_cast<const T *>(base[j]), ok);
             }
         }
@@ -678,7 +678,7 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
                 for (int j = 0; j < 3; j++)
                     raw[j][e] = ok && in[j] ? in[j][i] : T(0.0f);
             }
-            load_bc_rows<T, C::NPAD, TS, BC_L1>(p, t, t0, lane, reinterpret_cast<T *>(sm + S::BR + buf * S::BCW),
+            load_bc_rows<T, C::NPAD, TS, BC_HINT>(p, t, t0, lane, reinterpret_cast<T *>(sm + S::BR + buf * S::BCW),
                                          reinterpret_cast<T *>(sm + S::CR + buf * S::BCW));
         }
     }
