@@ -7,6 +7,53 @@
 namespace fx_ssm {
 namespace {
 
+// `floats` of stream-ordered f32 scratch, zeroed, at *out (NULL for none);
+// the caller frees it with cudaFreeAsync after the kernels that use it.
+// `what` names it in errors.
+int zeroed_scratch(fx_cuda_device *d, int64_t floats, const char *what, float **out, fx_status *st)
+{
+    *out = nullptr;
+    if (floats <= 0)
+        return FX_OK;
+    const size_t bytes = sizeof(float) * (size_t)floats;
+    char call[112];
+    snprintf(call, sizeof call, "cudaMallocAsync (%s)", what);
+    FX_CUDA_TRY(d, cudaMallocAsync((void **)out, bytes, d->stream), call, st);
+    const cudaError_t err = cudaMemsetAsync(*out, 0, bytes, d->stream);
+    if (err != cudaSuccess) {
+        (void)cudaFreeAsync(*out, d->stream);
+        *out = nullptr;
+        snprintf(call, sizeof call, "cudaMemsetAsync (%s)", what);
+        return fx_cuda_fail(d, err, call, st);
+    }
+    return FX_OK;
+}
+
+template <typename T, class C> int launch_forward(fx_cuda_device *d, const FwdLaunch &l, fx_status *st)
+{
+    return with_fwd_kernel<T, C>(l, [&](auto kernel) {
+        return fx_cuda_launch_opted<decltype(kernel)::value>(d, l.grid, 32 * l.warps, l.smem,
+                                                             "selective_scan forward kernel", st, l.p);
+    });
+}
+
+// The sliced forward: its slices add their parts of y into zeroed f32 sums,
+// then a second kernel writes y from them.
+template <typename T, class C> int launch_sliced_forward(fx_cuda_device *d, FwdLaunch l, fx_status *st)
+{
+    if (zeroed_scratch(d, l.ysum, "selective_scan sums of y", &l.p.ysum, st))
+        return st->code;
+    int rc = launch_forward<T, C>(d, l, st);
+    if (rc == FX_OK)
+        rc = with_finish_kernel<T>(l.p, [&](auto kernel) {
+            return fx_cuda_launch_opted<decltype(kernel)::value>(d, finish_grid(l.p, d->sm_count), kFinishThreads, 0,
+                                                                 "selective_scan forward's y kernel", st, l.p);
+        });
+    if (l.p.ysum) // stream-ordered: released after the kernels that use it
+        (void)cudaFreeAsync(l.p.ysum, d->stream);
+    return rc;
+}
+
 int cuda_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
 {
     fx_cuda_device *d = fx_cuda_enter(dev, st);
@@ -21,10 +68,9 @@ int cuda_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
                 return st->code;
             if (l.p.units == 0)
                 return (int)FX_OK;
-            return with_fwd_kernel<T, C>(l, [&](auto kernel) {
-                return fx_cuda_launch_opted<decltype(kernel)::value>(d, l.grid, 32 * l.warps, l.smem,
-                                                                     "selective_scan forward kernel", st, l.p);
-            });
+            if (l.kernel == FwdKernel::WS_SLICED)
+                return launch_sliced_forward<T, C>(d, l, st);
+            return launch_forward<T, C>(d, l, st);
         });
     });
 }
@@ -70,17 +116,9 @@ int cuda_ssm_backward(int dev, const fx_ssm_bwd_args *a, fx_status *st)
     if (!d || check_dims(a->fwd.n, "selective_scan_backward", st))
         return st->code;
     const BwdScratch sz(a->fwd.n);
-    const size_t bytes = sizeof(float) * (size_t)sz.total;
-    float *scratch = nullptr;
-    if (bytes > 0) {
-        FX_CUDA_TRY(d, cudaMallocAsync((void **)&scratch, bytes, d->stream),
-                    "cudaMallocAsync (selective_scan_backward sums)", st);
-        cudaError_t err = cudaMemsetAsync(scratch, 0, bytes, d->stream);
-        if (err != cudaSuccess) {
-            (void)cudaFreeAsync(scratch, d->stream);
-            return fx_cuda_fail(d, err, "cudaMemsetAsync (selective_scan_backward sums)", st);
-        }
-    }
+    float *scratch;
+    if (zeroed_scratch(d, sz.total, "selective_scan_backward sums", &scratch, st))
+        return st->code;
     int rc = fx_dispatch_float(a->fwd.x->dtype, [&](auto *tag) {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         return with_cfg(a->fwd.n.dstate, [&](auto cfg) {

@@ -295,6 +295,7 @@ struct ScanParams {
     float *state;  // forward output, or NULL
     float *saved;  // [batch, nsaved, dim, dstate]: written by the forward, read by the backward
     int nsaved;
+    float *ysum;   // the sliced forward's f32 sums of y over states, [batch, seqlen, dim], zeroed
 };
 
 struct BwdParams {
@@ -521,6 +522,17 @@ __device__ __forceinline__ void sched_fence(unsigned &clocks)
 #endif
 }
 
+// Adds v to the 4 floats at dst (16-byte aligned): one vector atomic on
+// sm_90, four before it (and in the emulator).
+__device__ __forceinline__ void red_add4(float *dst, float4 v)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float4 *>(dst), v);
+#else
+    atomicAdd(dst, v.x), atomicAdd(dst + 1, v.y), atomicAdd(dst + 2, v.z), atomicAdd(dst + 3, v.w);
+#endif
+}
+
 // CV consecutive elements of the input type (aligned to their size) as floats.
 template <typename T, int CV> __device__ __forceinline__ void ld_vec(float (&v)[CV], const T *p)
 {
@@ -559,6 +571,27 @@ template <typename T, int CV> __device__ __forceinline__ void st_vec(T *p, const
     } else {
         p[0] = fx_elem<T>::store(v[0]);
     }
+}
+
+// y of 4 channels, (their sums over states + d x) silu(z), stored as the
+// input type; x and z (read only with Z) as 4 elements of it.
+template <typename T, bool Z>
+__device__ __forceinline__ void store_y4(T *y, float4 sum, const float (&dskip)[4], const T *x, const T *z)
+{
+    const float s4[4] = {sum.x, sum.y, sum.z, sum.w};
+    float xv[4], out[4];
+    ld_vec<T, 4>(xv, x);
+#pragma unroll
+    for (int v = 0; v < 4; v++)
+        out[v] = s4[v] + dskip[v] * xv[v];
+    if constexpr (Z) {
+        float zv[4];
+        ld_vec<T, 4>(zv, z);
+#pragma unroll
+        for (int v = 0; v < 4; v++)
+            out[v] *= silu(zv[v]);
+    }
+    st_vec<T, 4>(y, out);
 }
 
 template <typename T, class C, class U, bool FAST> struct FwdStage {
@@ -951,6 +984,14 @@ template <typename T> struct WsSmem {
     static constexpr int RAWS = P + 2 * kWsScanWarps * TS * CH; // [kWsRing][RAW]
     static constexpr int WORDS = RAWS + kWsRing * RAW;
     static constexpr size_t BYTES = sizeof(float) * WORDS;
+    // The sliced kernel's states after a chunk's two halves, [2][CH][N],
+    // for their coalesced stores (save_at), after the rest
+    static constexpr int SAVES = WORDS;
+    static constexpr size_t SLICED_BYTES = BYTES + sizeof(float) * 2 * CH * N;
+    // channel c's quad q in a half's rows, quads swizzled by (c / 2) % 4 so
+    // that both the scan warps' stores (lane = channel) and the reads for
+    // the global stores (4 lanes a channel) are free of bank conflicts
+    __device__ static constexpr int save_at(int half, int c, int q) { return SAVES + (half * CH + c) * N + 4 * (q ^ (c >> 1 & 3)); }
     // A chunk's places (in floats from the block's base, or from a lane's
     // pinned place in the region) by its ring slot, j % kWsRing (the double
     // buffers take slot % 2 = j % 2); where the slot is a constant, as in
@@ -980,20 +1021,43 @@ template <typename T> inline bool ws_fits(const ScanParams &p)
     return p.dstate == kWsStates && p.cpg % kWsChannels == 0 && rows_aligned<T>(p, 16, 16);
 }
 
+// The shapes the sliced kernel (WsOpts::SL) takes: dstate a multiple of 16
+// above 32 (where the backward's saved states are 8 steps apart), whole
+// 32-channel tiles, 16-byte aligned rows (a slice's b, c row is then too).
+template <typename T> inline bool ws_sliced_shape(const ScanParams &p)
+{
+    return p.dstate > 32 && p.dstate % kWsStates == 0 && p.cpg % kWsChannels == 0 && rows_aligned<T>(p, 16, 16);
+}
+
+// Where the library takes it: every such shape but f32 inputs at dstate
+// 64, where the one-warp-a-tile forward's own configuration (8 x 8, whole
+// rows) is 3 % faster (7 % with saved states). Elsewhere the sliced one
+// measured 12-79 % faster, e.g. dstate 128 f32 412 -> 230 us (B4 L1024
+// D1024, bench/RESULTS.md, eighteenth session).
+template <typename T> inline bool ws_sliced_fits(const ScanParams &p)
+{
+    return ws_sliced_shape<T>(p) && !(sizeof(T) == 4 && p.dstate == 64);
+}
+
 // The options a chunk of the warp-specialized kernel would otherwise test at
 // run time (the gate z, softplus, the saved states): compiled in, since each
 // test is a reload of the parameter and a few uniform instructions a chunk
 // (bench/RESULTS.md).
-template <bool Z_, bool SP_, bool SAVE_> struct WsOpts {
-    static constexpr bool Z = Z_, SP = SP_, SAVE = SAVE_;
+// SL: a block is one slice of 16 states of a larger dstate (ws_sliced_fits):
+// its part of y's sum goes to the f32 sums p.ysum, which a second kernel
+// turns into y (ssm_fwd_finish_kernel), and it saves its states every 8
+// steps, the backward's interval above dstate 32.
+template <bool Z_, bool SP_, bool SAVE_, bool SL_ = false> struct WsOpts {
+    static constexpr bool Z = Z_, SP = SP_, SAVE = SAVE_, SL = SL_;
 };
 
-// body(WsOpts<...>()) for p's options.
-template <class F> inline auto with_ws_opts(const ScanParams &p, F &&body) -> decltype(body(WsOpts<true, true, true>()))
+// body(WsOpts<..., SL>()) for p's options.
+template <bool SL = false, class F>
+inline auto with_ws_opts(const ScanParams &p, F &&body) -> decltype(body(WsOpts<true, true, true, SL>()))
 {
     auto save = [&](auto z, auto sp) {
         constexpr bool Z = decltype(z)::value, SP = decltype(sp)::value;
-        return p.saved ? body(WsOpts<Z, SP, true>()) : body(WsOpts<Z, SP, false>());
+        return p.saved ? body(WsOpts<Z, SP, true, SL>()) : body(WsOpts<Z, SP, false, SL>());
     };
     auto softplus = [&](auto z) {
         return p.softplus ? save(z, std::true_type{}) : save(z, std::false_type{});
@@ -1014,6 +1078,17 @@ __device__ __forceinline__ void ws_block_sync()
 #endif
 }
 
+// The scan warps' own barrier (the sliced kernel's saves): barrier 2 of
+// their 128 threads; in the CPU emulator its named barrier.
+__device__ __forceinline__ void ws_scan_sync()
+{
+#ifdef __CUDA_ARCH__
+    asm volatile("barrier.sync 2, %0;" ::"n"(32 * kWsScanWarps) : "memory");
+#elif !defined(__CUDACC__)
+    fx_emu_bar_sync(2, 32 * kWsScanWarps);
+#endif
+}
+
 template <typename T, class O> struct WsStaging {
     using S = WsSmem<T>;
     static constexpr int CH = S::CH, N = S::N, TS = S::TS;
@@ -1021,6 +1096,7 @@ template <typename T, class O> struct WsStaging {
     static constexpr int XU = CH / EPU, BU = N / EPU; // copies a row of x, of b
     static constexpr int ROWS = TS / kWsStageWarps;   // a staging warp's rows a chunk
     static_assert(ROWS == 4, "a lane takes one row of 8 lanes x 4 channels");
+    static_assert(!O::SL || kWsSteps % 2 == 0, "sliced, states are saved at half chunks");
     static_assert(ROWS * XU <= 32 && 2 * ROWS * BU <= 32, "one copy a lane of x (dt, z), of b or c");
     // The rows of b and c a staging warp copies (and for 16-bit inputs
     // converts): 2k, 2k + 1, 2k + 8, 2k + 9, so that a copy's 8 lanes
@@ -1044,18 +1120,20 @@ template <typename T, class O> struct WsStaging {
     // and for 16-bit inputs its quad of b or c to convert (raw, then f32)
     float *my_parts, *my_raw, *my_dd0, *my_dd1, *my_copy_x, *my_copy_bc, *my_conv_raw, *my_conv;
     const T *src[4];             // x, dt, z, b or c: the lane's pieces of the next chunk to load
-    T *y;                        // the lane's y in the next chunk written
+    // the lane's y in the next chunk written; sliced: its f32 sums
+    typename std::conditional<O::SL, float, T>::type *y;
     int64_t chunk_x, chunk_b;
     float bias[4], dskip[4];
 
-    __device__ WsStaging(const ScanParams &p, const Tile &t, int lane, int k, float *sm)
+    // `n0`: the block's first state (its slice's, else 0)
+    __device__ WsStaging(const ScanParams &p, const Tile &t, int lane, int k, int n0, float *sm)
     {
         r = k + kWsStageWarps * (lane / 8);
         const int c0 = 4 * (lane % 8); // its first channel
 #pragma unroll
         for (int v = 0; v < 4; v++) {
             bias[v] = p.dt_bias ? fx_load_any(p.dt_bias, p.bias_type, t.d0 + c0 + v) : 0.0f;
-            dskip[v] = p.d ? fx_load_any(p.d, p.d_type, t.d0 + c0 + v) : 0.0f;
+            dskip[v] = p.d && !O::SL ? fx_load_any(p.d, p.d_type, t.d0 + c0 + v) : 0.0f;
         }
         const int64_t x0 = at_btd(p, t.b, 0, t.d0), b0 = at_btg(p, t.b, 0, t.g);
         copies_x = lane < ROWS * XU, copies_bc = lane < 2 * ROWS * BU;
@@ -1077,14 +1155,18 @@ template <typename T, class O> struct WsStaging {
             my_conv = pinned_shared(sm + conv);
         }
         const int64_t gx = x0 + (int64_t)row_x * p.dim + (lane % XU) * EPU;
-        const int64_t gb = b0 + (int64_t)row_bc * p.groups * N + (lane % BU) * EPU;
+        const int row_b = O::SL ? p.groups * p.dstate : p.groups * N; // (16 where not sliced)
+        const int64_t gb = b0 + (int64_t)row_bc * row_b + n0 + (lane % BU) * EPU;
         const T *const in[4] = {static_cast<const T *>(p.x), static_cast<const T *>(p.dt),
                                 static_cast<const T *>(p.z), static_cast<const T *>(of_c ? p.c : p.b)};
 #pragma unroll
         for (int m = 0; m < 4; m++) // (no z: x's pieces stand in, never copied)
             src[m] = (in[m] ? in[m] : in[0]) + (m < 3 ? gx : gb);
-        chunk_x = (int64_t)TS * p.dim, chunk_b = (int64_t)TS * p.groups * N;
-        y = static_cast<T *>(p.y) + x0 + (int64_t)r * p.dim + c0;
+        chunk_x = (int64_t)TS * p.dim, chunk_b = (int64_t)TS * row_b;
+        if constexpr (O::SL)
+            y = p.ysum + x0 + (int64_t)r * p.dim + c0;
+        else
+            y = static_cast<T *>(p.y) + x0 + (int64_t)r * p.dim + c0;
     }
 
     // Starts the copies of chunk j's rows of this warp into its ring slot;
@@ -1193,9 +1275,8 @@ template <typename T, class O> struct WsStaging {
     // y of chunk j's row of the lane; called for j = 0, 1, ... in order.
     __device__ __forceinline__ void epilogue(const ScanParams &p, unsigned j, unsigned slot)
     {
-        const float *mine = my_raw + S::raw_at(slot);
         const float *parts = my_parts + S::parts_at(slot);
-        T *out_y = y;
+        auto *out_y = y;
         y += chunk_x;
         if (r >= p.seqlen - (int)j * TS)
             return;
@@ -1205,29 +1286,28 @@ template <typename T, class O> struct WsStaging {
             const float4 q = *reinterpret_cast<const float4 *>(parts + w * TS * CH);
             sum.x += q.x, sum.y += q.y, sum.z += q.z, sum.w += q.w;
         }
-        const float s4[4] = {sum.x, sum.y, sum.z, sum.w};
-        float x[4], out[4];
-        ld_vec<T, 4>(x, reinterpret_cast<const T *>(mine));
-#pragma unroll
-        for (int v = 0; v < 4; v++)
-            out[v] = s4[v] + dskip[v] * x[v];
-        if constexpr (O::Z) {
-            float zv[4];
-            ld_vec<T, 4>(zv, reinterpret_cast<const T *>(mine + 2 * S::RAWX));
-#pragma unroll
-            for (int v = 0; v < 4; v++)
-                out[v] *= silu(zv[v]);
-        }
-        st_vec<T, 4>(out_y, out);
+        if constexpr (O::SL) // the slice's part; d x and the gate come after every slice's
+            red_add4(out_y, sum);
+        else
+            write_y(out_y, sum, my_raw + S::raw_at(slot));
+    }
+
+    // y of the lane's 4 channels from its raw x and z (`mine`)
+    __device__ __forceinline__ void write_y(T *out_y, float4 sum, const float *mine) const
+    {
+        store_y4<T, O::Z>(out_y, sum, dskip, reinterpret_cast<const T *>(mine),
+                          reinterpret_cast<const T *>(mine + 2 * S::RAWX));
     }
 };
 
 // Scan warp w over chunk j: lane = channel, states 4w .. 4w + 3. The decays
 // and increments are computed kWsLook steps before their FMAs, from
 // operands read a step before that; every load is issued before the step's
-// store (a shared-memory load cannot move above a store).
-template <typename T, int LOOK>
-__device__ __forceinline__ void ws_scan_chunk(unsigned j, int w, int lane, float (&h)[4], const float (&a2)[4], float *sm)
+// store (a shared-memory load cannot move above a store). With MID, `mid`
+// gets the state after the chunk's first half.
+template <typename T, int LOOK, bool MID = false>
+__device__ __forceinline__ void ws_scan_chunk(unsigned j, int w, int lane, float (&h)[4], const float (&a2)[4], float *sm,
+                                              float (&mid)[4])
 {
     using S = WsSmem<T>;
     constexpr int TS = S::TS, CH = S::CH, N = S::N;
@@ -1265,7 +1345,37 @@ __device__ __forceinline__ void ws_scan_chunk(unsigned j, int w, int lane, float
             acc = fmaf(c4[i], h[i], acc);
         }
         parts[s * CH] = acc;
+        if (MID && s == TS / 2 - 1)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                mid[i] = h[i];
     }
+}
+
+// The sliced kernel's saved states of chunk j, after its halves (`mid`,
+// `h`: a scan lane's 4 states), 8 steps apart where the sequence goes on.
+// They go through shared memory, so that 4 lanes store a channel's 16
+// states of the slice as 64 contiguous bytes: stored by each lane (16
+// bytes in each of 32 rows an instruction) they cost the kernel 1.4-3x
+// what the saves cost the one-warp-a-tile forward (bench/RESULTS.md).
+template <typename T>
+__device__ __forceinline__ void ws_save_sliced(const ScanParams &p, const Tile &t, float *sm, int slice, unsigned j,
+                                               const float (&mid)[4], const float (&h)[4])
+{
+    using S = WsSmem<T>;
+    constexpr int TS = S::TS, N = S::N;
+    const int halves = min(2, (p.seqlen - 1 - (int)j * TS) / (TS / 2)); // the same in the whole block
+    if (halves == 0)
+        return;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    *reinterpret_cast<float4 *>(sm + S::save_at(0, lane, warp)) = make_float4(mid[0], mid[1], mid[2], mid[3]);
+    *reinterpret_cast<float4 *>(sm + S::save_at(1, lane, warp)) = make_float4(h[0], h[1], h[2], h[3]);
+    ws_scan_sync();
+    // (rewritten a chunk later, after the block barrier: these reads are done)
+    const int c = threadIdx.x / 4, q = threadIdx.x % 4;
+    for (int half = 0; half < halves; half++)
+        *reinterpret_cast<float4 *>(p.saved + (((int64_t)t.b * p.nsaved + 2 * j + half) * p.dim + t.d0 + c) * p.dstate +
+                                    N * slice + 4 * q) = *reinterpret_cast<const float4 *>(sm + S::save_at(half, c, q));
 }
 
 template <typename T, class O, int LOOK = kWsLook>
@@ -1274,23 +1384,33 @@ __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanPar
     using S = WsSmem<T>;
     constexpr int TS = S::TS;
     float *sm = block_smem();
-    const Tile t = tile_of(p, kWsChannels);
+    // sliced: the slices of a tile are neighbouring blocks (their x, dt, z
+    // reads meet in L2)
+    const int slices = O::SL ? p.dstate / kWsStates : 1;
+    const int slice = O::SL ? (int)blockIdx.x % slices : 0;
+    const Tile t = tile_at(p, O::SL ? (int)blockIdx.x / slices : (int)blockIdx.x, kWsChannels);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int chunks = (p.seqlen + TS - 1) / TS;
     if (warp < kWsScanWarps) {
         const int d = t.d0 + lane;
-        const int64_t at = at_state(p, t.b, d) + 4 * warp;
+        const int n0 = kWsStates * slice + 4 * warp; // the lane's first state
+        const int64_t at = at_state(p, t.b, d) + n0;
+        const int row = O::SL ? p.dstate : kWsStates; // (16 where not sliced)
         float a2[4], h[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            a2[i] = fx_load_any(p.a, p.a_type, (int64_t)d * kWsStates + 4 * warp + i) * fx_log2e;
+            a2[i] = fx_load_any(p.a, p.a_type, (int64_t)d * row + n0 + i) * fx_log2e;
             h[i] = p.h0 ? fx_load_any(p.h0, p.h0_type, at + i) : 0.0f;
         }
         ws_block_sync(); // chunk 0 committed
         for (unsigned j = 0; (int)j < chunks; j++) {
-            ws_scan_chunk<T, LOOK>(j, warp, lane, h, a2, sm);
-            // the state entering chunk j + 1, for the backward (SAVE = TS)
-            if (O::SAVE && (int)(j + 1) * TS < p.seqlen)
+            float mid[4] = {}; // sliced, with saves: the state after the chunk's first half
+            ws_scan_chunk<T, LOOK, O::SAVE && O::SL>(j, warp, lane, h, a2, sm, mid);
+            // the states the backward starts its chunks from (the state
+            // entering chunk j + 1; sliced, every TS / 2 steps)
+            if constexpr (O::SAVE && O::SL)
+                ws_save_sliced<T>(p, t, sm, slice, j, mid, h);
+            else if (O::SAVE && (int)(j + 1) * TS < p.seqlen)
                 *reinterpret_cast<float4 *>(p.saved + (((int64_t)t.b * p.nsaved + j) * p.dim + d) * kWsStates +
                                             4 * warp) = make_float4(h[0], h[1], h[2], h[3]);
             ws_block_sync(); // chunk j's parts written; chunk j + 1 committed
@@ -1299,7 +1419,7 @@ __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanPar
             *reinterpret_cast<float4 *>(p.state + at) = make_float4(h[0], h[1], h[2], h[3]);
     } else {
         const int k = warp - kWsScanWarps;
-        WsStaging<T, O> st(p, t, lane, k, sm);
+        WsStaging<T, O> st(p, t, lane, k, kWsStates * slice, sm);
 #pragma unroll
         for (unsigned j = 0; j < kWsRing - 1; j++)
             if ((int)j < chunks)
@@ -1320,6 +1440,26 @@ __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanPar
                              !st.step(p, j + 2, 2, chunks) && !st.step(p, j + 3, 3, chunks);
              j += kWsRing)
             ;
+    }
+}
+
+// y of the sliced forward: (the slices' f32 sums + d x) silu(z), 4
+// channels a thread (dim is a multiple of 32 there), in a grid-stride loop.
+constexpr int kFinishThreads = 256;
+template <typename T, bool Z> __global__ void __launch_bounds__(kFinishThreads) ssm_fwd_finish_kernel(const ScanParams p)
+{
+    const int64_t quads = (int64_t)p.batch * p.seqlen * p.dim / 4;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const T *x = static_cast<const T *>(p.x), *z = static_cast<const T *>(p.z);
+    T *y = static_cast<T *>(p.y);
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < quads; q += stride) {
+        const int64_t i = 4 * q;
+        const int d = (int)(i % p.dim);
+        float dskip[4];
+#pragma unroll
+        for (int v = 0; v < 4; v++)
+            dskip[v] = p.d ? fx_load_any(p.d, p.d_type, d + v) : 0.0f;
+        store_y4<T, Z>(y + i, *reinterpret_cast<const float4 *>(p.ysum + i), dskip, x + i, z + i);
     }
 }
 
@@ -1629,7 +1769,7 @@ __device__ __forceinline__ void add4(float *dst, int n0, int dstate, float4 v)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (dstate % 4 == 0) { // row starts are 16-byte aligned: one vector atomic
-        atomicAdd(reinterpret_cast<float4 *>(dst), v);
+        red_add4(dst, v);
         return;
     }
 #endif
@@ -1936,7 +2076,7 @@ inline int check_saved(const fx_ssm_fwd_args *a, int64_t save, fx_status *st)
 // Which forward kernel runs: the warp-specialized one (dstate 16 where
 // ws_fits), else the one-warp-a-tile kernel with its cp.async path
 // (fwd_fast) or without.
-enum class FwdKernel { WS, TILE_FAST, TILE };
+enum class FwdKernel { WS, WS_SLICED, TILE_FAST, TILE };
 
 // A forward launch: its parameters (outputs included), kernel and block
 // shape, as the launcher (ssm.cu) and the CPU emulator (tools/ssm_emu) both
@@ -1947,7 +2087,28 @@ struct FwdLaunch {
     int warps;
     size_t smem;
     int64_t grid;
+    int64_t ysum; // WS_SLICED: the f32 sums the launcher provides (p.ysum), zeroed, in floats
 };
+
+// l as the sliced warp-specialized launch of p (ws_sliced_shape<T>(p)).
+template <typename T> inline void ws_sliced_launch(const ScanParams &p, FwdLaunch *l)
+{
+    l->p = p;
+    l->kernel = FwdKernel::WS_SLICED;
+    l->warps = kWsThreads / 32;
+    l->smem = WsSmem<T>::SLICED_BYTES;
+    l->grid = (int64_t)p.units * (p.dstate / kWsStates);
+    l->ysum = (int64_t)p.batch * p.seqlen * p.dim;
+}
+
+// The sliced forward's second kernel, y from the sums: its grid (a
+// grid-stride loop) and body(KernelIs<kernel>()).
+inline int64_t finish_grid(const ScanParams &p, int sm_count)
+{
+    const int64_t quads = (int64_t)p.batch * p.seqlen * p.dim / 4;
+    const int64_t blocks = (quads + kFinishThreads - 1) / kFinishThreads, most = (int64_t)sm_count * 8;
+    return blocks < 1 ? 1 : blocks < most ? blocks : most;
+}
 
 template <typename T, class C>
 inline int fwd_launch(const fx_ssm_fwd_args *a, int sm_count, FwdLaunch *l, fx_status *st)
@@ -1961,6 +2122,13 @@ inline int fwd_launch(const fx_ssm_fwd_args *a, int sm_count, FwdLaunch *l, fx_s
             l->warps = kWsThreads / 32;
             l->smem = WsSmem<T>::BYTES;
             l->grid = l->p.units;
+            return FX_OK;
+        }
+    }
+    if constexpr (C::SAVE == kWsSteps / 2) { // the sliced kernel's save interval
+        const ScanParams p = scan_params(a, kWsChannels);
+        if (ws_sliced_fits<T>(p)) {
+            ws_sliced_launch<T>(p, l);
             return FX_OK;
         }
     }
@@ -1986,12 +2154,22 @@ template <typename T, class C, class F> inline auto with_fwd_kernel(const FwdLau
     switch (l.kernel) {
     case FwdKernel::WS:
         return with_ws_opts(l.p, [&](auto o) { return body(KernelIs<ssm_fwd_ws_kernel<T, decltype(o)>>()); });
+    case FwdKernel::WS_SLICED:
+        return with_ws_opts<true>(l.p, [&](auto o) { return body(KernelIs<ssm_fwd_ws_kernel<T, decltype(o)>>()); });
     case FwdKernel::TILE_FAST:
         return body(KernelIs<ssm_fwd_kernel<T, C, true>>());
     case FwdKernel::TILE:
         break;
     }
     return body(KernelIs<ssm_fwd_kernel<T, C, false>>());
+}
+
+// body(KernelIs<kernel>()) for the sliced forward's second kernel.
+template <typename T, class F> inline auto with_finish_kernel(const ScanParams &p, F &&body)
+{
+    if (p.z)
+        return body(KernelIs<ssm_fwd_finish_kernel<T, true>>());
+    return body(KernelIs<ssm_fwd_finish_kernel<T, false>>());
 }
 
 // One f32 scratch for the summed gradients: [db][dc][da][dd][ddt_bias]

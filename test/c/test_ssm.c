@@ -465,6 +465,7 @@ static const spec quick_cases[] = {
     {3, 257, 130, 64, 1, OPT_D | OPT_BIAS | OPT_SOFTPLUS},
     {1, 32, 64, 4, 1, OPT_H0 | OPT_RANK4},
     {4, 70, 8, 256, 2, OPT_ALL},
+    {2, 40, 64, 128, 2, OPT_ALL}, /* cuda: the sliced forward */
 };
 
 START_TEST(forward_sweep_f32)
@@ -495,6 +496,13 @@ START_TEST(forward_sweep_f32)
     check_forward_case((spec){2, 40, 12, 128, 3, OPT_ALL}, FX_F32, FX_F32);
     check_forward_case((spec){1, 37, 6, 256, 2, OPT_D | OPT_Z}, FX_F32, FX_F32);
     check_forward_case((spec){1, 5, 130, 100, 2, OPT_SOFTPLUS}, FX_F32, FX_F32);
+    /* on cuda the sliced forward: whole groups of 32 channels, dstate a
+     * multiple of 16 above 32 (but f32 at 64), as slices of 16 states whose
+     * parts of y are summed (odd numbers of slices at 48 and 80) */
+    check_forward_case((spec){2, 100, 64, 128, 2, OPT_ALL}, FX_F32, FX_F32);
+    check_forward_case((spec){1, 37, 32, 256, 1, OPT_D | OPT_Z}, FX_F32, FX_F32);
+    check_forward_case((spec){3, 70, 96, 80, 1, OPT_H0 | OPT_SOFTPLUS | OPT_BIAS}, FX_F32, FX_F32);
+    check_forward_case((spec){1, 1, 32, 48, 1, OPT_ALL}, FX_F32, FX_F32);
 }
 END_TEST
 
@@ -513,6 +521,7 @@ START_TEST(forward_sweep_other_types)
          * the plain path; b and c copied by rows (100: element by element) */
         {2, 40, 12, 128, 3, OPT_ALL}, {1, 21, 6, 128, 2, OPT_ALL}, {1, 37, 6, 256, 2, OPT_D | OPT_Z},
         {1, 5, 130, 100, 2, OPT_SOFTPLUS},
+        {2, 40, 64, 128, 2, OPT_ALL}, {1, 33, 32, 256, 1, OPT_D | OPT_Z}, /* sliced */
     };
     int count = fx_test_quick() ? 2 : COUNT(cases);
     for (int i = 0; i < count; i++) {
@@ -603,6 +612,7 @@ START_TEST(split_scan_equals_one_call)
     check_split((spec){2, 65, 64, 16, 4, OPT_ALL}, 33, t);
     check_split((spec){1, 2, 3, 4, 1, OPT_D | OPT_Z}, 1, t);
     check_split((spec){3, 100, 130, 64, 1, OPT_SOFTPLUS | OPT_BIAS}, 64, FX_F32);
+    check_split((spec){2, 90, 64, 128, 2, OPT_ALL}, 41, FX_F32); /* sliced */
     if (!fx_test_quick())
         check_split((spec){2, 2049, 64, 16, 1, OPT_ALL}, 1000, FX_F32);
 }
@@ -708,6 +718,7 @@ START_TEST(steps_equal_one_call)
     check_steps((spec){1, 5, 3, 1, 1, OPT_SOFTPLUS}, FX_F32);
     check_steps((spec){3, 4, 130, 64, 2, OPT_D | OPT_Z}, FX_F32);
     check_steps((spec){1, 3, 16, 256, 1, OPT_ALL}, FX_F32);
+    check_steps((spec){1, 5, 32, 128, 1, OPT_ALL}, FX_F32); /* the sliced forward */
     check_steps((spec){2, 6, 64, 16, 1, OPT_ALL}, FX_BF16);
     if (dev->kind == FX_DEVICE_CPU)
         check_steps((spec){2, 7, 5, 3, 1, OPT_ALL}, FX_F64);
@@ -985,6 +996,7 @@ static const spec backward_quick[] = {
     {2, 70, 64, 16, 4, OPT_ALL},
     {1, 1, 3, 1, 1, OPT_Z},
     {2, 33, 130, 64, 1, OPT_D | OPT_SOFTPLUS | OPT_BIAS},
+    {2, 41, 64, 128, 2, OPT_ALL}, /* cuda: states saved by the sliced forward */
 };
 
 START_TEST(backward_matches_cpu)
@@ -1014,6 +1026,10 @@ START_TEST(backward_matches_cpu)
     }
     check_backward_case((spec){2, 100, 12, 128, 3, OPT_ALL}, FX_F32, FX_F32, true);
     check_backward_case((spec){1, 45, 6, 256, 2, OPT_ALL}, FX_F32, FX_F32, true);
+    /* states saved by the sliced forward, 8 steps apart (at 80: 5 slices) */
+    check_backward_case((spec){2, 100, 64, 128, 2, OPT_ALL}, FX_F32, FX_F32, true);
+    check_backward_case((spec){1, 47, 32, 80, 1, OPT_ALL}, FX_F32, FX_F32, false);
+    check_backward_case((spec){1, 40, 64, 128, 1, OPT_ALL}, FX_BF16, FX_F32, true);
     check_backward_case((spec){2, 257, 64, 16, 4, OPT_ALL}, FX_BF16, FX_F32, true);
     check_backward_case((spec){2, 257, 64, 16, 1, OPT_ALL}, FX_F16, FX_F16, false);
     check_backward_case((spec){1, 130, 130, 16, 2, OPT_ALL}, FX_BF16, FX_BF16, true);

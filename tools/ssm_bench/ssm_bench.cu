@@ -8,7 +8,7 @@
 //
 //   mode all   every case, one table (default)
 //   mode ncu   each main kernel once, for `ncu -k regex:ssm`
-//   mode slices  dstate 64-256 beside dstate 16 at N / 16 times the batch
+//   mode sliced [N]  the sliced forward against the tile forward, dstate 48-256 (or N)
 //   mode fwd-tf  the tile forward's chunk length above dstate 32
 //   mode bwd-dstate [16|other|plain]  every dstate against the baseline
 //                (built with -DSSM_BASELINE)
@@ -210,6 +210,28 @@ template <typename T, int LOOK = kWsLook> static void launch_fwd_lib(const fx_ss
         with_ws_opts(l.p, [&](auto o) {
             launch_smem(ssm_fwd_ws_kernel<T, decltype(o), LOOK>, l.grid, 32 * l.warps, l.smem, l.p);
         });
+}
+
+// The sliced forward as cuda_ssm_forward enqueues it (for any shape
+// ws_sliced_shape takes): the sums of y zeroed, the slices, y from the
+// sums; `ysum` holds batch * seqlen * dim floats.
+template <typename T> static void launch_fwd_sliced(const fx_ssm_fwd_args *a, float *ysum)
+{
+    FwdLaunch l{};
+    const ScanParams p = scan_params(a, kWsChannels);
+    if (!ws_sliced_shape<T>(p)) {
+        fprintf(stderr, "sliced: not a shape the sliced forward takes\n");
+        exit(1);
+    }
+    ws_sliced_launch<T>(p, &l);
+    l.p.ysum = ysum;
+    CUDA_CHECK(cudaMemsetAsync(ysum, 0, sizeof(float) * (size_t)l.ysum, g_stream));
+    with_ws_opts<true>(l.p, [&](auto o) {
+        launch_smem(ssm_fwd_ws_kernel<T, decltype(o)>, l.grid, 32 * l.warps, l.smem, l.p);
+    });
+    with_finish_kernel<T>(l.p, [&](auto k) {
+        decltype(k)::value<<<(unsigned)finish_grid(l.p, g_sms), kFinishThreads, 0, g_stream>>>(l.p);
+    });
 }
 
 // rel-L2 distance of two outputs of the input type (on the host).
@@ -575,41 +597,49 @@ int main(int argc, char **argv)
         return 0;
     }
 
-    // What a large dstate would take as slices of 16 states in the dstate-16
-    // kernels (a scan's states are separable: its per-channel outputs are
-    // sums over states): each large case beside its proxy, the same
-    // state-steps as dstate 16 with N / 16 times the batch. The proxy reads
-    // x, dt, z (dy) once a slice where slices would share them, so it bounds
-    // such a path from above but for the sums of the slices' outputs.
-    if (mode == "slices") {
+    // The sliced forward (slices of 16 states in the warp-specialized
+    // kernel, their parts of y summed) beside the one-warp-a-tile forward it
+    // replaces, at every dstate above 32 it can take (where the library
+    // takes it: ws_sliced_fits): y and the saved states compared, then kernel
+    // times without and with saved states (sliced: the sums' memset, the
+    // slices and y's kernel, as the launcher enqueues them).
+    if (mode == "sliced") {
         printf("| kernel | shape | type | median us | GB/s |\n|---|---|---|---:|---:|\n");
-        auto both = [&](auto cfg, auto *tag, fx_dtype type, int B, int N) {
+        auto one = [&](auto cfg, auto *tag, fx_dtype type, int N, int B, int L, int D) {
             typedef decltype(cfg) C;
             typedef typename std::remove_pointer<decltype(tag)>::type T;
-            Problem pb(B, 1024, 1024, N, type);
-            row("fwd (library's kernel)", pb, time_us([&] {
-                if constexpr (C::NPAD == 16)
-                    launch_fwd_lib<T>(&pb.args); // warp-specialized
-                else
-                    launch_fwd<T, FwdDefault, C>(&pb.args);
-            }, 10, 200000), fwd_bytes(pb));
-            forward_saving<T, C>(pb);
-            Grads g(pb, &pb.saved);
-            row("bwd kernel alone", pb, time_us([&] { launch_bwd_kernel<T, C>(g, BwdScratch(g.args.fwd.n)); }, 10, 200000), 0);
-        };
-        for (int N : {64, 128, 256})
-            for (fx_dtype type : {FX_F32, FX_BF16}) {
-                auto at = [&](int B, int n) {
-                    with_cfg(n, [&](auto cfg) {
-                        if (type == FX_F32)
-                            both(cfg, (float *)nullptr, type, B, n);
-                        else
-                            both(cfg, (__nv_bfloat16 *)nullptr, type, B, n);
-                    });
-                };
-                at(4, N);
-                at(4 * N / 16, 16);
+            Problem pb(B, L, D, N, type);
+            fx_tensor saved2 = tensor(FX_F32, {pb.saved.dims[0], pb.saved.dims[1], D, N}, 0, 0, false);
+            float *ysum = nullptr;
+            CUDA_CHECK(cudaMalloc(&ysum, sizeof(float) * (size_t)B * L * D));
+            fx_ssm_fwd_args tile = pb.args, sliced = pb.args;
+            tile.y = &pb.y2;
+            auto tile_fwd = [&] { launch_fwd<T, FwdDefault, C>(&tile); };
+            auto sliced_fwd = [&] { launch_fwd_sliced<T>(&sliced, ysum); };
+            CUDA_CHECK(cudaMemset(pb.y.data, 0xff, pb.y.nbytes));
+            CUDA_CHECK(cudaMemset(pb.saved.data, 0xff, pb.saved.nbytes));
+            CUDA_CHECK(cudaMemset(saved2.data, 0xff, saved2.nbytes));
+            tile.saved = &saved2, sliced.saved = &pb.saved;
+            tile_fwd(), sliced_fwd();
+            CUDA_CHECK(cudaDeviceSynchronize());
+            printf("dstate %d: y rel-L2 sliced vs tile %.2e, saved states %.2e\n", N, rel_l2(pb.y, pb.y2),
+                   rel_l2(pb.saved, saved2));
+            for (int save = 0; save < 2; save++) {
+                tile.saved = save ? &saved2 : nullptr, sliced.saved = save ? &pb.saved : nullptr;
+                for (int round = 0; round < 2; round++) {
+                    row(save ? "fwd tile + saved" : "fwd tile", pb, time_us(tile_fwd, 10, 200000), fwd_bytes(pb));
+                    row(save ? "fwd sliced + saved" : "fwd sliced", pb, time_us(sliced_fwd, 10, 200000), fwd_bytes(pb));
+                }
             }
+            CUDA_CHECK(cudaFree(ysum));
+        };
+        const std::vector<int> dstates = argc > 2 ? std::vector<int>{atoi(argv[2])}
+                                                  : std::vector<int>{48, 64, 80, 96, 128, 192, 256};
+        for (int N : dstates)
+            with_cfg(N, [&](auto cfg) {
+                one(cfg, (float *)nullptr, FX_F32, N, 4, 1024, 1024);
+                one(cfg, (__nv_bfloat16 *)nullptr, FX_BF16, N, 4, 1024, 1024);
+            });
         return 0;
     }
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <type_traits>
+#include <vector>
 
 #include "cuda/ssm_kernels.cuh"
 
@@ -54,10 +55,17 @@ int emu_forward(int, const fx_ssm_fwd_args *a, fx_status *st)
             FwdLaunch l{};
             if (fwd_launch<T, C>(a, 4, &l, st))
                 return st->code;
-            return with_fwd_kernel<T, C>(l, [&](auto kernel) {
+            // the sliced kernel's sums of y, zeroed; then y from them
+            std::vector<float> ysum((size_t)l.ysum);
+            l.p.ysum = l.ysum ? ysum.data() : nullptr;
+            with_fwd_kernel<T, C>(l, [&](auto kernel) {
                 launch(l.grid, 32 * l.warps, l.smem, [&] { decltype(kernel)::value(l.p); });
-                return (int)FX_OK;
             });
+            if (l.kernel == FwdKernel::WS_SLICED)
+                with_finish_kernel<T>(l.p, [&](auto kernel) {
+                    launch(4, kFinishThreads, 0, [&] { decltype(kernel)::value(l.p); });
+                });
+            return (int)FX_OK;
         });
     });
 }
