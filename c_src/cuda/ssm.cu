@@ -94,20 +94,32 @@ int cuda_ssm_step(int dev, const fx_ssm_step_args *a, fx_status *st)
     });
 }
 
-template <typename T, class C>
-int launch_backward(fx_cuda_device *d, const fx_ssm_bwd_args *a, float *scratch, const BwdScratch &sz,
-                    fx_status *st)
+// The backward with configuration C (SL: the sliced kernel, C = Cfg<4, 4>):
+// its zeroed f32 sums, the kernel, for SL the per-channel gradients from
+// the slices' sums, the sums written out.
+template <typename T, class C, bool SL> int launch_backward(fx_cuda_device *d, const fx_ssm_bwd_args *a, fx_status *st)
 {
+    const BwdScratch sz(a->fwd.n, SL);
+    float *scratch;
+    if (zeroed_scratch(d, sz.total, "selective_scan_backward sums", &scratch, st))
+        return st->code;
     const BwdParams bp = bwd_params<C>(a, scratch, sz);
+    int rc = FX_OK;
     if (grid_of(bp.f) > 0) {
-        const int rc = with_bwd_kernel<T, C>(bp, [&](auto kernel, size_t smem) {
-            return fx_cuda_launch_opted<decltype(kernel)::value>(d, grid_of(bp.f), C::BW * 32, smem,
+        rc = with_bwd_kernel<T, C, SL>(bp, [&](auto kernel, size_t smem) {
+            return fx_cuda_launch_opted<decltype(kernel)::value>(d, bwd_grid<SL>(bp), C::BW * 32, smem,
                                                                  "selective_scan_backward kernel", st, bp);
         });
-        if (rc)
-            return rc;
+        if (rc == FX_OK && SL)
+            rc = fx_cuda_launch_opted<ssm_bwd_finish_kernel<T>>(d, bwd_finish_grid(bp.f, d->sm_count), kFinishThreads,
+                                                                0, "selective_scan_backward's per-channel kernel", st,
+                                                                bp);
     }
-    return fx_launch_sums(d, bwd_sums(a, bp, sz), "selective_scan_backward sums kernel", st);
+    if (rc == FX_OK)
+        rc = fx_launch_sums(d, bwd_sums(a, bp, sz), "selective_scan_backward sums kernel", st);
+    if (scratch) // stream-ordered: released after the kernels that use it
+        (void)cudaFreeAsync(scratch, d->stream);
+    return rc;
 }
 
 int cuda_ssm_backward(int dev, const fx_ssm_bwd_args *a, fx_status *st)
@@ -115,22 +127,18 @@ int cuda_ssm_backward(int dev, const fx_ssm_bwd_args *a, fx_status *st)
     fx_cuda_device *d = fx_cuda_enter(dev, st);
     if (!d || check_dims(a->fwd.n, "selective_scan_backward", st))
         return st->code;
-    const BwdScratch sz(a->fwd.n);
-    float *scratch;
-    if (zeroed_scratch(d, sz.total, "selective_scan_backward sums", &scratch, st))
-        return st->code;
-    int rc = fx_dispatch_float(a->fwd.x->dtype, [&](auto *tag) {
+    return fx_dispatch_float(a->fwd.x->dtype, [&](auto *tag) {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         return with_cfg(a->fwd.n.dstate, [&](auto cfg) {
             typedef decltype(cfg) C;
             if (check_saved(&a->fwd, C::SAVE, st))
                 return st->code;
-            return launch_backward<T, C>(d, a, scratch, sz, st);
+            if constexpr (C::SAVE == kWsSteps / 2) // the sliced kernels' interval
+                if (bwd_sliced<T>(a))
+                    return launch_backward<T, Cfg<4, 4>, true>(d, a, st);
+            return launch_backward<T, C, false>(d, a, st);
         });
     });
-    if (scratch) // stream-ordered: released after the kernels that use it
-        (void)cudaFreeAsync(scratch, d->stream);
-    return rc;
 }
 
 int64_t cuda_save_interval(int64_t dstate)

@@ -307,6 +307,9 @@ struct BwdParams {
     void *dh0;           // or NULL
     int dh0_type;
     float *acc_db, *acc_dc, *acc_da, *acc_dd, *acc_dbias; // f32 sums, zeroed
+    // the sliced backward's sums over states, [3][batch * seqlen * dim]: y
+    // before d x and the gate, sum g decay h a, sum g b (zeroed); else NULL
+    float *parts;
 };
 
 struct StepParams {
@@ -1463,6 +1466,20 @@ template <typename T, bool Z> __global__ void __launch_bounds__(kFinishThreads) 
     }
 }
 
+// The grid of a grid-stride loop over `items` (a thread each), at most 8
+// blocks an SM.
+inline int64_t finish_grid_of(int64_t items, int sm_count)
+{
+    const int64_t blocks = (items + kFinishThreads - 1) / kFinishThreads, most = (int64_t)sm_count * 8;
+    return blocks < 1 ? 1 : blocks < most ? blocks : most;
+}
+
+// The sliced forward's second kernel, y from the sums: its grid.
+inline int64_t finish_grid(const ScanParams &p, int sm_count)
+{
+    return finish_grid_of((int64_t)p.batch * p.seqlen * p.dim / 4, sm_count);
+}
+
 // ---- single step ----
 
 // One group of LANES lanes per (batch, channel); a block's channels are
@@ -1601,17 +1618,19 @@ template <typename T, class C> inline bool bwd_fast(const BwdParams &bp)
 
 template <int N> __device__ __forceinline__ constexpr int log2i() { return N <= 1 ? 0 : 1 + log2i<N / 2>(); }
 
-template <typename T, class C, bool FAST> struct BwdStage {
+// SL: one slice of 16 states of a larger dstate (Cfg<4, 4>, FAST; see
+// ssm_bwd_kernel); n_off its first state.
+template <typename T, class C, bool FAST, bool SL = false> struct BwdStage {
     using S = BwdSmem<T, C>;
     typedef FwdCopy<T, C> K;
     static constexpr int KS = C::SAVE;
     static constexpr int E = (KS + C::LANES - 1) / C::LANES; // pairs per lane
     static constexpr int Q4 = C::NPAD / 4;
-    int lane, cs, r0, ds;
+    int lane, cs, r0, ds, n_off;
     bool cs_ok;
     float bias, dskip;
 
-    __device__ BwdStage(const ScanParams &p, const Tile &t, int lane_) : lane(lane_)
+    __device__ BwdStage(const ScanParams &p, const Tile &t, int lane_, int n_off_ = 0) : lane(lane_), n_off(n_off_)
     {
         cs = lane % C::WCH;
         r0 = lane / C::WCH;
@@ -1662,8 +1681,9 @@ template <typename T, class C, bool FAST> struct BwdStage {
         if constexpr (FAST && K::POSSIBLE) { // (bwd_fast is false when not POSSIBLE)
             copy_rows<K::RX, K::UX, 1u << 2>(raw, src, C::WCH, t0, p.seqlen, // z may be NULL
                                              [&](int step) { return at_btd(p, t.b, step, t.d0); });
-            copy_rows<K::RB, K::UB, 0u>(rawbc, srcbc, C::NPAD, t0, p.seqlen,
-                                        [&](int step) { return at_btg(p, t.b, step, t.g); });
+            copy_rows<K::RB, K::UB, 0u>(rawbc, srcbc, C::NPAD, t0, p.seqlen, [&](int step) {
+                return at_btg(p, t.b, step, t.g) + (SL ? n_off : 0);
+            });
         } else {
 #pragma unroll
             for (int k = 0; k < E; k++) {
@@ -1717,7 +1737,8 @@ template <typename T, class C, bool FAST> struct BwdStage {
                 continue;
             const float dk = row_ok(p, t0, k) ? delta[k] : 0.0f;
             *reinterpret_cast<float4 *>(sm + S::IN + cs * S::INS + 4 * tl) = make_float4(dk, dk * x[k], dyp[k], 0.0f);
-            *reinterpret_cast<float4 *>(sm + S::OWN + 4 * (tl * C::WCH + cs)) = make_float4(x[k], dyz[k], dsp[k], 0.0f);
+            if constexpr (!SL) // (sliced, the epilogue's terms are taken after every slice)
+                *reinterpret_cast<float4 *>(sm + S::OWN + 4 * (tl * C::WCH + cs)) = make_float4(x[k], dyz[k], dsp[k], 0.0f);
         }
         typedef typename Quad<T>::raw Raw;
         const Raw *rb = reinterpret_cast<const Raw *>(sm + S::BR), *rc = reinterpret_cast<const Raw *>(sm + S::CR);
@@ -1762,6 +1783,31 @@ template <typename T, class C, bool FAST> struct BwdStage {
             acc_bias += ddt;
         }
     }
+
+    // Sliced: the slice's parts of the chunk's per-channel sums (y before d
+    // x and the gate, sum g decay h a, sum g b) added into bp.parts, a lane
+    // a step and 4 channels (one vector atomic each); dx, ddt, dz come from
+    // the totals (ssm_bwd_finish_kernel).
+    __device__ __forceinline__ void epilogue_sliced(const BwdParams &bp, const Tile &t, int t0, const float *sm) const
+    {
+        static_assert(KS * C::WCH == 4 * 32 && C::LANES == 4, "a lane a step and 4 channels");
+        const ScanParams &p = bp.f;
+        const int s = lane / (C::WCH / 4), c0 = 4 * (lane % (C::WCH / 4));
+        if (t0 + s >= p.seqlen)
+            return;
+        const float *from[3] = {sm + S::PY + s * 32, sm + S::PR + s * 64, sm + S::PR + s * 64 + 32};
+        const int64_t n = (int64_t)p.batch * p.seqlen * p.dim, at = at_btd(p, t.b, t0 + s, t.d0 + c0);
+#pragma unroll
+        for (int m = 0; m < 3; m++) {
+            float v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) { // channel c0 + j's 4 lanes' parts
+                const float4 q = *reinterpret_cast<const float4 *>(from[m] + 4 * (c0 + j));
+                v[j] = (q.x + q.y) + (q.z + q.w);
+            }
+            red_add4(bp.parts + m * n + at, make_float4(v[0], v[1], v[2], v[3]));
+        }
+    }
 };
 
 // Adds 4 gradient sums at `dst` (n0..n0+3 of a row of dstate).
@@ -1780,17 +1826,26 @@ __device__ __forceinline__ void add4(float *dst, int n0, int dstate, float4 v)
             atomicAdd(dst + i, e[i]);
 }
 
-template <typename T, class C, bool FAST>
+// SL: a block is one slice of 16 states of a larger dstate (C = Cfg<4, 4>,
+// FAST; grid: tiles x slices, neighbouring blocks a tile's slices), as in
+// the sliced forward. The forward saved the states every KS / 2 steps (the
+// interval above dstate 32): a chunk starts from every other one. Its
+// per-channel sums go to bp.parts, and ssm_bwd_finish_kernel makes dx,
+// ddt, dz, dd and ddt_bias from them.
+template <typename T, class C, bool FAST, bool SL = false>
 __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_kernel(const BwdParams bp)
 {
     using S = BwdSmem<T, C>;
     constexpr int NPL = C::NPL, KS = C::SAVE, LO = log2i<C::LANES>();
     constexpr bool DIRECT = bwd_direct<C>();
+    static_assert(!SL || (FAST && C::NPAD == kWsStates && !DIRECT), "slices of 16 states on the FAST path");
     const ScanParams &p = bp.f;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float *sm = block_smem() + warp * S::WARP;
     float *dbc = block_smem() + S::DBC;
-    Tile tile = tile_of(p, C::BW * C::WCH);
+    const int slices = SL ? p.dstate / kWsStates : 1;
+    const int n_off = SL ? kWsStates * ((int)blockIdx.x % slices) : 0; // the slice's first state
+    Tile tile = tile_at(p, SL ? (int)blockIdx.x / slices : (int)blockIdx.x, C::BW * C::WCH);
     tile.d0 += warp * C::WCH;
     tile.nvalid = max(0, min(C::WCH, tile.nvalid - warp * C::WCH));
     const int c = lane / C::LANES, q = lane % C::LANES, d = tile.d0 + c;
@@ -1800,7 +1855,7 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
     double sum_a[NPL];
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
-        const int n = state_of<C>(q, i);
+        const int n = n_off + state_of<C>(q, i);
         const bool nok = ok && n < p.dstate;
         a2[i] = nok ? fx_load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * fx_log2e : 0.0f;
         // dL/dh entering the last step from after it: the final state's gradient
@@ -1808,7 +1863,7 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
         sum_a[i] = 0.0;
     }
     double sum_d = 0.0, sum_bias = 0.0;
-    BwdStage<T, C, FAST> stage(p, tile, lane);
+    BwdStage<T, C, FAST, SL> stage(p, tile, lane, n_off);
 
     // The state entering chunk k (h0 or zeros for the first, else saved)
     // into the lane's slot of shared memory, where the chunk reads it: a
@@ -1818,7 +1873,8 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
     float *hslot = sm + S::HS + lane * NPL;
     auto stage_state = [&](int k) {
         if (k > 0) {
-            const float *src = p.saved + (((int64_t)tile.b * p.nsaved + k - 1) * p.dim + d) * p.dstate + 4 * q;
+            const int m = SL ? 2 * k - 1 : k - 1; // the saved state entering step k * KS
+            const float *src = p.saved + (((int64_t)tile.b * p.nsaved + m) * p.dim + d) * p.dstate + n_off + 4 * q;
             if constexpr (FAST) {
 #pragma unroll
                 for (int i = 0; i < NPL; i += 4)
@@ -1834,7 +1890,7 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
         }
 #pragma unroll
         for (int i = 0; i < NPL; i++) {
-            const int n = state_of<C>(q, i);
+            const int n = n_off + state_of<C>(q, i);
             hslot[i] = ok && n < p.dstate && p.h0 ? fx_load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
         }
     };
@@ -1956,10 +2012,14 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
         for (int i = 0; i < NPL; i++)
             sum_a[i] += acc_a[i];
         __syncwarp(); // the parts are written
-        float acc_d = 0.0f, acc_bias = 0.0f;
-        stage.epilogue(bp, tile, t0, sm, acc_d, acc_bias);
-        sum_d += acc_d;
-        sum_bias += acc_bias;
+        if constexpr (SL) {
+            stage.epilogue_sliced(bp, tile, t0, sm);
+        } else {
+            float acc_d = 0.0f, acc_bias = 0.0f;
+            stage.epilogue(bp, tile, t0, sm, acc_d, acc_bias);
+            sum_d += acc_d;
+            sum_bias += acc_bias;
+        }
 
         // the block's b and c gradients: the warps' sums added, one vector
         // atomic per (step, 4 states)
@@ -1979,7 +2039,7 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
                     sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
                 }
                 float *acc = which == 0 ? bp.acc_db : bp.acc_dc;
-                add4(acc + at_btg(p, tile.b, t0 + tl, tile.g) + n0, n0, p.dstate, sum);
+                add4(acc + at_btg(p, tile.b, t0 + tl, tile.g) + n_off + n0, n0, p.dstate, sum);
             }
             __syncthreads(); // the buffer is read
         }
@@ -1988,7 +2048,7 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
     if (ok) {
 #pragma unroll
         for (int i = 0; i < NPL; i++) {
-            const int n = state_of<C>(q, i);
+            const int n = n_off + state_of<C>(q, i);
             if (n >= p.dstate)
                 continue;
             atomicAdd(bp.acc_da + (int64_t)d * p.dstate + n, (float)sum_a[i]);
@@ -1996,19 +2056,95 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
                 fx_store_any(bp.dh0, bp.dh0_type, at_state(p, tile.b, d) + n, gs[i]);
         }
     }
-    // dd and ddt_bias: the lanes of one staging channel hold its rows' sums
-    float fd = (float)sum_d, fb = (float)sum_bias;
+    // dd and ddt_bias (sliced: ssm_bwd_finish_kernel's): the lanes of one
+    // staging channel hold its rows' sums
+    if constexpr (!SL) {
+        float fd = (float)sum_d, fb = (float)sum_bias;
 #pragma unroll
-    for (int m = C::WCH; m < 32; m *= 2) {
-        fd += __shfl_xor_sync(kFullMask, fd, m);
-        fb += __shfl_xor_sync(kFullMask, fb, m);
+        for (int m = C::WCH; m < 32; m *= 2) {
+            fd += __shfl_xor_sync(kFullMask, fd, m);
+            fb += __shfl_xor_sync(kFullMask, fb, m);
+        }
+        if (stage.cs_ok && stage.r0 == 0) {
+            if (p.d)
+                atomicAdd(bp.acc_dd + stage.ds, fd);
+            if (p.dt_bias)
+                atomicAdd(bp.acc_dbias + stage.ds, fb);
+        }
     }
-    if (stage.cs_ok && stage.r0 == 0) {
-        if (p.d)
-            atomicAdd(bp.acc_dd + stage.ds, fd);
-        if (p.dt_bias)
-            atomicAdd(bp.acc_dbias + stage.ds, fb);
+}
+
+// The sliced backward's per-channel gradients from its slices' sums
+// (bp.parts): dx, ddt, dz, and the sums of dd and ddt_bias; a thread takes
+// 4 channels of kBwdFinishRows (batch, step) rows, in a grid-stride loop.
+// The per-pair terms are the commit's and the epilogue's of ssm_bwd_kernel.
+constexpr int kBwdFinishRows = 16;
+template <typename T> __global__ void __launch_bounds__(kFinishThreads) ssm_bwd_finish_kernel(const BwdParams bp)
+{
+    const ScanParams &p = bp.f;
+    const int quads = p.dim / 4;
+    const int64_t rows = (int64_t)p.batch * p.seqlen, n = rows * p.dim;
+    const int64_t items = quads * ((rows + kBwdFinishRows - 1) / kBwdFinishRows);
+    const T *xs = static_cast<const T *>(p.x), *dts = static_cast<const T *>(p.dt);
+    const T *zs = static_cast<const T *>(p.z), *dys = static_cast<const T *>(bp.dy);
+    for (int64_t item = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; item < items;
+         item += (int64_t)gridDim.x * blockDim.x) {
+        const int d = 4 * (int)(item % quads);
+        const int64_t r0 = item / quads * kBwdFinishRows, r1 = min(r0 + kBwdFinishRows, rows);
+        float bias[4], dskip[4], acc_d[4] = {}, acc_bias[4] = {};
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            bias[v] = p.dt_bias ? fx_load_any(p.dt_bias, p.bias_type, d + v) : 0.0f;
+            dskip[v] = p.d ? fx_load_any(p.d, p.d_type, d + v) : 0.0f;
+        }
+        for (int64_t r = r0; r < r1; r++) {
+            const int64_t i = r * p.dim + d;
+            float x[4], u[4], dy[4], z[4] = {}, dx[4], ddt[4], dz[4];
+            ld_vec<T, 4>(x, xs + i);
+            ld_vec<T, 4>(u, dts + i);
+            ld_vec<T, 4>(dy, dys + i);
+            if (zs)
+                ld_vec<T, 4>(z, zs + i);
+            const float4 y4 = *reinterpret_cast<const float4 *>(bp.parts + i);
+            const float4 ra4 = *reinterpret_cast<const float4 *>(bp.parts + n + i);
+            const float4 rb4 = *reinterpret_cast<const float4 *>(bp.parts + 2 * n + i);
+            const float ys[4] = {y4.x, y4.y, y4.z, y4.w}, ra[4] = {ra4.x, ra4.y, ra4.z, ra4.w};
+            const float rb[4] = {rb4.x, rb4.y, rb4.z, rb4.w};
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                float delta = u[v] + bias[v], dsp = 1.0f, dyp = dy[v], dyz = 0.0f;
+                if (p.softplus)
+                    softplus_and_grad(u[v] + bias[v], delta, dsp);
+                if (zs) {
+                    const float sz = sigmoid(z[v]);
+                    dyp = dy[v] * z[v] * sz;
+                    dyz = dy[v] * sz * fmaf(z[v], 1.0f - sz, 1.0f);
+                }
+                ddt[v] = fmaf(ra[v], fx_ln2, x[v] * rb[v]) * dsp; // a was scaled by log2(e)
+                dx[v] = fmaf(delta, rb[v], dskip[v] * dyp);
+                dz[v] = (ys[v] + dskip[v] * x[v]) * dyz;
+                acc_d[v] = fmaf(dyp, x[v], acc_d[v]);
+                acc_bias[v] += ddt[v];
+            }
+            st_vec<T, 4>(static_cast<T *>(bp.dx) + i, dx);
+            st_vec<T, 4>(static_cast<T *>(bp.ddt) + i, ddt);
+            if (bp.dz)
+                st_vec<T, 4>(static_cast<T *>(bp.dz) + i, dz);
+        }
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            if (p.d)
+                atomicAdd(bp.acc_dd + d + v, acc_d[v]);
+            if (p.dt_bias)
+                atomicAdd(bp.acc_dbias + d + v, acc_bias[v]);
+        }
     }
+}
+
+inline int64_t bwd_finish_grid(const ScanParams &p, int sm_count)
+{
+    const int64_t rows = (int64_t)p.batch * p.seqlen;
+    return finish_grid_of((int64_t)(p.dim / 4) * ((rows + kBwdFinishRows - 1) / kBwdFinishRows), sm_count);
 }
 
 // ---- host side: parameters from the argument structs ----
@@ -2101,14 +2237,6 @@ template <typename T> inline void ws_sliced_launch(const ScanParams &p, FwdLaunc
     l->ysum = (int64_t)p.batch * p.seqlen * p.dim;
 }
 
-// The sliced forward's second kernel, y from the sums: its grid (a
-// grid-stride loop) and body(KernelIs<kernel>()).
-inline int64_t finish_grid(const ScanParams &p, int sm_count)
-{
-    const int64_t quads = (int64_t)p.batch * p.seqlen * p.dim / 4;
-    const int64_t blocks = (quads + kFinishThreads - 1) / kFinishThreads, most = (int64_t)sm_count * 8;
-    return blocks < 1 ? 1 : blocks < most ? blocks : most;
-}
 
 template <typename T, class C>
 inline int fwd_launch(const fx_ssm_fwd_args *a, int sm_count, FwdLaunch *l, fx_status *st)
@@ -2174,14 +2302,18 @@ template <typename T, class F> inline auto with_finish_kernel(const ScanParams &
 
 // One f32 scratch for the summed gradients: [db][dc][da][dd][ddt_bias]
 // (db first so that its rows are 16-byte aligned for vector atomics).
+// Sliced, the per-channel sums over states come first:
+// [parts (3 x batch * seqlen * dim)][db]... (dim a multiple of 32 there, so
+// that db's rows stay 16-byte aligned).
 struct BwdScratch {
-    int64_t n_bc, n_a, n_d, total;
-    explicit BwdScratch(const fx_ssm_dims &n)
+    int64_t n_parts, n_bc, n_a, n_d, total;
+    explicit BwdScratch(const fx_ssm_dims &n, bool sliced = false)
     {
+        n_parts = sliced ? 3 * n.batch * n.seqlen * n.dim : 0;
         n_bc = n.batch * n.seqlen * n.groups * n.dstate;
         n_a = n.dim * n.dstate;
         n_d = n.dim;
-        total = 2 * n_bc + n_a + 2 * n_d;
+        total = n_parts + 2 * n_bc + n_a + 2 * n_d;
     }
 };
 
@@ -2215,8 +2347,9 @@ inline BwdParams bwd_params(const fx_ssm_bwd_args *a, float *scratch, const BwdS
     bp.dx = a->dx->data, bp.ddt = a->ddt->data;
     bp.dz = a->dz ? a->dz->data : nullptr;
     bp.dh0 = a->dh0 ? a->dh0->data : nullptr, bp.dh0_type = type_of(a->dh0);
-    bp.acc_db = scratch;
-    bp.acc_dc = scratch + sz.n_bc;
+    bp.parts = sz.n_parts ? scratch : nullptr;
+    bp.acc_db = scratch + sz.n_parts;
+    bp.acc_dc = bp.acc_db + sz.n_bc;
     bp.acc_da = bp.acc_dc + sz.n_bc;
     bp.acc_dd = bp.acc_da + sz.n_a;
     bp.acc_dbias = bp.acc_dd + sz.n_d;
@@ -2224,13 +2357,34 @@ inline BwdParams bwd_params(const fx_ssm_bwd_args *a, float *scratch, const BwdS
 }
 
 // body(KernelIs<kernel>(), shared memory bytes) for the backward of bp:
-// the FAST kernel where bwd_fast allows it.
-template <typename T, class C, class F> inline auto with_bwd_kernel(const BwdParams &bp, F &&body)
+// the FAST kernel where bwd_fast allows it; with SL the sliced one.
+template <typename T, class C, bool SL = false, class F> inline auto with_bwd_kernel(const BwdParams &bp, F &&body)
 {
     constexpr size_t smem = BwdSmem<T, C>::BYTES; // (both paths lay out the same)
-    if (bwd_fast<T, C>(bp))
+    if constexpr (SL)
+        return body(KernelIs<ssm_bwd_kernel<T, C, true, true>>(), smem);
+    else if (bwd_fast<T, C>(bp))
         return body(KernelIs<ssm_bwd_kernel<T, C, true>>(), smem);
-    return body(KernelIs<ssm_bwd_kernel<T, C, false>>(), smem);
+    else
+        return body(KernelIs<ssm_bwd_kernel<T, C, false>>(), smem);
+}
+
+// The backward's blocks: a tile's (sliced: a slice's of a tile).
+template <bool SL> inline int64_t bwd_grid(const BwdParams &bp)
+{
+    return grid_of(bp.f) * (SL ? bp.f.dstate / kWsStates : 1);
+}
+
+// Whether a's backward takes the sliced kernel (Cfg<4, 4>, SL): the shapes
+// the sliced forward takes, but dstate 64, where the configuration's own
+// kernel (8 x 8) is 14-17 % faster; elsewhere the sliced one measured
+// 28-61 % faster (dstate 128 f32 1566 -> 1055 us, B4 L1024 D1024,
+// bench/RESULTS.md, eighteenth session); and dy's rows aligned as x's. (Its
+// saved states are 8 steps apart whichever forward saved them.)
+template <typename T> inline bool bwd_sliced(const fx_ssm_bwd_args *a)
+{
+    const ScanParams p = scan_params(&a->fwd, kWsChannels);
+    return ws_sliced_shape<T>(p) && p.dstate != 64 && (uintptr_t)a->dy->data % 16 == 0;
 }
 
 // The f32 sums of bwd_params, as written out to the gradients asked for.

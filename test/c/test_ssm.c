@@ -1026,10 +1026,14 @@ START_TEST(backward_matches_cpu)
     }
     check_backward_case((spec){2, 100, 12, 128, 3, OPT_ALL}, FX_F32, FX_F32, true);
     check_backward_case((spec){1, 45, 6, 256, 2, OPT_ALL}, FX_F32, FX_F32, true);
-    /* states saved by the sliced forward, 8 steps apart (at 80: 5 slices) */
+    /* the sliced backward from states the sliced forward saved 8 steps
+     * apart (at 80: 5 slices) */
     check_backward_case((spec){2, 100, 64, 128, 2, OPT_ALL}, FX_F32, FX_F32, true);
     check_backward_case((spec){1, 47, 32, 80, 1, OPT_ALL}, FX_F32, FX_F32, false);
     check_backward_case((spec){1, 40, 64, 128, 1, OPT_ALL}, FX_BF16, FX_F32, true);
+    /* bf16 at 64: the sliced forward's states, the configuration's backward */
+    check_backward_case((spec){1, 50, 32, 64, 1, OPT_ALL}, FX_BF16, FX_F32, false);
+    check_backward_case((spec){2, 33, 32, 48, 1, OPT_ALL}, FX_F32, FX_F32, true);
     check_backward_case((spec){2, 257, 64, 16, 4, OPT_ALL}, FX_BF16, FX_F32, true);
     check_backward_case((spec){2, 257, 64, 16, 1, OPT_ALL}, FX_F16, FX_F16, false);
     check_backward_case((spec){1, 130, 130, 16, 2, OPT_ALL}, FX_BF16, FX_BF16, true);

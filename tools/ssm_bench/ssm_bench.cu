@@ -9,6 +9,7 @@
 //   mode all   every case, one table (default)
 //   mode ncu   each main kernel once, for `ncu -k regex:ssm`
 //   mode sliced [N]  the sliced forward against the tile forward, dstate 48-256 (or N)
+//   mode bwd-sliced [N]  the sliced backward against the configuration's, dstate 48-256 (or N)
 //   mode fwd-tf  the tile forward's chunk length above dstate 32
 //   mode bwd-dstate [16|other|plain]  every dstate against the baseline
 //                (built with -DSSM_BASELINE)
@@ -328,7 +329,7 @@ struct Grads {
     float *scratch;
     int64_t scratch_floats;
     fx_ssm_bwd_args args;
-    Grads(Problem &pb, fx_tensor *saved)
+    Grads(Problem &pb, fx_tensor *saved, bool sliced = false)
     {
         dx = tensor(pb.type, {pb.B, pb.L, pb.D}, 0, 0, false);
         ddt = tensor(pb.type, {pb.B, pb.L, pb.D}, 0, 0, false);
@@ -338,7 +339,7 @@ struct Grads {
         dc = tensor(pb.type, {pb.B, pb.L, pb.N}, 0, 0, false);
         dd = tensor(FX_F32, {pb.D}, 0, 0, false);
         dbias = tensor(FX_F32, {pb.D}, 0, 0, false);
-        scratch_floats = BwdScratch(pb.args.n).total;
+        scratch_floats = BwdScratch(pb.args.n, sliced).total;
         CUDA_CHECK(cudaMalloc(&scratch, sizeof(float) * scratch_floats));
         CUDA_CHECK(cudaMemset(scratch, 0, sizeof(float) * scratch_floats));
         memset(&args, 0, sizeof args);
@@ -362,16 +363,32 @@ template <typename T, class C = Cfg<4, 4>> static BwdParams launch_bwd_kernel(Gr
 }
 
 // As launch_backward in ssm.cu: zero the sums, the kernel, the sums written out.
-template <typename T> static void launch_bwd(Grads &g, bool kernel_only = false)
+template <typename T, class C = Cfg<4, 4>> static void launch_bwd(Grads &g, bool kernel_only = false)
 {
     const BwdScratch sz(g.args.fwd.n);
     if (!kernel_only)
         CUDA_CHECK(cudaMemsetAsync(g.scratch, 0, sizeof(float) * sz.total, g_stream));
-    const BwdParams bp = launch_bwd_kernel<T>(g, sz);
+    const BwdParams bp = launch_bwd_kernel<T, C>(g, sz);
     if (!kernel_only) {
         const fx_sum_regions sums = bwd_sums(&g.args, bp, sz);
         fx_write_sums<><<<264, 256, 0, g_stream>>>(sums);
     }
+}
+
+// The sliced backward as cuda_ssm_backward enqueues it: the zeroed sums,
+// the slices, the per-channel kernel, the sums written out (g built with
+// `sliced`).
+template <typename T> static void launch_bwd_sliced(Grads &g)
+{
+    typedef Cfg<4, 4> C;
+    const BwdScratch sz(g.args.fwd.n, true);
+    CUDA_CHECK(cudaMemsetAsync(g.scratch, 0, sizeof(float) * sz.total, g_stream));
+    const BwdParams bp = bwd_params<C>(&g.args, g.scratch, sz);
+    with_bwd_kernel<T, C, true>(bp, [&](auto kernel, size_t smem) {
+        launch_smem(decltype(kernel)::value, bwd_grid<true>(bp), C::BW * 32, smem, bp);
+    });
+    ssm_bwd_finish_kernel<T><<<(unsigned)bwd_finish_grid(bp.f, g_sms), kFinishThreads, 0, g_stream>>>(bp);
+    fx_write_sums<><<<264, 256, 0, g_stream>>>(bwd_sums(&g.args, bp, sz));
 }
 
 #ifdef SSM_BASELINE
@@ -639,6 +656,41 @@ int main(int argc, char **argv)
             with_cfg(N, [&](auto cfg) {
                 one(cfg, (float *)nullptr, FX_F32, N, 4, 1024, 1024);
                 one(cfg, (__nv_bfloat16 *)nullptr, FX_BF16, N, 4, 1024, 1024);
+            });
+        return 0;
+    }
+
+    // The sliced backward beside the backward of dstate's configuration, at
+    // every dstate above 32 it can take, from the same saved states: dx,
+    // ddt, db and da compared, then the whole backward's time (memset,
+    // kernels, sums written out).
+    if (mode == "bwd-sliced") {
+        printf("| kernel | shape | type | median us | GB/s |\n|---|---|---|---:|---:|\n");
+        auto one = [&](auto cfg, auto *tag, fx_dtype type, int N, int B, int L, int D) {
+            typedef decltype(cfg) C;
+            typedef typename std::remove_pointer<decltype(tag)>::type T;
+            Problem pb(B, L, D, N, type);
+            forward_saving<T, C>(pb);
+            Grads g(pb, &pb.saved), gs(pb, &pb.saved, true);
+            launch_bwd<T, C>(g);
+            launch_bwd_sliced<T>(gs);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            printf("dstate %d: rel-L2 sliced vs not: dx %.2e ddt %.2e dz %.2e db %.2e da %.2e dd %.2e dbias %.2e\n", N,
+                   rel_l2(gs.dx, g.dx), rel_l2(gs.ddt, g.ddt), rel_l2(gs.dz, g.dz), rel_l2(gs.db, g.db),
+                   rel_l2(gs.da, g.da), rel_l2(gs.dd, g.dd), rel_l2(gs.dbias, g.dbias));
+            for (int round = 0; round < 2; round++) {
+                row("bwd", pb, time_us([&] { launch_bwd<T, C>(g); }, 10, 200000), 0);
+                row("bwd sliced", pb, time_us([&] { launch_bwd_sliced<T>(gs); }, 10, 200000), 0);
+            }
+        };
+        const std::vector<int> dstates = argc > 2 ? std::vector<int>{atoi(argv[2])}
+                                                  : std::vector<int>{48, 64, 80, 128, 256};
+        for (int N : dstates)
+            with_cfg(N, [&](auto cfg) {
+                if constexpr (decltype(cfg)::SAVE == kWsSteps / 2) {
+                    one(cfg, (float *)nullptr, FX_F32, N, 4, 1024, 1024);
+                    one(cfg, (__nv_bfloat16 *)nullptr, FX_BF16, N, 4, 1024, 1024);
+                }
             });
         return 0;
     }

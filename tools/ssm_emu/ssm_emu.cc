@@ -92,28 +92,38 @@ void write_sums(const fx_sum_regions &s)
         launch(4, 64, 0, [&] { fx_write_sums<>(s); });
 }
 
+// As ssm.cu's launch_backward: zeroed sums, the kernel, for SL the
+// per-channel kernel, the sums written out.
+template <typename T, class C, bool SL> int emu_launch_backward(const fx_ssm_bwd_args *a)
+{
+    const BwdScratch sz(a->fwd.n, SL);
+    std::vector<float> scratch((size_t)sz.total + 1);
+    const BwdParams bp = bwd_params<C>(a, scratch.data(), sz);
+    with_bwd_kernel<T, C, SL>(bp, [&](auto kernel, size_t smem) {
+        launch(bwd_grid<SL>(bp), C::BW * 32, smem, [&] { decltype(kernel)::value(bp); });
+    });
+    if (SL)
+        launch(4, kFinishThreads, 0, [&] { ssm_bwd_finish_kernel<T>(bp); });
+    write_sums(bwd_sums(a, bp, sz));
+    return FX_OK;
+}
+
 int emu_backward(int, const fx_ssm_bwd_args *a, fx_status *st)
 {
     if (check_dims(a->fwd.n, "selective_scan_backward", st))
         return st->code;
-    const BwdScratch sz(a->fwd.n);
-    float *scratch = static_cast<float *>(calloc((size_t)sz.total + 1, sizeof(float)));
-    int rc = with_type(a->fwd.x->dtype, [&](auto *tag) {
+    return with_type(a->fwd.x->dtype, [&](auto *tag) {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         return with_cfg(a->fwd.n.dstate, [&](auto cfg) {
             typedef decltype(cfg) C;
             if (check_saved(&a->fwd, C::SAVE, st))
                 return st->code;
-            const BwdParams bp = bwd_params<C>(a, scratch, sz);
-            with_bwd_kernel<T, C>(bp, [&](auto kernel, size_t smem) {
-                launch(grid_of(bp.f), C::BW * 32, smem, [&] { decltype(kernel)::value(bp); });
-            });
-            write_sums(bwd_sums(a, bp, sz));
-            return (int)FX_OK;
+            if constexpr (C::SAVE == kWsSteps / 2)
+                if (bwd_sliced<T>(a))
+                    return emu_launch_backward<T, Cfg<4, 4>, true>(a);
+            return emu_launch_backward<T, C, false>(a);
         });
     });
-    free(scratch);
-    return rc;
 }
 
 int64_t emu_save_interval(int64_t dstate)
