@@ -442,6 +442,21 @@ __global__ void empty_kernel(float *out)
         out[blockIdx.x] = 1.0f;
 }
 
+// one(cfg, type tag, type, N, 4, 1024, 1024) in f32 and bf16 for each dstate
+// N above 32 of `all`, or for the command line's third argument; cfg is
+// with_cfg's for N (whose saved states are 8 steps apart).
+template <class One> static void at_dstates(int argc, char **argv, const std::vector<int> &all, One &&one)
+{
+    const std::vector<int> dstates = argc > 2 ? std::vector<int>{atoi(argv[2])} : all;
+    for (int N : dstates)
+        with_cfg(N, [&](auto cfg) {
+            if constexpr (decltype(cfg)::SAVE == kWsSteps / 2) {
+                one(cfg, (float *)nullptr, FX_F32, N, 4, 1024, 1024);
+                one(cfg, (__nv_bfloat16 *)nullptr, FX_BF16, N, 4, 1024, 1024);
+            }
+        });
+}
+
 static double fwd_bytes(const Problem &p)
 {
     double e = p.type == FX_F32 ? 4 : 2;
@@ -650,13 +665,7 @@ int main(int argc, char **argv)
             }
             CUDA_CHECK(cudaFree(ysum));
         };
-        const std::vector<int> dstates = argc > 2 ? std::vector<int>{atoi(argv[2])}
-                                                  : std::vector<int>{48, 64, 80, 96, 128, 192, 256};
-        for (int N : dstates)
-            with_cfg(N, [&](auto cfg) {
-                one(cfg, (float *)nullptr, FX_F32, N, 4, 1024, 1024);
-                one(cfg, (__nv_bfloat16 *)nullptr, FX_BF16, N, 4, 1024, 1024);
-            });
+        at_dstates(argc, argv, {48, 64, 80, 96, 128, 192, 256}, one);
         return 0;
     }
 
@@ -669,6 +678,7 @@ int main(int argc, char **argv)
         auto one = [&](auto cfg, auto *tag, fx_dtype type, int N, int B, int L, int D) {
             typedef decltype(cfg) C;
             typedef typename std::remove_pointer<decltype(tag)>::type T;
+            static_assert(C::SAVE == kWsSteps / 2, "states 8 steps apart, as the sliced kernels take them");
             Problem pb(B, L, D, N, type);
             forward_saving<T, C>(pb);
             Grads g(pb, &pb.saved), gs(pb, &pb.saved, true);
@@ -683,15 +693,7 @@ int main(int argc, char **argv)
                 row("bwd sliced", pb, time_us([&] { launch_bwd_sliced<T>(gs); }, 10, 200000), 0);
             }
         };
-        const std::vector<int> dstates = argc > 2 ? std::vector<int>{atoi(argv[2])}
-                                                  : std::vector<int>{48, 64, 80, 128, 256};
-        for (int N : dstates)
-            with_cfg(N, [&](auto cfg) {
-                if constexpr (decltype(cfg)::SAVE == kWsSteps / 2) {
-                    one(cfg, (float *)nullptr, FX_F32, N, 4, 1024, 1024);
-                    one(cfg, (__nv_bfloat16 *)nullptr, FX_BF16, N, 4, 1024, 1024);
-                }
-            });
+        at_dstates(argc, argv, {48, 64, 80, 128, 256}, one);
         return 0;
     }
 
