@@ -76,10 +76,12 @@ struct fx_ssm_ops {
     int (*forward)(int dev, const fx_ssm_fwd_args *args, fx_status *st);
     int (*backward)(int dev, const fx_ssm_bwd_args *args, fx_status *st);
     int (*step)(int dev, const fx_ssm_step_args *args, fx_status *st);
-    /* Steps between the states a forward saves for the backward, for this
-     * dstate; 0 when the backend saves none (its backward recomputes from
-     * h0). */
-    int64_t (*save_interval)(int64_t dstate);
+    /* Steps between the states a forward of these arguments (saved and
+     * save_every not yet set) saves for the backward; 0 when the backend
+     * saves none (its backward recomputes from h0). It may depend on the
+     * shapes, types and alignment of the inputs: the backward's kernel,
+     * which starts its chunks from the saved states, does. */
+    int64_t (*save_interval)(const fx_ssm_fwd_args *args);
     /* The largest dstate the backend handles; 0 for no limit. */
     int64_t max_dstate;
 };

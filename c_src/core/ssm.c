@@ -198,8 +198,9 @@ void fx_ssm_ctx_free(fx_ssm_ctx *ctx)
 size_t fx_ssm_ctx_saved_bytes(const fx_ssm_ctx *ctx) { return ctx->saved.nbytes; }
 
 /* A new context holding references to the inputs and, when the backend
- * saves states, room for them. */
-static int ctx_new(const fx_ssm_inputs *in, const fx_ssm_dims *n, fx_ssm_ctx **out, fx_status *st)
+ * saves states for the forward `args`, room for them. */
+static int ctx_new(const fx_ssm_inputs *in, const fx_ssm_dims *n, const fx_ssm_fwd_args *args, fx_ssm_ctx **out,
+                   fx_status *st)
 {
     fx_ssm_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
@@ -216,7 +217,7 @@ static int ctx_new(const fx_ssm_inputs *in, const fx_ssm_dims *n, fx_ssm_ctx **o
     ctx_keep(&ctx->dt_bias, in->dt_bias);
     ctx_keep(&ctx->h0, in->h0);
     fx_device *dev = in->x->device;
-    int64_t every = ssm_ops(dev)->save_interval(n->dstate);
+    int64_t every = ssm_ops(dev)->save_interval(args);
     if (every > 0) {
         int64_t chunks = (n->seqlen + every - 1) / every;
         int64_t dims[4] = {n->batch, chunks > 1 ? chunks - 1 : 0, n->dim, n->dstate};
@@ -265,16 +266,19 @@ int fx_op_ssm_forward(const fx_ssm_inputs *in, bool return_state, fx_tensor *y,
     int64_t state_dims[3] = {n.batch, n.dim, n.dstate};
     if (fx_tensor_alloc(dev, in->x->dtype, 3, in->x->dims, y, st) ||
         (return_state &&
-         fx_tensor_alloc(dev, fx_ssm_state_type(in->x->dtype), 3, state_dims, state, st)) ||
-        (ctx_out && ctx_new(in, &n, &ctx, st)))
+         fx_tensor_alloc(dev, fx_ssm_state_type(in->x->dtype), 3, state_dims, state, st)))
         goto fail;
     fx_ssm_fwd_args args = {
         .n = n, .x = in->x, .dt = in->dt, .a = in->a, .b = in->b, .c = in->c,
         .d = in->d, .z = in->z, .dt_bias = in->dt_bias, .h0 = in->h0,
         .dt_softplus = in->dt_softplus, .y = y, .state = return_state ? state : NULL,
-        .saved = ctx && ctx->save_every > 0 ? &ctx->saved : NULL,
-        .save_every = ctx ? ctx->save_every : 0,
     };
+    if (ctx_out) {
+        if (ctx_new(in, &n, &args, &ctx, st))
+            goto fail;
+        args.saved = ctx->save_every > 0 ? &ctx->saved : NULL;
+        args.save_every = ctx->save_every;
+    }
     if (ssm_ops(dev)->forward(dev->ordinal, &args, st) != FX_OK)
         goto fail;
     if (ctx_out)

@@ -370,9 +370,9 @@ static int cpu_ssm_step(int dev, const fx_ssm_step_args *a, fx_status *st)
     return FX_OK;
 }
 
-static int64_t cpu_save_interval(int64_t dstate)
+static int64_t cpu_save_interval(const fx_ssm_fwd_args *args)
 {
-    (void)dstate;
+    (void)args;
     return 0; /* the backward recomputes from h0: the context holds only the inputs */
 }
 

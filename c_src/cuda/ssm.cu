@@ -41,7 +41,7 @@ template <typename T, class C> int launch_forward(fx_cuda_device *d, const FwdLa
 // then a second kernel writes y from them.
 template <typename T, class C> int launch_sliced_forward(fx_cuda_device *d, FwdLaunch l, fx_status *st)
 {
-    if (zeroed_scratch(d, l.ysum, "selective_scan sums of y", &l.p.ysum, st))
+    if (zeroed_scratch(d, ysum_floats(l.p), "selective_scan sums of y", &l.p.ysum, st))
         return st->code;
     int rc = launch_forward<T, C>(d, l, st);
     if (rc == FX_OK)
@@ -103,9 +103,21 @@ template <typename T, class C, bool SL> int launch_backward(fx_cuda_device *d, c
     float *scratch;
     if (zeroed_scratch(d, sz.total, "selective_scan_backward sums", &scratch, st))
         return st->code;
-    const BwdParams bp = bwd_params<C>(a, scratch, sz);
+    BwdParams bp = bwd_params<C>(a, scratch, sz);
     int rc = FX_OK;
-    if (grid_of(bp.f) > 0) {
+    // The sliced kernel copies dy's rows 16 bytes at a time, and the forward
+    // chose it (its saved states are 16 steps apart): a dy that does not
+    // start on 16 bytes (a view) is copied to one that does first.
+    void *dy_copy = nullptr;
+    if (SL && (uintptr_t)bp.dy % 16 != 0) {
+        cudaError_t err = cudaMallocAsync(&dy_copy, a->dy->nbytes, d->stream);
+        if (err == cudaSuccess)
+            err = cudaMemcpyAsync(dy_copy, a->dy->data, a->dy->nbytes, cudaMemcpyDeviceToDevice, d->stream);
+        if (err != cudaSuccess)
+            rc = fx_cuda_fail(d, err, "selective_scan_backward: an aligned copy of dy", st);
+        bp.dy = dy_copy;
+    }
+    if (rc == FX_OK && grid_of(bp.f) > 0) {
         rc = with_bwd_kernel<T, C, SL>(bp, [&](auto kernel, size_t smem) {
             return fx_cuda_launch_opted<decltype(kernel)::value>(d, bwd_grid<SL>(bp), C::BW * 32, smem,
                                                                  "selective_scan_backward kernel", st, bp);
@@ -119,6 +131,8 @@ template <typename T, class C, bool SL> int launch_backward(fx_cuda_device *d, c
         rc = fx_launch_sums(d, bwd_sums(a, bp, sz), "selective_scan_backward sums kernel", st);
     if (scratch) // stream-ordered: released after the kernels that use it
         (void)cudaFreeAsync(scratch, d->stream);
+    if (dy_copy)
+        (void)cudaFreeAsync(dy_copy, d->stream);
     return rc;
 }
 
@@ -131,9 +145,9 @@ int cuda_ssm_backward(int dev, const fx_ssm_bwd_args *a, fx_status *st)
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         return with_cfg(a->fwd.n.dstate, [&](auto cfg) {
             typedef decltype(cfg) C;
-            if (check_saved(&a->fwd, C::SAVE, st))
+            if (check_saved<T>(&a->fwd, st))
                 return st->code;
-            if constexpr (C::SAVE == kWsSteps / 2) // the sliced kernels' interval
+            if constexpr (C::SAVE != kWsSteps) // above dstate 32
                 if (bwd_sliced<T>(a))
                     return launch_backward<T, Cfg<4, 4>, true>(d, a, st);
             return launch_backward<T, C, false>(d, a, st);
@@ -141,10 +155,11 @@ int cuda_ssm_backward(int dev, const fx_ssm_bwd_args *a, fx_status *st)
     });
 }
 
-int64_t cuda_save_interval(int64_t dstate)
+int64_t cuda_save_interval(const fx_ssm_fwd_args *a)
 {
-    return with_cfg(dstate < kMaxDstate ? dstate : kMaxDstate,
-                    [](auto cfg) -> int64_t { return decltype(cfg)::SAVE; });
+    return fx_dispatch_float(a->x->dtype, [&](auto *tag) -> int64_t {
+        return save_interval_of<typename std::remove_pointer<decltype(tag)>::type>(a);
+    });
 }
 
 } // namespace

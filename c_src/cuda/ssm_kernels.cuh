@@ -987,14 +987,17 @@ template <typename T> struct WsSmem {
     static constexpr int RAWS = P + 2 * kWsScanWarps * TS * CH; // [kWsRing][RAW]
     static constexpr int WORDS = RAWS + kWsRing * RAW;
     static constexpr size_t BYTES = sizeof(float) * WORDS;
-    // The sliced kernel's states after a chunk's two halves, [2][CH][N],
-    // for their coalesced stores (save_at), after the rest
+    // The sliced kernel's states at chunk ends, [2][CH][N] by the chunk's
+    // parity, for their coalesced stores (save_at), after the rest
     static constexpr int SAVES = WORDS;
     static constexpr size_t SLICED_BYTES = BYTES + sizeof(float) * 2 * CH * N;
-    // channel c's quad q in a half's rows, quads swizzled by (c / 2) % 4 so
-    // that both the scan warps' stores (lane = channel) and the reads for
-    // the global stores (4 lanes a channel) are free of bank conflicts
-    __device__ static constexpr int save_at(int half, int c, int q) { return SAVES + (half * CH + c) * N + 4 * (q ^ (c >> 1 & 3)); }
+    // chunk j's channel c's quad q, quads swizzled by (c / 2) % 4 so that
+    // both the scan warps' stores (lane = channel) and the reads for the
+    // global stores (4 lanes a channel) are free of bank conflicts
+    __device__ static constexpr int save_at(unsigned j, int c, int q)
+    {
+        return SAVES + ((int)(j % 2) * CH + c) * N + 4 * (q ^ (c >> 1 & 3));
+    }
     // A chunk's places (in floats from the block's base, or from a lane's
     // pinned place in the region) by its ring slot, j % kWsRing (the double
     // buffers take slot % 2 = j % 2); where the slot is a constant, as in
@@ -1024,19 +1027,31 @@ template <typename T> inline bool ws_fits(const ScanParams &p)
     return p.dstate == kWsStates && p.cpg % kWsChannels == 0 && rows_aligned<T>(p, 16, 16);
 }
 
-// The shapes the sliced kernel (WsOpts::SL) takes: dstate a multiple of 16
-// above 32 (where the backward's saved states are 8 steps apart), whole
-// 32-channel tiles, 16-byte aligned rows (a slice's b, c row is then too).
+// The shapes the sliced kernels (WsOpts::SL, ssm_bwd_kernel's SL) take:
+// dstate a multiple of 16 above 32, whole 32-channel tiles, 16-byte aligned
+// rows (a slice's b, c row is then too).
 template <typename T> inline bool ws_sliced_shape(const ScanParams &p)
 {
     return p.dstate > 32 && p.dstate % kWsStates == 0 && p.cpg % kWsChannels == 0 && rows_aligned<T>(p, 16, 16);
 }
 
-// Where the library takes it: every such shape but f32 inputs at dstate
-// 64, where the one-warp-a-tile forward's own configuration (8 x 8, whole
-// rows) is 3 % faster (7 % with saved states). Elsewhere the sliced one
+// Where the backward is sliced: every such shape but dstate 64, where the
+// configuration's own kernel (8 x 8) is 14-17 % faster; elsewhere the
+// sliced one measured 28-61 % faster (dstate 128 f32 1566 -> 1055 us, B4
+// L1024 D1024, bench/RESULTS.md, eighteenth session). Its chunks are 16
+// steps, so there the forward saves a state every 16 steps
+// (save_interval_of).
+template <typename T> inline bool bwd_sliced_shape(const ScanParams &p)
+{
+    return ws_sliced_shape<T>(p) && p.dstate != 64;
+}
+
+// Where the forward is sliced without saved states: every such shape but
+// f32 inputs at dstate 64, where the one-warp-a-tile forward's own
+// configuration (8 x 8, whole rows) is 3 % faster. Elsewhere the sliced one
 // measured 12-79 % faster, e.g. dstate 128 f32 412 -> 230 us (B4 L1024
-// D1024, bench/RESULTS.md, eighteenth session).
+// D1024, bench/RESULTS.md, eighteenth session). With saved states their
+// interval decides (fwd_launch).
 template <typename T> inline bool ws_sliced_fits(const ScanParams &p)
 {
     return ws_sliced_shape<T>(p) && !(sizeof(T) == 4 && p.dstate == 64);
@@ -1046,10 +1061,10 @@ template <typename T> inline bool ws_sliced_fits(const ScanParams &p)
 // run time (the gate z, softplus, the saved states): compiled in, since each
 // test is a reload of the parameter and a few uniform instructions a chunk
 // (bench/RESULTS.md).
-// SL: a block is one slice of 16 states of a larger dstate (ws_sliced_fits):
+// SL: a block is one slice of 16 states of a larger dstate (fwd_launch):
 // its part of y's sum goes to the f32 sums p.ysum, which a second kernel
-// turns into y (ssm_fwd_finish_kernel), and it saves its states every 8
-// steps, the backward's interval above dstate 32.
+// turns into y (ssm_fwd_finish_kernel), and it saves its states at each
+// chunk's end, every 16 steps, the sliced backward's chunk.
 template <bool Z_, bool SP_, bool SAVE_, bool SL_ = false> struct WsOpts {
     static constexpr bool Z = Z_, SP = SP_, SAVE = SAVE_, SL = SL_;
 };
@@ -1081,17 +1096,6 @@ __device__ __forceinline__ void ws_block_sync()
 #endif
 }
 
-// The scan warps' own barrier (the sliced kernel's saves): barrier 2 of
-// their 128 threads; in the CPU emulator its named barrier.
-__device__ __forceinline__ void ws_scan_sync()
-{
-#ifdef __CUDA_ARCH__
-    asm volatile("barrier.sync 2, %0;" ::"n"(32 * kWsScanWarps) : "memory");
-#elif !defined(__CUDACC__)
-    fx_emu_bar_sync(2, 32 * kWsScanWarps);
-#endif
-}
-
 template <typename T, class O> struct WsStaging {
     using S = WsSmem<T>;
     static constexpr int CH = S::CH, N = S::N, TS = S::TS;
@@ -1099,7 +1103,6 @@ template <typename T, class O> struct WsStaging {
     static constexpr int XU = CH / EPU, BU = N / EPU; // copies a row of x, of b
     static constexpr int ROWS = TS / kWsStageWarps;   // a staging warp's rows a chunk
     static_assert(ROWS == 4, "a lane takes one row of 8 lanes x 4 channels");
-    static_assert(!O::SL || kWsSteps % 2 == 0, "sliced, states are saved at half chunks");
     static_assert(ROWS * XU <= 32 && 2 * ROWS * BU <= 32, "one copy a lane of x (dt, z), of b or c");
     // The rows of b and c a staging warp copies (and for 16-bit inputs
     // converts): 2k, 2k + 1, 2k + 8, 2k + 9, so that a copy's 8 lanes
@@ -1306,11 +1309,9 @@ template <typename T, class O> struct WsStaging {
 // Scan warp w over chunk j: lane = channel, states 4w .. 4w + 3. The decays
 // and increments are computed kWsLook steps before their FMAs, from
 // operands read a step before that; every load is issued before the step's
-// store (a shared-memory load cannot move above a store). With MID, `mid`
-// gets the state after the chunk's first half.
-template <typename T, int LOOK, bool MID = false>
-__device__ __forceinline__ void ws_scan_chunk(unsigned j, int w, int lane, float (&h)[4], const float (&a2)[4], float *sm,
-                                              float (&mid)[4])
+// store (a shared-memory load cannot move above a store).
+template <typename T, int LOOK>
+__device__ __forceinline__ void ws_scan_chunk(unsigned j, int w, int lane, float (&h)[4], const float (&a2)[4], float *sm)
 {
     using S = WsSmem<T>;
     constexpr int TS = S::TS, CH = S::CH, N = S::N;
@@ -1348,37 +1349,33 @@ __device__ __forceinline__ void ws_scan_chunk(unsigned j, int w, int lane, float
             acc = fmaf(c4[i], h[i], acc);
         }
         parts[s * CH] = acc;
-        if (MID && s == TS / 2 - 1)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                mid[i] = h[i];
     }
 }
 
-// The sliced kernel's saved states of chunk j, after its halves (`mid`,
-// `h`: a scan lane's 4 states), 8 steps apart where the sequence goes on.
-// They go through shared memory, so that 4 lanes store a channel's 16
-// states of the slice as 64 contiguous bytes: stored by each lane (16
-// bytes in each of 32 rows an instruction) they cost the kernel 1.4-3x
-// what the saves cost the one-warp-a-tile forward (bench/RESULTS.md).
-template <typename T>
-__device__ __forceinline__ void ws_save_sliced(const ScanParams &p, const Tile &t, float *sm, int slice, unsigned j,
-                                               const float (&mid)[4], const float (&h)[4])
+// The sliced kernel's saved states go through shared memory, so that 4
+// lanes store a channel's 16 states of the slice as 64 contiguous bytes:
+// stored by each lane (16 bytes in each of 32 rows an instruction) they
+// cost the kernel 2-3x as much (bench/RESULTS.md). A scan lane puts its 4
+// states aside at the end of chunk j (`h`) ...
+template <typename T> __device__ __forceinline__ void ws_put_saved(const ScanParams &p, float *sm, unsigned j, const float (&h)[4])
 {
     using S = WsSmem<T>;
-    constexpr int TS = S::TS, N = S::N;
-    const int halves = min(2, (p.seqlen - 1 - (int)j * TS) / (TS / 2)); // the same in the whole block
-    if (halves == 0)
-        return;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    *reinterpret_cast<float4 *>(sm + S::save_at(0, lane, warp)) = make_float4(mid[0], mid[1], mid[2], mid[3]);
-    *reinterpret_cast<float4 *>(sm + S::save_at(1, lane, warp)) = make_float4(h[0], h[1], h[2], h[3]);
-    ws_scan_sync();
-    // (rewritten a chunk later, after the block barrier: these reads are done)
+    if ((int)(j + 1) * S::TS < p.seqlen) // (the state entering chunk j + 1)
+        *reinterpret_cast<float4 *>(sm + S::save_at(j, threadIdx.x % 32, threadIdx.x / 32)) =
+            make_float4(h[0], h[1], h[2], h[3]);
+}
+
+// ... and during chunk j + 1, past the block barrier between them, the
+// scan warps store them (called for chunk j + 1 with j + 1 > 0). The buffer
+// of j's parity is written again at the end of chunk j + 2, after the next
+// block barrier: no other barrier is needed.
+template <typename T>
+__device__ __forceinline__ void ws_store_saved(const ScanParams &p, const Tile &t, const float *sm, int slice, unsigned j)
+{
+    using S = WsSmem<T>;
     const int c = threadIdx.x / 4, q = threadIdx.x % 4;
-    for (int half = 0; half < halves; half++)
-        *reinterpret_cast<float4 *>(p.saved + (((int64_t)t.b * p.nsaved + 2 * j + half) * p.dim + t.d0 + c) * p.dstate +
-                                    N * slice + 4 * q) = *reinterpret_cast<const float4 *>(sm + S::save_at(half, c, q));
+    *reinterpret_cast<float4 *>(p.saved + (((int64_t)t.b * p.nsaved + j) * p.dim + t.d0 + c) * p.dstate +
+                                S::N * slice + 4 * q) = *reinterpret_cast<const float4 *>(sm + S::save_at(j, c, q));
 }
 
 template <typename T, class O, int LOOK = kWsLook>
@@ -1407,12 +1404,12 @@ __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanPar
         }
         ws_block_sync(); // chunk 0 committed
         for (unsigned j = 0; (int)j < chunks; j++) {
-            float mid[4] = {}; // sliced, with saves: the state after the chunk's first half
-            ws_scan_chunk<T, LOOK, O::SAVE && O::SL>(j, warp, lane, h, a2, sm, mid);
-            // the states the backward starts its chunks from (the state
-            // entering chunk j + 1; sliced, every TS / 2 steps)
+            if (O::SAVE && O::SL && j > 0) // the state entering chunk j, put aside at j - 1's end
+                ws_store_saved<T>(p, t, sm, slice, j - 1);
+            ws_scan_chunk<T, LOOK>(j, warp, lane, h, a2, sm);
+            // the state entering chunk j + 1, for the backward (SAVE = TS)
             if constexpr (O::SAVE && O::SL)
-                ws_save_sliced<T>(p, t, sm, slice, j, mid, h);
+                ws_put_saved<T>(p, sm, j, h);
             else if (O::SAVE && (int)(j + 1) * TS < p.seqlen)
                 *reinterpret_cast<float4 *>(p.saved + (((int64_t)t.b * p.nsaved + j) * p.dim + d) * kWsStates +
                                             4 * warp) = make_float4(h[0], h[1], h[2], h[3]);
@@ -1828,10 +1825,9 @@ __device__ __forceinline__ void add4(float *dst, int n0, int dstate, float4 v)
 
 // SL: a block is one slice of 16 states of a larger dstate (C = Cfg<4, 4>,
 // FAST; grid: tiles x slices, neighbouring blocks a tile's slices), as in
-// the sliced forward. The forward saved the states every KS / 2 steps (the
-// interval above dstate 32): a chunk starts from every other one. Its
-// per-channel sums go to bp.parts, and ssm_bwd_finish_kernel makes dx,
-// ddt, dz, dd and ddt_bias from them.
+// the sliced forward, which saved the states every KS steps for it
+// (save_interval_of). Its per-channel sums go to bp.parts, and
+// ssm_bwd_finish_kernel makes dx, ddt, dz, dd and ddt_bias from them.
 template <typename T, class C, bool FAST, bool SL = false>
 __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_kernel(const BwdParams bp)
 {
@@ -1873,8 +1869,7 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
     float *hslot = sm + S::HS + lane * NPL;
     auto stage_state = [&](int k) {
         if (k > 0) {
-            const int m = SL ? 2 * k - 1 : k - 1; // the saved state entering step k * KS
-            const float *src = p.saved + (((int64_t)tile.b * p.nsaved + m) * p.dim + d) * p.dstate + n_off + 4 * q;
+            const float *src = p.saved + (((int64_t)tile.b * p.nsaved + k - 1) * p.dim + d) * p.dstate + n_off + 4 * q;
             if constexpr (FAST) {
 #pragma unroll
                 for (int i = 0; i < NPL; i += 4)
@@ -2201,8 +2196,21 @@ template <typename T, class C, class U = FwdDefault> inline int fwd_block_warps(
     return p.units >= 8 * sm_count ? most : 1;
 }
 
-inline int check_saved(const fx_ssm_fwd_args *a, int64_t save, fx_status *st)
+// The steps between the states a forward of a saves: the chunk of the
+// backward that starts from them, the configuration's (C::SAVE) or, where
+// the backward is sliced, its 16 (so that the forward saves no state the
+// backward does not read).
+template <typename T> inline int64_t save_interval_of(const fx_ssm_fwd_args *a)
 {
+    if (bwd_sliced_shape<T>(scan_params(a, kWsChannels)))
+        return kWsSteps;
+    return with_cfg(a->n.dstate < kMaxDstate ? a->n.dstate : kMaxDstate,
+                    [](auto cfg) -> int64_t { return decltype(cfg)::SAVE; });
+}
+
+template <typename T> inline int check_saved(const fx_ssm_fwd_args *a, fx_status *st)
+{
+    const int64_t save = save_interval_of<T>(a);
     if (a->saved && a->save_every != save)
         return fx_fail(st, FX_EINTERNAL, "selective_scan: saved states every %lld steps, expected %lld",
                        (long long)a->save_every, (long long)save);
@@ -2223,8 +2231,10 @@ struct FwdLaunch {
     int warps;
     size_t smem;
     int64_t grid;
-    int64_t ysum; // WS_SLICED: the f32 sums the launcher provides (p.ysum), zeroed, in floats
 };
+
+// WS_SLICED: the f32 sums of y the launcher provides (p.ysum, zeroed), in floats.
+inline int64_t ysum_floats(const ScanParams &p) { return (int64_t)p.batch * p.seqlen * p.dim; }
 
 // l as the sliced warp-specialized launch of p (ws_sliced_shape<T>(p)).
 template <typename T> inline void ws_sliced_launch(const ScanParams &p, FwdLaunch *l)
@@ -2234,14 +2244,12 @@ template <typename T> inline void ws_sliced_launch(const ScanParams &p, FwdLaunc
     l->warps = kWsThreads / 32;
     l->smem = WsSmem<T>::SLICED_BYTES;
     l->grid = (int64_t)p.units * (p.dstate / kWsStates);
-    l->ysum = (int64_t)p.batch * p.seqlen * p.dim;
 }
-
 
 template <typename T, class C>
 inline int fwd_launch(const fx_ssm_fwd_args *a, int sm_count, FwdLaunch *l, fx_status *st)
 {
-    if (check_saved(a, C::SAVE, st))
+    if (check_saved<T>(a, st))
         return st->code;
     if constexpr (C::NPAD == kWsStates && C::SAVE == kWsSteps) {
         l->p = scan_params(a, kWsChannels);
@@ -2253,9 +2261,11 @@ inline int fwd_launch(const fx_ssm_fwd_args *a, int sm_count, FwdLaunch *l, fx_s
             return FX_OK;
         }
     }
-    if constexpr (C::SAVE == kWsSteps / 2) { // the sliced kernel's save interval
+    if constexpr (C::SAVE != kWsSteps) { // above dstate 32
+        // with saved states, their interval (save_interval_of) says which
+        // backward will read them, and the sliced forward saves every 16
         const ScanParams p = scan_params(a, kWsChannels);
-        if (ws_sliced_fits<T>(p)) {
+        if (a->saved ? a->save_every == kWsSteps : ws_sliced_fits<T>(p)) {
             ws_sliced_launch<T>(p, l);
             return FX_OK;
         }
@@ -2375,16 +2385,10 @@ template <bool SL> inline int64_t bwd_grid(const BwdParams &bp)
     return grid_of(bp.f) * (SL ? bp.f.dstate / kWsStates : 1);
 }
 
-// Whether a's backward takes the sliced kernel (Cfg<4, 4>, SL): the shapes
-// the sliced forward takes, but dstate 64, where the configuration's own
-// kernel (8 x 8) is 14-17 % faster; elsewhere the sliced one measured
-// 28-61 % faster (dstate 128 f32 1566 -> 1055 us, B4 L1024 D1024,
-// bench/RESULTS.md, eighteenth session); and dy's rows aligned as x's. (Its
-// saved states are 8 steps apart whichever forward saved them.)
+// Whether a's backward takes the sliced kernel (Cfg<4, 4>, SL).
 template <typename T> inline bool bwd_sliced(const fx_ssm_bwd_args *a)
 {
-    const ScanParams p = scan_params(&a->fwd, kWsChannels);
-    return ws_sliced_shape<T>(p) && p.dstate != 64 && (uintptr_t)a->dy->data % 16 == 0;
+    return bwd_sliced_shape<T>(scan_params(&a->fwd, kWsChannels));
 }
 
 // The f32 sums of bwd_params, as written out to the gradients asked for.

@@ -739,6 +739,11 @@ static void grads_free(grads_out *g)
 
 /* The backward through the op layer on `dev` (forward with a saved
  * context, then backward); dy and dstate as f64 host arrays. */
+/* With it set, backward_on passes dy as a view one element into a larger
+ * tensor, so that its rows do not start on 16 bytes (as a view of foreign
+ * memory may not). */
+static bool dy_shifted;
+
 static grads_out backward_on(fx_device *dev, const host_inputs *h, fx_dtype type,
                              fx_dtype param_type, const double *dy, const double *dstate)
 {
@@ -747,11 +752,25 @@ static grads_out backward_on(fx_device *dev, const host_inputs *h, fx_dtype type
     dev_upload(dev, type, param_type, h, &t);
     fx_status st;
     fx_status_clear(&st);
-    fx_tensor y, state, tdy, tds = {0};
+    fx_tensor y, state, tdy, tds = {0}, whole = {0};
     fx_ssm_ctx *ctx;
     ck_assert_int_eq(fx_op_ssm_forward(&t.in, false, &y, &state, &ctx, &st), FX_OK);
     int64_t xd[3] = {s->batch, s->seqlen, s->dim}, sd[3] = {s->batch, s->dim, s->dstate};
-    fx_test_tensor(dev, type, 3, xd, dy, &tdy);
+    if (dy_shifted) {
+        int64_t n = n_btd(s), wd[1] = {n + 1};
+        double *vals = alloc_f64(n + 1);
+        memcpy(vals + 1, dy, sizeof(double) * (size_t)n);
+        fx_test_tensor(dev, type, 1, wd, vals, &whole);
+        free(vals);
+        tdy = whole;
+        tdy.data = (char *)whole.data + fx_dtype_size(type);
+        tdy.rank = 3;
+        memcpy(tdy.dims, xd, sizeof xd);
+        tdy.numel = n;
+        tdy.nbytes = (size_t)n * fx_dtype_size(type);
+    } else {
+        fx_test_tensor(dev, type, 3, xd, dy, &tdy);
+    }
     if (dstate)
         fx_test_tensor(dev, param_type, 3, sd, dstate, &tds);
     /* The inputs may go: the context holds its own references. */
@@ -766,7 +785,7 @@ static grads_out backward_on(fx_device *dev, const host_inputs *h, fx_dtype type
     fx_ssm_grads_release(&g);
     fx_ssm_ctx_free(ctx);
     fx_tensor_release(&y);
-    fx_tensor_release(&tdy);
+    fx_tensor_release(dy_shifted ? &whole : &tdy);
     fx_tensor_release(&tds);
     return out;
 }
@@ -1026,12 +1045,17 @@ START_TEST(backward_matches_cpu)
     }
     check_backward_case((spec){2, 100, 12, 128, 3, OPT_ALL}, FX_F32, FX_F32, true);
     check_backward_case((spec){1, 45, 6, 256, 2, OPT_ALL}, FX_F32, FX_F32, true);
-    /* the sliced backward from states the sliced forward saved 8 steps
+    /* the sliced backward from states the sliced forward saved 16 steps
      * apart (at 80: 5 slices) */
     check_backward_case((spec){2, 100, 64, 128, 2, OPT_ALL}, FX_F32, FX_F32, true);
     check_backward_case((spec){1, 47, 32, 80, 1, OPT_ALL}, FX_F32, FX_F32, false);
     check_backward_case((spec){1, 40, 64, 128, 1, OPT_ALL}, FX_BF16, FX_F32, true);
-    /* bf16 at 64: the sliced forward's states, the configuration's backward */
+    dy_shifted = true; /* (the sliced backward copies such a dy first) */
+    check_backward_case((spec){1, 37, 32, 128, 1, OPT_ALL}, FX_F32, FX_F32, false);
+    check_backward_case((spec){1, 37, 32, 80, 1, OPT_ALL}, FX_BF16, FX_F32, false);
+    check_backward_case((spec){1, 37, 32, 16, 1, OPT_ALL}, FX_F32, FX_F32, false); /* (the plain path) */
+    dy_shifted = false;
+    /* at 64: the tile forward's states 8 steps apart, the configuration's backward */
     check_backward_case((spec){1, 50, 32, 64, 1, OPT_ALL}, FX_BF16, FX_F32, false);
     check_backward_case((spec){2, 33, 32, 48, 1, OPT_ALL}, FX_F32, FX_F32, true);
     check_backward_case((spec){2, 257, 64, 16, 4, OPT_ALL}, FX_BF16, FX_F32, true);
@@ -1062,7 +1086,12 @@ START_TEST(context_holds_inputs_and_saved_states)
     fx_tensor y, state;
     fx_ssm_ctx *ctx;
     ck_assert_int_eq(fx_op_ssm_forward(&t.in, true, &y, &state, &ctx, &st), FX_OK);
-    int64_t every = dev->backend->ssm->save_interval(s.dstate);
+    fx_ssm_fwd_args args = {
+        .n = {s.batch, s.seqlen, s.dim, s.dstate, s.groups}, .x = t.in.x, .dt = t.in.dt, .a = t.in.a,
+        .b = t.in.b, .c = t.in.c, .d = t.in.d, .z = t.in.z, .dt_bias = t.in.dt_bias, .h0 = t.in.h0,
+        .dt_softplus = t.in.dt_softplus, .y = &y,
+    };
+    int64_t every = dev->backend->ssm->save_interval(&args);
     int64_t nsaved = every > 0 ? (s.seqlen + every - 1) / every - 1 : 0;
     size_t saved = (size_t)(s.batch * nsaved * s.dim * s.dstate) * sizeof(float);
     ck_assert_uint_eq(fx_ssm_ctx_saved_bytes(ctx), saved);

@@ -226,13 +226,21 @@ template <typename T> static void launch_fwd_sliced(const fx_ssm_fwd_args *a, fl
     }
     ws_sliced_launch<T>(p, &l);
     l.p.ysum = ysum;
-    CUDA_CHECK(cudaMemsetAsync(ysum, 0, sizeof(float) * (size_t)l.ysum, g_stream));
+    CUDA_CHECK(cudaMemsetAsync(ysum, 0, sizeof(float) * (size_t)ysum_floats(l.p), g_stream));
     with_ws_opts<true>(l.p, [&](auto o) {
         launch_smem(ssm_fwd_ws_kernel<T, decltype(o)>, l.grid, 32 * l.warps, l.smem, l.p);
     });
     with_finish_kernel<T>(l.p, [&](auto k) {
         decltype(k)::value<<<(unsigned)finish_grid(l.p, g_sms), kFinishThreads, 0, g_stream>>>(l.p);
     });
+}
+
+// The states the sliced forward saves (every 16 steps) for pb: a tensor
+// [B, nsaved, D, N].
+static fx_tensor saved_every_16(const Problem &pb)
+{
+    const int64_t chunks = (pb.L + kWsSteps - 1) / kWsSteps;
+    return tensor(FX_F32, {pb.B, chunks > 1 ? chunks - 1 : 0, pb.D, pb.N}, 0, 0, false);
 }
 
 // rel-L2 distance of two outputs of the input type (on the host).
@@ -444,13 +452,13 @@ __global__ void empty_kernel(float *out)
 
 // one(cfg, type tag, type, N, 4, 1024, 1024) in f32 and bf16 for each dstate
 // N above 32 of `all`, or for the command line's third argument; cfg is
-// with_cfg's for N (whose saved states are 8 steps apart).
+// with_cfg's for N.
 template <class One> static void at_dstates(int argc, char **argv, const std::vector<int> &all, One &&one)
 {
     const std::vector<int> dstates = argc > 2 ? std::vector<int>{atoi(argv[2])} : all;
     for (int N : dstates)
         with_cfg(N, [&](auto cfg) {
-            if constexpr (decltype(cfg)::SAVE == kWsSteps / 2) {
+            if constexpr (decltype(cfg)::SAVE != kWsSteps) { // above dstate 32
                 one(cfg, (float *)nullptr, FX_F32, N, 4, 1024, 1024);
                 one(cfg, (__nv_bfloat16 *)nullptr, FX_BF16, N, 4, 1024, 1024);
             }
@@ -641,7 +649,7 @@ int main(int argc, char **argv)
             typedef decltype(cfg) C;
             typedef typename std::remove_pointer<decltype(tag)>::type T;
             Problem pb(B, L, D, N, type);
-            fx_tensor saved2 = tensor(FX_F32, {pb.saved.dims[0], pb.saved.dims[1], D, N}, 0, 0, false);
+            fx_tensor saved16 = saved_every_16(pb); // the sliced forward's (pb.saved: the tile's, every 8)
             float *ysum = nullptr;
             CUDA_CHECK(cudaMalloc(&ysum, sizeof(float) * (size_t)B * L * D));
             fx_ssm_fwd_args tile = pb.args, sliced = pb.args;
@@ -650,17 +658,33 @@ int main(int argc, char **argv)
             auto sliced_fwd = [&] { launch_fwd_sliced<T>(&sliced, ysum); };
             CUDA_CHECK(cudaMemset(pb.y.data, 0xff, pb.y.nbytes));
             CUDA_CHECK(cudaMemset(pb.saved.data, 0xff, pb.saved.nbytes));
-            CUDA_CHECK(cudaMemset(saved2.data, 0xff, saved2.nbytes));
-            tile.saved = &saved2, sliced.saved = &pb.saved;
+            CUDA_CHECK(cudaMemset(saved16.data, 0xff, saved16.nbytes));
+            tile.saved = &pb.saved, sliced.saved = &saved16;
             tile_fwd(), sliced_fwd();
             CUDA_CHECK(cudaDeviceSynchronize());
-            printf("dstate %d: y rel-L2 sliced vs tile %.2e, saved states %.2e\n", N, rel_l2(pb.y, pb.y2),
-                   rel_l2(pb.saved, saved2));
+            // the sliced forward's state k is the tile forward's 2k + 1
+            double worst = 0;
+            {
+                const size_t row = (size_t)D * N;
+                std::vector<float> s8((size_t)pb.saved.numel), s16((size_t)saved16.numel);
+                CUDA_CHECK(cudaMemcpy(s8.data(), pb.saved.data, pb.saved.nbytes, cudaMemcpyDeviceToHost));
+                CUDA_CHECK(cudaMemcpy(s16.data(), saved16.data, saved16.nbytes, cudaMemcpyDeviceToHost));
+                for (int64_t b = 0; b < B; b++)
+                    for (int64_t k = 0; k < saved16.dims[1]; k++)
+                        for (size_t e = 0; e < row; e++) {
+                            const float u = s16[(b * saved16.dims[1] + k) * row + e];
+                            const float v = s8[(b * pb.saved.dims[1] + 2 * k + 1) * row + e];
+                            worst = std::isnan(u) ? INFINITY : std::max(worst, (double)std::fabs(u - v));
+                        }
+            }
+            printf("dstate %d: y rel-L2 sliced vs tile %.2e, saved states' largest difference %.2e\n", N,
+                   rel_l2(pb.y, pb.y2), worst);
             for (int save = 0; save < 2; save++) {
-                tile.saved = save ? &saved2 : nullptr, sliced.saved = save ? &pb.saved : nullptr;
+                tile.saved = save ? &pb.saved : nullptr, sliced.saved = save ? &saved16 : nullptr;
                 for (int round = 0; round < 2; round++) {
-                    row(save ? "fwd tile + saved" : "fwd tile", pb, time_us(tile_fwd, 10, 200000), fwd_bytes(pb));
-                    row(save ? "fwd sliced + saved" : "fwd sliced", pb, time_us(sliced_fwd, 10, 200000), fwd_bytes(pb));
+                    row(save ? "fwd tile + saved (every 8)" : "fwd tile", pb, time_us(tile_fwd, 10, 200000), fwd_bytes(pb));
+                    row(save ? "fwd sliced + saved (every 16)" : "fwd sliced", pb, time_us(sliced_fwd, 10, 200000),
+                        fwd_bytes(pb));
                 }
             }
             CUDA_CHECK(cudaFree(ysum));
@@ -678,10 +702,19 @@ int main(int argc, char **argv)
         auto one = [&](auto cfg, auto *tag, fx_dtype type, int N, int B, int L, int D) {
             typedef decltype(cfg) C;
             typedef typename std::remove_pointer<decltype(tag)>::type T;
-            static_assert(C::SAVE == kWsSteps / 2, "states 8 steps apart, as the sliced kernels take them");
             Problem pb(B, L, D, N, type);
-            forward_saving<T, C>(pb);
-            Grads g(pb, &pb.saved), gs(pb, &pb.saved, true);
+            forward_saving<T, C>(pb); // every 8 steps, for the configuration's backward
+            fx_tensor saved16 = saved_every_16(pb); // for the sliced backward
+            {
+                float *ysum = nullptr;
+                CUDA_CHECK(cudaMalloc(&ysum, sizeof(float) * (size_t)B * L * D));
+                fx_ssm_fwd_args a = pb.args;
+                a.y = &pb.y2, a.saved = &saved16, a.save_every = kWsSteps;
+                launch_fwd_sliced<T>(&a, ysum);
+                CUDA_CHECK(cudaDeviceSynchronize());
+                CUDA_CHECK(cudaFree(ysum));
+            }
+            Grads g(pb, &pb.saved), gs(pb, &saved16, true);
             launch_bwd<T, C>(g);
             launch_bwd_sliced<T>(gs);
             CUDA_CHECK(cudaDeviceSynchronize());

@@ -18,7 +18,7 @@ ucontext_t start_ctx[1024];
 jmp_buf sched_jb, fiber_jb[1024];
 char *stacks[1024];
 bool started[1024], done[1024];
-int block_waiting, block_gen, warp_waiting[32], warp_gen[32], bar_waiting[16], bar_gen[16];
+int block_waiting, block_gen, warp_waiting[32], warp_gen[32];
 float warp_slot[32][32];
 const std::function<void()> *body;
 
@@ -73,18 +73,6 @@ void syncthreads()
     }
 }
 
-void bar_sync(int id, int count)
-{
-    int gen = bar_gen[id];
-    if (++bar_waiting[id] == count) {
-        bar_waiting[id] = 0;
-        bar_gen[id]++;
-    } else {
-        while (bar_gen[id] == gen)
-            yield();
-    }
-}
-
 void syncwarp() { warp_barrier(current / 32); }
 
 float shfl_xor(float v, int lane_mask)
@@ -111,8 +99,6 @@ void run_block(unsigned block, int threads, const std::function<void()> &kernel)
     block_waiting = 0;
     for (int w = 0; w < 32; w++)
         warp_waiting[w] = 0;
-    for (int b = 0; b < 16; b++)
-        bar_waiting[b] = 0;
     for (int t = 0; t < threads; t++) {
         if (!stacks[t])
             stacks[t] = static_cast<char *>(malloc(kStack));

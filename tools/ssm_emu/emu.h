@@ -28,8 +28,6 @@ namespace emu {
 extern int current;
 extern dim3 block_idx, block_dim, grid_dim, thread_idx[1024];
 void syncthreads();
-// barrier.sync id, count: waits for `count` threads at barrier `id` (< 16)
-void bar_sync(int id, int count);
 void syncwarp();
 float shfl_xor(float v, int lane_mask);
 // Runs block `block` of a kernel with `threads` fibers.
@@ -43,8 +41,6 @@ void run_block(unsigned block, int threads, const std::function<void()> &kernel)
 
 inline void __syncthreads() { emu::syncthreads(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::syncwarp(); }
-// a named barrier of some of the block's threads (the kernels' own PTX on a GPU)
-inline void fx_emu_bar_sync(int id, int count) { emu::bar_sync(id, count); }
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask) { return emu::shfl_xor(v, lane_mask); }
 // One OS thread runs every fiber, and only at barriers do they switch.
 inline float atomicAdd(float *p, float v)

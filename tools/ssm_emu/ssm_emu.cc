@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -56,8 +57,8 @@ int emu_forward(int, const fx_ssm_fwd_args *a, fx_status *st)
             if (fwd_launch<T, C>(a, 4, &l, st))
                 return st->code;
             // the sliced kernel's sums of y, zeroed; then y from them
-            std::vector<float> ysum((size_t)l.ysum);
-            l.p.ysum = l.ysum ? ysum.data() : nullptr;
+            std::vector<float> ysum(l.kernel == FwdKernel::WS_SLICED ? (size_t)ysum_floats(l.p) : 0);
+            l.p.ysum = ysum.empty() ? nullptr : ysum.data();
             with_fwd_kernel<T, C>(l, [&](auto kernel) {
                 launch(l.grid, 32 * l.warps, l.smem, [&] { decltype(kernel)::value(l.p); });
             });
@@ -98,7 +99,13 @@ template <typename T, class C, bool SL> int emu_launch_backward(const fx_ssm_bwd
 {
     const BwdScratch sz(a->fwd.n, SL);
     std::vector<float> scratch((size_t)sz.total + 1);
-    const BwdParams bp = bwd_params<C>(a, scratch.data(), sz);
+    BwdParams bp = bwd_params<C>(a, scratch.data(), sz);
+    std::vector<float4> dy_copy; // a dy not on 16 bytes, copied first (as launch_backward does)
+    if (SL && (uintptr_t)bp.dy % 16 != 0) {
+        dy_copy.resize((a->dy->nbytes + 15) / 16);
+        memcpy(dy_copy.data(), a->dy->data, a->dy->nbytes);
+        bp.dy = dy_copy.data();
+    }
     with_bwd_kernel<T, C, SL>(bp, [&](auto kernel, size_t smem) {
         launch(bwd_grid<SL>(bp), C::BW * 32, smem, [&] { decltype(kernel)::value(bp); });
     });
@@ -116,9 +123,9 @@ int emu_backward(int, const fx_ssm_bwd_args *a, fx_status *st)
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         return with_cfg(a->fwd.n.dstate, [&](auto cfg) {
             typedef decltype(cfg) C;
-            if (check_saved(&a->fwd, C::SAVE, st))
+            if (check_saved<T>(&a->fwd, st))
                 return st->code;
-            if constexpr (C::SAVE == kWsSteps / 2)
+            if constexpr (C::SAVE != kWsSteps)
                 if (bwd_sliced<T>(a))
                     return emu_launch_backward<T, Cfg<4, 4>, true>(a);
             return emu_launch_backward<T, C, false>(a);
@@ -126,10 +133,11 @@ int emu_backward(int, const fx_ssm_bwd_args *a, fx_status *st)
     });
 }
 
-int64_t emu_save_interval(int64_t dstate)
+int64_t emu_save_interval(const fx_ssm_fwd_args *a)
 {
-    return with_cfg(dstate < kMaxDstate ? dstate : kMaxDstate,
-                    [](auto cfg) -> int64_t { return decltype(cfg)::SAVE; });
+    return with_type(a->x->dtype, [&](auto *tag) -> int {
+        return (int)save_interval_of<typename std::remove_pointer<decltype(tag)>::type>(a);
+    });
 }
 
 } // namespace
