@@ -1613,6 +1613,27 @@ template <typename T, class C> inline bool bwd_fast(const BwdParams &bp)
            (bp.dy == nullptr || (uintptr_t)bp.dy % K::UX == 0);
 }
 
+// A (step, channel) pair's gradient terms of the backward, for the kernel's
+// epilogue and, sliced, ssm_bwd_finish_kernel. The gate's: dyp = dy
+// silu(z), the gradient of y before the gate, and dyz = dy silu'(z).
+__device__ __forceinline__ void gate_grads(float dy, float z, float &dyp, float &dyz)
+{
+    const float sz = sigmoid(z);
+    dyp = dy * z * sz;
+    dyz = dy * sz * fmaf(z, 1.0f - sz, 1.0f);
+}
+
+// dx, ddt, dz from the pair's sums over states (r_a = sum g decay h a
+// log2(e), r_b = sum g b) and ypre = y before the gate; dsp = softplus'(u)
+// (1 without softplus).
+__device__ __forceinline__ void pair_grads(float r_a, float r_b, float ypre, float x, float delta, float dyp,
+                                           float dyz, float dsp, float dskip, float &dx, float &ddt, float &dz)
+{
+    ddt = fmaf(r_a, fx_ln2, x * r_b) * dsp; // a was scaled by log2(e)
+    dx = fmaf(delta, r_b, dskip * dyp);
+    dz = ypre * dyz;
+}
+
 template <int N> __device__ __forceinline__ constexpr int log2i() { return N <= 1 ? 0 : 1 + log2i<N / 2>(); }
 
 // SL: one slice of 16 states of a larger dstate (Cfg<4, 4>, FAST; see
@@ -1720,12 +1741,8 @@ template <typename T, class C, bool FAST, bool SL = false> struct BwdStage {
         }
         if (p.z) {
 #pragma unroll
-            for (int k = 0; k < E; k++) {
-                const float z = fx_elem<T>::load(rz[cmin(r0 + k * C::LANES, KS - 1) * C::WCH + cs]);
-                const float sz = sigmoid(z);
-                dyp[k] = dy[k] * z * sz;
-                dyz[k] = dy[k] * sz * fmaf(z, 1.0f - sz, 1.0f);
-            }
+            for (int k = 0; k < E; k++)
+                gate_grads(dy[k], fx_elem<T>::load(rz[cmin(r0 + k * C::LANES, KS - 1) * C::WCH + cs]), dyp[k], dyz[k]);
         }
 #pragma unroll
         for (int k = 0; k < E; k++) {
@@ -1771,11 +1788,12 @@ template <typename T, class C, bool FAST, bool SL = false> struct BwdStage {
             const float ypre = sum_parts<C::LANES>(sm + S::PY + at * C::LANES) + dskip * own.x;
             const float *pr = sm + S::PR + tl * 64 + cs * C::LANES;
             const float r_a = sum_parts<C::LANES>(pr), r_b = sum_parts<C::LANES>(pr + 32);
-            const float ddt = fmaf(r_a, fx_ln2, own.x * r_b) * own.z; // a was scaled by log2(e)
-            dx[off] = fx_elem<T>::store(fmaf(in.x, r_b, dskip * in.z));
+            float gx, ddt, gz;
+            pair_grads(r_a, r_b, ypre, own.x, in.x, in.z, own.y, own.z, dskip, gx, ddt, gz);
+            dx[off] = fx_elem<T>::store(gx);
             ddt_out[off] = fx_elem<T>::store(ddt);
             if (dz)
-                dz[off] = fx_elem<T>::store(ypre * own.y);
+                dz[off] = fx_elem<T>::store(gz);
             acc_d = fmaf(in.z, own.x, acc_d);
             acc_bias += ddt;
         }
@@ -2072,7 +2090,7 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
 // The sliced backward's per-channel gradients from its slices' sums
 // (bp.parts): dx, ddt, dz, and the sums of dd and ddt_bias; a thread takes
 // 4 channels of kBwdFinishRows (batch, step) rows, in a grid-stride loop.
-// The per-pair terms are the commit's and the epilogue's of ssm_bwd_kernel.
+// The per-pair terms are ssm_bwd_kernel's (gate_grads, pair_grads).
 constexpr int kBwdFinishRows = 16;
 template <typename T> __global__ void __launch_bounds__(kFinishThreads) ssm_bwd_finish_kernel(const BwdParams bp)
 {
@@ -2110,14 +2128,10 @@ template <typename T> __global__ void __launch_bounds__(kFinishThreads) ssm_bwd_
                 float delta = u[v] + bias[v], dsp = 1.0f, dyp = dy[v], dyz = 0.0f;
                 if (p.softplus)
                     softplus_and_grad(u[v] + bias[v], delta, dsp);
-                if (zs) {
-                    const float sz = sigmoid(z[v]);
-                    dyp = dy[v] * z[v] * sz;
-                    dyz = dy[v] * sz * fmaf(z[v], 1.0f - sz, 1.0f);
-                }
-                ddt[v] = fmaf(ra[v], fx_ln2, x[v] * rb[v]) * dsp; // a was scaled by log2(e)
-                dx[v] = fmaf(delta, rb[v], dskip[v] * dyp);
-                dz[v] = (ys[v] + dskip[v] * x[v]) * dyz;
+                if (zs)
+                    gate_grads(dy[v], z[v], dyp, dyz);
+                pair_grads(ra[v], rb[v], ys[v] + dskip[v] * x[v], x[v], delta, dyp, dyz, dsp, dskip[v], dx[v], ddt[v],
+                           dz[v]);
                 acc_d[v] = fmaf(dyp, x[v], acc_d[v]);
                 acc_bias[v] += ddt[v];
             }
