@@ -694,9 +694,10 @@ int main(int argc, char **argv)
     }
 
     // The sliced backward beside the backward of dstate's configuration, at
-    // every dstate above 32 it can take, from the same saved states: dx,
-    // ddt, db and da compared, then the whole backward's time (memset,
-    // kernels, sums written out).
+    // every dstate above 32 it can take, each from the states its forward
+    // saves (every 16 steps for the sliced one, every 8 for the other): dx,
+    // ddt, dz, db, da, dd, ddt_bias compared, then the whole backward's time
+    // (memset, kernels, sums written out).
     if (mode == "bwd-sliced") {
         printf("| kernel | shape | type | median us | GB/s |\n|---|---|---|---:|---:|\n");
         auto one = [&](auto cfg, auto *tag, fx_dtype type, int N, int B, int L, int D) {
