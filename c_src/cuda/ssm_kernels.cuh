@@ -1028,33 +1028,36 @@ template <typename T> inline bool ws_fits(const ScanParams &p)
 }
 
 // The shapes the sliced kernels (WsOpts::SL, ssm_bwd_kernel's SL) take:
-// dstate a multiple of 16 above 32, whole 32-channel tiles, 16-byte aligned
+// dstate a multiple of 16 from 32, whole 32-channel tiles, 16-byte aligned
 // rows (a slice's b, c row is then too).
 template <typename T> inline bool ws_sliced_shape(const ScanParams &p)
 {
-    return p.dstate > 32 && p.dstate % kWsStates == 0 && p.cpg % kWsChannels == 0 && rows_aligned<T>(p, 16, 16);
+    return p.dstate > kWsStates && p.dstate % kWsStates == 0 && p.cpg % kWsChannels == 0 &&
+           rows_aligned<T>(p, 16, 16);
 }
 
-// Where the backward is sliced: every such shape but dstate 64, where the
-// configuration's own kernel (8 x 8) is 14-17 % faster; elsewhere the
-// sliced one measured 28-61 % faster (dstate 128 f32 1566 -> 1055 us, B4
-// L1024 D1024, bench/RESULTS.md, eighteenth session). Its chunks are 16
-// steps, so there the forward saves a state every 16 steps
-// (save_interval_of).
+// Where the backward is sliced: every such shape but dstate 32 and 64,
+// where the configuration's own kernel (8 x 4, 8 x 8) is faster (64:
+// 14-17 %); elsewhere the sliced one measured 28-61 % faster (dstate 128
+// f32 1566 -> 1055 us, B4 L1024 D1024, bench/RESULTS.md, eighteenth
+// session). Its chunks are 16 steps, so there the forward saves a state
+// every 16 steps (save_interval_of).
 template <typename T> inline bool bwd_sliced_shape(const ScanParams &p)
 {
-    return ws_sliced_shape<T>(p) && p.dstate != 64;
+    return ws_sliced_shape<T>(p) && p.dstate != 32 && p.dstate != 64;
 }
 
-// Where the forward is sliced without saved states: every such shape but
-// f32 inputs at dstate 64, where the one-warp-a-tile forward's own
-// configuration (8 x 8, whole rows) is 3 % faster. Elsewhere the sliced one
-// measured 12-79 % faster, e.g. dstate 128 f32 412 -> 230 us (B4 L1024
-// D1024, bench/RESULTS.md, eighteenth session). With saved states their
-// interval decides (fwd_launch).
+// Where the forward is sliced without saved states (and at dstate 32 with
+// them): every such shape but f32 inputs at dstate 32 and 64, where the
+// one-warp-a-tile forward's own configuration is as fast (32: -2 % sliced,
+// +0.5 % with saved states) or faster (64: 3 %). Elsewhere the sliced one
+// measured 12-79 % faster, e.g. dstate 128 f32 412 -> 230 us, 16-bit at 32
+// 105 -> 74 (B4 L1024 D1024, bench/RESULTS.md, eighteenth and nineteenth
+// sessions). Above dstate 32 with saved states their interval decides
+// (fwd_launch).
 template <typename T> inline bool ws_sliced_fits(const ScanParams &p)
 {
-    return ws_sliced_shape<T>(p) && !(sizeof(T) == 4 && p.dstate == 64);
+    return ws_sliced_shape<T>(p) && !(sizeof(T) == 4 && (p.dstate == 32 || p.dstate == 64));
 }
 
 // The options a chunk of the warp-specialized kernel would otherwise test at
@@ -2275,11 +2278,12 @@ inline int fwd_launch(const fx_ssm_fwd_args *a, int sm_count, FwdLaunch *l, fx_s
             return FX_OK;
         }
     }
-    if constexpr (C::SAVE != kWsSteps) { // above dstate 32
-        // with saved states, their interval (save_interval_of) says which
-        // backward will read them, and the sliced forward saves every 16
+    if constexpr (C::NPAD > kWsStates) { // above dstate 16
+        // the sliced forward saves every 16 steps; above dstate 32, where
+        // the tile forward saves every 8 (C::SAVE), the saved states'
+        // interval (save_interval_of) says which backward will read them
         const ScanParams p = scan_params(a, kWsChannels);
-        if (a->saved ? a->save_every == kWsSteps : ws_sliced_fits<T>(p)) {
+        if (a->saved && C::SAVE != kWsSteps ? a->save_every == kWsSteps : ws_sliced_fits<T>(p)) {
             ws_sliced_launch<T>(p, l);
             return FX_OK;
         }

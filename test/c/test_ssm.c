@@ -497,8 +497,9 @@ START_TEST(forward_sweep_f32)
     check_forward_case((spec){1, 37, 6, 256, 2, OPT_D | OPT_Z}, FX_F32, FX_F32);
     check_forward_case((spec){1, 5, 130, 100, 2, OPT_SOFTPLUS}, FX_F32, FX_F32);
     /* on cuda the sliced forward: whole groups of 32 channels, dstate a
-     * multiple of 16 above 32 (but f32 at 64), as slices of 16 states whose
-     * parts of y are summed (odd numbers of slices at 48 and 80) */
+     * multiple of 16 above 32 (but f32 at 64; 16-bit inputs from 32), as
+     * slices of 16 states whose parts of y are summed (odd numbers of slices
+     * at 48 and 80) */
     check_forward_case((spec){2, 100, 64, 128, 2, OPT_ALL}, FX_F32, FX_F32);
     check_forward_case((spec){1, 37, 32, 256, 1, OPT_D | OPT_Z}, FX_F32, FX_F32);
     check_forward_case((spec){3, 70, 96, 80, 1, OPT_H0 | OPT_SOFTPLUS | OPT_BIAS}, FX_F32, FX_F32);
@@ -522,6 +523,7 @@ START_TEST(forward_sweep_other_types)
         {2, 40, 12, 128, 3, OPT_ALL}, {1, 21, 6, 128, 2, OPT_ALL}, {1, 37, 6, 256, 2, OPT_D | OPT_Z},
         {1, 5, 130, 100, 2, OPT_SOFTPLUS},
         {2, 40, 64, 128, 2, OPT_ALL}, {1, 33, 32, 256, 1, OPT_D | OPT_Z}, /* sliced */
+        {2, 35, 64, 32, 2, OPT_ALL}, /* sliced, 2 slices */
     };
     int count = fx_test_quick() ? 2 : COUNT(cases);
     for (int i = 0; i < count; i++) {
@@ -541,10 +543,13 @@ END_TEST
 static void check_split(spec s, int64_t split, fx_dtype type)
 {
     fx_device *dev = fx_test_device();
+    /* parameters (h0 among them: the first half's state) in f32 for 16-bit
+     * inputs, so that the carried state is not rounded on its way */
+    fx_dtype ptype = type == FX_F64 ? FX_F64 : FX_F32;
     host_inputs h;
-    host_random(&h, s, type, type);
+    host_random(&h, s, type, ptype);
     dev_inputs whole;
-    dev_upload(dev, type, type, &h, &whole);
+    dev_upload(dev, type, ptype, &h, &whole);
     fwd_out one = forward_poisoned(dev, &whole, true);
 
     /* The two halves as host arrays, the second starting from the state. */
@@ -574,11 +579,11 @@ static void check_split(spec s, int64_t split, fx_dtype type)
     h1.x = parts[0][0], h1.dt = parts[0][1], h1.z = parts[0][2], h1.b = parts[0][3], h1.c = parts[0][4];
     h2.x = parts[1][0], h2.dt = parts[1][1], h2.z = parts[1][2], h2.b = parts[1][3], h2.c = parts[1][4];
     dev_inputs first;
-    dev_upload(dev, type, type, &h1, &first);
+    dev_upload(dev, type, ptype, &h1, &first);
     fwd_out o1 = forward_poisoned(dev, &first, true);
     h2.h0 = o1.state;
     dev_inputs second;
-    dev_upload(dev, type, type, &h2, &second);
+    dev_upload(dev, type, ptype, &h2, &second);
     fwd_out o2 = forward_poisoned(dev, &second, true);
 
     double *joined = alloc_f64(B * L * D);
@@ -613,6 +618,7 @@ START_TEST(split_scan_equals_one_call)
     check_split((spec){1, 2, 3, 4, 1, OPT_D | OPT_Z}, 1, t);
     check_split((spec){3, 100, 130, 64, 1, OPT_SOFTPLUS | OPT_BIAS}, 64, FX_F32);
     check_split((spec){2, 90, 64, 128, 2, OPT_ALL}, 41, FX_F32); /* sliced */
+    check_split((spec){1, 70, 32, 32, 1, OPT_ALL}, 29, FX_BF16); /* sliced, 2 slices */
     if (!fx_test_quick())
         check_split((spec){2, 2049, 64, 16, 1, OPT_ALL}, 1000, FX_F32);
 }
@@ -1055,6 +1061,10 @@ START_TEST(backward_matches_cpu)
     check_backward_case((spec){1, 37, 32, 80, 1, OPT_ALL}, FX_BF16, FX_F32, false);
     check_backward_case((spec){1, 37, 32, 16, 1, OPT_ALL}, FX_F32, FX_F32, false); /* (the plain path) */
     dy_shifted = false;
+    /* at 32: 16-bit states the sliced forward saved 16 steps apart, read by
+     * the configuration's backward (8 x 4) */
+    check_backward_case((spec){2, 50, 64, 32, 2, OPT_ALL}, FX_BF16, FX_F32, true);
+    check_backward_case((spec){1, 40, 32, 32, 1, OPT_ALL}, FX_F16, FX_F16, false);
     /* at 64: the tile forward's states 8 steps apart, the configuration's backward */
     check_backward_case((spec){1, 50, 32, 64, 1, OPT_ALL}, FX_BF16, FX_F32, false);
     check_backward_case((spec){2, 33, 32, 48, 1, OPT_ALL}, FX_F32, FX_F32, true);

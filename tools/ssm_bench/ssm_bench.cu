@@ -8,8 +8,8 @@
 //
 //   mode all   every case, one table (default)
 //   mode ncu   each main kernel once, for `ncu -k regex:ssm`
-//   mode sliced [N]  the sliced forward against the tile forward, dstate 48-256 (or N)
-//   mode bwd-sliced [N]  the sliced backward against the configuration's, dstate 48-256 (or N)
+//   mode sliced [N]  the sliced forward against the tile forward, dstate 32-256 (or N)
+//   mode bwd-sliced [N]  the sliced backward against the configuration's, dstate 32-256 (or N)
 //   mode fwd-tf  the tile forward's chunk length above dstate 32
 //   mode bwd-dstate [16|other|plain]  every dstate against the baseline
 //                (built with -DSSM_BASELINE)
@@ -451,14 +451,14 @@ __global__ void empty_kernel(float *out)
 }
 
 // one(cfg, type tag, type, N, 4, 1024, 1024) in f32 and bf16 for each dstate
-// N above 32 of `all`, or for the command line's third argument; cfg is
+// N above 16 of `all`, or for the command line's third argument; cfg is
 // with_cfg's for N.
 template <class One> static void at_dstates(int argc, char **argv, const std::vector<int> &all, One &&one)
 {
     const std::vector<int> dstates = argc > 2 ? std::vector<int>{atoi(argv[2])} : all;
     for (int N : dstates)
         with_cfg(N, [&](auto cfg) {
-            if constexpr (decltype(cfg)::SAVE != kWsSteps) { // above dstate 32
+            if constexpr (decltype(cfg)::NPAD > kWsStates) { // above dstate 16
                 one(cfg, (float *)nullptr, FX_F32, N, 4, 1024, 1024);
                 one(cfg, (__nv_bfloat16 *)nullptr, FX_BF16, N, 4, 1024, 1024);
             }
@@ -662,7 +662,9 @@ int main(int argc, char **argv)
             tile.saved = &pb.saved, sliced.saved = &saved16;
             tile_fwd(), sliced_fwd();
             CUDA_CHECK(cudaDeviceSynchronize());
-            // the sliced forward's state k is the tile forward's 2k + 1
+            // the sliced forward's state k is the tile forward's
+            // (k + 1) * per - 1 (it saves every 16 steps, the tile forward every C::SAVE)
+            const int64_t per = kWsSteps / C::SAVE;
             double worst = 0;
             {
                 const size_t row = (size_t)D * N;
@@ -673,7 +675,7 @@ int main(int argc, char **argv)
                     for (int64_t k = 0; k < saved16.dims[1]; k++)
                         for (size_t e = 0; e < row; e++) {
                             const float u = s16[(b * saved16.dims[1] + k) * row + e];
-                            const float v = s8[(b * pb.saved.dims[1] + 2 * k + 1) * row + e];
+                            const float v = s8[(b * pb.saved.dims[1] + (k + 1) * per - 1) * row + e];
                             worst = std::isnan(u) ? INFINITY : std::max(worst, (double)std::fabs(u - v));
                         }
             }
@@ -682,14 +684,14 @@ int main(int argc, char **argv)
             for (int save = 0; save < 2; save++) {
                 tile.saved = save ? &pb.saved : nullptr, sliced.saved = save ? &saved16 : nullptr;
                 for (int round = 0; round < 2; round++) {
-                    row(save ? "fwd tile + saved (every 8)" : "fwd tile", pb, time_us(tile_fwd, 10, 200000), fwd_bytes(pb));
+                    row(save ? "fwd tile + saved (every C::SAVE)" : "fwd tile", pb, time_us(tile_fwd, 10, 200000), fwd_bytes(pb));
                     row(save ? "fwd sliced + saved (every 16)" : "fwd sliced", pb, time_us(sliced_fwd, 10, 200000),
                         fwd_bytes(pb));
                 }
             }
             CUDA_CHECK(cudaFree(ysum));
         };
-        at_dstates(argc, argv, {48, 64, 80, 96, 128, 192, 256}, one);
+        at_dstates(argc, argv, {32, 48, 64, 80, 96, 128, 192, 256}, one);
         return 0;
     }
 
@@ -727,7 +729,7 @@ int main(int argc, char **argv)
                 row("bwd sliced", pb, time_us([&] { launch_bwd_sliced<T>(gs); }, 10, 200000), 0);
             }
         };
-        at_dstates(argc, argv, {48, 64, 80, 128, 256}, one);
+        at_dstates(argc, argv, {32, 48, 64, 80, 128, 256}, one);
         return 0;
     }
 
