@@ -1037,11 +1037,11 @@ template <typename T> inline bool ws_sliced_shape(const ScanParams &p)
 }
 
 // Where the backward is sliced: every such shape but dstate 32 and 64,
-// where the configuration's own kernel (8 x 4, 8 x 8) is faster (64:
-// 14-17 %); elsewhere the sliced one measured 28-61 % faster (dstate 128
-// f32 1566 -> 1055 us, B4 L1024 D1024, bench/RESULTS.md, eighteenth
-// session). Its chunks are 16 steps, so there the forward saves a state
-// every 16 steps (save_interval_of).
+// where the configuration's own kernel (8 x 4, 8 x 8) is faster (32: 17-22 %,
+// 64: 14-17 %); elsewhere the sliced one measured 28-61 % faster (dstate
+// 128 f32 1566 -> 1055 us, B4 L1024 D1024, bench/RESULTS.md, eighteenth and
+// nineteenth sessions). Its chunks are 16 steps, so there the forward saves
+// a state every 16 steps (save_interval_of).
 template <typename T> inline bool bwd_sliced_shape(const ScanParams &p)
 {
     return ws_sliced_shape<T>(p) && p.dstate != 32 && p.dstate != 64;
