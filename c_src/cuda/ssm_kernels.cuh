@@ -1067,14 +1067,16 @@ template <typename T> inline bool ws_sliced_fits(const ScanParams &p)
 // SL: a block is one slice of 16 states of a larger dstate (fwd_launch):
 // its part of y's sum goes to the f32 sums p.ysum, which a second kernel
 // turns into y (ssm_fwd_finish_kernel), and it saves its states at each
-// chunk's end, every 16 steps, the sliced backward's chunk.
+// chunk's end, every 16 steps, the sliced backward's chunk. The gate is the
+// second kernel's, so a slice never has Z (nor copies z).
 template <bool Z_, bool SP_, bool SAVE_, bool SL_ = false> struct WsOpts {
     static constexpr bool Z = Z_, SP = SP_, SAVE = SAVE_, SL = SL_;
+    static_assert(!(Z && SL), "the sliced forward gates y in its second kernel");
 };
 
 // body(WsOpts<..., SL>()) for p's options.
 template <bool SL = false, class F>
-inline auto with_ws_opts(const ScanParams &p, F &&body) -> decltype(body(WsOpts<true, true, true, SL>()))
+inline auto with_ws_opts(const ScanParams &p, F &&body) -> decltype(body(WsOpts<!SL, true, true, SL>()))
 {
     auto save = [&](auto z, auto sp) {
         constexpr bool Z = decltype(z)::value, SP = decltype(sp)::value;
@@ -1083,7 +1085,10 @@ inline auto with_ws_opts(const ScanParams &p, F &&body) -> decltype(body(WsOpts<
     auto softplus = [&](auto z) {
         return p.softplus ? save(z, std::true_type{}) : save(z, std::false_type{});
     };
-    return p.z ? softplus(std::true_type{}) : softplus(std::false_type{});
+    if constexpr (SL)
+        return softplus(std::false_type{});
+    else
+        return p.z ? softplus(std::true_type{}) : softplus(std::false_type{});
 }
 
 // The block barrier of the warp-specialized kernel. The scan and staging
