@@ -143,14 +143,8 @@ int cuda_ssm_backward(int dev, const fx_ssm_bwd_args *a, fx_status *st)
         return st->code;
     return fx_dispatch_float(a->fwd.x->dtype, [&](auto *tag) {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
-        return with_cfg(a->fwd.n.dstate, [&](auto cfg) {
-            typedef decltype(cfg) C;
-            if (check_saved<T>(&a->fwd, st))
-                return st->code;
-            if constexpr (C::SAVE != kWsSteps) // above dstate 32
-                if (bwd_sliced<T>(a))
-                    return launch_backward<T, Cfg<4, 4>, true>(d, a, st);
-            return launch_backward<T, C, false>(d, a, st);
+        return with_bwd_config<T>(a, st, [&](auto cfg, auto sl) {
+            return launch_backward<T, decltype(cfg), decltype(sl)::value>(d, a, st);
         });
     });
 }

@@ -2408,10 +2408,17 @@ template <bool SL> inline int64_t bwd_grid(const BwdParams &bp)
     return grid_of(bp.f) * (SL ? bp.f.dstate / kWsStates : 1);
 }
 
-// Whether a's backward takes the sliced kernel (Cfg<4, 4>, SL).
-template <typename T> inline bool bwd_sliced(const fx_ssm_bwd_args *a)
+// body(cfg, sl) for a's backward, its saved states checked first: the
+// sliced kernel (Cfg<4, 4>, sl true) where bwd_sliced_shape, else dstate's
+// configuration's. The one place that picks it, for the launcher (ssm.cu)
+// and the emulator.
+template <typename T, class F> inline int with_bwd_config(const fx_ssm_bwd_args *a, fx_status *st, F &&body)
 {
-    return bwd_sliced_shape<T>(scan_params(&a->fwd, kWsChannels));
+    if (check_saved<T>(&a->fwd, st))
+        return st->code;
+    if (bwd_sliced_shape<T>(scan_params(&a->fwd, kWsChannels)))
+        return body(Cfg<4, 4>(), std::true_type{});
+    return with_cfg(a->fwd.n.dstate, [&](auto cfg) { return body(cfg, std::false_type{}); });
 }
 
 // The f32 sums of bwd_params, as written out to the gradients asked for.

@@ -121,14 +121,8 @@ int emu_backward(int, const fx_ssm_bwd_args *a, fx_status *st)
         return st->code;
     return with_type(a->fwd.x->dtype, [&](auto *tag) {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
-        return with_cfg(a->fwd.n.dstate, [&](auto cfg) {
-            typedef decltype(cfg) C;
-            if (check_saved<T>(&a->fwd, st))
-                return st->code;
-            if constexpr (C::SAVE != kWsSteps)
-                if (bwd_sliced<T>(a))
-                    return emu_launch_backward<T, Cfg<4, 4>, true>(a);
-            return emu_launch_backward<T, C, false>(a);
+        return with_bwd_config<T>(a, st, [&](auto cfg, auto sl) {
+            return emu_launch_backward<T, decltype(cfg), decltype(sl)::value>(a);
         });
     });
 }
