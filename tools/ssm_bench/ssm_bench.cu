@@ -87,6 +87,7 @@ struct Problem {
     int B, L, D, N;
     fx_dtype type;
     fx_tensor x, dt, z, a, b, c, d, bias, y, y2, state, saved, dy;
+    fx_tensor ysum; // the sliced forward's f32 sums of y (launch_fwd_sliced)
     fx_ssm_fwd_args args;
     Problem(int B_, int L_, int D_, int N_, fx_dtype type_)
         : B(B_), L(L_), D(D_), N(N_), type(type_)
@@ -103,6 +104,7 @@ struct Problem {
         y2 = tensor(type, {B, L, D}, 0, 0, false);
         dy = tensor(type, {B, L, D}, -1, 1);
         state = tensor(FX_F32, {B, D, N}, 0, 0, false);
+        ysum = tensor(FX_F32, {B, L, D}, 0, 0, false);
         // the saved states' interval: the backward's chunk for dstate's configuration
         const int64_t every = with_cfg(N, [](auto cfg) { return (int64_t)decltype(cfg)::SAVE; });
         const int64_t chunks = (L + every - 1) / every;
@@ -215,9 +217,10 @@ template <typename T, int LOOK = kWsLook> static void launch_fwd_lib(const fx_ss
 
 // The sliced forward as cuda_ssm_forward enqueues it (for any shape
 // ws_sliced_shape takes): the sums of y zeroed, the slices, y from the
-// sums; `ysum` holds batch * seqlen * dim floats.
-template <typename T> static void launch_fwd_sliced(const fx_ssm_fwd_args *a, float *ysum)
+// sums; `ysum` holds batch * seqlen * dim floats (Problem::ysum).
+template <typename T> static void launch_fwd_sliced(const fx_ssm_fwd_args *a, const fx_tensor &ysum_t)
 {
+    float *ysum = static_cast<float *>(ysum_t.data);
     FwdLaunch l{};
     const ScanParams p = scan_params(a, kWsChannels);
     if (!ws_sliced_shape<T>(p)) {
@@ -450,17 +453,19 @@ __global__ void empty_kernel(float *out)
         out[blockIdx.x] = 1.0f;
 }
 
-// one(cfg, type tag, type, N, 4, 1024, 1024) in f32 and bf16 for each dstate
-// N above 16 of `all`, or for the command line's third argument; cfg is
-// with_cfg's for N.
+// one(cfg, type tag, problem) for B4 L1024 D1024 in f32 and bf16 at each
+// dstate N above 16 of `all`, or at the command line's third argument; cfg
+// is with_cfg's for N.
 template <class One> static void at_dstates(int argc, char **argv, const std::vector<int> &all, One &&one)
 {
     const std::vector<int> dstates = argc > 2 ? std::vector<int>{atoi(argv[2])} : all;
     for (int N : dstates)
         with_cfg(N, [&](auto cfg) {
             if constexpr (decltype(cfg)::NPAD > kWsStates) { // above dstate 16
-                one(cfg, (float *)nullptr, FX_F32, N, 4, 1024, 1024);
-                one(cfg, (__nv_bfloat16 *)nullptr, FX_BF16, N, 4, 1024, 1024);
+                Problem pf(4, 1024, 1024, N, FX_F32);
+                one(cfg, (float *)nullptr, pf);
+                Problem ph(4, 1024, 1024, N, FX_BF16);
+                one(cfg, (__nv_bfloat16 *)nullptr, ph);
             }
         });
 }
@@ -645,17 +650,15 @@ int main(int argc, char **argv)
     // slices and y's kernel, as the launcher enqueues them).
     if (mode == "sliced") {
         printf("| kernel | shape | type | median us | GB/s |\n|---|---|---|---:|---:|\n");
-        auto one = [&](auto cfg, auto *tag, fx_dtype type, int N, int B, int L, int D) {
+        auto one = [&](auto cfg, auto *tag, Problem &pb) {
             typedef decltype(cfg) C;
             typedef typename std::remove_pointer<decltype(tag)>::type T;
-            Problem pb(B, L, D, N, type);
-            fx_tensor saved16 = saved_every_16(pb); // the sliced forward's (pb.saved: the tile's, every 8)
-            float *ysum = nullptr;
-            CUDA_CHECK(cudaMalloc(&ysum, sizeof(float) * (size_t)B * L * D));
+            const int B = pb.B, D = pb.D, N = pb.N;
+            fx_tensor saved16 = saved_every_16(pb); // the sliced forward's (pb.saved: the tile's, every C::SAVE)
             fx_ssm_fwd_args tile = pb.args, sliced = pb.args;
             tile.y = &pb.y2;
             auto tile_fwd = [&] { launch_fwd<T, FwdDefault, C>(&tile); };
-            auto sliced_fwd = [&] { launch_fwd_sliced<T>(&sliced, ysum); };
+            auto sliced_fwd = [&] { launch_fwd_sliced<T>(&sliced, pb.ysum); };
             CUDA_CHECK(cudaMemset(pb.y.data, 0xff, pb.y.nbytes));
             CUDA_CHECK(cudaMemset(pb.saved.data, 0xff, pb.saved.nbytes));
             CUDA_CHECK(cudaMemset(saved16.data, 0xff, saved16.nbytes));
@@ -689,7 +692,6 @@ int main(int argc, char **argv)
                         fwd_bytes(pb));
                 }
             }
-            CUDA_CHECK(cudaFree(ysum));
         };
         at_dstates(argc, argv, {32, 48, 64, 80, 96, 128, 192, 256}, one);
         return 0;
@@ -702,21 +704,16 @@ int main(int argc, char **argv)
     // (memset, kernels, sums written out).
     if (mode == "bwd-sliced") {
         printf("| kernel | shape | type | median us | GB/s |\n|---|---|---|---:|---:|\n");
-        auto one = [&](auto cfg, auto *tag, fx_dtype type, int N, int B, int L, int D) {
+        auto one = [&](auto cfg, auto *tag, Problem &pb) {
             typedef decltype(cfg) C;
             typedef typename std::remove_pointer<decltype(tag)>::type T;
-            Problem pb(B, L, D, N, type);
-            forward_saving<T, C>(pb); // every 8 steps, for the configuration's backward
+            const int N = pb.N;
+            forward_saving<T, C>(pb); // every C::SAVE steps, for the configuration's backward
             fx_tensor saved16 = saved_every_16(pb); // for the sliced backward
-            {
-                float *ysum = nullptr;
-                CUDA_CHECK(cudaMalloc(&ysum, sizeof(float) * (size_t)B * L * D));
-                fx_ssm_fwd_args a = pb.args;
-                a.y = &pb.y2, a.saved = &saved16, a.save_every = kWsSteps;
-                launch_fwd_sliced<T>(&a, ysum);
-                CUDA_CHECK(cudaDeviceSynchronize());
-                CUDA_CHECK(cudaFree(ysum));
-            }
+            fx_ssm_fwd_args a = pb.args;
+            a.y = &pb.y2, a.saved = &saved16, a.save_every = kWsSteps;
+            launch_fwd_sliced<T>(&a, pb.ysum);
+            CUDA_CHECK(cudaDeviceSynchronize());
             Grads g(pb, &pb.saved), gs(pb, &saved16, true);
             launch_bwd<T, C>(g);
             launch_bwd_sliced<T>(gs);
