@@ -1,8 +1,8 @@
 // Global-to-shared copies that land later (cp.async), for every kernel family
 // that stages its inputs: the linrec forwards (cuda/scan.cuh,
 // cuda/linrec_kernels.cuh) and the selective scan (cuda/ssm_kernels.cuh).
-// Compiled for the CPU (the tools/cuda_emu and tools/ssm_emu emulators, no
-// __CUDA_ARCH__), a copy is a memcpy that has landed at once.
+// In the CPU emulator (test/emu, FX_CUDA_EMULATION) a copy lands when its
+// group is waited for (or, in a random interleaving, maybe at once).
 #ifndef FX_CUDA_ASYNC_COPY_CUH
 #define FX_CUDA_ASYNC_COPY_CUH
 
@@ -33,6 +33,8 @@ __device__ __forceinline__ void fx_copy_async(void *dst, const void *src)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
     else // FX_COPY_L1, or fewer than 16 bytes
         asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(d), "l"(src), "n"(BYTES) : "memory");
+#elif defined(FX_CUDA_EMULATION)
+    fx_emu_copy_async(dst, src, BYTES, true);
 #else
     memcpy(dst, src, BYTES);
 #endif
@@ -55,6 +57,8 @@ __device__ __forceinline__ void fx_copy_async(void *dst, const void *src, bool v
     else // FX_COPY_L1, or fewer than 16 bytes
         asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(d), "l"(src), "n"(BYTES), "r"(n)
                      : "memory");
+#elif defined(FX_CUDA_EMULATION)
+    fx_emu_copy_async(dst, src, BYTES, valid);
 #else
     if (valid)
         memcpy(dst, src, BYTES);
@@ -66,8 +70,10 @@ __device__ __forceinline__ void fx_copy_async(void *dst, const void *src, bool v
 // Closes this thread's group of copies issued since the last commit.
 __device__ __forceinline__ void fx_copy_commit()
 {
-#ifdef __CUDA_ARCH__
+#if defined(__CUDA_ARCH__)
     asm volatile("cp.async.commit_group;" ::: "memory");
+#elif defined(FX_CUDA_EMULATION)
+    fx_emu_copy_commit();
 #endif
 }
 
@@ -75,16 +81,20 @@ __device__ __forceinline__ void fx_copy_commit()
 // The copies of other threads need a barrier besides.
 template <int N> __device__ __forceinline__ void fx_copy_wait()
 {
-#ifdef __CUDA_ARCH__
+#if defined(__CUDA_ARCH__)
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#elif defined(FX_CUDA_EMULATION)
+    fx_emu_copy_wait(N);
 #endif
 }
 
 // Waits for every copy this thread issued.
 __device__ __forceinline__ void fx_copy_wait_all()
 {
-#ifdef __CUDA_ARCH__
+#if defined(__CUDA_ARCH__)
     asm volatile("cp.async.wait_all;" ::: "memory");
+#elif defined(FX_CUDA_EMULATION)
+    fx_emu_copy_wait_all();
 #endif
 }
 

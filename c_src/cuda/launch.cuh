@@ -2,7 +2,7 @@
 // kernel launches, the scratch it takes from the context's allocator, the
 // fills and copies. Launchers use nothing else of the CUDA runtime for
 // work, so that the CPU emulator (which supplies its own version of this
-// header) runs the same launchers. Kept out of common.cuh, which the
+// header, test/emu/cuda/launch.cuh) runs the same launchers. Kept out of common.cuh, which the
 // kernels' headers include.
 #ifndef FX_CUDA_LAUNCH_CUH
 #define FX_CUDA_LAUNCH_CUH

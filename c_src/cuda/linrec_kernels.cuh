@@ -1,7 +1,7 @@
 // Linear recurrences on CUDA, device side: the ops' maths, the forward,
 // backward and step kernels, and the tiling plan. c_src/cuda/linrec.cu
-// launches them; tools/cuda_emu runs the same code on the CPU (one thread
-// per CUDA thread) to check the tiling and look-back logic without a GPU.
+// launches them; the CPU emulator (test/emu) runs the same launchers and
+// kernels to check the tiling and look-back logic without a GPU.
 //
 // Every forward is one kernel: each thread loads its steps' inputs, turns
 // them into (a, b) with the op's coefficient function below, and the shared
@@ -569,8 +569,8 @@ __device__ __forceinline__ void stream_bar_sync(int threads)
 {
 #if defined(__CUDA_ARCH__)
     asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
-#elif defined(FXSCAN_EMULATION)
-    emu_bar_sync(1, threads);
+#elif defined(FX_CUDA_EMULATION)
+    fx_emu_bar_sync(1, threads);
 #else
     (void)threads;
 #endif

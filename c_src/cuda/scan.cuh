@@ -41,9 +41,8 @@
 
 #include "cuda/common.cuh"
 
-// A block's shared memory, and its dynamic part (staged inputs).
-// tools/cuda_emu, which runs these kernels on the CPU, defines them (and
-// FXSCAN_EMULATION) first.
+// A block's shared memory, and its dynamic part (staged inputs). The CPU
+// emulator (test/emu, FX_CUDA_EMULATION) defines them first.
 #ifndef FXSCAN_SHARED
 #define FXSCAN_SHARED(type, name) __shared__ type name
 #define FXSCAN_STAGE(name) extern __shared__ __align__(16) unsigned char name[]
@@ -115,7 +114,7 @@ __device__ __forceinline__ float word_value(word w) { return __uint_as_float((ui
 // two single-copy-atomic words; each is validated by its own tag.
 __device__ __forceinline__ void store_relaxed(word *p, word x)
 {
-#ifdef FXSCAN_EMULATION
+#ifdef FX_CUDA_EMULATION
     __atomic_store_n(p, x, __ATOMIC_RELAXED);
 #else
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(x) : "memory");
@@ -124,7 +123,7 @@ __device__ __forceinline__ void store_relaxed(word *p, word x)
 
 __device__ __forceinline__ void store_relaxed2(word *p, word x, word y)
 {
-#ifdef FXSCAN_EMULATION
+#ifdef FX_CUDA_EMULATION
     __atomic_store_n(p, x, __ATOMIC_RELAXED);
     __atomic_store_n(p + 1, y, __ATOMIC_RELAXED);
 #else
@@ -134,7 +133,7 @@ __device__ __forceinline__ void store_relaxed2(word *p, word x, word y)
 
 __device__ __forceinline__ word load_relaxed(const word *p)
 {
-#ifdef FXSCAN_EMULATION
+#ifdef FX_CUDA_EMULATION
     return __atomic_load_n(p, __ATOMIC_RELAXED);
 #else
     word x;
@@ -145,7 +144,7 @@ __device__ __forceinline__ word load_relaxed(const word *p)
 
 __device__ __forceinline__ void load_relaxed2(const word *p, word &x, word &y)
 {
-#ifdef FXSCAN_EMULATION
+#ifdef FX_CUDA_EMULATION
     x = __atomic_load_n(p, __ATOMIC_RELAXED);
     y = __atomic_load_n(p + 1, __ATOMIC_RELAXED);
 #else

@@ -1,7 +1,7 @@
 // One special-function-unit instruction each, in its flush-to-zero form,
 // for every kernel family: the linrec gates (cuda/linrec_kernels.cuh) and
 // the selective scan (cuda/ssm_kernels.cuh). Compiled for
-// the CPU (tools/cuda_emu, tools/ssm_emu: no __CUDA_ARCH__), libm stands in.
+// the CPU (the emulator, test/emu: no __CUDA_ARCH__), libm stands in.
 //
 // The ftz forms are one MUFU op; __frcp_rn is a dozen instructions, and
 // __expf / __logf compile to the non-ftz ex2 / lg2, which wrap the MUFU op in

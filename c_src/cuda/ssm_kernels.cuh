@@ -276,8 +276,12 @@ template <typename P> __device__ __forceinline__ P *pinned_shared(P *ptr)
 // The block's dynamic shared memory; every kernel lays out its own.
 __device__ __forceinline__ float *block_smem()
 {
+#ifdef FX_CUDA_EMULATION
+    return static_cast<float *>(fx_emu_dynamic_smem()); // test/emu: the block's
+#else
     extern __shared__ __align__(16) float smem[];
     return smem;
+#endif
 }
 
 // ---- parameters ----
@@ -2253,8 +2257,7 @@ template <typename T> inline int check_saved(const fx_ssm_fwd_args *a, fx_status
 enum class FwdKernel { WS, WS_SLICED, TILE_FAST, TILE };
 
 // A forward launch: its parameters (outputs included), kernel and block
-// shape, as the launcher (ssm.cu) and the CPU emulator (tools/ssm_emu) both
-// use them.
+// shape, as the launcher (ssm.cu) and ssm_bench use them.
 struct FwdLaunch {
     ScanParams p;
     FwdKernel kernel;

@@ -4,8 +4,6 @@
 // tensors, of any float type. One launch writes them all: a launch per
 // gradient cost 1.2-2 us of GPU time each on an H200, more than the
 // writing itself (bench/RESULTS.md).
-// Compiled for the CPU emulators too (no CUDA API call outside
-// __CUDACC__).
 #ifndef FX_CUDA_SUMS_CUH
 #define FX_CUDA_SUMS_CUH
 
@@ -60,7 +58,6 @@ template <int = 0> __global__ void fx_write_sums(const fx_sum_regions s)
     }
 }
 
-#ifdef __CUDACC__
 #include "cuda/launch.cuh"
 
 static inline int fx_launch_sums(const fx_cuda_run &r, const fx_sum_regions &s, const char *what, fx_status *st)
@@ -69,6 +66,5 @@ static inline int fx_launch_sums(const fx_cuda_run &r, const fx_sum_regions &s, 
         return FX_OK;
     return fx_cuda_launch<fx_write_sums<>>(r, fx_cuda_grid(r.d, s.total, 256), 256, what, st, s);
 }
-#endif
 
 #endif

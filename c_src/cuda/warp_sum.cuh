@@ -4,7 +4,7 @@
 // V per round. Shared by the selective scan's backward (the b and c
 // gradients, summed over a warp's channels) and the linrec streaming
 // backward (Liquid's dt gradient, summed over the warp's lanes). Compiled
-// for the CPU emulators too (their __shfl_xor_sync).
+// for the CPU emulator too (test/emu: its __shfl_xor_sync).
 #ifndef FX_CUDA_WARP_SUM_CUH
 #define FX_CUDA_WARP_SUM_CUH
 
