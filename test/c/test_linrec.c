@@ -927,18 +927,65 @@ START_TEST(cuda_matches_cpu)
         if (quick && s % 4 != 1)
             continue;
         for (int kind = 0; kind < FX_LINREC_KIND_COUNT; kind++)
-            for (int v = 0; v < (quick ? 2 : 4); v++) {
+            for (int k = 0; k < (quick ? 2 : 4); k++) {
+                /* quick: two of the four variants, turning with the shape,
+                 * so that candidate g and the dt tensor run too */
+                int v = quick ? (s / 4 + k) % 4 : k;
                 int mix = s + kind + v;
                 lr_case c = {kind, sweep_shapes[s].B, sweep_shapes[s].L, sweep_shapes[s].H,
                              types[mix % 3], v & 1, (v >> 1) & 1, mix % 3, (mix + 1) % 3,
                              (v >> 1) & 1, 0.3, tiles[(s + v) % 5]};
                 if (quick && c.L > 300)
                     c.L = 300;
+                /* on the CPU emulator (test/emu) every shape, its sequence
+                 * cut to at most 2^15 elements */
+                if (fx_test_emulated() && c.B * c.L * c.H > (1 << 15))
+                    c.L = (1 << 15) / (c.B * c.H) > 1 ? (1 << 15) / (c.B * c.H) : 1;
                 compare_with_cpu(dev, &c);
                 runs++;
             }
     }
     ck_assert_int_gt(runs, 0);
+}
+END_TEST
+
+/* Small shapes through every path of the CUDA kernels, against the CPU:
+ * time tiles forced down to 1 to 40 steps (the look-back across many
+ * tiles, on short sequences) and the backend's own tiling without the
+ * streaming kernels (FX_LINREC_TILES_NO_STREAM), over the scalar and the
+ * two vector layouts (hidden odd, a multiple of 4: 8 lanes a row for f32,
+ * 16 for the 16-bit types), with reverse, candidate g, h0 and dstate of
+ * either type and Liquid's dt tensor turning through every dtype; then the
+ * streaming kernels (FX_LINREC_TILES_STREAM), every op in f32 and in a
+ * 16-bit type, forward and reversed. Cheap enough for the sanitizer and
+ * for the CPU emulator of the kernels (test/emu), which runs it with its
+ * blocks interleaved at random. */
+START_TEST(cuda_matches_cpu_small_tilings)
+{
+    fx_device *dev = fx_test_device();
+    if (dev->kind == FX_DEVICE_CPU)
+        return;
+    static const shape3 shapes[] = {{1, 1, 1},   {1, 2, 36},   {2, 5, 7},    {3, 17, 28},
+                                    {1, 31, 64}, {2, 64, 66},  {1, 97, 4},   {1, 130, 40},
+                                    {2, 300, 3}, {1, 520, 36}, {2, 45, 136}, {1, 7, 72}};
+    /* hidden a multiple of 8: every dtype can stream */
+    static const shape3 streamed[] = {{1, 31, 64}, {1, 130, 40}, {2, 45, 136}, {3, 66, 8}};
+    static const int tiles[] = {0, 1, 2, 3, 5, 17, 40, FX_LINREC_TILES_NO_STREAM};
+    static const fx_dtype types[] = {FX_F32, FX_BF16, FX_F16};
+    const int nshapes = (int)(sizeof shapes / sizeof shapes[0]), ntiles = (int)(sizeof tiles / sizeof tiles[0]);
+    const int quick = fx_test_quick();
+    for (int i = 0; i < (quick ? 20 : 64); i++) {
+        const shape3 *s = &shapes[(i / 4 + i) % nshapes];
+        lr_case c = {i % FX_LINREC_KIND_COUNT, s->B, s->L, s->H, types[(i / 3) % 3], (i / 2) % 2, (i / 3) % 2,
+                     (i / 5) % 3, (i / 7 + 1) % 3, (i / 6) % 2, 0.3, tiles[(i / 4 + 3 * i) % ntiles]};
+        compare_with_cpu(dev, &c);
+    }
+    for (int j = 0; j < (quick ? 4 : 8); j++) {
+        const shape3 *s = &streamed[j % 4];
+        lr_case c = {j % FX_LINREC_KIND_COUNT, s->B, s->L, s->H, types[(j / 2) % 3], (j + j / 4) % 2, j / 4,
+                     j % 3, (j + 1) % 3, j / 4, 0.3, FX_LINREC_TILES_STREAM};
+        compare_with_cpu(dev, &c);
+    }
 }
 END_TEST
 
@@ -951,7 +998,9 @@ END_TEST
  * before it has columns of channels enough for the f32 streaming forward on
  * a GPU of up to 146 SMs (16 x 32 warps, the last column partly past
  * hidden; its last stage short). The quick (sanitizer) run keeps these
- * three, the first at its smallest large size. */
+ * three, the first at its smallest large size; the CPU emulator of the
+ * kernels (test/emu) too, with two ops each: MinGRU (staged) and Liquid
+ * on the first and the last, the scan and MinLSTM streaming the middle. */
 START_TEST(cuda_matches_cpu_auto_tiling)
 {
     fx_device *dev = fx_test_device();
@@ -959,16 +1008,25 @@ START_TEST(cuda_matches_cpu_auto_tiling)
         return;
     const shape3 shapes[] = {{2, 3000, 256}, {1, 20000, 32}, {8, 600, 520}, {16, 70, 1000}, {56, 150, 128}};
     const int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
+    const int emulated = fx_test_emulated(), few = fx_test_quick() || emulated;
     for (int s = 0; s < nshapes; s++) {
-        if (fx_test_quick() && s != 0 && s < nshapes - 2)
+        if (few && s != 0 && s < nshapes - 2)
             continue;
         for (int kind = 0; kind < FX_LINREC_KIND_COUNT; kind++) {
+            /* the emulator: two ops a shape, the staged MinGRU among them */
+            if (emulated && (kind + s) % 2 == 0)
+                continue;
             lr_case c = {kind, shapes[s].B, shapes[s].L, shapes[s].H, s == 1 ? FX_BF16 : FX_F32,
                          s == 2, kind % 2, 1, 2, kind == FX_LINREC_LIQUID, 0.2, 0};
             if (s == nshapes - 1 && kind >= FX_LINREC_MINLSTM)
                 c.dtype = FX_BF16;
-            if (fx_test_quick() && s == 0)
+            if (few && s == 0)
                 c.L = 2048; /* 2^20 elements */
+            /* the emulator's 4 SMs would stream the first and the last
+             * shape: the tiled kernels as on a GPU (MinGRU staged, chained
+             * and in one time tile) */
+            if (emulated && (s == 0 || s == nshapes - 1))
+                c.max_tile = FX_LINREC_TILES_NO_STREAM;
             compare_with_cpu(dev, &c);
         }
     }
@@ -1184,6 +1242,7 @@ Suite *fx_suite_linrec(void)
     tcase_add_test(tc, split_with_carried_state_is_one_call);
     tcase_add_test(tc, steps_are_one_call);
     tcase_add_test(tc, cuda_matches_cpu);
+    tcase_add_test(tc, cuda_matches_cpu_small_tilings);
     tcase_add_test(tc, cuda_matches_cpu_auto_tiling);
     tcase_add_test(tc, validation_messages);
     tcase_add_test(tc, empty_shapes);

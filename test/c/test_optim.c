@@ -683,10 +683,11 @@ START_TEST(every_combination_on_awkward_sizes)
 {
     combo *combos = malloc(sizeof *combos * MAX_COMBOS);
     int count = all_combos(combos);
-    int stride = fx_test_quick() ? 11 : 1;
+    /* the CPU emulator of the CUDA kernels (test/emu): every fifth, 5 steps */
+    int stride = fx_test_quick() ? 11 : fx_test_emulated() ? 5 : 1;
     unsigned nsizes = fx_test_quick() ? 5 : (unsigned)(sizeof small_sizes / sizeof small_sizes[0]);
     for (int k = 0; k < count; k += stride)
-        run_combo(&combos[k], nsizes, small_sizes, fx_test_quick() ? 5 : 10);
+        run_combo(&combos[k], nsizes, small_sizes, fx_test_quick() || fx_test_emulated() ? 5 : 10);
     free(combos);
 }
 END_TEST
@@ -702,8 +703,10 @@ START_TEST(large_tensor)
         return;
     int64_t sizes[2] = {(1 << 20) + 7, 1};
     combo *combos = malloc(sizeof *combos * MAX_COMBOS);
-    bool gpu = fx_test_device()->kind != FX_DEVICE_CPU;
-    for (int tp = 0; tp < 4; tp++) {
+    /* the CPU emulator of the CUDA kernels (test/emu): f32, AdamW and SGD
+     * with every option on */
+    bool emulated = fx_test_emulated(), gpu = fx_test_device()->kind != FX_DEVICE_CPU && !emulated;
+    for (int tp = 0; tp < (emulated ? 1 : 4); tp++) {
         int count = adamw_combos(combos, tp);
         for (int k = 0; k < count; k++)
             if ((gpu && tp == 0) || k == count - 1)
@@ -721,17 +724,18 @@ END_TEST
 START_TEST(many_tensors)
 {
     unsigned counts[] = {1, 2, 7, 64, 200};
-    int ncounts = fx_test_quick() ? 2 : 5;
+    int quick = fx_test_quick(), emulated = fx_test_emulated(); /* test/emu: every count, smaller */
+    int ncounts = quick ? 2 : 5;
     combo *combos = malloc(sizeof *combos * MAX_COMBOS);
     int count = all_combos(combos);
     int64_t *sizes = malloc(sizeof *sizes * 200);
     for (int a = 0; a < ncounts; a++) {
-        unsigned n = counts[fx_test_quick() ? a + 3 : a];
+        unsigned n = counts[quick ? a + 3 : a];
         for (unsigned i = 0; i < n; i++)
-            sizes[i] = 1 + (int64_t)fx_rand_uniform(0, fx_test_quick() ? 300 : 5000);
+            sizes[i] = 1 + (int64_t)fx_rand_uniform(0, quick ? 300 : emulated ? 1000 : 5000);
         /* a few combinations per count, spread over kinds, types and options */
-        for (int k = a; k < count; k += fx_test_quick() ? 97 : 37)
-            run_combo(&combos[k], n, sizes, fx_test_quick() ? 3 : 10);
+        for (int k = a; k < count; k += quick || emulated ? 97 : 37)
+            run_combo(&combos[k], n, sizes, quick ? 3 : emulated ? 5 : 10);
     }
     free(sizes);
     free(combos);

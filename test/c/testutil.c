@@ -71,6 +71,12 @@ int fx_test_quick(void)
     return q && *q && strcmp(q, "0") != 0;
 }
 
+int fx_test_emulated(void)
+{
+    const fx_device *dev = fx_test_device();
+    return dev->kind == FX_DEVICE_CUDA && strstr(dev->backend->name, "emulated") != NULL;
+}
+
 /* A tensor of `dtype` and `dims` on `dev` holding `values` (f64, converted),
  * or, with no values, every byte 0xff: NaN in every float type. */
 static void upload_host(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,

@@ -13,6 +13,11 @@
 fx_device *fx_test_device(void);
 /* True when FUSEX_QUICK is set (compute-sanitizer runs: smaller sweeps). */
 int fx_test_quick(void);
+/* True when the device under test is the CPU emulator of the CUDA kernels
+ * (test/emu, `make test-emu`): CUDA's code paths at a CPU's speed. Sweeps
+ * sized for a GPU's throughput run smaller there (between their full and
+ * their quick sizes); those that choose kernel paths run whole. */
+int fx_test_emulated(void);
 
 /* A deterministic generator; its seed comes from FUSEX_SEED or the clock
  * and is printed once per run so a failure can be replayed. */
