@@ -194,6 +194,14 @@ ERL_NIF_TERM fx_call_finish(fx_call *c, ERL_NIF_TERM result)
     return result;
 }
 
+/* An integer that does not fit 64 bits (the messages then say the limit:
+ * "expected a number" would be wrong for one). */
+static bool is_big_integer(ErlNifEnv *env, ERL_NIF_TERM term)
+{
+    ErlNifSInt64 v;
+    return enif_term_type(env, term) == ERL_NIF_TERM_TYPE_INTEGER && !enif_get_int64(env, term, &v);
+}
+
 static int bad(fx_call *c, const char *name, const char *expected, ERL_NIF_TERM got)
 {
     char text[96];
@@ -307,7 +315,12 @@ int fx_arg_shape(fx_call *c, ERL_NIF_TERM term, const char *name, int *rank, int
                        FX_MAX_RANK, *rank);
     for (int i = 0; i < *rank; i++) {
         ErlNifSInt64 dim;
-        if (!enif_get_int64(c->env, elems[i], &dim) || dim < 0)
+        if (!enif_get_int64(c->env, elems[i], &dim)) {
+            if (is_big_integer(c->env, elems[i]) && enif_compare(elems[i], enif_make_int(c->env, 0)) > 0)
+                return bad(c, name, "a tuple of non-negative integers, each at most 2^48", term);
+            return bad(c, name, "a tuple of non-negative integers", term);
+        }
+        if (dim < 0)
             return bad(c, name, "a tuple of non-negative integers", term);
         dims[i] = dim;
     }
@@ -365,6 +378,8 @@ int fx_arg_double(fx_call *c, ERL_NIF_TERM term, const char *name, double *out)
         *out = (double)i;
         return FX_OK;
     }
+    if (is_big_integer(c->env, term))
+        return bad(c, name, "a float or an integer from -2^63 to 2^63-1", term);
     return bad(c, name, "a number", term);
 }
 
@@ -383,7 +398,8 @@ int fx_arg_int64(fx_call *c, ERL_NIF_TERM term, const char *name, int64_t *out)
 {
     ErlNifSInt64 v;
     if (!enif_get_int64(c->env, term, &v))
-        return bad(c, name, "an integer", term);
+        return bad(c, name, is_big_integer(c->env, term) ? "an integer from -2^63 to 2^63-1" : "an integer",
+                   term);
     *out = v;
     return FX_OK;
 }
