@@ -251,6 +251,31 @@ static void fwd_args_from_ctx(const fx_ssm_ctx *ctx, fx_ssm_fwd_args *a)
     a->save_every = ctx->save_every;
 }
 
+/* Nothing to scan: a zero batch, sequence or dim. No backend is handed such
+ * a problem, so none loops over rows of nothing (a batch of 2^40 empty
+ * sequences is a valid zero-element tensor, and was hours of loop). */
+static bool nothing_to_scan(const fx_ssm_dims *n)
+{
+    return n->batch == 0 || n->seqlen == 0 || n->dim == 0;
+}
+
+static int fill_zero(const fx_tensor *t, fx_status *st)
+{
+    if (!t || !t->buffer || t->nbytes == 0)
+        return FX_OK;
+    fx_device *dev = t->device;
+    return dev->backend->fill_zero(dev->ordinal, t->data, t->nbytes, st);
+}
+
+/* dst = src in dst's type (same shape), or zeros without src. */
+static int copy_or_zero(const fx_tensor *src, const fx_tensor *dst, fx_status *st)
+{
+    if (!src || dst->numel == 0)
+        return fill_zero(dst, st);
+    fx_device *dev = dst->device;
+    return dev->backend->cast(dev->ordinal, src, dst, st);
+}
+
 int fx_op_ssm_forward(const fx_ssm_inputs *in, bool return_state, fx_tensor *y,
                       fx_tensor *state, fx_ssm_ctx **ctx_out, fx_status *st)
 {
@@ -279,8 +304,12 @@ int fx_op_ssm_forward(const fx_ssm_inputs *in, bool return_state, fx_tensor *y,
         args.saved = ctx->save_every > 0 ? &ctx->saved : NULL;
         args.save_every = ctx->save_every;
     }
-    if (ssm_ops(dev)->forward(dev->ordinal, &args, st) != FX_OK)
+    if (nothing_to_scan(&n)) { /* y is empty; the final state is h0 */
+        if (return_state && copy_or_zero(in->h0, state, st))
+            goto fail;
+    } else if (ssm_ops(dev)->forward(dev->ordinal, &args, st) != FX_OK) {
         goto fail;
+    }
     if (ctx_out)
         *ctx_out = ctx;
     return FX_OK;
@@ -350,6 +379,21 @@ int fx_op_ssm_backward(const fx_ssm_ctx *ctx, const fx_tensor *dy, const fx_tens
     args.ddt_bias = opt(&grads->dt_bias);
     args.dh0 = opt(&grads->h0);
     fx_device *dev = x->device;
+    if (nothing_to_scan(&ctx->n)) {
+        /* No step ran: every gradient is zero (db and dc too, whose groups
+         * may have no channels when dim is 0), except that h0 went straight
+         * to the final state. */
+        fx_tensor *all[] = {&grads->x, &grads->dt, &grads->a, &grads->b, &grads->c,
+                            &grads->d, &grads->z, &grads->dt_bias};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            if (fill_zero(all[i], st))
+                break;
+        if (st->code == FX_OK && args.dh0)
+            copy_or_zero(dstate, args.dh0, st);
+        if (st->code != FX_OK)
+            fx_ssm_grads_release(grads);
+        return st->code;
+    }
     if (ssm_ops(dev)->backward(dev->ordinal, &args, st) != FX_OK) {
         fx_ssm_grads_release(grads);
         return st->code;
@@ -369,6 +413,8 @@ int fx_op_ssm_step(const fx_tensor *state, const fx_ssm_inputs *in, fx_tensor *y
     fx_device *dev = in->x->device;
     if (fx_tensor_alloc(dev, in->x->dtype, 2, in->x->dims, y, st))
         return st->code;
+    if (n.batch == 0 || n.dim == 0) /* y and the state are empty */
+        return FX_OK;
     fx_ssm_step_args args = {
         .n = n, .state = state, .x = in->x, .dt = in->dt, .a = in->a, .b = in->b, .c = in->c,
         .d = in->d, .z = in->z, .dt_bias = in->dt_bias, .dt_softplus = in->dt_softplus, .y = y,

@@ -10,11 +10,13 @@
  * CHECKPOINT) * dstate) per channel, never [batch, seqlen, dim, dstate]. */
 #include <math.h>
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/dtype.h"
 #include "cpu/cpu.h"
+#include "fusex_checked.h"
 #include "fusex_ssm.h"
 
 #if defined(__x86_64__) && defined(__GLIBC__)
@@ -114,11 +116,14 @@ static channel_step load_step(const fx_tensor *x, const fx_tensor *dt, const fx_
 #if defined(__x86_64__) && defined(__GLIBC__)
 __attribute__((target_clones("avx2", "default")))
 #endif
-static void forward_block(const fx_ssm_fwd_args *a, int64_t b, int64_t d0, int64_t d1)
+static int forward_block(const fx_ssm_fwd_args *a, int64_t b, int64_t d0, int64_t d1,
+                         size_t scratch_bytes)
 {
     const fx_ssm_dims *n = &a->n;
     int64_t N = n->dstate, G = n->groups, cpg = n->dim / G, nch = d1 - d0;
-    double *h = malloc(sizeof(double) * (size_t)(2 * nch * N + 2 * G * N + N + 8 * nch));
+    double *h = malloc(scratch_bytes);
+    if (!h)
+        return FX_ENOMEM;
     double *A = h + nch * N, *brow = A + nch * N, *crow = brow + G * N, *decay = crow + G * N;
     double *xs = decay + N, *us = xs + nch, *delta = us + nch, *zs = delta + nch;
     double *gate = zs + nch, *bias = gate + nch, *dskip = bias + nch, *ys = dskip + nch;
@@ -174,21 +179,42 @@ static void forward_block(const fx_ssm_fwd_args *a, int64_t b, int64_t d0, int64
             for (int64_t k = 0; k < N; k++)
                 store(a->state, (b * n->dim + d) * N + k, h[(d - d0) * N + k]);
     free(h);
+    return FX_OK;
+}
+
+/* The bytes of forward_block's scratch for blocks of at most `nch`
+ * channels: 2 * nch * N + 2 * G * N + N + 8 * nch doubles. */
+static bool forward_scratch_bytes(const fx_ssm_dims *n, int64_t nch, size_t *bytes)
+{
+    int64_t states, rows, count;
+    return fx_ckd_mul3(&states, 2, nch, n->dstate) || fx_ckd_mul3(&rows, 2, n->groups, n->dstate) ||
+           fx_ckd_add(&count, states, rows) || fx_ckd_add(&count, count, n->dstate + 8 * nch) ||
+           fx_ckd_bytes(bytes, count, sizeof(double));
 }
 
 static int cpu_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
 {
     (void)dev;
-    (void)st;
     const fx_ssm_dims *n = &a->n;
     int64_t blocks = (n->dim + CHANNEL_BLOCK - 1) / CHANNEL_BLOCK, tasks = n->batch * blocks;
-    int64_t work = n->batch * n->seqlen * n->dim * n->dstate;
+    int64_t work = fx_sat_mul(fx_sat_mul(n->batch * n->seqlen, n->dim), n->dstate);
+    size_t scratch;
+    if (forward_scratch_bytes(n, n->dim < CHANNEL_BLOCK ? n->dim : CHANNEL_BLOCK, &scratch))
+        return fx_fail(st, FX_ENOMEM, "out of host memory: selective_scan's scratch for dstate %lld and %lld groups does not fit in the address space",
+                       (long long)n->dstate, (long long)n->groups);
+    atomic_int failed = 0;
 #pragma omp parallel for schedule(dynamic) if (work > FORWARD_PARALLEL_MIN)
     for (int64_t task = 0; task < tasks; task++) {
+        if (atomic_load_explicit(&failed, memory_order_relaxed))
+            continue;
         int64_t b = task / blocks, d0 = (task % blocks) * CHANNEL_BLOCK;
         int64_t d1 = d0 + CHANNEL_BLOCK < n->dim ? d0 + CHANNEL_BLOCK : n->dim;
-        forward_block(a, b, d0, d1);
+        if (forward_block(a, b, d0, d1, scratch) != FX_OK)
+            atomic_store(&failed, 1);
     }
+    if (failed)
+        return fx_fail(st, FX_ENOMEM, "out of host memory for selective_scan's scratch (%zu bytes a task)",
+                       scratch);
     return FX_OK;
 }
 
@@ -281,16 +307,29 @@ static void backward_channel(const fx_ssm_bwd_args *a, int64_t b, int64_t d, con
             store(a->dh0, sd + k, gs[k]);
 }
 
+/* backward_group's scratch, in doubles: b, c and their gradients as
+ * [seqlen, dstate] rows, (chunks + 1) checkpoints, CHECKPOINT + 2 states
+ * and the adjoint, each dstate long. */
+static bool group_scratch_count(const fx_ssm_dims *n, int64_t *count)
+{
+    int64_t chunks = (n->seqlen + CHECKPOINT - 1) / CHECKPOINT, rows, states;
+    return fx_ckd_mul3(&rows, 4, n->seqlen, n->dstate) ||
+           fx_ckd_mul(&states, chunks + 1 + CHECKPOINT + 2 + 1, n->dstate) ||
+           fx_ckd_add(count, rows, states) || fx_ckd_add(count, *count, 1);
+}
+
 /* Batch b, group g: owns the rows of db and dc of (b, g). */
-static void backward_group(const fx_ssm_bwd_args *a, int64_t b, int64_t g, const partial_sums *ps)
+static int backward_group(const fx_ssm_bwd_args *a, int64_t b, int64_t g, const partial_sums *ps,
+                          int64_t scratch_count)
 {
     const fx_ssm_fwd_args *f = &a->fwd;
     const fx_ssm_dims *n = &f->n;
     int64_t N = n->dstate, L = n->seqlen, cpg = n->dim / n->groups;
     int64_t chunks = (L + CHECKPOINT - 1) / CHECKPOINT;
     size_t rows = (size_t)(L * N);
-    double *bl = calloc(4 * rows + (size_t)((chunks + 1) * N + (CHECKPOINT + 2) * N + N) + 1,
-                        sizeof(double));
+    double *bl = calloc((size_t)scratch_count, sizeof(double));
+    if (!bl)
+        return FX_ENOMEM;
     double *cl = bl + rows, *dbl = cl + rows, *dcl = dbl + rows, *ckpt = dcl + rows;
     double *gs = ckpt + (chunks + 1) * N, *hs = gs + N;
     for (int64_t t = 0; t < L; t++)
@@ -306,6 +345,7 @@ static void backward_group(const fx_ssm_bwd_args *a, int64_t b, int64_t g, const
             store(a->dc, at_btg(n, b, t, g) + k, dcl[t * N + k]);
         }
     free(bl);
+    return FX_OK;
 }
 
 static int cpu_ssm_backward(int dev, const fx_ssm_bwd_args *a, fx_status *st)
@@ -313,16 +353,40 @@ static int cpu_ssm_backward(int dev, const fx_ssm_bwd_args *a, fx_status *st)
     (void)dev;
     const fx_ssm_dims *n = &a->fwd.n;
     int64_t B = n->batch, D = n->dim, N = n->dstate, tasks = B * n->groups;
+    /* batch of x times dim * dstate of a: no one shape bounds it */
+    int64_t sums, channels, group_count;
+    size_t bytes;
+    if (fx_ckd_mul3(&sums, B, D, N) || fx_ckd_mul3(&channels, 2, B, D) ||
+        fx_ckd_add(&sums, sums, channels) || fx_ckd_add(&sums, sums, 1) ||
+        fx_ckd_bytes(&bytes, sums, sizeof(double)))
+        return fx_fail(st, FX_ENOMEM,
+                       "out of host memory: selective_scan_backward's sums for batch %lld, dim %lld, dstate %lld do not fit in the address space",
+                       (long long)B, (long long)D, (long long)N);
+    if (group_scratch_count(n, &group_count) || fx_ckd_bytes(&bytes, group_count, sizeof(double)))
+        return fx_fail(st, FX_ENOMEM,
+                       "out of host memory: selective_scan_backward's scratch for seqlen %lld, dstate %lld does not fit in the address space",
+                       (long long)n->seqlen, (long long)N);
     partial_sums ps;
-    ps.da = calloc((size_t)(B * D * N + 2 * B * D) + 1, sizeof(double));
+    ps.da = calloc((size_t)sums, sizeof(double));
     if (!ps.da)
-        return fx_fail(st, FX_ENOMEM, "out of host memory for selective_scan_backward sums");
+        return fx_fail(st, FX_ENOMEM, "out of host memory for selective_scan_backward sums (%lld doubles)",
+                       (long long)sums);
     ps.dd = ps.da + B * D * N;
     ps.ddt_bias = ps.dd + B * D;
-    int64_t work = B * n->seqlen * D * N;
+    int64_t work = fx_sat_mul(fx_sat_mul(B * n->seqlen, D), N);
+    atomic_int failed = 0;
 #pragma omp parallel for schedule(dynamic) if (work > FX_CPU_PARALLEL_MIN)
-    for (int64_t task = 0; task < tasks; task++)
-        backward_group(a, task / n->groups, task % n->groups, &ps);
+    for (int64_t task = 0; task < tasks; task++) {
+        if (atomic_load_explicit(&failed, memory_order_relaxed))
+            continue;
+        if (backward_group(a, task / n->groups, task % n->groups, &ps, group_count) != FX_OK)
+            atomic_store(&failed, 1);
+    }
+    if (failed) {
+        free(ps.da);
+        return fx_fail(st, FX_ENOMEM, "out of host memory for selective_scan_backward's scratch (%zu bytes a task)",
+                       bytes);
+    }
     for (int64_t i = 0; i < D * N; i++) {
         double sum = 0.0;
         for (int64_t b = 0; b < B; b++)

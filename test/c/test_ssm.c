@@ -15,6 +15,8 @@
 #include "core/dtype.h"
 #include "core/ops.h"
 #include "core/ssm.h"
+#include "cpu/cpu.h"
+#include "fusex_ssm.h"
 #include "testutil.h"
 
 enum {
@@ -1161,6 +1163,33 @@ START_TEST(empty_shapes)
 }
 END_TEST
 
+/* The CPU backend's scratch counts combine dimensions of several tensors
+ * (batch of x, dim * dstate of a), which no one shape bounds: where they
+ * overflow, or the scratch cannot be had, the op fails with FX_ENOMEM and
+ * touches no memory (the tensors here have none). */
+START_TEST(cpu_scratch_overflow_is_out_of_memory)
+{
+    fx_tensor none;
+    memset(&none, 0, sizeof none);
+    fx_ssm_bwd_args bwd;
+    memset(&bwd, 0, sizeof bwd);
+    bwd.fwd.n = (fx_ssm_dims){(int64_t)1 << 40, 1, (int64_t)1 << 8, (int64_t)1 << 40, 1};
+    fx_status st;
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_cpu_ssm_ops.backward(0, &bwd, &st), FX_ENOMEM);
+    ck_assert_str_eq(st.msg, "out of host memory: selective_scan_backward's sums for batch 1099511627776, "
+                             "dim 256, dstate 1099511627776 do not fit in the address space");
+    /* one channel whose states do not fit in memory */
+    fx_ssm_fwd_args fwd;
+    memset(&fwd, 0, sizeof fwd);
+    fwd.n = (fx_ssm_dims){1, 1, 1, (int64_t)1 << 48, 1};
+    fwd.x = fwd.dt = fwd.a = fwd.b = fwd.c = fwd.y = &none;
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_cpu_ssm_ops.forward(0, &fwd, &st), FX_ENOMEM);
+    ck_assert_ptr_nonnull(strstr(st.msg, "out of host memory for selective_scan's scratch"));
+}
+END_TEST
+
 /* Runs the forward on modified inputs and expects `msg`. */
 static void expect_fwd_error(const fx_ssm_inputs *in, const char *msg)
 {
@@ -1314,6 +1343,7 @@ Suite *fx_suite_ssm(void)
     tcase_add_test(tc, backward_matches_cpu);
     tcase_add_test(tc, context_holds_inputs_and_saved_states);
     tcase_add_test(tc, empty_shapes);
+    tcase_add_test(tc, cpu_scratch_overflow_is_out_of_memory);
     tcase_add_test(tc, validation_messages);
     suite_add_tcase(s, tc);
     return s;

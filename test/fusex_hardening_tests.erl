@@ -1,0 +1,99 @@
+%% EUnit: the reproducers of a hostile-input survey, each as it was
+%% reported (one Erlang expression that crashed the VM, returned garbage or
+%% pinned a scheduler), and the neighbours of each fix: a clean error or a
+%% correct result, in bounded time.
+-module(fusex_hardening_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+
+-import(fusex_test_util, [device/0, tensor/3, values/1]).
+
+setup_test_() ->
+    {setup, fun fusex_test_util:seed/0, fun(_) -> ok end, []}.
+
+z(Shape) -> fusex:zeros({f, 32}, Shape, #{device => device()}).
+
+%% The values of every tensor in a map of gradients, by key.
+grad_values(Grads) -> maps:map(fun(_, T) -> values(T) end, Grads).
+
+all_zero(Values) -> lists:all(fun(V) -> V == 0 end, Values).
+
+%% ---- 1. zero-element inputs whose other dimensions overflow ----
+
+%% The shape itself is refused now: its nonzero dimensions multiply past
+%% 2^48 (batch * dim * dstate wrapped to 0 bytes of scratch).
+zero_element_overflow_test() ->
+    ?assertError({badarg, <<"shape: expected nonzero dimensions whose product is at most 2^48, "
+                            "got {281474976710656,0,4194304}">>},
+                 begin
+                     {Y, C} = fusex:selective_scan(z({1 bsl 48, 0, 1 bsl 22}), z({1 bsl 48, 0, 1 bsl 22}),
+                                                   z({1 bsl 22, 1}), z({1 bsl 48, 0, 1}), z({1 bsl 48, 0, 1}),
+                                                   #{save_for_backward => true}),
+                     fusex:selective_scan_backward(Y, C)
+                 end).
+
+%% An empty sequence over many channels: nothing is scanned, so the
+%% gradients are zeros of their inputs' shapes (and dh0 is dstate).
+empty_sequence_gradients_test_() ->
+    {timeout, 60,
+     fun() ->
+             Bt = 1 bsl 20, D = 1 bsl 10, N = 3,
+             H0 = tensor({f, 32}, {2, D, N}, [float(I) || I <- lists:seq(1, 2 * D * N)]),
+             Dstate = tensor({f, 32}, {2, D, N}, [float(-I) || I <- lists:seq(1, 2 * D * N)]),
+             Opts = #{d => z({D}), dt_bias => z({D}), z => z({Bt, 0, D}), save_for_backward => true},
+             {Y, C} = fusex:selective_scan(z({Bt, 0, D}), z({Bt, 0, D}), z({D, N}), z({Bt, 0, 2, N}),
+                                           z({Bt, 0, 2, N}), Opts),
+             ?assertEqual({Bt, 0, D}, fusex:shape(Y)),
+             G = fusex:selective_scan_backward(Y, C),
+             ?assertEqual([a, b, c, d, dt, dt_bias, x, z], lists:sort(maps:keys(G))),
+             ?assertEqual({D, N}, fusex:shape(maps:get(a, G))),
+             ?assert(lists:all(fun all_zero/1, maps:values(grad_values(G)))),
+             %% a sequence of no steps carries h0 to the final state, and
+             %% the final state's gradient back to h0
+             X2 = z({2, 0, D}), B2 = z({2, 0, 1, N}),
+             {Y2, S2, C2} = fusex:selective_scan(X2, X2, z({D, N}), B2, B2,
+                                                 #{h0 => H0, return_state => true,
+                                                   save_for_backward => true}),
+             ?assertEqual(values(H0), values(S2)),
+             G2 = fusex:selective_scan_backward(Y2, C2, #{dstate => Dstate}),
+             ?assertEqual(values(Dstate), values(maps:get(h0, G2))),
+             ?assert(all_zero(values(maps:get(a, G2))))
+     end}.
+
+%% No channels (dim 0) but groups of b and c with states: their gradients
+%% are sums over no channels, zeros.
+no_channels_test() ->
+    {Y, C} = fusex:selective_scan(z({2, 3, 0}), z({2, 3, 0}), z({0, 4}), z({2, 3, 5, 4}), z({2, 3, 5, 4}),
+                                  #{save_for_backward => true}),
+    G = fusex:selective_scan_backward(Y, C),
+    ?assertEqual({2, 3, 5, 4}, fusex:shape(maps:get(b, G))),
+    ?assert(all_zero(values(maps:get(b, G)))),
+    ?assert(all_zero(values(maps:get(c, G)))).
+
+%% ---- 4. an empty output over 2^40 batch rows ----
+
+%% It used to loop over every row (~100 hours on a dirty scheduler); the
+%% op now returns at once, forward and backward, also with many groups.
+empty_output_returns_at_once_test_() ->
+    {timeout, 30,
+     fun() ->
+             X = z({1 bsl 40, 0, 64}), B = z({1 bsl 40, 0, 1}),
+             {T, Y} = timer:tc(fun() -> fusex:selective_scan(X, X, z({64, 1}), B, B, #{}) end),
+             ?assertEqual({1 bsl 40, 0, 64}, fusex:shape(Y)),
+             ?assert(T < 5000000),
+             {Y1, C1} = fusex:selective_scan(X, X, z({64, 1}), B, B, #{save_for_backward => true}),
+             ?assertEqual(#{x => {1 bsl 40, 0, 64}, a => {64, 1}},
+                          maps:map(fun(_, G) -> fusex:shape(G) end,
+                                   maps:with([x, a], fusex:selective_scan_backward(Y1, C1)))),
+             Xg = z({1, 0, 1 bsl 20}), Bg = z({1, 0, 1 bsl 20, 1}),
+             {Y2, C2} = fusex:selective_scan(Xg, Xg, z({1 bsl 20, 1}), Bg, Bg, #{save_for_backward => true}),
+             G2 = fusex:selective_scan_backward(Y2, C2),
+             ?assert(all_zero(values(maps:get(a, G2))))
+     end}.
+
+%% A step of no channels, or of no batch rows, is empty too.
+empty_step_test() ->
+    Y = fusex:selective_scan_step(z({3, 0, 8}), z({3, 0}), z({3, 0}), z({0, 8}), z({3, 8}), z({3, 8}), #{}),
+    ?assertEqual({3, 0}, fusex:shape(Y)),
+    Y0 = fusex:selective_scan_step(z({0, 4, 8}), z({0, 4}), z({0, 4}), z({4, 8}), z({0, 8}), z({0, 8}), #{}),
+    ?assertEqual({0, 4}, fusex:shape(Y0)).
