@@ -97,3 +97,31 @@ empty_step_test() ->
     ?assertEqual({3, 0}, fusex:shape(Y)),
     Y0 = fusex:selective_scan_step(z({0, 4, 8}), z({0, 4}), z({0, 4}), z({4, 8}), z({0, 8}), z({0, 8}), #{}),
     ?assertEqual({0, 4}, fusex:shape(Y0)).
+
+%% ---- 3. liquid_backward of hidden 0 returned dt's gradient unwritten ----
+
+%% The heap is first filled with freed 0xFF tensors of the gradient's size,
+%% so memory nobody writes reads as NaN, not as the zeros of a fresh page.
+liquid_empty_dt_gradient_test() ->
+    Poison = fun() -> [fusex:free(fusex:tensor(binary:copy(<<255>>, 4000), {u, 8}, {4000},
+                                               #{device => device()}))
+                       || _ <- lists:seq(1, 8)] end,
+    [begin
+         Poison(),
+         {_, C} = fusex:liquid(z({4, 250, 0}), z({0}), z({0}),
+                               #{dt => z({4, 250, 1}), save_for_backward => true}),
+         Poison(),
+         G = fusex:liquid_backward(z({4, 250, 0}), C),
+         ?assertEqual(lists:duplicate(1000, 0.0), values(maps:get(dt, G))),
+         ?assertEqual([], values(maps:get(tau, G)))
+     end || _ <- lists:seq(1, 5)].
+
+%% A zero-element sequence whose other dimensions multiply past 2^64 (as
+%% batch * hidden did in the op layer's emptiness test) is refused by its
+%% shape; one within bounds scans nothing.
+linrec_empty_products_test() ->
+    ?assertError({badarg, <<"shape: expected nonzero dimensions whose product is at most 2^48, "
+                            "got {281474976710656,0,4194304}">>},
+                 fusex:linear_scan(z({1 bsl 48, 0, 1 bsl 22}), z({1 bsl 48, 0, 1 bsl 22}))),
+    H = fusex:linear_scan(z({1 bsl 26, 0, 1 bsl 22}), z({1 bsl 26, 0, 1 bsl 22})),
+    ?assertEqual({1 bsl 26, 0, 1 bsl 22}, fusex:shape(H)).

@@ -133,6 +133,11 @@ static int expect_impl(fx_status *st, const fx_device *dev, const void *fn, int 
     return fx_expect_op(st, dev, fn, what);
 }
 
+/* No channel to scan (a zero batch or hidden): the outputs are empty. The
+ * test is on each dimension, not their product, which overflows for a
+ * zero-element sequence like {2^48, 0, 2^22}. */
+static bool no_channels(const fx_linrec_problem *p) { return p->batch == 0 || p->hidden == 0; }
+
 static int fill_zero(const fx_tensor *t, fx_status *st)
 {
     if (!t->data || t->nbytes == 0)
@@ -176,7 +181,7 @@ int fx_op_linrec_forward_into(fx_linrec_problem *p, const fx_tensor *h0, int max
         (state && expect_output(st, "state", state, dev, fx_linrec_state_dtype(p->dtype), 2,
                                 sdims, "([batch, hidden])")))
         return st->code;
-    if (p->batch * p->hidden == 0)
+    if (no_channels(p))
         return FX_OK;
     if (p->seqlen == 0) /* nothing to scan: the state is h0 */
         return state ? convert_into(h0, state, st) : FX_OK;
@@ -284,12 +289,13 @@ int fx_op_linrec_backward_into(const fx_linrec_problem *p, const fx_tensor *h0,
         (dstate && expect_state_tensor(st, "dstate", dstate, p, "the saved context")) ||
         expect_grads(st, p, h0, g))
         return st->code;
-    if (p->batch * p->hidden == 0 || p->seqlen == 0) {
-        /* Nothing was scanned: tau and a get zeros, h0 went straight to
-         * the state so dh0 is dstate. */
-        if (fill_zero(&g->tau, st) || fill_zero(&g->lam, st))
+    if (no_channels(p) || p->seqlen == 0) {
+        /* Nothing was scanned: tau, a and dt (a sum over the channels of
+         * each row, of which there may be none) get zeros, h0 went
+         * straight to the state so dh0 is dstate. */
+        if (fill_zero(&g->tau, st) || fill_zero(&g->lam, st) || fill_zero(&g->dt, st))
             return st->code;
-        return h0 && p->batch * p->hidden > 0 ? convert_into(dstate, &g->h0, st) : FX_OK;
+        return h0 && !no_channels(p) ? convert_into(dstate, &g->h0, st) : FX_OK;
     }
     fx_linrec_bwd_args args = {.p = *p, .h0 = h0, .h = h, .dh = dh, .dstate = dstate,
                                .dtau = present(&g->tau), .dlam = present(&g->lam),
@@ -329,7 +335,7 @@ int fx_op_linrec_step(fx_linrec_problem *p, const fx_tensor *state, fx_tensor *h
     int64_t dims[2] = {p->batch, p->hidden};
     if (fx_tensor_alloc(dev, p->dtype, 2, dims, h, st))
         return st->code;
-    if (p->batch * p->hidden == 0)
+    if (no_channels(p))
         return FX_OK;
     fx_linrec_step_args args = {.p = *p, .state = state, .h = h};
     if (ops->step(dev->ordinal, &args, st) != FX_OK)

@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "cpu/cpu.h"
+#include "fusex_checked.h"
 #include "fusex_linrec.h"
 
 #define HBLOCK 64
@@ -189,7 +190,7 @@ static int cpu_forward(int dev, const fx_linrec_fwd_args *a, fx_status *st)
     (void)st;
     const fx_linrec_problem *p = &a->p;
     int64_t n = task_count(p, HBLOCK);
-    int64_t work = p->batch * p->seqlen * p->hidden;
+    int64_t work = fx_sat_mul(p->batch * p->seqlen, p->hidden);
 #pragma omp parallel for schedule(dynamic) if (work > FX_CPU_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++)
         forward_task(a, task_at(p, HBLOCK, i));
@@ -253,9 +254,13 @@ static int cpu_backward(int dev, const fx_linrec_bwd_args *a, fx_status *st)
     bwd_sums sums = {0};
     int liquid = p->kind == FX_LINREC_LIQUID;
     if (liquid) {
-        sums.dtau = calloc((size_t)(B * H), sizeof(double));
-        sums.dlam = calloc((size_t)(B * H), sizeof(double));
-        sums.ddt = a->ddt ? calloc((size_t)(B * L), sizeof(double)) : NULL;
+        int64_t channels, rows;
+        if (fx_ckd_mul(&channels, B, H) || fx_ckd_mul(&rows, B, L))
+            return fx_fail(st, FX_ENOMEM, "out of host memory: liquid's gradient sums for batch %lld, seqlen %lld, hidden %lld do not fit in the address space",
+                           (long long)B, (long long)L, (long long)H);
+        sums.dtau = calloc((size_t)channels, sizeof(double));
+        sums.dlam = calloc((size_t)channels, sizeof(double));
+        sums.ddt = a->ddt ? calloc((size_t)rows, sizeof(double)) : NULL;
         if (!sums.dtau || !sums.dlam || (a->ddt && !sums.ddt)) {
             free(sums.dtau);
             free(sums.dlam);
@@ -266,7 +271,7 @@ static int cpu_backward(int dev, const fx_linrec_bwd_args *a, fx_status *st)
     /* With a dt tensor, ddt sums over every channel of a row: one thread
      * takes all of a batch row's channel blocks, so no two threads share a
      * sum. */
-    int64_t work = B * L * H;
+    int64_t work = fx_sat_mul(B * L, H);
     if (a->ddt) {
 #pragma omp parallel for schedule(dynamic) if (work > FX_CPU_PARALLEL_MIN)
         for (int64_t b = 0; b < B; b++)

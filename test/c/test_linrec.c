@@ -1157,12 +1157,22 @@ START_TEST(empty_shapes)
         lr_fwd f;
         lr_bwd g;
 
+        /* Liquid's tau, a and dt gradients are sums over what was not
+         * scanned: zeros, whatever their tensors held before (they are
+         * poisoned), dt's of hidden 0 too. */
         const shape3 empties[] = {{0, 4, 3}, {2, 4, 0}};
         for (int e = 0; e < 2; e++) {
-            lr_case ce = {kind, empties[e].B, empties[e].L, empties[e].H, t, 0, 0, 1, 1, 0, 1.0, 0};
+            lr_case ce = {kind, empties[e].B, empties[e].L, empties[e].H, t, 0, 0, 1, 1,
+                          kind == FX_LINREC_LIQUID, 1.0, 0};
             host_random(&ce, &x);
             run_forward(dev, &ce, &x, &f);
             run_backward(dev, &ce, &x, NULL, NULL, &g);
+            double zeros[8] = {0};
+            if (kind == FX_LINREC_LIQUID) {
+                expect_close("empty dtau", &ce, g.tau, zeros, ce.H, 0);
+                expect_close("empty da", &ce, g.lam, zeros, ce.H, 0);
+                expect_close("empty ddt", &ce, g.dt, zeros, ce.B * ce.L, 0);
+            }
             bwd_free(&g);
             fwd_free(&f);
             host_free(&x);
