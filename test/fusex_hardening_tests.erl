@@ -125,3 +125,47 @@ linrec_empty_products_test() ->
                  fusex:linear_scan(z({1 bsl 48, 0, 1 bsl 22}), z({1 bsl 48, 0, 1 bsl 22}))),
     H = fusex:linear_scan(z({1 bsl 26, 0, 1 bsl 22}), z({1 bsl 26, 0, 1 bsl 22})),
     ?assertEqual({1 bsl 26, 0, 1 bsl 22}, fusex:shape(H)).
+
+%% ---- 5. copy_into between overlapping views ----
+
+%% Views of one tensor's memory at different offsets: the copy behaves as
+%% memmove (memcpy on overlapping ranges is undefined; AddressSanitizer
+%% reports memcpy-param-overlap, which is how make test-asan catches it).
+copy_into_overlapping_views_test_() ->
+    case device() of
+        cpu -> [{Name, fun() -> overlap_case(N, Shift) end}
+                || {Name, N, Shift} <- [{"forward by 2", 8, 2}, {"backward by 2", 8, -2},
+                                        {"forward by 1 of 100001", 100001, 1},
+                                        {"backward by 3 of 100001", 100001, -3}]];
+        _ -> [] % local addresses of CUDA memory are device addresses: same code path, tested on cpu
+    end.
+
+overlap_case(N, Shift) ->
+    Values = [float(I) || I <- lists:seq(1, N)],
+    T = tensor({f, 32}, {N}, Values),
+    {local, A, _} = fusex:to_pointer(T, local),
+    Len = N - abs(Shift),
+    {SrcAt, DstAt} = case Shift > 0 of true -> {0, Shift}; false -> {-Shift, 0} end,
+    View = fun(At) -> fusex:from_pointer({local, A + 4 * At}, {f, 32}, {Len}, #{device => cpu}) end,
+    ok = fusex:copy_into(View(SrcAt), View(DstAt)),
+    Src = lists:sublist(Values, SrcAt + 1, Len),
+    Want = lists:sublist(Values, DstAt) ++ Src ++ lists:nthtail(DstAt + Len, Values),
+    ?assertEqual(Want, values(T)).
+
+%% A step's state is written in place while its inputs are read: a state
+%% that shares bytes with one of them is refused.
+step_state_apart_from_inputs_test() ->
+    S = z({2, 4, 3}),
+    X = fusex:reshape(S, {2, 12}),
+    {local, A, _} = fusex:to_pointer(S, local),
+    Xv = fusex:from_pointer({local, A}, {f, 32}, {2, 4}, #{device => device()}),
+    ?assertError({badarg, <<"state: expected memory apart from x's (it is written in place while x is read), "
+                            "got an overlap of their bytes">>},
+                 fusex:selective_scan_step(S, Xv, z({2, 4}), z({4, 3}), z({2, 3}), z({2, 3}), #{})),
+    L = z({2, 12}),
+    ?assertError({badarg, <<"state: expected memory apart from b's (it is written in place while b is read), "
+                            "got an overlap of their bytes">>},
+                 fusex:linear_scan_step(L, z({2, 12}), L, #{})),
+    ?assertError({badarg, <<"state: expected memory apart from a's (it is written in place while a is read), "
+                            "got an overlap of their bytes">>},
+                 fusex:linear_scan_step(X, X, z({2, 12}), #{})).

@@ -332,6 +332,12 @@ int fx_op_linrec_step(fx_linrec_problem *p, const fx_tensor *state, fx_tensor *h
     if (expect_impl(st, dev, (const void *)(ops ? ops->step : NULL), p->kind, "_step") ||
         expect_state_tensor(st, "state", state, p, kinds[p->kind].seq[0]))
         return st->code;
+    for (int i = 0; i < p->nseq; i++)
+        if (fx_expect_apart(st, "state", state, kinds[p->kind].seq[i], p->seq[i]))
+            return st->code;
+    if (fx_expect_apart(st, "state", state, "tau", p->tau) ||
+        fx_expect_apart(st, "state", state, "a", p->lam) || fx_expect_apart(st, "state", state, "dt", p->dt))
+        return st->code;
     int64_t dims[2] = {p->batch, p->hidden};
     if (fx_tensor_alloc(dev, p->dtype, 2, dims, h, st))
         return st->code;

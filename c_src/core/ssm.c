@@ -170,7 +170,14 @@ int fx_ssm_check_step(const fx_tensor *state, const fx_ssm_inputs *in, fx_ssm_di
     if (state->dtype != FX_F32 && !(on_cpu(state) && state->dtype == FX_F64))
         return fx_fail(st, FX_EBADARG, "state: expected type {f,32}%s, got %s",
                        on_cpu(state) ? " or {f,64}" : "", fx_dtype_name(state->dtype));
-    return fx_expect_shape(st, "state", state, 3, state_dims, LAYOUT_STATE);
+    if (fx_expect_shape(st, "state", state, 3, state_dims, LAYOUT_STATE))
+        return st->code;
+    const char *names[] = {"x", "dt", "a", "b", "c", "d", "z", "dt_bias"};
+    const fx_tensor *read[] = {in->x, in->dt, in->a, in->b, in->c, in->d, in->z, in->dt_bias};
+    for (size_t i = 0; i < sizeof read / sizeof read[0]; i++)
+        if (fx_expect_apart(st, "state", state, names[i], read[i]))
+            return st->code;
+    return FX_OK;
 }
 
 /* ---- forward ---- */
