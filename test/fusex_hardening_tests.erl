@@ -169,3 +169,47 @@ step_state_apart_from_inputs_test() ->
     ?assertError({badarg, <<"state: expected memory apart from a's (it is written in place while a is read), "
                             "got an overlap of their bytes">>},
                  fusex:linear_scan_step(X, X, z({2, 12}), #{})).
+
+%% ---- 6. aliasing checks compare byte ranges, from any source ----
+
+optimizer_aliasing_by_ranges_test() ->
+    T = tensor({f, 32}, {8}, [float(I) || I <- lists:seq(1, 8)]),
+    {local, A, _} = fusex:to_pointer(T, local),
+    Shifted = fusex:from_pointer({local, A + 4}, {f, 32}, {7}, #{device => device()}),
+    ?assertError({badarg, <<"params[1]: expected a tensor distinct from params[0], got overlapping memory">>},
+                 fusex:adamw_init([T, Shifted], #{})),
+    ?assertError({badarg, <<"params[1]: expected a tensor distinct from params[0], got overlapping memory">>},
+                 fusex:sgd_init([T, Shifted], #{momentum => 0.9})),
+    P = [tensor({f, 32}, {3}, [1.0, 2.0, 3.0]), tensor({f, 32}, {4}, [4.0, 5.0, 6.0, 7.0])],
+    G = [z({3}), z({4})],
+    S = fusex:adamw_init(P, #{amsgrad => true}),
+    #{exp_avg := [M0, _], exp_avg_sq := [_, V1], max_exp_avg_sq := [Max0, _]} = S,
+    %% the state's own moments as gradients or as parameters
+    ?assertError({badarg, <<"grads[0]: expected a tensor distinct from every param and the optimizer "
+                            "state's tensors, got the memory of the state's exp_avg[0]">>},
+                 fusex:adamw_step(S, P, [M0, lists:last(G)], #{amsgrad => true})),
+    ?assertError({badarg, <<"params[0]: expected a tensor distinct from the optimizer state's tensors, "
+                            "got the memory of the state's max_exp_avg_sq[0]">>},
+                 fusex:adamw_step(S, [Max0, lists:last(P)], G, #{amsgrad => true})),
+    %% a view into a moment, made from its address
+    {local, AV, _} = fusex:to_pointer(V1, local),
+    Inside = fusex:from_pointer({local, AV + 4}, {f, 32}, {3}, #{device => device()}),
+    ?assertError({badarg, <<"grads[0]: expected a tensor distinct from every param and the optimizer "
+                            "state's tensors, got the memory of the state's exp_avg_sq[1]">>},
+                 fusex:adamw_step(S, P, [Inside, lists:last(G)], #{amsgrad => true})),
+    %% a gradient overlapping a param's tail
+    [_, P1] = P,
+    {local, AP, _} = fusex:to_pointer(P1, local),
+    Tail = fusex:from_pointer({local, AP + 4}, {f, 32}, {3}, #{device => device()}),
+    ?assertError({badarg, <<"grads[0]: expected a tensor distinct from every param, got the memory of params[1]">>},
+                 fusex:adamw_step(S, P, [Tail, lists:last(G)], #{amsgrad => true})),
+    %% none of that changed the state; a good step still runs
+    ?assertMatch(#{step := 0}, fusex:optimizer_info(S)),
+    fusex:adamw_step(S, P, G, #{amsgrad => true}),
+    ?assertMatch(#{step := 1}, fusex:optimizer_info(S)),
+    %% SGD's momentum buffers as gradients
+    Sg = fusex:sgd_init(P, #{momentum => 0.9}),
+    #{momentum_buffer := [B0, _]} = Sg,
+    ?assertError({badarg, <<"grads[0]: expected a tensor distinct from every param and the optimizer "
+                            "state's tensors, got the memory of the state's momentum_buffer[0]">>},
+                 fusex:sgd_step(Sg, P, [B0, lists:last(G)], #{})).

@@ -45,10 +45,12 @@ typedef struct fx_optim_state {
     fx_optim_slot *host_slots; /* what the device table holds, when slots_valid */
     fx_optim_slot *next_slots; /* the step being built */
     bool slots_valid;
-    /* The params of host_slots sorted by address, for the aliasing checks
-     * of a table that changed: a training loop's new gradients every step
-     * do not re-sort unchanged params. Valid with slots_valid. */
-    struct fx_ptr_index *sorted_params;
+    /* The byte ranges a step writes (the params of host_slots and the
+     * state's own tensors) sorted by address, for the aliasing checks of a
+     * table that changed: a training loop's new gradients every step do
+     * not re-sort unchanged params. Valid with slots_valid. */
+    struct fx_ptr_index *sorted_written;
+    size_t nwritten;
     uint32_t *chunk_tensor; /* host copy of the work list */
 } fx_optim_state;
 
