@@ -328,8 +328,12 @@ copy_into(Src, Dst) -> ?NIF:copy_into(Src, Dst).
 %% master copies of 16-bit parameters (else `[]'). AdamW keeps `exp_avg',
 %% `exp_avg_sq' and, with amsgrad, `max_exp_avg_sq' (else `[]'); SGD keeps
 %% `momentum_buffer' (`[]' without momentum). All f32, one per parameter.
-%% `ref' is the state's device table; the map is the whole state: a step
-%% returns it unchanged (the tensors in it changed in place).
+%% `ref' is the state itself (its device table and its own references to
+%% every tensor above): steps and {@link optimizer_info/1} read the state
+%% through it alone, so the map's tensors are views for inspection, and a
+%% map whose tensors were replaced (or forged) reads and steps exactly as
+%% the original. A step returns the map unchanged (the tensors in it
+%% changed in place).
 
 -type adamw_hyper() :: #{lr => number(), beta1 => number(), beta2 => number(),
                          eps => number(), weight_decay => number(), maximize => boolean(),
@@ -425,17 +429,10 @@ sgd_step(State, Params, Grads, Hyper) -> optimizer_step(sgd, State, Params, Grad
 %% and whether it was skipped. Waits for the queued work on the state's
 %% device; a training loop that does not call it never waits.
 -spec optimizer_info(optimizer()) -> optimizer_info().
-optimizer_info(#{optimizer := _, step := Step, grad_norm := Norm, skipped := Skipped}) ->
-    <<Count:64/signed-native>> = to_binary(Step),
-    <<Flag:8>> = to_binary(Skipped),
-    #{step => Count, skipped => Flag =:= 1, grad_norm => norm_value(to_binary(Norm))};
+optimizer_info(#{optimizer := _, ref := Ref}) ->
+    ?NIF:optim_info(Ref);
 optimizer_info(Other) ->
     erlang:error({badarg, not_a_state(<<"adamw_init/2 or sgd_init/2">>, Other)}).
-
-norm_value(<<Norm:32/float-native>>) when Norm < 0 -> undefined;
-norm_value(<<Norm:32/float-native>>) -> Norm;
-norm_value(<<Bits:32/native>>) when Bits band 16#7FFFFF =:= 0 -> infinity;
-norm_value(_) -> nan.
 
 optimizer_init(Kind, Params, Opts) ->
     {Ref, Tensors} = ?NIF:optim_init(Kind, Params, Opts),

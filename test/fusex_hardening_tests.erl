@@ -213,3 +213,29 @@ optimizer_aliasing_by_ranges_test() ->
     ?assertError({badarg, <<"grads[0]: expected a tensor distinct from every param and the optimizer "
                             "state's tensors, got the memory of the state's momentum_buffer[0]">>},
                  fusex:sgd_step(Sg, P, [B0, lists:last(G)], #{})).
+
+%% ---- 7. forged state maps ----
+
+%% optimizer_info and the steps read the state through its `ref' alone:
+%% tensors swapped into the map change nothing, and a `ref' that is not a
+%% state is refused.
+forged_optimizer_state_test() ->
+    P = [tensor({f, 32}, {3}, [1.0, 2.0, 3.0])],
+    G = [tensor({f, 32}, {3}, [0.5, 0.5, 0.5])],
+    S = fusex:adamw_init(P, #{max_grad_norm => 10.0}),
+    fusex:adamw_step(S, P, G, #{}),
+    Want = fusex:optimizer_info(S),
+    ?assertMatch(#{step := 1, skipped := false, grad_norm := N} when is_float(N), Want),
+    F32 = tensor({f, 32}, {}, [7.0]),
+    F64 = fusex:tensor(<<1.5:64/float-native>>, {f, 64}, {}, #{device => device()}),
+    ?assertEqual(Want, fusex:optimizer_info(S#{step => F32})),
+    ?assertEqual(Want, fusex:optimizer_info(S#{grad_norm => F64, skipped => F32})),
+    Forged = S#{step => F32, exp_avg => [F32], master => [F64]},
+    fusex:adamw_step(Forged, P, G, #{}),
+    ?assertMatch(#{step := 2}, fusex:optimizer_info(Forged)),
+    ?assertError({badarg, <<"state: expected a context saved by adamw_init/2 or sgd_init/2, got ", _/binary>>},
+                 fusex:optimizer_info(S#{ref => make_ref()})),
+    ?assertError({badarg, <<"state: expected a context saved by adamw_init/2 or sgd_init/2, got ", _/binary>>},
+                 fusex:adamw_step(S#{ref => F32}, P, G, #{})),
+    ?assertError({badarg, <<"state: expected an optimizer state from adamw_init/2 or sgd_init/2, got ", _/binary>>},
+                 fusex:optimizer_info(#{step => F32})).

@@ -684,3 +684,18 @@ int fx_op_optim_try_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor 
 {
     return optim_step(s, kind, params, nparams, grads, ngrads, h, true, done, st);
 }
+
+/* Under the state's lock, so that a step running on the CPU in another
+ * thread is not read half-way. */
+int fx_op_optim_info(fx_optim_state *s, fx_optim_info *out, fx_status *st)
+{
+    uint8_t skipped = 0;
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&s->lock);
+    if (fx_op_to_host(&s->step, &out->step, st) == FX_OK &&
+        fx_op_to_host(&s->grad_norm, &out->grad_norm, st) == FX_OK)
+        fx_op_to_host(&s->skipped, &skipped, st);
+    pthread_mutex_unlock(&s->lock);
+    out->skipped = skipped != 0;
+    return st->code;
+}

@@ -88,6 +88,16 @@ int fx_op_optim_try_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor 
                          unsigned nparams, const fx_tensor *grads, unsigned ngrads,
                          const fx_optim_hyper *h, bool *done, fx_status *st);
 
+/* What the last step left on the device, read from the state's own
+ * tensors (waits for the queued work). grad_norm is negative when the
+ * step computed none. */
+typedef struct fx_optim_info {
+    int64_t step;
+    float grad_norm;
+    bool skipped;
+} fx_optim_info;
+int fx_op_optim_info(fx_optim_state *s, fx_optim_info *out, fx_status *st);
+
 /* Drops the state's references (its memory goes when no handle shares it). */
 void fx_optim_state_free(fx_optim_state *s);
 

@@ -66,10 +66,12 @@ FX_ENTRY(nif_copy_into);
 /* optim_nif.c */
 FX_ENTRY(nif_optim_init);
 FX_ENTRY(nif_optim_step);
+FX_ENTRY(nif_optim_info);
 
 #define FX_OPTIM_NIFS                                                \
     {"optim_init", 3, nif_optim_init_entry, 0},                      \
-    {"optim_step", 5, nif_optim_step_entry, 0}
+    {"optim_step", 5, nif_optim_step_entry, 0},                      \
+    {"optim_info", 1, nif_optim_info_entry, 0}
 
 /* linrec_nif.c */
 FX_ENTRY(nif_linear_scan);
