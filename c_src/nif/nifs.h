@@ -7,6 +7,7 @@
 #include "nif/nif.h"
 
 /* tensor_nif.c */
+int fx_event_type_open(ErlNifEnv *env); /* the timing events' resource type */
 ERL_NIF_TERM nif_devices(ErlNifEnv *, int, const ERL_NIF_TERM[]);
 ERL_NIF_TERM nif_shape(ErlNifEnv *, int, const ERL_NIF_TERM[]);
 ERL_NIF_TERM nif_type(ErlNifEnv *, int, const ERL_NIF_TERM[]);

@@ -1,4 +1,4 @@
-// tools/linrec_variants: the linrec forward kernels launched directly
+// dev/linrec_variants: the linrec forward kernels launched directly
 // (below the op layer), several variants of each, for kernel work on a GPU.
 // What the kernel files (k_*.cu) and the driver (main.cu) share: plain
 // types only, so that a kernel file may be compiled with the kernels'

@@ -1,4 +1,4 @@
-// MinLSTM, Liquid (f32) and MinGRU bf16 forwards (tools/linrec_variants).
+// MinLSTM, Liquid (f32) and MinGRU bf16 forwards (dev/linrec_variants).
 #include "launch.cuh"
 
 using namespace lvimpl;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds and runs tools/ssm_bench on the GPU machine; logs under $OUT.
-#   tools/ssm_bench/run.sh [steps...]   steps: build check bench variants ncu sanitize erl-bench
+# Builds and runs dev/ssm_bench on the GPU machine; logs under $OUT.
+#   dev/ssm_bench/run.sh [steps...]   steps: build check bench variants ncu sanitize erl-bench
 #   (default: build check bench ncu); QUICK=0 for the whole ssm suite
 #   build: the library and the Check binary (TARGETS), and build/ssm_bench
 #   unless it is there already (e.g. built elsewhere with the variants:
@@ -13,7 +13,6 @@ OUT=${OUT:-/tmp/ssm-bench-out}
 mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:/usr/lib/erlang/bin:$PATH
 steps=${*:-build check bench ncu}
-NVCC_FLAGS="-O3 -lineinfo -std=c++17 -gencode arch=compute_90,code=sm_90 -Iinclude -Ic_src -Itools/ssm_bench --expt-relaxed-constexpr"
 
 for s in $steps; do
     start=$SECONDS
@@ -22,7 +21,7 @@ for s in $steps; do
         timeout 200 make -j16 ${TARGETS:-all build/fusex_check} > "$OUT/build.log" 2>&1
         echo "== build rc=$? $((SECONDS - start))s"
         if [ ! -x build/ssm_bench ]; then
-            timeout 100 nvcc $NVCC_FLAGS ${BENCH_DEFS:-} tools/ssm_bench/ssm_bench.cu -o build/ssm_bench >> "$OUT/build.log" 2>&1
+            timeout 100 make -f dev/Makefile build/ssm_bench BENCH_DEFS="${BENCH_DEFS:-}" >> "$OUT/build.log" 2>&1
             echo "== bench build rc=$? $((SECONDS - start))s"
         fi
         tail -n 3 "$OUT/build.log" ;;

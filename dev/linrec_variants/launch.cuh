@@ -1,10 +1,10 @@
-// Launchers for the kernel files of tools/linrec_variants: each builds the
+// Launchers for the kernel files of dev/linrec_variants: each builds the
 // plan and tiling as c_src/cuda/linrec.cu does and launches one kernel
 // (chained launches only: every case of the driver has several time tiles).
 #ifndef LV_LAUNCH_CUH
 #define LV_LAUNCH_CUH
 
-#include "cuda/linrec_kernels.cuh"
+#include "cuda/linrec/plan.cuh"
 #include "variants.h"
 
 namespace lvimpl {

@@ -337,7 +337,7 @@ int main(int argc, char **argv)
         while (f < sizeof int_flags / sizeof int_flags[0] && strcmp(argv[i], int_flags[f].name))
             f++;
         if (f == sizeof int_flags / sizeof int_flags[0]) {
-            fprintf(stderr, "linrec_bench: unknown flag %s (see the head of tools/linrec_bench.c)\n", argv[i]);
+            fprintf(stderr, "linrec_bench: unknown flag %s (see the head of dev/linrec_bench/linrec_bench.c)\n", argv[i]);
             return 2;
         }
         *int_flags[f].value = atoi(argv[i + 1]);

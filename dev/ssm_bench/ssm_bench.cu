@@ -2,7 +2,7 @@
 // are launched directly (no allocation, no host path) and timed with CUDA
 // events, median of `reps` runs, so that variants of one kernel (template
 // knobs, launch shapes) can be compared in one call on the GPU machine.
-// Built and run on the GPU machine by tools/ssm_bench/run.sh (steps build,
+// Built and run on the GPU machine by dev/ssm_bench/run.sh (steps build,
 // bench, ncu; also the ssm suite, compute-sanitizer and `make bench`). Not
 // part of `make`.
 //
@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/ssm_kernels.cuh"
+#include "cuda/ssm/plan.cuh"
 #ifdef SSM_BASELINE // a copy of an earlier ssm_kernels.cuh in namespace fx_ssm_base
 #include "baseline_kernels.cuh"
 #endif

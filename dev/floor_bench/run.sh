@@ -2,7 +2,7 @@
 # On the GPU machine: the memory floors and the bulk-copy prototype
 # (floor_bench), the library's streaming kernels on the same shapes
 # (linrec_bench), and ncu counters of both. Logs under $OUT.
-#   tools/floor_bench/run.sh [steps...]   steps: build floor linrec ncu
+#   dev/floor_bench/run.sh [steps...]   steps: build floor linrec ncu
 set -uo pipefail
 OUT=${OUT:-/tmp/floor-out}
 mkdir -p "$OUT"
@@ -18,9 +18,9 @@ for s in $steps; do
     start=$SECONDS
     case $s in
     build)
-        timeout 300 make -j16 priv/fusex_cuda.so build/linrec_bench > "$OUT/build.log" 2>&1
+        timeout 300 make -j16 priv/fusex_cuda.so && timeout 300 make -f dev/Makefile build/linrec_bench > "$OUT/build.log" 2>&1
         echo "== build rc=$? $((SECONDS - start))s"
-        timeout 120 make build/floor_bench >> "$OUT/build.log" 2>&1
+        timeout 120 make -f dev/Makefile build/floor_bench >> "$OUT/build.log" 2>&1
         echo "== floor_bench build rc=$? $((SECONDS - start))s"
         tail -n 3 "$OUT/build.log" ;;
     floor)

@@ -1,6 +1,6 @@
-// tools/linrec_variants: the linrec forward kernels launched directly, several
+// dev/linrec_variants: the linrec forward kernels launched directly, several
 // variants per case, each timed with device events after a spin (as
-// tools/linrec_bench does) and checked against the first variant of its case
+// dev/linrec_bench does) and checked against the first variant of its case
 // (the kernel the backend uses). Add a variant: a launcher in launch.cuh (or
 // an existing one with other template arguments) and a line in a k_*.cu
 // file. Also: where h is written (pool, cudaMalloc, compressible memory)
@@ -115,7 +115,7 @@ struct env {
 };
 
 // Times `launch` (median of reps), after a 40 us busy-wait so that the
-// launch is queued (tools/cuda_timing.cuh).
+// launch is queued (dev/cuda_timing.cuh).
 template <typename F> double time_us(env &E, int reps, F &&launch)
 {
     return fx_time_us(E.stream, reps, 40000, [&](int) { launch(); });

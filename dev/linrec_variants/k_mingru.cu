@@ -1,4 +1,4 @@
-// MinGRU f32 forward variants (tools/linrec_variants).
+// MinGRU f32 forward variants (dev/linrec_variants).
 #include "launch.cuh"
 
 using namespace lvimpl;

@@ -1,4 +1,4 @@
-// Generic linear scan f32 forward variants (tools/linrec_variants).
+// Generic linear scan f32 forward variants (dev/linrec_variants).
 #include "launch.cuh"
 
 using namespace lvimpl;

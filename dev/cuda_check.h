@@ -1,4 +1,4 @@
-/* For the GPU tools (tools/ssm_bench, tools/linrec_variants): a CUDA call
+/* For the GPU tools (dev/ssm_bench, dev/linrec_variants): a CUDA call
  * that fails ends the run, naming the file, the line, the call and CUDA's
  * message. */
 #ifndef FX_TOOLS_CUDA_CHECK_H

@@ -1,5 +1,5 @@
-// Kernel timing for the GPU tools (tools/floor_bench, tools/linrec_variants),
-// as tools/linrec_bench times the library: a busy-wait kernel first, so
+// Kernel timing for the GPU tools (dev/floor_bench, dev/linrec_variants),
+// as dev/linrec_bench times the library: a busy-wait kernel first, so
 // that the host has queued the timed launch before it starts, then device
 // events around the launch; one warm-up launch, the median of `reps`.
 #ifndef FX_TOOLS_CUDA_TIMING_CUH

@@ -1,9 +1,9 @@
 // What the memory of this GPU allows for the linear recurrences' byte
 // patterns, and a prototype of the streaming forward that moves its rows
 // with the bulk-copy engine (TMA, sm_90) instead of per-lane cp.async and
-// per-step stores. Standalone (no library), timed as tools/linrec_bench
+// per-step stores. Standalone (no library), timed as dev/linrec_bench
 // times the library: device events around one launch after a busy-wait,
-// median of `reps`. On the GPU machine (tools/floor_bench/run.sh also runs
+// median of `reps`. On the GPU machine (dev/floor_bench/run.sh also runs
 // the library's kernels on the same shapes and ncu):
 //
 //   make build/floor_bench && build/floor_bench [reps]
@@ -40,7 +40,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "cuda/linrec_kernels.cuh" // the gates the ftz check compares, the prototype's step
+#include "cuda/linrec/plan.cuh" // the gates the ftz check compares, the prototype's step
 #include "cuda/sfu.cuh"
 #include "cuda_check.h"
 #include "cuda_timing.cuh"
