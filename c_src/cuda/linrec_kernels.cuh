@@ -91,7 +91,7 @@ template <int KIND, typename T, int V> constexpr int bwd_steps()
 constexpr int kStagedFwdSteps = 8;
 
 // Which large forwards stage their inputs. Measured on the H200
-// (bench/RESULTS.md, linrec, 2026-11-21): the staged MinGRU f32 forward
+// (bench/RESULTS.md, decision L5): the staged MinGRU f32 forward
 // runs B16 L1024 H1024 in 61 us against 82 us with its inputs in
 // registers; the generic scan, MinLSTM, Liquid and 16-bit inputs are as
 // fast or faster in registers (the staged kernel computes (a, b) twice),
@@ -502,7 +502,7 @@ template <int KIND, typename T, int V> inline size_t fwd_stage_bytes(int steps, 
 // next ~80-96 steps' loads outstanding and never waits for a predecessor
 // tile.
 // (The tiled kernels' block life of load, scan, store leaves memory idle
-// between blocks: bench/RESULTS.md, linrec.) The warps of a block share no
+// between blocks: bench/RESULTS.md, decision L1.) The warps of a block share no
 // data, but they walk the neighbouring columns of the same rows in lockstep,
 // a stage at a time (stream_ring::lockstep). 16 steps a stage, 6 stages and
 // 2-warp blocks measured best of 8 x 6, 8 x 12, 8 x 20, 16 x 6, 16 x 8,
