@@ -92,7 +92,7 @@ template <int KIND, typename T, int V> constexpr int bwd_steps()
 constexpr int kStagedFwdSteps = 8;
 
 // Which large forwards stage their inputs. Measured on the H200
-// (bench/RESULTS.md, linrec, 2026-11-21): the staged MinGRU f32 forward
+// (bench/RESULTS.md, decision L5): the staged MinGRU f32 forward
 // runs B16 L1024 H1024 in 61 us against 82 us with its inputs in
 // registers; the generic scan, MinLSTM, Liquid and 16-bit inputs are as
 // fast or faster in registers (the staged kernel computes (a, b) twice),

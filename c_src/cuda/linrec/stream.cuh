@@ -21,7 +21,7 @@ namespace fxlinrec {
 // next ~80-96 steps' loads outstanding and never waits for a predecessor
 // tile.
 // (The tiled kernels' block life of load, scan, store leaves memory idle
-// between blocks: bench/RESULTS.md, linrec.) The warps of a block share no
+// between blocks: bench/RESULTS.md, decision L1.) The warps of a block share no
 // data, but they walk the neighbouring columns of the same rows in lockstep,
 // a stage at a time (stream_ring::lockstep). 16 steps a stage, 6 stages and
 // 2-warp blocks measured best of 8 x 6, 8 x 12, 8 x 20, 16 x 6, 16 x 8,
