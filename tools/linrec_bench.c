@@ -32,7 +32,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/dtype.h"
+#include "fusex_cpu.h"
+#include "fusex_dtype.h"
 #include "core/linrec.h"
 #include "core/ops.h"
 #include "core/runtime.h"
@@ -160,7 +161,7 @@ static void setup(fx_device *dev, const bench_case *c, run_state *r)
     if (fx_tensor_alloc(dev, c->dtype, 3, dims, &r->h, &st))
         die("alloc h", &st);
     /* fills in the problem's dims and dtype; the backward needs H */
-    if (fx_op_linrec_forward_into(&r->p, NULL, 0, &r->h, NULL, &st) ||
+    if (fx_op_linrec_forward_into(NULL, &r->p, NULL, 0, &r->h, NULL, &st) ||
         fx_linrec_grads_alloc(&r->p, NULL, &r->g, &st))
         die("first forward", &st);
 }
@@ -188,9 +189,9 @@ static void run_once(const bench_case *c, run_state *r)
         fx_tensor_release(&h);
         return;
     }
-    if (c->mode != BWD && fx_op_linrec_forward_into(&r->p, NULL, tiles, &r->h, NULL, &st))
+    if (c->mode != BWD && fx_op_linrec_forward_into(NULL, &r->p, NULL, tiles, &r->h, NULL, &st))
         die("forward", &st);
-    if (c->mode != FWD && fx_op_linrec_backward_into(&r->p, NULL, &r->h, &r->dh, NULL, tiles, &r->g, &st))
+    if (c->mode != FWD && fx_op_linrec_backward_into(NULL, &r->p, NULL, &r->h, &r->dh, NULL, tiles, &r->g, &st))
         die("backward", &st);
 }
 
@@ -290,7 +291,8 @@ static void trivial_call(void *ctx)
     trivial_ctx *x = ctx;
     fx_status st;
     fx_status_clear(&st);
-    if (x->dev->backend->scale(x->dev->ordinal, &x->a, 2.0, &x->b, &st))
+    fx_exec ex;
+    if (!fx_exec_resolve(x->dev, NULL, &ex, &st) || x->dev->backend->scale(&ex, &x->a, 2.0, &x->b, &st))
         die("scale", &st);
 }
 
@@ -344,7 +346,7 @@ int main(int argc, char **argv)
     fx_status st;
     fx_status_clear(&st);
     const char *priv = getenv("FUSEX_PRIV");
-    if (fx_runtime_init(priv ? priv : "priv", &st))
+    if (fx_runtime_init(priv ? priv : "priv", &fx_cpu_backend, &st))
         die("runtime init", &st);
     fx_device *dev = fx_device_find(FX_DEVICE_CUDA, 0);
     if (!dev) {

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "core/check.h"
-#include "core/dtype.h"
+#include "fusex_dtype.h"
 #include "core/ops.h"
 
 const char *fx_optim_kind_name(fx_optim_kind kind)
@@ -573,8 +573,9 @@ static int optim_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *pa
     int rc = sync_table(s, params, grads, nowait, &ready, st);
     if (rc == FX_OK && ready) {
         fx_optim_args args;
+        fx_exec own;
         fill_args(s, h, grads[0].dtype, &args);
-        rc = ops->step(s->device->ordinal, &args, st);
+        rc = fx_exec_resolve(s->device, NULL, &own, st) ? ops->step(&own, &args, st) : st->code;
         *done = rc == FX_OK;
     }
     pthread_mutex_unlock(&s->lock);

@@ -5,7 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "core/dtype.h"
+#include "fusex_dtype.h"
 #include "cpu/cpu.h"
 #include "fusex_optim.h"
 
@@ -47,12 +47,12 @@ static bool worth_threads(const fx_optim_args *a)
 
 /* Per-chunk partial sums added in chunk order, so the norm does not depend
  * on the thread count. */
-static int norm_pass(const fx_optim_args *a, double *sumsq, bool *bad, fx_status *st)
+static int norm_pass(const fx_exec *ex, const fx_optim_args *a, double *sumsq, bool *bad, fx_status *st)
 {
     int64_t n = a->nchunks;
-    double *partial = malloc(sizeof(double) * (size_t)(n ? n : 1));
-    if (!partial)
-        return fx_fail(st, FX_ENOMEM, "out of host memory for %lld partial sums", (long long)n);
+    double *partial;
+    if (fx_scratch_alloc(ex, fx_size_mul(n, sizeof(double)), (void **)&partial, st))
+        return st->code;
     int any_bad = 0;
 #pragma omp parallel for schedule(dynamic, 1) reduction(| : any_bad) if (worth_threads(a))
     for (int64_t k = 0; k < n; k++) {
@@ -69,7 +69,7 @@ static int norm_pass(const fx_optim_args *a, double *sumsq, bool *bad, fx_status
     double total = 0;
     for (int64_t k = 0; k < n; k++)
         total += partial[k];
-    free(partial);
+    fx_scratch_release(ex, partial);
     *sumsq = total;
     *bad = any_bad != 0;
     return FX_OK;
@@ -173,14 +173,13 @@ static void update_chunk(const fx_optim_args *a, int64_t chunk, double clip,
     }
 }
 
-static int cpu_optim_step(int dev, const fx_optim_args *a, fx_status *st)
+static int cpu_optim_step(const fx_exec *ex, const fx_optim_args *a, fx_status *st)
 {
-    (void)dev;
     double clip = 1.0;
     if (a->prepass) {
         double sumsq = 0;
         bool bad = false;
-        if (norm_pass(a, &sumsq, &bad, st))
+        if (norm_pass(ex, a, &sumsq, &bad, st))
             return st->code;
         double norm = sqrt(sumsq);
         bool skip = bad && a->hyper.skip_nonfinite;

@@ -1028,36 +1028,39 @@ template <typename T> inline bool ws_fits(const ScanParams &p)
 }
 
 // The shapes the sliced kernels (WsOpts::SL, ssm_bwd_kernel's SL) take:
-// dstate a multiple of 16 from 32, whole 32-channel tiles, 16-byte aligned
-// rows (a slice's b, c row is then too).
+// dstate a multiple of 16 from 32, whole 32-channel tiles (the rows of x,
+// dt, z, y, b and c are then whole multiples of 16 bytes for every input
+// type). The tensors must also start on 16 bytes (rows_aligned); where a
+// sliced kernel is required and one does not, the launcher copies it.
 template <typename T> inline bool ws_sliced_shape(const ScanParams &p)
 {
-    return p.dstate > kWsStates && p.dstate % kWsStates == 0 && p.cpg % kWsChannels == 0 &&
-           rows_aligned<T>(p, 16, 16);
+    return p.dstate > kWsStates && p.dstate % kWsStates == 0 && p.cpg % kWsChannels == 0;
 }
 
 // Where the backward is sliced: every such shape but dstate 32 and 64,
 // where the configuration's own kernel (8 x 4, 8 x 8) is faster (32: 17-22 %,
 // 64: 14-17 %); elsewhere the sliced one measured 28-61 % faster (dstate
-// 128 f32 1566 -> 1055 us, B4 L1024 D1024, bench/RESULTS.md, eighteenth and
-// nineteenth sessions). Its chunks are 16 steps, so there the forward saves
-// a state every 16 steps (save_interval_of).
+// 128 f32 1566 -> 1055 us, B4 L1024 D1024, bench/RESULTS.md). Its chunks
+// are 16 steps, so there the forward saves a state every 16 steps: the
+// shapes alone decide, never the addresses (fx_ssm_save_every, which
+// check_saved holds this rule to).
 template <typename T> inline bool bwd_sliced_shape(const ScanParams &p)
 {
     return ws_sliced_shape<T>(p) && p.dstate != 32 && p.dstate != 64;
 }
 
 // Where the forward is sliced without saved states (and at dstate 32 with
-// them): every such shape but f32 inputs at dstate 32 and 64, where the
-// one-warp-a-tile forward's own configuration is as fast (32: -2 % sliced,
-// +0.5 % with saved states) or faster (64: 3 %). Elsewhere the sliced one
-// measured 12-79 % faster, e.g. dstate 128 f32 412 -> 230 us, 16-bit at 32
-// 105 -> 74 (B4 L1024 D1024, bench/RESULTS.md, eighteenth and nineteenth
-// sessions). Above dstate 32 with saved states their interval decides
-// (fwd_launch).
+// them): every such shape, its rows 16-byte aligned, but f32 inputs at
+// dstate 32 and 64, where the one-warp-a-tile forward's own configuration
+// is as fast (32: -2 % sliced, +0.5 % with saved states) or faster (64:
+// 3 %). Elsewhere the sliced one measured 12-79 % faster, e.g. dstate 128
+// f32 412 -> 230 us, 16-bit at 32 105 -> 74 (B4 L1024 D1024,
+// bench/RESULTS.md). Above dstate 32 with saved states their interval
+// decides (fwd_launch).
 template <typename T> inline bool ws_sliced_fits(const ScanParams &p)
 {
-    return ws_sliced_shape<T>(p) && !(sizeof(T) == 4 && (p.dstate == 32 || p.dstate == 64));
+    return ws_sliced_shape<T>(p) && rows_aligned<T>(p, 16, 16) &&
+           !(sizeof(T) == 4 && (p.dstate == 32 || p.dstate == 64));
 }
 
 // The options a chunk of the warp-specialized kernel would otherwise test at
@@ -2230,9 +2233,14 @@ template <typename T> inline int64_t save_interval_of(const fx_ssm_fwd_args *a)
                     [](auto cfg) -> int64_t { return decltype(cfg)::SAVE; });
 }
 
+// The saved states are laid out by the rule every caller sizes them by
+// (fx_ssm_save_every); the kernels' own chunk must agree with it.
 template <typename T> inline int check_saved(const fx_ssm_fwd_args *a, fx_status *st)
 {
-    const int64_t save = save_interval_of<T>(a);
+    const int64_t save = save_interval_of<T>(a), rule = fx_ssm_save_every(&a->n, a->x->dtype);
+    if (save != rule)
+        return fx_fail(st, FX_EINTERNAL, "selective_scan: the kernels save every %lld steps, the layout every %lld",
+                       (long long)save, (long long)rule);
     if (a->saved && a->save_every != save)
         return fx_fail(st, FX_EINTERNAL, "selective_scan: saved states every %lld steps, expected %lld",
                        (long long)a->save_every, (long long)save);
@@ -2253,6 +2261,7 @@ struct FwdLaunch {
     int warps;
     size_t smem;
     int64_t grid;
+    bool realign; // the sliced kernel is required and a row does not start on 16 bytes
 };
 
 // WS_SLICED: the f32 sums of y the launcher provides (p.ysum, zeroed), in floats.
@@ -2262,6 +2271,7 @@ inline int64_t ysum_floats(const ScanParams &p) { return (int64_t)p.batch * p.se
 template <typename T> inline void ws_sliced_launch(const ScanParams &p, FwdLaunch *l)
 {
     l->p = p;
+    l->realign = !rows_aligned<T>(p, 16, 16);
     l->kernel = FwdKernel::WS_SLICED;
     l->warps = kWsThreads / 32;
     l->smem = WsSmem<T>::SLICED_BYTES;

@@ -6,7 +6,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "core/dtype.h"
+#include "fusex_dtype.h"
 #include "nif/nif.h"
 
 typedef struct fx_ctx {

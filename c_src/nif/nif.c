@@ -2,6 +2,7 @@
  * the right dirty scheduler, and lists every NIF. */
 #include <string.h>
 
+#include "fusex_cpu.h"
 #include "nif/nifs.h"
 
 ErlNifResourceType *fx_tensor_type;
@@ -29,7 +30,7 @@ static int on_load(ErlNifEnv *env, void **priv, ERL_NIF_TERM load_info)
         strcpy(priv_dir, "priv");
     fx_status st;
     fx_status_clear(&st);
-    if (fx_runtime_init(priv_dir, &st) != FX_OK)
+    if (fx_runtime_init(priv_dir, &fx_cpu_backend, &st) != FX_OK)
         return 1;
     return open_types(env) ? 0 : 1;
 }
