@@ -65,7 +65,8 @@ defmodule Fusex.MixProject do
   #
   # Where they come from (see docs/ELIXIR.md):
   #   * FUSEX_KIT_SRC set (the offline kit, `source ../shared/elixir-kit/env.sh`):
-  #     path dependencies on the kit's sources, overriding hex requirements;
+  #     path dependencies on the kit's sources, overriding hex requirements
+  #     (FUSEX_KIT_NX=nx-main takes the kit's Nx main instead of 0.13.1);
   #   * FUSEX_NX=none: none at all (the Nx-free build and tests);
   #   * otherwise hex. FUSEX_EXLA=0 leaves EXLA out (it downloads a
   #     prebuilt XLA when compiled).
@@ -79,13 +80,16 @@ defmodule Fusex.MixProject do
 
   defp kit_deps(src) do
     [
-      {:nx, path: Path.join(src, "nx"), override: true},
+      {:nx, path: Path.join(src, kit_nx()), override: true},
       {:complex, path: Path.join(src, "complex"), override: true},
       {:telemetry, path: Path.join(src, "telemetry"), override: true},
       {:axon, path: Path.join(src, "axon"), override: true, optional: true},
       {:polaris, path: Path.join(src, "polaris"), override: true, optional: true}
     ]
   end
+
+  # The kit's Nx: "nx" (0.13.1, the release) or "nx-main" (FUSEX_KIT_NX).
+  defp kit_nx, do: non_empty_env("FUSEX_KIT_NX") || "nx"
 
   defp hex_deps do
     exla = if System.get_env("FUSEX_EXLA") == "0", do: [], else: [{:exla, "~> 0.12", optional: true}]
@@ -98,7 +102,7 @@ defmodule Fusex.MixProject do
   defp build_variant do
     cond do
       System.get_env("FUSEX_NX") == "none" -> "-nonx"
-      non_empty_env("FUSEX_KIT_SRC") -> "-kit"
+      non_empty_env("FUSEX_KIT_SRC") -> "-kit-" <> kit_nx()
       true -> ""
     end
   end
