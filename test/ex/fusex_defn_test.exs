@@ -228,8 +228,9 @@ defmodule FusexDefnTest do
     for {name, g} <- grads, do: assert_close(g, want[name], tol(type), "#{label} d#{name}")
   end
 
-  # seqlens around the interval K of the saved states (16, or 8 for large
-  # dstates): none saved, one, several, a partial last chunk.
+  # seqlens around the interval K of the saved states (16; 8 for dstates
+  # above 32 but multiples of 16 over whole 32-channel groups): none saved,
+  # one, several, a partial last chunk.
   @ssm_dims [{1, 1, 1, 1, 0}, {2, 16, 6, 4, 2}, {2, 17, 6, 4, 3}, {1, 33, 5, 3, 0}, {2, 29, 4, 40, 1},
              {3, 9, 7, 2, 7}, {1, 50, 2, 16, 2}]
 
@@ -238,6 +239,9 @@ defmodule FusexDefnTest do
       check_ssm(dims, type, [], [])
       check_ssm(dims, type, @ssm_optional, dt_softplus: true, return_state: true)
     end
+
+    # a large dstate saved every 16 steps (whole 32-channel groups)
+    check_ssm({1, 20, 32, 48, 1}, {:f, 32}, @ssm_optional, dt_softplus: true, return_state: true)
 
     # each option alone and in pairs
     for given <- [[:d], [:z], [:dt_bias], [:h0], [:d, :z], [:z, :h0], [:dt_bias, :h0]],
