@@ -68,9 +68,10 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
       n = opts[:state_size]
       rank = elem(dt_proj.shape, 0)
       proj = Nx.dot(x, [2], x_proj, [0])
-      dt = proj |> Nx.slice_along_axis(0, rank, axis: 2) |> Nx.dot([2], dt_proj, [0])
-      b = Nx.slice_along_axis(proj, rank, n, axis: 2)
-      c = Nx.slice_along_axis(proj, rank + n, n, axis: 2)
+      # dt, b, c in x's type (the op's rule), whatever the parameters' type
+      dt = proj |> Nx.slice_along_axis(0, rank, axis: 2) |> Nx.dot([2], dt_proj, [0]) |> Nx.as_type(x.type)
+      b = proj |> Nx.slice_along_axis(rank, n, axis: 2) |> Nx.as_type(x.type)
+      c = proj |> Nx.slice_along_axis(rank + n, n, axis: 2) |> Nx.as_type(x.type)
       a = Nx.negate(Nx.exp(a_log))
       Fusex.Defn.selective_scan(x, dt, a, b, c, %{d: d, dt_bias: dt_bias}, dt_softplus: true)
     end

@@ -33,8 +33,9 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     of a loop. The steps (`*_step`) are single frames, differentiated
     through their default implementation.
 
-    Results: `y` (or `h`), or `{y, state}` with `return_state: true`; steps
-    return `{y, new_state}`. States are f32 whatever the input type (f64
+    Optional tensors given as `nil` count as not given. Results: `y` (or
+    `h`), or `{y, state}` with `return_state: true`; steps return `{y,
+    new_state}`. States are f32 whatever the input type (f64
     for f64 inputs), as in the Erlang API.
 
     Bad shapes, types and options raise `ArgumentError` when the function
@@ -320,9 +321,11 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
 
     # ---- shared ----
 
+    # The options and the optional tensors as maps (a tensor given as nil
+    # is not given), their keys checked.
     defp maps!(tensors, opts, known_tensors, known_opts) do
       opts = Check.opts_map!(opts)
-      tensors = Check.tensors_map!(tensors)
+      tensors = tensors |> Check.tensors_map!() |> Map.reject(fn {_k, v} -> is_nil(v) end)
       Check.known_keys!(opts, known_opts, "opts")
       Check.known_keys!(tensors, known_tensors, "tensors")
       {tensors, opts}

@@ -481,7 +481,7 @@ defmodule FusexDefnTest do
     assert Nx.to_binary(elem(inside, 1)) == Nx.to_binary(elem(outside, 1))
 
     i = ssm_inputs({1, 20, 3, 2, 0}, {:f, 32})
-    y = Fusex.Defn.selective_scan(i.x, i.dt, i.a, i.b, i.c, %{d: i.d})
+    y = Fusex.Defn.selective_scan(i.x, i.dt, i.a, i.b, i.c, %{d: i.d, h0: nil})
     y_jit = Nx.Defn.jit(fn x, dt, a, b, c, d -> Fusex.Defn.selective_scan(x, dt, a, b, c, %{d: d}) end).(i.x, i.dt, i.a, i.b, i.c, i.d)
     assert Nx.to_binary(y) == Nx.to_binary(y_jit)
   end
