@@ -63,26 +63,18 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     """
     deftransform selective_scan(x, dt, a, b, c, tensors \\ %{}, opts \\ []) do
       {tensors, opts} = maps!(tensors, opts, [:d, :z, :dt_bias, :h0], [:dt_softplus, :return_state])
-      [x, dt, a, b, c] = tensors!([x: x, dt: dt, a: a, b: b, c: c])
-      given = Map.new(tensors, fn {k, v} -> {k, Check.tensor!(v, Atom.to_string(k))} end)
-      softplus = Check.bool!(opts, :dt_softplus)
+      [x, dt, a, b, c] = tensors!(x: x, dt: dt, a: a, b: b, c: c)
+      given = given!(tensors)
+      flags = ssm_flags(opts, given)
       return_state = Check.bool!(opts, :return_state)
       n = Check.selective_scan!(x, dt, a, b, c, given)
 
-      optional = Enum.flat_map([:d, :z, :dt_bias, :h0], &List.wrap(given[&1]))
-      traced = traced?([x, dt, a, b, c | optional])
-      inputs = as_operands([x, dt, a, b, c | optional], traced)
-      state_type = Check.state_type(x.type)
+      operands = [x, dt, a, b, c | Enum.flat_map([:d, :z, :dt_bias, :h0], &List.wrap(given[&1]))]
+      traced = traced?(operands)
+      inputs = as_operands(operands, traced)
+      # {K, nsaved}: the states the backward starts from (only for a gradient)
       saved = if traced, do: saved_layout(x, b), else: nil
       every = saved && elem(saved, 0)
-
-      flags = [
-        dt_softplus: Block.flag(softplus),
-        has_d: has(given, :d),
-        has_z: has(given, :z),
-        has_dt_bias: has(given, :dt_bias),
-        has_h0: has(given, :h0)
-      ]
 
       fwd = %Block{
         op: :selective_scan,
@@ -91,39 +83,52 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
         save_every: every
       }
 
-      templates =
-        [Nx.template(x.shape, x.type)] ++
-          if(return_state, do: [Nx.template({n.batch, n.dim, n.dstate}, state_type)], else: []) ++
-          if(every, do: [Nx.template({n.batch, elem(saved, 1), n.dim, n.dstate}, state_type)], else: [])
+      ctx = %{inputs: inputs, flags: flags, every: every, x: x, n: n, return_state: return_state}
 
-      out = block(fwd, inputs, templates, &SSM.forward/2)
+      fwd
+      |> block(inputs, ssm_results(ctx, saved), &SSM.forward/2)
+      |> with_gradient(inputs, traced, &ssm_backward(&1, &2, ctx))
+      |> result(return_state)
+    end
 
-      if traced do
-        outputs = List.wrap(out_list(out))
-        saved_states = if every, do: [List.last(outputs)], else: []
+    # The forward's results: y, then state, then saved states.
+    defp ssm_results(%{x: x, n: n, return_state: return_state}, saved) do
+      state_type = Check.state_type(x.type)
 
-        backward = fn grads ->
-          [dy | rest] = grad_list(grads, outputs)
-          dstate = if return_state, do: nonzero(hd(rest)), else: nil
+      [Nx.template(x.shape, x.type)] ++
+        if(return_state, do: [Nx.template({n.batch, n.dim, n.dstate}, state_type)], else: []) ++
+        if(saved, do: [Nx.template({n.batch, elem(saved, 1), n.dim, n.dstate}, state_type)], else: [])
+    end
 
-          bwd = %Block{
-            op: :selective_scan,
-            direction: :bwd,
-            attrs: flags ++ [has_dstate: Block.flag(dstate != nil)],
-            save_every: every
-          }
+    # The gradients of the inputs: the backward block given the forward's
+    # operands, its saved states, dy and (where the loss uses the final
+    # state) dstate.
+    defp ssm_backward([dy | rest], outputs, ctx) do
+      %{inputs: inputs, x: x, n: n} = ctx
+      dstate = if ctx.return_state, do: nonzero(hd(rest)), else: nil
+      saved_states = if ctx.every, do: [List.last(outputs)], else: []
 
-          dy = dy |> Nx.broadcast(x.shape) |> Nx.as_type(x.type)
-          dstate = dstate && dstate |> Nx.broadcast({n.batch, n.dim, n.dstate}) |> Nx.as_type(state_type)
-          bwd_inputs = inputs ++ saved_states ++ [dy] ++ List.wrap(dstate)
-          grad_templates = Enum.map(inputs, &Nx.template(&1.shape, &1.type))
-          bwd |> block(bwd_inputs, grad_templates, &SSM.backward/2) |> out_list() |> List.wrap()
-        end
+      bwd = %Block{
+        op: :selective_scan,
+        direction: :bwd,
+        attrs: ctx.flags ++ [has_dstate: Block.flag(dstate != nil)],
+        save_every: ctx.every
+      }
 
-        result(Nx.Defn.Kernel.custom_grad(out, inputs, backward), return_state)
-      else
-        result(out, return_state)
-      end
+      dy = dy |> Nx.broadcast(x.shape) |> Nx.as_type(x.type)
+      dstate = dstate && dstate |> Nx.broadcast({n.batch, n.dim, n.dstate}) |> Nx.as_type(Check.state_type(x.type))
+      bwd_inputs = inputs ++ saved_states ++ [dy] ++ List.wrap(dstate)
+      bwd |> block(bwd_inputs, templates_of(inputs), &SSM.backward/2) |> out_list() |> List.wrap()
+    end
+
+    defp ssm_flags(opts, given) do
+      [
+        dt_softplus: Block.flag(Check.bool!(opts, :dt_softplus)),
+        has_d: has(given, :d),
+        has_z: has(given, :z),
+        has_dt_bias: has(given, :dt_bias),
+        has_h0: has(given, :h0)
+      ]
     end
 
     @doc """
@@ -137,21 +142,10 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     deftransform selective_scan_step(state, x, dt, a, b, c, tensors \\ %{}, opts \\ []) do
       {tensors, opts} = maps!(tensors, opts, [:d, :z, :dt_bias], [:dt_softplus])
       [state, x, dt, a, b, c] = tensors!(state: state, x: x, dt: dt, a: a, b: b, c: c)
-      given = Map.new(tensors, fn {k, v} -> {k, Check.tensor!(v, Atom.to_string(k))} end)
-      softplus = Check.bool!(opts, :dt_softplus)
+      given = given!(tensors)
+      flags = ssm_flags(opts, given)
       Check.selective_scan_step!(state, x, dt, a, b, c, given)
-
-      block = %Block{
-        op: :selective_scan,
-        direction: :step,
-        attrs: [
-          dt_softplus: Block.flag(softplus),
-          has_d: has(given, :d),
-          has_z: has(given, :z),
-          has_dt_bias: has(given, :dt_bias)
-        ]
-      }
-
+      block = %Block{op: :selective_scan, direction: :step, attrs: Keyword.delete(flags, :has_h0)}
       optional = Enum.flat_map([:d, :z, :dt_bias], &List.wrap(given[&1]))
       templates = [Nx.template(x.shape, x.type), Nx.template(state.shape, state.type)]
       block(block, [state, x, dt, a, b, c | optional], templates, &SSM.step/2)
@@ -214,56 +208,41 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
       known_tensors = if op == :liquid, do: [:h0, :dt], else: [:h0]
       {tensors, opts} = maps!(tensors, opts, known_tensors, forward_opts(op))
       args = Enum.zip(Keyword.keys(args), tensors!(args))
-      given = Map.new(tensors, fn {k, v} -> {k, Check.tensor!(v, Atom.to_string(k))} end)
+      given = given!(tensors)
       return_state = Check.bool!(opts, :return_state)
       reverse = Check.bool!(opts, :reverse)
       {kind_attrs, dt_tensor} = kind_attrs(op, opts, given, "[batch, seqlen, 1]")
       n = Check.linrec!(seq_args(op, args), liquid_args(op, args, dt_tensor), given[:h0], false)
 
-      p = Keyword.values(args)
-      traced = traced?(p ++ Map.values(given))
-      inputs = as_operands(p ++ List.wrap(dt_tensor) ++ List.wrap(given[:h0]), traced)
-      has_h0 = has(given, :h0)
-      state_type = Check.state_type(n.type)
+      operands = Keyword.values(args) ++ List.wrap(dt_tensor) ++ List.wrap(given[:h0])
+      traced = traced?(operands)
+      inputs = as_operands(operands, traced)
+      # the attributes forward and backward share
+      shared = [reverse: Block.flag(reverse)] ++ kind_attrs ++ [has_h0: has(given, :h0)]
+      fwd = %Block{op: op, direction: :fwd, attrs: shared ++ [return_state: Block.flag(return_state)]}
+      ctx = %{op: op, inputs: inputs, attrs: shared, n: n, return_state: return_state}
 
-      fwd = %Block{
-        op: op,
-        direction: :fwd,
-        attrs: [reverse: Block.flag(reverse)] ++ kind_attrs ++ [has_h0: has_h0, return_state: Block.flag(return_state)]
-      }
+      results =
+        [Nx.template({n.batch, n.seqlen, n.hidden}, n.type)] ++
+          if return_state, do: [Nx.template({n.batch, n.hidden}, Check.state_type(n.type))], else: []
 
-      seq_shape = {n.batch, n.seqlen, n.hidden}
+      fwd
+      |> block(inputs, results, &Linrec.forward/2)
+      |> with_gradient(inputs, traced, &recurrence_backward(&1, &2, ctx))
+      |> result(return_state)
+    end
 
-      templates =
-        [Nx.template(seq_shape, n.type)] ++
-          if return_state, do: [Nx.template({n.batch, n.hidden}, state_type)], else: []
-
-      out = block(fwd, inputs, templates, &Linrec.forward/2)
-
-      if traced do
-        outputs = List.wrap(out_list(out))
-
-        backward = fn grads ->
-          [dh | rest] = grad_list(grads, outputs)
-          dstate = if return_state, do: nonzero(hd(rest)), else: nil
-
-          bwd = %Block{
-            op: op,
-            direction: :bwd,
-            attrs: [reverse: Block.flag(reverse)] ++ kind_attrs ++ [has_h0: has_h0, has_dstate: Block.flag(dstate != nil)]
-          }
-
-          dh = dh |> Nx.broadcast(seq_shape) |> Nx.as_type(n.type)
-          dstate = dstate && dstate |> Nx.broadcast({n.batch, n.hidden}) |> Nx.as_type(state_type)
-          bwd_inputs = inputs ++ [hd(outputs), dh] ++ List.wrap(dstate)
-          grad_templates = Enum.map(inputs, &Nx.template(&1.shape, &1.type))
-          bwd |> block(bwd_inputs, grad_templates, &Linrec.backward/2) |> out_list() |> List.wrap()
-        end
-
-        result(Nx.Defn.Kernel.custom_grad(out, inputs, backward), return_state)
-      else
-        result(out, return_state)
-      end
+    # The gradients of the inputs: the backward block given the forward's
+    # operands, its output h, dh and (where the loss uses the final state)
+    # dstate.
+    defp recurrence_backward([dh | rest], [h | _], ctx) do
+      %{inputs: inputs, n: n} = ctx
+      dstate = if ctx.return_state, do: nonzero(hd(rest)), else: nil
+      bwd = %Block{op: ctx.op, direction: :bwd, attrs: ctx.attrs ++ [has_dstate: Block.flag(dstate != nil)]}
+      dh = dh |> Nx.broadcast(h.shape) |> Nx.as_type(n.type)
+      dstate = dstate && dstate |> Nx.broadcast({n.batch, n.hidden}) |> Nx.as_type(Check.state_type(n.type))
+      bwd_inputs = inputs ++ [h, dh] ++ List.wrap(dstate)
+      bwd |> block(bwd_inputs, templates_of(inputs), &Linrec.backward/2) |> out_list() |> List.wrap()
     end
 
     defp recurrence_step(op, state, args, tensors, opts) do
@@ -271,7 +250,7 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
       {tensors, opts} = maps!(tensors, opts, known_tensors, step_opts(op))
       [state | p] = tensors!([{:state, state} | args])
       args = Enum.zip(Keyword.keys(args), p)
-      given = Map.new(tensors, fn {k, v} -> {k, Check.tensor!(v, Atom.to_string(k))} end)
+      given = given!(tensors)
       {kind_attrs, dt_tensor} = kind_attrs(op, opts, given, "[batch, 1]")
       n = Check.linrec!(seq_args(op, args), liquid_args(op, args, dt_tensor), nil, true)
       Check.state_tensor!(state, "state", n.type, {n.batch, n.hidden}, "([batch, hidden])")
@@ -333,6 +312,21 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
 
     defp tensors!(args), do: Enum.map(args, fn {name, t} -> Check.tensor!(t, Atom.to_string(name)) end)
 
+    defp given!(tensors), do: Map.new(tensors, fn {k, v} -> {k, Check.tensor!(v, Atom.to_string(k))} end)
+
+    defp templates_of(tensors), do: Enum.map(tensors, &Nx.template(&1.shape, &1.type))
+
+    # Inside a trace, the forward's results with a custom gradient:
+    # `backward.(cotangents, outputs)` gives the gradients of `inputs`, one
+    # cotangent per output (an output the loss does not use gets a scalar
+    # zero).
+    defp with_gradient(out, _inputs, false, _backward), do: out
+
+    defp with_gradient(out, inputs, true, backward) do
+      outputs = List.wrap(out_list(out))
+      Nx.Defn.Kernel.custom_grad(out, inputs, fn grads -> backward.(grad_list(grads, outputs), outputs) end)
+    end
+
     defp has(given, name), do: Block.flag(Map.has_key?(given, name))
 
     # Inside defn (or grad) the arguments are expressions: the block gets a
@@ -363,8 +357,6 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     defp out_list(out) when is_tuple(out), do: Tuple.to_list(out)
     defp out_list(out), do: out
 
-    # The gradients custom_grad hands over, one per output: an output the
-    # loss does not use gets a scalar zero.
     defp grad_list(grads, outputs) when is_tuple(grads), do: Tuple.to_list(grads) |> check_count(outputs)
     defp grad_list(grad, outputs), do: check_count([grad], outputs)
 
