@@ -106,25 +106,8 @@ if Code.ensure_loaded?(Nx.Defn) do
         c: group_rows(inputs.c, n, s)
       }
 
-      save = flag?(block, :save)
-      nsaved = if save, do: div(n.seqlen + block.save_every - 1, block.save_every) - 1, else: 0
-      ysum = zeros({n.batch, n.seqlen, n.dim}, s)
-      h0 = initial_state(inputs, n, s)
-
-      {state, ysum, saved} =
-        if save do
-          saved = zeros({n.batch, nsaved, n.dim, n.dstate}, s)
-          body = fn {h, y, sv}, inp, t -> forward_step(h, y, sv, inp, t, n, {block.save_every, nsaved}) end
-          Loop.repeat({h0, ysum, saved}, loop_inputs, 0, n.seqlen, body: body, step: 1)
-        else
-          body = fn {h, y}, inp, t ->
-            {h, y, nil} = forward_step(h, y, nil, inp, t, n, nil)
-            {h, y}
-          end
-
-          {h, y} = Loop.repeat({h0, ysum}, loop_inputs, 0, n.seqlen, body: body, step: 1)
-          {h, y, nil}
-        end
+      save = if flag?(block, :save), do: {block.save_every, saved_count(n, block.save_every)}, else: nil
+      {state, ysum, saved} = forward_loop(initial_state(inputs, n, s), loop_inputs, n, s, save)
 
       y = if d = inputs[:d], do: Nx.add(ysum, Nx.multiply(Nx.as_type(d, s), x)), else: ysum
       y = if z = inputs[:z], do: Nx.multiply(y, silu(Nx.as_type(z, s))), else: y
@@ -135,6 +118,30 @@ if Code.ensure_loaded?(Nx.Defn) do
           if save, do: [saved], else: []
 
       tuple_or_single(results)
+    end
+
+    defp saved_count(n, every), do: div(n.seqlen + every - 1, every) - 1
+
+    # The walk over time: the final state, y's sums over states
+    # [batch, seqlen, dim], and the saved states where `save` is {K, nsaved}.
+    defp forward_loop(h0, loop_inputs, n, s, save) do
+      ysum = zeros({n.batch, n.seqlen, n.dim}, s)
+
+      case save do
+        {_every, nsaved} ->
+          saved = zeros({n.batch, nsaved, n.dim, n.dstate}, s)
+          body = fn {h, y, sv}, inp, t -> forward_step(h, y, sv, inp, t, n, save) end
+          Loop.repeat({h0, ysum, saved}, loop_inputs, 0, n.seqlen, body: body, step: 1)
+
+        nil ->
+          body = fn {h, y}, inp, t ->
+            {h, y, nil} = forward_step(h, y, nil, inp, t, n, nil)
+            {h, y}
+          end
+
+          {h, y} = Loop.repeat({h0, ysum}, loop_inputs, 0, n.seqlen, body: body, step: 1)
+          {h, y, nil}
+      end
     end
 
     defp forward_step(h, ysum, saved, inp, t, n, save) do
@@ -175,50 +182,8 @@ if Code.ensure_loaded?(Nx.Defn) do
 
       n = dims(inputs.x, inputs.a, inputs.b)
       s = compute_type(inputs.x.type)
-      {u, delta} = deltas(block, inputs, s)
-      x = Nx.as_type(inputs.x, s)
-      dy = Nx.as_type(dy, s)
-      dskip = if d = inputs[:d], do: Nx.as_type(d, s), else: zeros({n.dim}, s)
-
-      # dyp = dy silu(z); dz = dy ypre silu'(z), with ypre recomputed.
-      {dyp, gate_grad} =
-        case inputs[:z] do
-          nil -> {dy, nil}
-          z -> {Nx.multiply(dy, silu(Nx.as_type(z, s))), Nx.multiply(dy, silu_grad(Nx.as_type(z, s)))}
-        end
-
-      softplus_grad =
-        if flag?(block, :dt_softplus), do: softplus_thresholded_grad(u), else: ones(u.shape, s)
-
-      loop_inputs = %{
-        delta: delta,
-        delta_x: Nx.multiply(delta, x),
-        x: x,
-        a: Nx.as_type(inputs.a, s),
-        b: group_rows(inputs.b, n, s),
-        c: group_rows(inputs.c, n, s),
-        dyp: dyp,
-        dz_factor: gate_grad || zeros({1, 1, 1}, s),
-        softplus_grad: softplus_grad,
-        dskip: dskip,
-        h0: initial_state(inputs, n, s),
-        saved: saved || zeros({1, 1, 1, 1}, s)
-      }
-
-      seq = {n.batch, n.seqlen, n.dim}
-      rows = {n.batch, n.seqlen, n.groups, n.dstate}
-
-      grads0 = %{
-        g: if(dstate, do: Nx.as_type(dstate, s), else: zeros({n.batch, n.dim, n.dstate}, s)),
-        dx: zeros(seq, s),
-        ddt: zeros(seq, s),
-        dz: if(inputs[:z], do: zeros(seq, s), else: zeros({1, 1, 1}, s)),
-        db: zeros(rows, s),
-        dc: zeros(rows, s),
-        da: zeros({n.dim, n.dstate}, s),
-        dd: zeros({n.dim}, s),
-        ddt_bias: zeros({n.dim}, s)
-      }
+      loop_inputs = backward_inputs(block, inputs, saved, Nx.as_type(dy, s), n, s)
+      grads0 = initial_grads(inputs, dstate, n, s)
 
       every = block.save_every || n.seqlen
       chunks = div(n.seqlen + every - 1, every)
@@ -242,6 +207,54 @@ if Code.ensure_loaded?(Nx.Defn) do
           optional_grad(inputs, :dt_bias, grads.ddt_bias) ++ optional_grad(inputs, :h0, grads.g)
 
       List.to_tuple(results)
+    end
+
+    # What every step of the backward reads, in type s.
+    defp backward_inputs(block, inputs, saved, dy, n, s) do
+      {u, delta} = deltas(block, inputs, s)
+      x = Nx.as_type(inputs.x, s)
+
+      # dyp = dy silu(z); dz = dy ypre silu'(z), ypre recomputed per step
+      {dyp, dz_factor} =
+        case inputs[:z] do
+          nil -> {dy, zeros({1, 1, 1}, s)}
+          z -> {Nx.multiply(dy, silu(Nx.as_type(z, s))), Nx.multiply(dy, silu_grad(Nx.as_type(z, s)))}
+        end
+
+      %{
+        delta: delta,
+        delta_x: Nx.multiply(delta, x),
+        x: x,
+        a: Nx.as_type(inputs.a, s),
+        b: group_rows(inputs.b, n, s),
+        c: group_rows(inputs.c, n, s),
+        dyp: dyp,
+        dz_factor: dz_factor,
+        softplus_grad: if(flag?(block, :dt_softplus), do: softplus_thresholded_grad(u), else: ones(u.shape, s)),
+        dskip: if(d = inputs[:d], do: Nx.as_type(d, s), else: zeros({n.dim}, s)),
+        h0: initial_state(inputs, n, s),
+        # (a placeholder where there are none: a loop's state has no nil)
+        saved: saved || zeros({1, 1, 1, 1}, s)
+      }
+    end
+
+    # The backward's carry: g (dL/dh of the step after, dstate at the end),
+    # the per-step gradients and the sums.
+    defp initial_grads(inputs, dstate, n, s) do
+      seq = {n.batch, n.seqlen, n.dim}
+      rows = {n.batch, n.seqlen, n.groups, n.dstate}
+
+      %{
+        g: if(dstate, do: Nx.as_type(dstate, s), else: zeros({n.batch, n.dim, n.dstate}, s)),
+        dx: zeros(seq, s),
+        ddt: zeros(seq, s),
+        dz: if(inputs[:z], do: zeros(seq, s), else: zeros({1, 1, 1}, s)),
+        db: zeros(rows, s),
+        dc: zeros(rows, s),
+        da: zeros({n.dim, n.dstate}, s),
+        dd: zeros({n.dim}, s),
+        ddt_bias: zeros({n.dim}, s)
+      }
     end
 
     defp optional_grad(inputs, name, grad) do
