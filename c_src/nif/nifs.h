@@ -99,11 +99,13 @@ FX_ENTRY(nif_selective_scan);
 FX_ENTRY(nif_selective_scan_backward);
 FX_ENTRY(nif_selective_scan_step);
 ERL_NIF_TERM nif_selective_scan_saved_shape(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+ERL_NIF_TERM nif_selective_scan_save_every(ErlNifEnv *, int, const ERL_NIF_TERM[]);
 
 #define FX_SSM_NIFS                                                          \
     {"selective_scan", 6, nif_selective_scan_entry, 0},                      \
     {"selective_scan_backward", 3, nif_selective_scan_backward_entry, 0},    \
     {"selective_scan_step", 7, nif_selective_scan_step_entry, 0},            \
-    {"selective_scan_saved_shape", 3, nif_selective_scan_saved_shape, 0}
+    {"selective_scan_saved_shape", 3, nif_selective_scan_saved_shape, 0},    \
+    {"selective_scan_save_every", 3, nif_selective_scan_save_every, 0}
 
 #endif
