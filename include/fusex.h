@@ -25,7 +25,7 @@ extern "C" {
 
 /* Bumped whenever fx_backend or an argument struct changes layout. The core
  * refuses a backend whose version or struct size differs from its own. */
-#define FX_ABI_VERSION 3
+#define FX_ABI_VERSION 4
 
 #define FX_MAX_RANK 8
 
@@ -95,6 +95,7 @@ static inline int fx_fail(fx_status *st, int code, const char *fmt, ...)
 
 struct fx_device;
 struct fx_buffer;
+struct fx_exec; /* the launch context: fusex_exec.h */
 
 /* A resolved, contiguous row-major tensor as the op layer hands it to a
  * backend. `device` and `buffer` belong to the core; backends use only
@@ -128,14 +129,20 @@ struct fx_linrec_ops;
 struct fx_optim_ops;
 
 /*
- * A backend's function table. Every function takes the backend-local device
- * ordinal `dev` and reports failures through `st`, returning its code.
+ * A backend's function table. Memory management and transfers take the
+ * backend-local device ordinal `dev` and work on fusex's own stream of that
+ * device; every function that computes (the elementwise ops, device copies
+ * and fills, every family's ops) takes a launch context (fusex_exec.h)
+ * instead: a device, a stream and a scratch allocator chosen by the caller.
+ * `exec_default` gives fusex's own. Failures are reported through `st`, and
+ * every function returns its code.
  *
  * Ordering: on a device with a stream (CUDA) every function is stream-ordered
  * and returns once its work is enqueued, except `download` (returns once the
  * bytes are in host memory), `upload` (returns once `src` may be reused) and
  * `synchronize`/`event_elapsed`. `release` is ordered after all work enqueued
- * before it, so freeing a buffer a pending kernel still reads is safe.
+ * on fusex's stream before it, so freeing a buffer a pending kernel still
+ * reads is safe.
  */
 typedef struct fx_backend {
     uint32_t abi_version;
@@ -154,8 +161,17 @@ typedef struct fx_backend {
     void (*release)(int dev, void *ptr);
     int (*upload)(int dev, void *dst, const void *src, size_t nbytes, fx_status *st);
     int (*download)(int dev, void *dst, const void *src, size_t nbytes, fx_status *st);
-    int (*copy)(int dev, void *dst, const void *src, size_t nbytes, fx_status *st);
-    int (*fill_zero)(int dev, void *dst, size_t nbytes, fx_status *st);
+    /* fusex's own launch context of `dev`: its stream, and scratch from its
+     * stream-ordered memory pool (host memory on the CPU). */
+    int (*exec_default)(int dev, struct fx_exec *ex, fx_status *st);
+    /* Streams of a caller's own, for its launch contexts (a C program's,
+     * the tests'); NULL where the device has none (the CPU, whose work is
+     * synchronous). `stream_synchronize` waits for the work on one. */
+    int (*stream_create)(int dev, void **stream, fx_status *st);
+    void (*stream_destroy)(int dev, void *stream);
+    int (*stream_synchronize)(int dev, void *stream, fx_status *st);
+    int (*copy)(const struct fx_exec *ex, void *dst, const void *src, size_t nbytes, fx_status *st);
+    int (*fill_zero)(const struct fx_exec *ex, void *dst, size_t nbytes, fx_status *st);
     int (*synchronize)(int dev, fx_status *st);
     /* Sets *idle to 1 when all enqueued work has finished; never blocks. */
     int (*is_idle)(int dev, int *idle, fx_status *st);
@@ -170,10 +186,10 @@ typedef struct fx_backend {
     int (*busy_wait)(int dev, double us, fx_status *st);
 
     /* Elementwise ops on same-shaped tensors (the op layer checks shapes). */
-    int (*cast)(int dev, const fx_tensor *src, const fx_tensor *dst, fx_status *st);
-    int (*binary)(int dev, fx_binop op, const fx_tensor *a, const fx_tensor *b,
+    int (*cast)(const struct fx_exec *ex, const fx_tensor *src, const fx_tensor *dst, fx_status *st);
+    int (*binary)(const struct fx_exec *ex, fx_binop op, const fx_tensor *a, const fx_tensor *b,
                   const fx_tensor *out, fx_status *st);
-    int (*scale)(int dev, const fx_tensor *src, double factor, const fx_tensor *dst,
+    int (*scale)(const struct fx_exec *ex, const fx_tensor *src, double factor, const fx_tensor *dst,
                  fx_status *st);
 
     const struct fx_ssm_ops *ssm;

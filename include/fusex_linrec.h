@@ -30,6 +30,7 @@
 #define FUSEX_LINREC_H
 
 #include "fusex.h"
+#include "fusex_exec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -100,9 +101,16 @@ typedef struct fx_linrec_step_args {
 } fx_linrec_step_args;
 
 struct fx_linrec_ops {
-    int (*forward)(int dev, const fx_linrec_fwd_args *args, fx_status *st);
-    int (*backward)(int dev, const fx_linrec_bwd_args *args, fx_status *st);
-    int (*step)(int dev, const fx_linrec_step_args *args, fx_status *st);
+    int (*forward)(const fx_exec *ex, const fx_linrec_fwd_args *args, fx_status *st);
+    int (*backward)(const fx_exec *ex, const fx_linrec_bwd_args *args, fx_status *st);
+    /* Needs no scratch. */
+    int (*step)(const fx_exec *ex, const fx_linrec_step_args *args, fx_status *st);
+    /* The most scratch bytes forward and backward ask of `ex` for these
+     * arguments, from shapes, types, options and the device alone
+     * (addresses may make them ask less, never more); SIZE_MAX when that
+     * does not fit a size_t. */
+    size_t (*forward_scratch)(const fx_exec *ex, const fx_linrec_fwd_args *args);
+    size_t (*backward_scratch)(const fx_exec *ex, const fx_linrec_bwd_args *args);
 };
 
 /* The dtype of states for sequences of `dtype`. */

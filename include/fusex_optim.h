@@ -25,6 +25,7 @@
 #include <stdbool.h>
 
 #include "fusex.h"
+#include "fusex_exec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -117,7 +118,7 @@ static inline int64_t fx_optim_blocks(int64_t nchunks)
 struct fx_optim_ops {
     /* One whole step: the norm pass when args->prepass, then the update.
      * Stream-ordered: returns once the work is enqueued. */
-    int (*step)(int dev, const fx_optim_args *args, fx_status *st);
+    int (*step)(const fx_exec *ex, const fx_optim_args *args, fx_status *st);
 };
 
 #ifdef __cplusplus

@@ -27,6 +27,7 @@
 #include <stdbool.h>
 
 #include "fusex.h"
+#include "fusex_exec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,9 +44,11 @@ typedef struct fx_ssm_fwd_args {
     bool dt_softplus;
     const fx_tensor *y;     /* out [batch, seqlen, dim] */
     const fx_tensor *state; /* out [batch, dim, dstate], or NULL */
-    /* out [batch, nsaved, dim, dstate] f32, or NULL: saved[b][k] is the state
-     * after step (k + 1) * save_every - 1, i.e. the state entering the time
-     * chunk k + 1 of save_every steps (nsaved = ceil(seqlen / save_every) - 1). */
+    /* out [batch, nsaved, dim, dstate] of the state type, or NULL: saved[b][k]
+     * is the state after step (k + 1) * save_every - 1, i.e. the state
+     * entering the time chunk k + 1 of save_every steps (nsaved =
+     * max(ceil(seqlen / save_every) - 1, 0)); save_every is
+     * fx_ssm_save_every(&n, x's type). */
     const fx_tensor *saved;
     int64_t save_every;
 } fx_ssm_fwd_args;
@@ -73,18 +76,53 @@ typedef struct fx_ssm_step_args {
 } fx_ssm_step_args;
 
 struct fx_ssm_ops {
-    int (*forward)(int dev, const fx_ssm_fwd_args *args, fx_status *st);
-    int (*backward)(int dev, const fx_ssm_bwd_args *args, fx_status *st);
-    int (*step)(int dev, const fx_ssm_step_args *args, fx_status *st);
-    /* Steps between the states a forward of these arguments (saved and
-     * save_every not yet set) saves for the backward; 0 when the backend
-     * saves none (its backward recomputes from h0). It may depend on the
-     * shapes, types and alignment of the inputs: the backward's kernel,
-     * which starts its chunks from the saved states, does. */
-    int64_t (*save_interval)(const fx_ssm_fwd_args *args);
+    int (*forward)(const fx_exec *ex, const fx_ssm_fwd_args *args, fx_status *st);
+    int (*backward)(const fx_exec *ex, const fx_ssm_bwd_args *args, fx_status *st);
+    /* Needs no scratch. */
+    int (*step)(const fx_exec *ex, const fx_ssm_step_args *args, fx_status *st);
+    /* The most scratch bytes forward and backward ask of `ex` for these
+     * arguments, from shapes, types and options alone (addresses may make
+     * them ask less, never more); SIZE_MAX when that does not fit a size_t. */
+    size_t (*forward_scratch)(const fx_exec *ex, const fx_ssm_fwd_args *args);
+    size_t (*backward_scratch)(const fx_exec *ex, const fx_ssm_bwd_args *args);
+    /* Whether the backward reads the states a forward saved (args->saved);
+     * where it does not (the CPU: it recomputes from h0) the op layer asks
+     * for none, but a forward given a `saved` tensor still fills it. */
+    bool reads_saved;
     /* The largest dstate the backend handles; 0 for no limit. */
     int64_t max_dstate;
 };
+
+/* The steps between the states a forward saves for its backward: the time
+ * chunk of the CUDA backward, which starts each chunk from a saved state and
+ * holds the chunk's states in registers. It depends on the shapes and the
+ * input type alone, never on addresses or the device, so that a program
+ * (an XLA custom call) can size the saved states before it runs:
+ *  - 16 up to dstate 32 (4 states a lane, a chunk of 64 / 4 steps);
+ *  - above that 8 (8 states a lane), except where the backward runs as
+ *    slices of 16 states (dstate a multiple of 16 above 32 but 64, where
+ *    its own configuration is faster; channels per group a multiple of
+ *    32): its chunk is 16 steps.
+ * The rows of x, dt, z (dim elements) and b, c (groups * dstate) of such a
+ * shape are whole multiples of 16 bytes for every input type. */
+static inline int64_t fx_ssm_save_every(const fx_ssm_dims *n, fx_dtype x_type)
+{
+    (void)x_type; /* the rule happens not to depend on it; callers pass it */
+    if (n->dstate <= 32)
+        return 16;
+    const int64_t per_group = n->groups > 0 ? n->dim / n->groups : 0;
+    if (n->dstate != 64 && n->dstate % 16 == 0 && per_group % 32 == 0)
+        return 16;
+    return 8;
+}
+
+/* The saved states' count per batch row: the chunks after the first. */
+static inline int64_t fx_ssm_nsaved(const fx_ssm_dims *n, fx_dtype x_type)
+{
+    const int64_t every = fx_ssm_save_every(n, x_type);
+    const int64_t chunks = n->seqlen / every + (n->seqlen % every != 0);
+    return chunks > 1 ? chunks - 1 : 0;
+}
 
 #ifdef __cplusplus
 }

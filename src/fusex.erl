@@ -39,7 +39,7 @@
 
 %% Selective scan (Mamba S6, see docs/SSM.md).
 -export([selective_scan/6, selective_scan_backward/2, selective_scan_backward/3,
-         selective_scan_step/7]).
+         selective_scan_step/7, selective_scan_saved_shape/3, selective_scan_save_every/3]).
 -export_type([selective_scan_opts/0, selective_scan_step_opts/0, selective_scan_ctx/0,
               selective_scan_grads/0]).
 
@@ -662,11 +662,13 @@ liquid_step(State, FLogits, Tau, A, Opts) -> ?NIF:liquid_step(State, FLogits, Ta
 %% tensors (their memory stays alive while the context does, even after
 %% {@link free/1}; do not modify them in place, e.g. with
 %% {@link selective_scan_step/7}, before the backward) plus, on CUDA, the
-%% f32 state entering every chunk of `K' steps: `batch * (ceil(seqlen / K)
-%% - 1) * dim * dstate * 4' bytes, with `K = 32' (`K = 16' when `dstate =<
-%% 8', `K = 8' when `dstate =< 4'). For `dstate = 16' that is 2 bytes per
-%% element of `x'. The CPU keeps no states: its backward recomputes from
-%% `h0'. Nothing of size `[batch, seqlen, dim, dstate]' is ever held.
+%% f32 state entering every chunk of `K' steps after the first, of the shape
+%% {@link selective_scan_saved_shape/3} gives: `batch * (ceil(seqlen / K)
+%% - 1) * dim * dstate * 4' bytes, with `K = 16' up to `dstate = 32' and
+%% where the backward runs as slices of 16 states, else 8 (docs/SSM.md).
+%% For `dstate = 16' that is 4 bytes per element of `x'. The CPU keeps no
+%% states: its backward recomputes from `h0'. Nothing of size `[batch,
+%% seqlen, dim, dstate]' is ever held.
 -spec selective_scan(X :: tensor(), Dt :: tensor(), A :: tensor(), B :: tensor(),
                      C :: tensor(), selective_scan_opts()) ->
           tensor() | {tensor(), tensor()} | {tensor(), selective_scan_ctx()} |
@@ -711,3 +713,26 @@ selective_scan_backward(Dy, Ctx, Opts) -> ?NIF:selective_scan_backward(Dy, Ctx, 
                           B :: tensor(), C :: tensor(), selective_scan_step_opts()) -> tensor().
 selective_scan_step(State, X, Dt, A, B, C, Opts) ->
     ?NIF:selective_scan_step(State, X, Dt, A, B, C, Opts).
+
+%% @doc The shape of the states a forward saves for its backward, from the
+%% shapes of `X' (`{Batch, Seqlen, Dim}') and `B' (`{Batch, Seqlen, Dstate}'
+%% or `{Batch, Seqlen, Groups, Dstate}') and the inputs' type alone:
+%% `{Batch, NSaved, Dim, Dstate}', the state entering each chunk of `K'
+%% steps after the first (`NSaved = max(ceil(Seqlen / K) - 1, 0)'). Their
+%% type is the state type, `{f,32}' (`{f,64}' for `{f,64}' inputs). This
+%% is the layout of the auxiliary output of the XLA custom call
+%% `fusex_selective_scan_fwd' (docs/XLA.md), which a program sizes before
+%% it runs.
+-spec selective_scan_saved_shape(XShape :: shape(), BShape :: shape(), Type :: type()) ->
+          {non_neg_integer(), non_neg_integer(), non_neg_integer(), pos_integer()}.
+selective_scan_saved_shape(XShape, BShape, Type) ->
+    ?NIF:selective_scan_saved_shape(XShape, BShape, Type).
+
+%% @doc `K', the steps between the states a forward saves, from the same
+%% arguments as {@link selective_scan_saved_shape/3}: the saved states are
+%% the states after steps `K - 1', `2K - 1', ... before the last chunk. It
+%% depends on `Dim', `Dstate', the groups and the type alone; a caller that
+%% computes the saved states itself takes every `K'-th state.
+-spec selective_scan_save_every(XShape :: shape(), BShape :: shape(), Type :: type()) -> pos_integer().
+selective_scan_save_every(XShape, BShape, Type) ->
+    ?NIF:selective_scan_save_every(XShape, BShape, Type).

@@ -370,3 +370,51 @@ bad_input_test_() ->
                       ?assertEqual(Msg, Got)
               end
       end} || {Msg, F} <- Cases].
+
+%% ---- the saved states' shape, from shapes alone ----
+
+saved_shape_test() ->
+    Shape = fun fusex:selective_scan_saved_shape/3,
+    %% up to dstate 32 a state every 16 steps: ceil(100 / 16) - 1 = 6
+    ?assertEqual({2, 6, 64, 16}, Shape({2, 100, 64}, {2, 100, 16}, {f, 32})),
+    ?assertEqual({2, 6, 64, 32}, Shape({2, 100, 64}, {2, 100, 32}, {bf, 16})),
+    %% above: every 8 steps (12), but 16 where the backward is sliced
+    %% (dstate a multiple of 16 but 64, channels per group a multiple of 32)
+    ?assertEqual({2, 12, 64, 64}, Shape({2, 100, 64}, {2, 100, 64}, {f, 32})),
+    ?assertEqual({2, 6, 64, 128}, Shape({2, 100, 64}, {2, 100, 128}, {f, 32})),
+    ?assertEqual({2, 6, 64, 48}, Shape({2, 100, 64}, {2, 100, 2, 48}, {f, 16})),
+    ?assertEqual({2, 12, 48, 128}, Shape({2, 100, 48}, {2, 100, 128}, {f, 32})),
+    ?assertEqual({2, 12, 64, 128}, Shape({2, 100, 64}, {2, 100, 4, 128}, {f, 32})),
+    ?assertEqual({2, 12, 64, 100}, Shape({2, 100, 64}, {2, 100, 100}, {f, 64})),
+    %% a single chunk saves nothing; an empty sequence neither
+    ?assertEqual({3, 0, 8, 16}, Shape({3, 16, 8}, {3, 16, 16}, {f, 32})),
+    ?assertEqual({3, 0, 8, 16}, Shape({3, 0, 8}, {3, 0, 16}, {f, 32})),
+    ?assertEqual({3, 1, 8, 16}, Shape({3, 17, 8}, {3, 17, 16}, {f, 32})).
+
+save_every_test() ->
+    Every = fun fusex:selective_scan_save_every/3,
+    ?assertEqual(16, Every({2, 100, 64}, {2, 100, 16}, {f, 32})),
+    ?assertEqual(8, Every({2, 100, 64}, {2, 100, 64}, {f, 32})),
+    ?assertEqual(16, Every({2, 100, 64}, {2, 100, 128}, {bf, 16})),
+    ?assertEqual(8, Every({2, 100, 48}, {2, 100, 128}, {f, 32})),
+    %% consistent with the shape: NSaved = ceil(L / K) - 1
+    [begin
+         K = Every({1, L, 64}, {1, L, N}, {f, 32}),
+         {1, S, 64, N} = fusex:selective_scan_saved_shape({1, L, 64}, {1, L, N}, {f, 32}),
+         ?assertEqual(max((L + K - 1) div K - 1, 0), S)
+     end || L <- [1, 7, 8, 9, 16, 17, 100], N <- [4, 16, 48, 64, 100, 256]],
+    ?assertError({badarg, <<"type: expected a float type, got {u,8}">>},
+                 Every({2, 100, 64}, {2, 100, 16}, {u, 8})).
+
+saved_shape_bad_input_test() ->
+    Shape = fun fusex:selective_scan_saved_shape/3,
+    ?assertBadarg(<<"x: expected a shape of rank 3 [batch, seqlen, dim], got {2,100}">>,
+                  Shape({2, 100}, {2, 100, 16}, {f, 32})),
+    ?assertBadarg(<<"b: expected a shape {2,100,dstate} or {2,100,groups,dstate} ([batch, seqlen, "
+                    "[groups,] dstate]), got {2,99,16}">>,
+                  Shape({2, 100, 64}, {2, 99, 16}, {f, 32})),
+    ?assertBadarg(<<"b: expected dstate >= 1 and a number of groups that divides dim 64, got {2,100,3,16}">>,
+                  Shape({2, 100, 64}, {2, 100, 3, 16}, {f, 32})),
+    ?assertBadarg(<<"type: expected a float type, got {s,32}">>,
+                  Shape({2, 100, 64}, {2, 100, 16}, {s, 32})),
+    ?assertError({badarg, _}, Shape(not_a_shape, {2, 100, 16}, {f, 32})).

@@ -1,6 +1,6 @@
 #include "core/check.h"
 
-#include "core/dtype.h"
+#include "fusex_dtype.h"
 
 static void shape_of(const fx_tensor *t, char *buf, size_t len)
 {

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "core/check.h"
-#include "core/dtype.h"
+#include "fusex_dtype.h"
 
 static const struct {
     const char *op;
@@ -138,22 +138,22 @@ static int expect_impl(fx_status *st, const fx_device *dev, const void *fn, int 
  * zero-element sequence like {2^48, 0, 2^22}. */
 static bool no_channels(const fx_linrec_problem *p) { return p->batch == 0 || p->hidden == 0; }
 
-static int fill_zero(const fx_tensor *t, fx_status *st)
+static int fill_zero(const fx_exec *ex, const fx_tensor *t, fx_status *st)
 {
     if (!t->data || t->nbytes == 0)
         return FX_OK;
-    return t->device->backend->fill_zero(t->device->ordinal, t->data, t->nbytes, st);
+    return t->device->backend->fill_zero(ex, t->data, t->nbytes, st);
 }
 
 /* dst = src converted to dst's dtype (same shape), or zeros if src is NULL. */
-static int convert_into(const fx_tensor *src, const fx_tensor *dst, fx_status *st)
+static int convert_into(const fx_exec *ex, const fx_tensor *src, const fx_tensor *dst, fx_status *st)
 {
     if (!src)
-        return fill_zero(dst, st);
+        return fill_zero(ex, dst, st);
     if (dst->numel == 0)
         return FX_OK;
     fx_device *dev = dst->device;
-    return dev->backend->cast(dev->ordinal, src, dst, st);
+    return dev->backend->cast(ex, src, dst, st);
 }
 
 /* Outputs the caller allocated: on the inputs' device, with the layout
@@ -167,12 +167,13 @@ static int expect_output(fx_status *st, const char *arg, const fx_tensor *t, con
     return FX_OK;
 }
 
-int fx_op_linrec_forward_into(fx_linrec_problem *p, const fx_tensor *h0, int max_tile_steps,
-                              const fx_tensor *h, const fx_tensor *state, fx_status *st)
+int fx_op_linrec_forward_into(const fx_exec *ex, fx_linrec_problem *p, const fx_tensor *h0,
+                              int max_tile_steps, const fx_tensor *h, const fx_tensor *state, fx_status *st)
 {
     if (check_problem(p, 0, st))
         return st->code;
     fx_device *dev = p->seq[0]->device;
+    fx_exec own;
     const struct fx_linrec_ops *ops = device_ops(dev);
     int64_t hdims[3] = {p->batch, p->seqlen, p->hidden}, sdims[2] = {p->batch, p->hidden};
     if (expect_impl(st, dev, (const void *)(ops ? ops->forward : NULL), p->kind, "") ||
@@ -183,11 +184,13 @@ int fx_op_linrec_forward_into(fx_linrec_problem *p, const fx_tensor *h0, int max
         return st->code;
     if (no_channels(p))
         return FX_OK;
+    if (!(ex = fx_exec_resolve(dev, ex, &own, st)))
+        return st->code;
     if (p->seqlen == 0) /* nothing to scan: the state is h0 */
-        return state ? convert_into(h0, state, st) : FX_OK;
+        return state ? convert_into(ex, h0, state, st) : FX_OK;
     fx_linrec_fwd_args args = {.p = *p, .h0 = h0, .h = h, .state = state,
                                .max_tile_steps = max_tile_steps};
-    return ops->forward(dev->ordinal, &args, st);
+    return ops->forward(ex, &args, st);
 }
 
 int fx_op_linrec_forward(fx_linrec_problem *p, const fx_tensor *h0, bool want_state,
@@ -202,7 +205,7 @@ int fx_op_linrec_forward(fx_linrec_problem *p, const fx_tensor *h0, bool want_st
     if (fx_tensor_alloc(dev, p->dtype, 3, hdims, h, st) ||
         (want_state &&
          fx_tensor_alloc(dev, fx_linrec_state_dtype(p->dtype), 2, sdims, state, st)) ||
-        fx_op_linrec_forward_into(p, h0, max_tile_steps, h, want_state ? state : NULL, st)) {
+        fx_op_linrec_forward_into(NULL, p, h0, max_tile_steps, h, want_state ? state : NULL, st)) {
         fx_tensor_release(h);
         fx_tensor_release(state);
     }
@@ -275,11 +278,12 @@ static int expect_grads(fx_status *st, const fx_linrec_problem *p, const fx_tens
     return FX_OK;
 }
 
-int fx_op_linrec_backward_into(const fx_linrec_problem *p, const fx_tensor *h0,
+int fx_op_linrec_backward_into(const fx_exec *ex, const fx_linrec_problem *p, const fx_tensor *h0,
                                const fx_tensor *h, const fx_tensor *dh, const fx_tensor *dstate,
                                int max_tile_steps, const fx_linrec_grads *g, fx_status *st)
 {
     fx_device *dev = h->device;
+    fx_exec own;
     const struct fx_linrec_ops *ops = device_ops(dev);
     int64_t hdims[3] = {p->batch, p->seqlen, p->hidden};
     if (expect_impl(st, dev, (const void *)(ops ? ops->backward : NULL), p->kind, "_backward") ||
@@ -287,15 +291,15 @@ int fx_op_linrec_backward_into(const fx_linrec_problem *p, const fx_tensor *h0,
         fx_expect_dtype(st, "dh", dh, p->dtype) ||
         fx_expect_shape(st, "dh", dh, 3, hdims, "([batch, seqlen, hidden], as the forward's output)") ||
         (dstate && expect_state_tensor(st, "dstate", dstate, p, "the saved context")) ||
-        expect_grads(st, p, h0, g))
+        expect_grads(st, p, h0, g) || !(ex = fx_exec_resolve(dev, ex, &own, st)))
         return st->code;
     if (no_channels(p) || p->seqlen == 0) {
         /* Nothing was scanned: tau, a and dt (a sum over the channels of
          * each row, of which there may be none) get zeros, h0 went
          * straight to the state so dh0 is dstate. */
-        if (fill_zero(&g->tau, st) || fill_zero(&g->lam, st) || fill_zero(&g->dt, st))
+        if (fill_zero(ex, &g->tau, st) || fill_zero(ex, &g->lam, st) || fill_zero(ex, &g->dt, st))
             return st->code;
-        return h0 && !no_channels(p) ? convert_into(dstate, &g->h0, st) : FX_OK;
+        return h0 && !no_channels(p) ? convert_into(ex, dstate, &g->h0, st) : FX_OK;
     }
     fx_linrec_bwd_args args = {.p = *p, .h0 = h0, .h = h, .dh = dh, .dstate = dstate,
                                .dtau = present(&g->tau), .dlam = present(&g->lam),
@@ -303,7 +307,7 @@ int fx_op_linrec_backward_into(const fx_linrec_problem *p, const fx_tensor *h0,
                                .max_tile_steps = max_tile_steps};
     for (int i = 0; i < p->nseq; i++)
         args.dseq[i] = &g->seq[i];
-    return ops->backward(dev->ordinal, &args, st);
+    return ops->backward(ex, &args, st);
 }
 
 int fx_op_linrec_backward(const fx_linrec_problem *p, const fx_tensor *h0, const fx_tensor *h,
@@ -317,20 +321,23 @@ int fx_op_linrec_backward(const fx_linrec_problem *p, const fx_tensor *h0, const
         (dstate && fx_expect_same_device(st, "dstate", dstate, dev, "the saved context")))
         return st->code;
     if (fx_linrec_grads_alloc(p, h0, g, st) ||
-        fx_op_linrec_backward_into(p, h0, h, dh, dstate, max_tile_steps, g, st))
+        fx_op_linrec_backward_into(NULL, p, h0, h, dh, dstate, max_tile_steps, g, st))
         fx_linrec_tensors_release(g);
     return st->code;
 }
 
-int fx_op_linrec_step(fx_linrec_problem *p, const fx_tensor *state, fx_tensor *h, fx_status *st)
+int fx_op_linrec_step_into(const fx_exec *ex, fx_linrec_problem *p, const fx_tensor *state, const fx_tensor *h,
+                           fx_status *st)
 {
-    memset(h, 0, sizeof *h);
     if (check_problem(p, 1, st))
         return st->code;
     fx_device *dev = p->seq[0]->device;
     const struct fx_linrec_ops *ops = device_ops(dev);
+    int64_t dims[2] = {p->batch, p->hidden};
+    fx_exec own;
     if (expect_impl(st, dev, (const void *)(ops ? ops->step : NULL), p->kind, "_step") ||
-        expect_state_tensor(st, "state", state, p, kinds[p->kind].seq[0]))
+        expect_state_tensor(st, "state", state, p, kinds[p->kind].seq[0]) ||
+        expect_output(st, "h", h, dev, p->dtype, 2, dims, "([batch, hidden])"))
         return st->code;
     for (int i = 0; i < p->nseq; i++)
         if (fx_expect_apart(st, "state", state, kinds[p->kind].seq[i], p->seq[i]))
@@ -338,13 +345,22 @@ int fx_op_linrec_step(fx_linrec_problem *p, const fx_tensor *state, fx_tensor *h
     if (fx_expect_apart(st, "state", state, "tau", p->tau) ||
         fx_expect_apart(st, "state", state, "a", p->lam) || fx_expect_apart(st, "state", state, "dt", p->dt))
         return st->code;
-    int64_t dims[2] = {p->batch, p->hidden};
-    if (fx_tensor_alloc(dev, p->dtype, 2, dims, h, st))
-        return st->code;
     if (no_channels(p))
         return FX_OK;
+    if (!(ex = fx_exec_resolve(dev, ex, &own, st)))
+        return st->code;
     fx_linrec_step_args args = {.p = *p, .state = state, .h = h};
-    if (ops->step(dev->ordinal, &args, st) != FX_OK)
+    return ops->step(ex, &args, st);
+}
+
+int fx_op_linrec_step(fx_linrec_problem *p, const fx_tensor *state, fx_tensor *h, fx_status *st)
+{
+    memset(h, 0, sizeof *h);
+    if (check_problem(p, 1, st))
+        return st->code;
+    int64_t dims[2] = {p->batch, p->hidden};
+    if (fx_tensor_alloc(p->seq[0]->device, p->dtype, 2, dims, h, st) ||
+        fx_op_linrec_step_into(NULL, p, state, h, st))
         fx_tensor_release(h);
     return st->code;
 }

@@ -26,9 +26,11 @@ int fx_op_linrec_forward(fx_linrec_problem *p, const fx_tensor *h0, bool want_st
                          int max_tile_steps, fx_tensor *h, fx_tensor *state, fx_status *st);
 /* The same into outputs the caller allocated (and the tests poison):
  * h [batch, seqlen, hidden] of the inputs' dtype, state (or NULL)
- * [batch, hidden] of the state dtype, both on the inputs' device. */
-int fx_op_linrec_forward_into(fx_linrec_problem *p, const fx_tensor *h0, int max_tile_steps,
-                              const fx_tensor *h, const fx_tensor *state, fx_status *st);
+ * [batch, hidden] of the state dtype, both on the inputs' device. `ex`:
+ * the launch context to run on (NULL: the device's own); every `_into`
+ * op takes one, and the allocating forms run theirs with NULL. */
+int fx_op_linrec_forward_into(const fx_exec *ex, fx_linrec_problem *p, const fx_tensor *h0,
+                              int max_tile_steps, const fx_tensor *h, const fx_tensor *state, fx_status *st);
 
 /* One tensor per input of a recurrence; entries for inputs that were not
  * given (h0, a dt tensor, tau/lam outside liquid) stay empty (zeroed
@@ -52,7 +54,7 @@ int fx_op_linrec_backward(const fx_linrec_problem *p, const fx_tensor *h0, const
  * then run the backward into them. */
 int fx_linrec_grads_alloc(const fx_linrec_problem *p, const fx_tensor *h0, fx_linrec_grads *grads,
                           fx_status *st);
-int fx_op_linrec_backward_into(const fx_linrec_problem *p, const fx_tensor *h0,
+int fx_op_linrec_backward_into(const fx_exec *ex, const fx_linrec_problem *p, const fx_tensor *h0,
                                const fx_tensor *h, const fx_tensor *dh, const fx_tensor *dstate,
                                int max_tile_steps, const fx_linrec_grads *grads, fx_status *st);
 
@@ -60,5 +62,8 @@ int fx_op_linrec_backward_into(const fx_linrec_problem *p, const fx_tensor *h0,
  * [batch, hidden] and a dt tensor [batch, 1]. Updates `state` in place and
  * returns the new h in `h` (p's dtype). */
 int fx_op_linrec_step(fx_linrec_problem *p, const fx_tensor *state, fx_tensor *h, fx_status *st);
+/* The same into h [batch, hidden] (the inputs' dtype) the caller allocated. */
+int fx_op_linrec_step_into(const fx_exec *ex, fx_linrec_problem *p, const fx_tensor *state, const fx_tensor *h,
+                           fx_status *st);
 
 #endif

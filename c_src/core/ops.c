@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "core/check.h"
-#include "core/dtype.h"
+#include "fusex_dtype.h"
 
 int fx_op_from_host(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,
                     const void *data, size_t datalen, fx_tensor *out, fx_status *st)
@@ -74,8 +74,9 @@ int fx_op_zeros_flags(fx_device *dev, fx_dtype dtype, int rank, const int64_t *d
 {
     if (fx_tensor_alloc_flags(dev, dtype, rank, dims, flags, out, st) != FX_OK)
         return st->code;
-    if (out->nbytes > 0 &&
-        dev->backend->fill_zero(dev->ordinal, out->data, out->nbytes, st) != FX_OK) {
+    fx_exec own;
+    const fx_exec *ex = out->nbytes > 0 ? fx_exec_resolve(dev, NULL, &own, st) : NULL;
+    if (out->nbytes > 0 && (!ex || dev->backend->fill_zero(ex, out->data, out->nbytes, st) != FX_OK)) {
         fx_tensor_release(out);
         return st->code;
     }
@@ -128,8 +129,10 @@ int fx_op_copy_to_flags(const fx_tensor *t, fx_device *dev, unsigned flags, fx_t
         return FX_OK;
     fx_device *src = t->device;
     int rc;
+    fx_exec own;
     if (src == dev)
-        rc = dev->backend->copy(dev->ordinal, out->data, t->data, t->nbytes, st);
+        rc = fx_exec_resolve(dev, NULL, &own, st) ? dev->backend->copy(&own, out->data, t->data, t->nbytes, st)
+                                                  : st->code;
     else if (src->kind == FX_DEVICE_CPU)
         rc = dev->backend->upload(dev->ordinal, out->data, t->data, t->nbytes, st);
     else if (dev->kind == FX_DEVICE_CPU)
@@ -147,7 +150,8 @@ int fx_op_cast(const fx_tensor *t, fx_dtype dtype, fx_tensor *out, fx_status *st
     fx_device *dev = t->device;
     if (fx_tensor_alloc(dev, dtype, t->rank, t->dims, out, st) != FX_OK)
         return st->code;
-    if (t->numel > 0 && dev->backend->cast(dev->ordinal, t, out, st) != FX_OK)
+    fx_exec own;
+    if (t->numel > 0 && (!fx_exec_resolve(dev, NULL, &own, st) || dev->backend->cast(&own, t, out, st) != FX_OK))
         fx_tensor_release(out);
     return st->code;
 }
@@ -162,7 +166,9 @@ int fx_op_binary(fx_binop op, const fx_tensor *a, const fx_tensor *b, fx_tensor 
         return st->code;
     if (fx_tensor_alloc(dev, a->dtype, a->rank, a->dims, out, st) != FX_OK)
         return st->code;
-    if (a->numel > 0 && dev->backend->binary(dev->ordinal, op, a, b, out, st) != FX_OK)
+    fx_exec own;
+    if (a->numel > 0 &&
+        (!fx_exec_resolve(dev, NULL, &own, st) || dev->backend->binary(&own, op, a, b, out, st) != FX_OK))
         fx_tensor_release(out);
     return st->code;
 }
@@ -174,7 +180,9 @@ int fx_op_scale(const fx_tensor *t, double factor, fx_tensor *out, fx_status *st
         return st->code;
     if (fx_tensor_alloc(dev, t->dtype, t->rank, t->dims, out, st) != FX_OK)
         return st->code;
-    if (t->numel > 0 && dev->backend->scale(dev->ordinal, t, factor, out, st) != FX_OK)
+    fx_exec own;
+    if (t->numel > 0 &&
+        (!fx_exec_resolve(dev, NULL, &own, st) || dev->backend->scale(&own, t, factor, out, st) != FX_OK))
         fx_tensor_release(out);
     return st->code;
 }
@@ -209,15 +217,18 @@ int fx_op_copy_into(const fx_tensor *src, const fx_tensor *dst, fx_status *st)
         return st->code;
     if (src->nbytes == 0 || src->data == dst->data)
         return FX_OK;
+    fx_exec own;
+    if (!fx_exec_resolve(dev, NULL, &own, st))
+        return st->code;
     if (!fx_tensors_overlap(src, dst))
-        return dev->backend->copy(dev->ordinal, dst->data, src->data, src->nbytes, st);
+        return dev->backend->copy(&own, dst->data, src->data, src->nbytes, st);
     /* Views of one memory at different offsets (from_pointer, reshape):
      * a backend's copy, like memcpy, wants disjoint ranges, so the bytes
      * go through a copy of src first (as memmove would). */
     fx_tensor staged;
     if (fx_op_copy_to(src, dev, &staged, st) != FX_OK)
         return st->code;
-    dev->backend->copy(dev->ordinal, dst->data, staged.data, src->nbytes, st);
+    dev->backend->copy(&own, dst->data, staged.data, src->nbytes, st);
     fx_tensor_release(&staged);
     return st->code;
 }

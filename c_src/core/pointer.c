@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/dtype.h"
+#include "fusex_dtype.h"
 
 /* ---- export ---- */
 

@@ -5,17 +5,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/dtype.h"
+#include "fusex_dtype.h"
 
 #define FX_MAX_DEVICES 17 /* cpu + up to 16 GPUs */
 
-extern const fx_backend fx_cpu_backend;
 
 static fx_device devices[FX_MAX_DEVICES];
 static int device_total;
 static char cuda_reason[1024] = "CUDA backend not loaded";
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static const char *init_priv_dir;
+static const fx_backend *init_host;
 static fx_status init_status;
 
 static void add_device(const fx_backend *backend, fx_device_kind kind, int ordinal)
@@ -84,15 +84,21 @@ static void load_cuda(const char *priv_dir)
 static void init_all(void)
 {
     fx_status_clear(&init_status);
-    if (fx_cpu_backend.init(&init_status) != FX_OK)
+    if (!init_host || !backend_compatible(init_host)) {
+        fx_fail(&init_status, FX_EINTERNAL, "fx_runtime_init: the host backend is missing or not of ABI %d",
+                FX_ABI_VERSION);
         return;
-    add_device(&fx_cpu_backend, FX_DEVICE_CPU, 0);
+    }
+    if (init_host->init(&init_status) != FX_OK)
+        return;
+    add_device(init_host, FX_DEVICE_CPU, 0);
     load_cuda(init_priv_dir);
 }
 
-int fx_runtime_init(const char *priv_dir, fx_status *st)
+int fx_runtime_init(const char *priv_dir, const fx_backend *host, fx_status *st)
 {
     init_priv_dir = priv_dir;
+    init_host = host;
     pthread_once(&init_once, init_all);
     if (init_status.code != FX_OK)
         return fx_fail(st, init_status.code, "%s", init_status.msg);
@@ -139,6 +145,14 @@ fx_device *fx_device_find(fx_device_kind kind, int ordinal)
 
 fx_device *fx_cpu_device(void) { return device_total > 0 ? &devices[0] : NULL; }
 
+const fx_exec *fx_exec_resolve(const fx_device *dev, const fx_exec *ex, fx_exec *own, fx_status *st)
+{
+    if (ex)
+        return ex;
+    memset(own, 0, sizeof *own);
+    return dev->backend->exec_default(dev->ordinal, own, st) == FX_OK ? own : NULL;
+}
+
 const char *fx_cuda_unavailable_reason(void) { return cuda_reason; }
 
 int fx_device_query(fx_device *dev, fx_device_info *info, fx_status *st)
@@ -168,8 +182,9 @@ void fx_format_shape(char *out, size_t outlen, int rank, const int64_t *dims)
  * tensor, and the ops form counts from some of its dimensions (batch *
  * dim, a state's batch * dim * dstate). Bounding every partial product of
  * a shape keeps each such count of one tensor within 2^48; products that
- * combine several tensors are checked where they are formed
- * (fusex_checked.h). */
+ * combine several tensors are checked where they are formed (fx_size_mul
+ * and fx_size_add of fusex_exec.h saturate, so an allocation of what
+ * overflowed fails). */
 int fx_shape_numel(const char *arg, int rank, const int64_t *dims, int64_t *numel,
                    fx_status *st)
 {

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 
 #include "fusex.h"
+#include "fusex_exec.h"
 
 typedef enum fx_device_kind { FX_DEVICE_CPU = 0, FX_DEVICE_CUDA = 1 } fx_device_kind;
 
@@ -41,11 +42,13 @@ typedef struct fx_device {
     unsigned freed_next;
 } fx_device;
 
-/* Loads the CPU backend and, when priv_dir holds fusex_cuda.so and a driver
- * and GPU are present, the CUDA backend. Safe to call more than once. A
- * missing CUDA backend is not an error: fx_cuda_unavailable_reason() says
- * why. FUSEX_DISABLE_CUDA=1 in the environment skips CUDA. */
-int fx_runtime_init(const char *priv_dir, fx_status *st);
+/* Makes `host` (the CPU backend, which the program links: the NIF, the
+ * tests) device 0 and, when priv_dir holds fusex_cuda.so and a driver and
+ * GPU are present, adds the CUDA backend's devices. Safe to call more than
+ * once (later calls change nothing). A missing CUDA backend is not an
+ * error: fx_cuda_unavailable_reason() says why. FUSEX_DISABLE_CUDA=1 in
+ * the environment skips CUDA. */
+int fx_runtime_init(const char *priv_dir, const fx_backend *host, fx_status *st);
 /* Waits for pending work and frees backend caches; for orderly exits of
  * programs that link the core (the C tests). */
 void fx_runtime_shutdown(void);
@@ -67,6 +70,11 @@ fx_device *fx_device_find(fx_device_kind kind, int ordinal);
 fx_device *fx_cpu_device(void);
 const char *fx_cuda_unavailable_reason(void);
 int fx_device_query(fx_device *dev, fx_device_info *info, fx_status *st);
+
+/* What an op runs on: `ex` when the caller gave one, else `dev`'s own launch
+ * context (its stream and memory pool), filled into *own. NULL, with the
+ * error in st, when the device cannot give one (a lost GPU). */
+const fx_exec *fx_exec_resolve(const fx_device *dev, const fx_exec *ex, fx_exec *own, fx_status *st);
 
 /* A device allocation with a reference count. Several handles may share one
  * (reshape views); the memory goes back when the last reference drops.

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "core/check.h"
-#include "core/dtype.h"
+#include "fusex_dtype.h"
 
 #define LAYOUT_X "[batch, seqlen, dim]"
 #define LAYOUT_A "[dim, dstate]"
@@ -180,7 +180,93 @@ int fx_ssm_check_step(const fx_tensor *state, const fx_ssm_inputs *in, fx_ssm_di
     return FX_OK;
 }
 
+/* Outputs the caller allocated: on x's device, with the layout the op
+ * writes. */
+static int expect_output(fx_status *st, const char *arg, const fx_tensor *t, const fx_tensor *x, fx_dtype dtype,
+                         int rank, const int64_t *dims, const char *layout)
+{
+    if (fx_expect_same_device(st, arg, t, x->device, "x") || fx_expect_dtype(st, arg, t, dtype) ||
+        fx_expect_shape(st, arg, t, rank, dims, layout))
+        return st->code;
+    return FX_OK;
+}
+
+/* The saved states of a forward of n with inputs of x's type: the state
+ * type, [batch, nsaved, dim, dstate]. */
+static void saved_dims(const fx_ssm_dims *n, fx_dtype x_type, int64_t dims[4])
+{
+    dims[0] = n->batch;
+    dims[1] = fx_ssm_nsaved(n, x_type);
+    dims[2] = n->dim;
+    dims[3] = n->dstate;
+}
+
+static int expect_saved(fx_status *st, const fx_tensor *saved, const fx_tensor *x, const fx_ssm_dims *n)
+{
+    int64_t dims[4];
+    saved_dims(n, x->dtype, dims);
+    return expect_output(st, "saved", saved, x, fx_ssm_state_type(x->dtype), 4, dims,
+                         "([batch, nsaved, dim, dstate], the states entering each chunk after the first)");
+}
+
+int fx_ssm_saved_shape(const fx_ssm_dims *n, fx_dtype x_type, int64_t dims[4])
+{
+    saved_dims(n, x_type, dims);
+    return 4;
+}
+
+/* Nothing to scan: a zero batch, sequence or dim. No backend is handed such
+ * a problem, so none loops over rows of nothing (a batch of 2^40 empty
+ * sequences is a valid zero-element tensor, and was hours of loop). */
+static bool nothing_to_scan(const fx_ssm_dims *n)
+{
+    return n->batch == 0 || n->seqlen == 0 || n->dim == 0;
+}
+
+static int fill_zero(const fx_exec *ex, const fx_tensor *t, fx_status *st)
+{
+    if (!t || !t->buffer || t->nbytes == 0)
+        return FX_OK;
+    return t->device->backend->fill_zero(ex, t->data, t->nbytes, st);
+}
+
+/* dst = src in dst's type (same shape), or zeros without src. */
+static int copy_or_zero(const fx_exec *ex, const fx_tensor *src, const fx_tensor *dst, fx_status *st)
+{
+    if (!src || dst->numel == 0)
+        return fill_zero(ex, dst, st);
+    return dst->device->backend->cast(ex, src, dst, st);
+}
+
 /* ---- forward ---- */
+
+int fx_op_ssm_forward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx_tensor *y, const fx_tensor *state,
+                           const fx_tensor *saved, fx_status *st)
+{
+    fx_ssm_dims n;
+    if (fx_ssm_check_forward(in, &n, st))
+        return st->code;
+    const fx_tensor *x = in->x;
+    int64_t state_dims[3] = {n.batch, n.dim, n.dstate};
+    if (expect_output(st, "y", y, x, x->dtype, 3, x->dims, LAYOUT_X) ||
+        (state && expect_output(st, "state", state, x, fx_ssm_state_type(x->dtype), 3, state_dims,
+                                LAYOUT_STATE)) ||
+        (saved && expect_saved(st, saved, x, &n)))
+        return st->code;
+    fx_device *dev = x->device;
+    fx_exec own;
+    if (!(ex = fx_exec_resolve(dev, ex, &own, st)))
+        return st->code;
+    if (nothing_to_scan(&n)) /* y and the saved states are empty; the final state is h0 */
+        return state ? copy_or_zero(ex, in->h0, state, st) : FX_OK;
+    fx_ssm_fwd_args args = {
+        .n = n, .x = x, .dt = in->dt, .a = in->a, .b = in->b, .c = in->c,
+        .d = in->d, .z = in->z, .dt_bias = in->dt_bias, .h0 = in->h0,
+        .dt_softplus = in->dt_softplus, .y = y, .state = state, .saved = saved,
+        .save_every = saved ? fx_ssm_save_every(&n, x->dtype) : 0,
+    };
+    return ssm_ops(dev)->forward(ex, &args, st);
+}
 
 static void ctx_keep(fx_tensor *dst, const fx_tensor *src)
 {
@@ -204,10 +290,9 @@ void fx_ssm_ctx_free(fx_ssm_ctx *ctx)
 
 size_t fx_ssm_ctx_saved_bytes(const fx_ssm_ctx *ctx) { return ctx->saved.nbytes; }
 
-/* A new context holding references to the inputs and, when the backend
- * saves states for the forward `args`, room for them. */
-static int ctx_new(const fx_ssm_inputs *in, const fx_ssm_dims *n, const fx_ssm_fwd_args *args, fx_ssm_ctx **out,
-                   fx_status *st)
+/* A new context holding references to the inputs and, when the backend's
+ * backward reads them, room for the saved states. */
+static int ctx_new(const fx_ssm_inputs *in, const fx_ssm_dims *n, fx_ssm_ctx **out, fx_status *st)
 {
     fx_ssm_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
@@ -224,15 +309,13 @@ static int ctx_new(const fx_ssm_inputs *in, const fx_ssm_dims *n, const fx_ssm_f
     ctx_keep(&ctx->dt_bias, in->dt_bias);
     ctx_keep(&ctx->h0, in->h0);
     fx_device *dev = in->x->device;
-    int64_t every = ssm_ops(dev)->save_interval(args);
-    if (every > 0) {
-        int64_t chunks = (n->seqlen + every - 1) / every;
-        int64_t dims[4] = {n->batch, chunks > 1 ? chunks - 1 : 0, n->dim, n->dstate};
-        if (fx_tensor_alloc(dev, FX_F32, 4, dims, &ctx->saved, st) != FX_OK) {
+    if (ssm_ops(dev)->reads_saved) {
+        int64_t dims[4];
+        saved_dims(n, in->x->dtype, dims);
+        if (fx_tensor_alloc(dev, fx_ssm_state_type(in->x->dtype), 4, dims, &ctx->saved, st) != FX_OK) {
             fx_ssm_ctx_free(ctx);
             return st->code;
         }
-        ctx->save_every = every;
     }
     *out = ctx;
     return FX_OK;
@@ -240,47 +323,19 @@ static int ctx_new(const fx_ssm_inputs *in, const fx_ssm_dims *n, const fx_ssm_f
 
 static const fx_tensor *opt(const fx_tensor *t) { return t && t->buffer ? t : NULL; }
 
-static void fwd_args_from_ctx(const fx_ssm_ctx *ctx, fx_ssm_fwd_args *a)
+static void inputs_from_ctx(const fx_ssm_ctx *ctx, fx_ssm_inputs *in)
 {
-    memset(a, 0, sizeof *a);
-    a->n = ctx->n;
-    a->x = &ctx->x;
-    a->dt = &ctx->dt;
-    a->a = &ctx->a;
-    a->b = &ctx->b;
-    a->c = &ctx->c;
-    a->d = opt(&ctx->d);
-    a->z = opt(&ctx->z);
-    a->dt_bias = opt(&ctx->dt_bias);
-    a->h0 = opt(&ctx->h0);
-    a->dt_softplus = ctx->dt_softplus;
-    a->saved = ctx->save_every > 0 ? &ctx->saved : NULL;
-    a->save_every = ctx->save_every;
-}
-
-/* Nothing to scan: a zero batch, sequence or dim. No backend is handed such
- * a problem, so none loops over rows of nothing (a batch of 2^40 empty
- * sequences is a valid zero-element tensor, and was hours of loop). */
-static bool nothing_to_scan(const fx_ssm_dims *n)
-{
-    return n->batch == 0 || n->seqlen == 0 || n->dim == 0;
-}
-
-static int fill_zero(const fx_tensor *t, fx_status *st)
-{
-    if (!t || !t->buffer || t->nbytes == 0)
-        return FX_OK;
-    fx_device *dev = t->device;
-    return dev->backend->fill_zero(dev->ordinal, t->data, t->nbytes, st);
-}
-
-/* dst = src in dst's type (same shape), or zeros without src. */
-static int copy_or_zero(const fx_tensor *src, const fx_tensor *dst, fx_status *st)
-{
-    if (!src || dst->numel == 0)
-        return fill_zero(dst, st);
-    fx_device *dev = dst->device;
-    return dev->backend->cast(dev->ordinal, src, dst, st);
+    memset(in, 0, sizeof *in);
+    in->x = &ctx->x;
+    in->dt = &ctx->dt;
+    in->a = &ctx->a;
+    in->b = &ctx->b;
+    in->c = &ctx->c;
+    in->d = opt(&ctx->d);
+    in->z = opt(&ctx->z);
+    in->dt_bias = opt(&ctx->dt_bias);
+    in->h0 = opt(&ctx->h0);
+    in->dt_softplus = ctx->dt_softplus;
 }
 
 int fx_op_ssm_forward(const fx_ssm_inputs *in, bool return_state, fx_tensor *y,
@@ -298,25 +353,10 @@ int fx_op_ssm_forward(const fx_ssm_inputs *in, bool return_state, fx_tensor *y,
     int64_t state_dims[3] = {n.batch, n.dim, n.dstate};
     if (fx_tensor_alloc(dev, in->x->dtype, 3, in->x->dims, y, st) ||
         (return_state &&
-         fx_tensor_alloc(dev, fx_ssm_state_type(in->x->dtype), 3, state_dims, state, st)))
+         fx_tensor_alloc(dev, fx_ssm_state_type(in->x->dtype), 3, state_dims, state, st)) ||
+        (ctx_out && ctx_new(in, &n, &ctx, st)) ||
+        fx_op_ssm_forward_into(NULL, in, y, return_state ? state : NULL, ctx ? opt(&ctx->saved) : NULL, st))
         goto fail;
-    fx_ssm_fwd_args args = {
-        .n = n, .x = in->x, .dt = in->dt, .a = in->a, .b = in->b, .c = in->c,
-        .d = in->d, .z = in->z, .dt_bias = in->dt_bias, .h0 = in->h0,
-        .dt_softplus = in->dt_softplus, .y = y, .state = return_state ? state : NULL,
-    };
-    if (ctx_out) {
-        if (ctx_new(in, &n, &args, &ctx, st))
-            goto fail;
-        args.saved = ctx->save_every > 0 ? &ctx->saved : NULL;
-        args.save_every = ctx->save_every;
-    }
-    if (nothing_to_scan(&n)) { /* y is empty; the final state is h0 */
-        if (return_state && copy_or_zero(in->h0, state, st))
-            goto fail;
-    } else if (ssm_ops(dev)->forward(dev->ordinal, &args, st) != FX_OK) {
-        goto fail;
-    }
     if (ctx_out)
         *ctx_out = ctx;
     return FX_OK;
@@ -360,48 +400,91 @@ static int alloc_grads(const fx_ssm_ctx *ctx, fx_ssm_grads *g, fx_status *st)
     return FX_OK;
 }
 
+/* A gradient output: there exactly when its input is, and like it. */
+static int expect_grad(fx_status *st, const char *arg, const fx_tensor *grad, const fx_tensor *input,
+                       const fx_tensor *x)
+{
+    if (!input != !grad)
+        return fx_fail(st, FX_EBADARG, "%s: expected a gradient tensor %s", arg,
+                       input ? "(its input was given)" : "only where its input was given");
+    if (!input)
+        return FX_OK;
+    return expect_output(st, arg, grad, x, input->dtype, input->rank, input->dims, "(the shape of its input)");
+}
+
+static int expect_grads(fx_status *st, const fx_ssm_inputs *in, const fx_ssm_grad_outs *g)
+{
+    const fx_tensor *x = in->x;
+    if (expect_grad(st, "dx", g->x, in->x, x) || expect_grad(st, "ddt", g->dt, in->dt, x) ||
+        expect_grad(st, "da", g->a, in->a, x) || expect_grad(st, "db", g->b, in->b, x) ||
+        expect_grad(st, "dc", g->c, in->c, x) || expect_grad(st, "dd", g->d, in->d, x) ||
+        expect_grad(st, "dz", g->z, in->z, x) || expect_grad(st, "ddt_bias", g->dt_bias, in->dt_bias, x) ||
+        expect_grad(st, "dh0", g->h0, in->h0, x))
+        return st->code;
+    return FX_OK;
+}
+
+int fx_op_ssm_backward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx_tensor *saved,
+                            const fx_tensor *dy, const fx_tensor *dstate, const fx_ssm_grad_outs *g,
+                            fx_status *st)
+{
+    fx_ssm_dims n;
+    if (fx_ssm_check_forward(in, &n, st))
+        return st->code;
+    const fx_tensor *x = in->x;
+    fx_device *dev = x->device;
+    int64_t state_dims[3] = {n.batch, n.dim, n.dstate};
+    if (expect_ssm(st, dev, "selective_scan_backward") || expect_like_x(st, "dy", dy, x, 3, x->dims, LAYOUT_X) ||
+        (dstate && expect_param(st, "dstate", dstate, x, 3, state_dims, LAYOUT_STATE)))
+        return st->code;
+    if (!saved && ssm_ops(dev)->reads_saved && fx_ssm_nsaved(&n, x->dtype) > 0)
+        return fx_fail(st, FX_EBADARG, "saved: expected the states the forward saved (save_for_backward) on %s, "
+                       "got none", dev->label);
+    if ((saved && expect_saved(st, saved, x, &n)) || expect_grads(st, in, g))
+        return st->code;
+    fx_exec own;
+    if (!(ex = fx_exec_resolve(dev, ex, &own, st)))
+        return st->code;
+    if (nothing_to_scan(&n)) {
+        /* No step ran: every gradient is zero (db and dc too, whose groups
+         * may have no channels when dim is 0), except that h0 went straight
+         * to the final state. */
+        const fx_tensor *zeros[] = {g->x, g->dt, g->a, g->b, g->c, g->d, g->z, g->dt_bias};
+        for (size_t i = 0; i < sizeof zeros / sizeof zeros[0]; i++)
+            if (fill_zero(ex, zeros[i], st))
+                return st->code;
+        return g->h0 ? copy_or_zero(ex, dstate, g->h0, st) : FX_OK;
+    }
+    fx_ssm_bwd_args args = {
+        .fwd = {.n = n, .x = x, .dt = in->dt, .a = in->a, .b = in->b, .c = in->c, .d = in->d, .z = in->z,
+                .dt_bias = in->dt_bias, .h0 = in->h0, .dt_softplus = in->dt_softplus, .saved = saved,
+                .save_every = saved ? fx_ssm_save_every(&n, x->dtype) : 0},
+        .dy = dy, .dstate = dstate,
+        .dx = g->x, .ddt = g->dt, .da = g->a, .db = g->b, .dc = g->c,
+        .dd = g->d, .dz = g->z, .ddt_bias = g->dt_bias, .dh0 = g->h0,
+    };
+    return ssm_ops(dev)->backward(ex, &args, st);
+}
+
 int fx_op_ssm_backward(const fx_ssm_ctx *ctx, const fx_tensor *dy, const fx_tensor *dstate,
                        fx_ssm_grads *grads, fx_status *st)
 {
     const fx_tensor *x = &ctx->x;
     int64_t state_dims[3] = {ctx->n.batch, ctx->n.dim, ctx->n.dstate};
     memset(grads, 0, sizeof *grads);
+    /* The caller's tensors first, before anything is allocated. */
     if (expect_ssm(st, x->device, "selective_scan_backward") ||
         expect_like_x(st, "dy", dy, x, 3, x->dims, LAYOUT_X) ||
         (dstate && expect_param(st, "dstate", dstate, x, 3, state_dims, LAYOUT_STATE)) ||
         alloc_grads(ctx, grads, st))
         return st->code;
-    fx_ssm_bwd_args args;
-    memset(&args, 0, sizeof args);
-    fwd_args_from_ctx(ctx, &args.fwd);
-    args.dy = dy;
-    args.dstate = dstate;
-    args.dx = &grads->x;
-    args.ddt = &grads->dt;
-    args.da = &grads->a;
-    args.db = &grads->b;
-    args.dc = &grads->c;
-    args.dd = opt(&grads->d);
-    args.dz = opt(&grads->z);
-    args.ddt_bias = opt(&grads->dt_bias);
-    args.dh0 = opt(&grads->h0);
-    fx_device *dev = x->device;
-    if (nothing_to_scan(&ctx->n)) {
-        /* No step ran: every gradient is zero (db and dc too, whose groups
-         * may have no channels when dim is 0), except that h0 went straight
-         * to the final state. */
-        fx_tensor *all[] = {&grads->x, &grads->dt, &grads->a, &grads->b, &grads->c,
-                            &grads->d, &grads->z, &grads->dt_bias};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            if (fill_zero(all[i], st))
-                break;
-        if (st->code == FX_OK && args.dh0)
-            copy_or_zero(dstate, args.dh0, st);
-        if (st->code != FX_OK)
-            fx_ssm_grads_release(grads);
-        return st->code;
-    }
-    if (ssm_ops(dev)->backward(dev->ordinal, &args, st) != FX_OK) {
+    fx_ssm_inputs in;
+    inputs_from_ctx(ctx, &in);
+    fx_ssm_grad_outs g = {
+        .x = &grads->x, .dt = &grads->dt, .a = &grads->a, .b = &grads->b, .c = &grads->c,
+        .d = opt(&grads->d), .z = opt(&grads->z), .dt_bias = opt(&grads->dt_bias), .h0 = opt(&grads->h0),
+    };
+    if (fx_op_ssm_backward_into(NULL, &in, opt(&ctx->saved), dy, dstate, &g, st) != FX_OK) {
         fx_ssm_grads_release(grads);
         return st->code;
     }
@@ -410,15 +493,16 @@ int fx_op_ssm_backward(const fx_ssm_ctx *ctx, const fx_tensor *dy, const fx_tens
 
 /* ---- step ---- */
 
-int fx_op_ssm_step(const fx_tensor *state, const fx_ssm_inputs *in, fx_tensor *y,
-                   fx_status *st)
+int fx_op_ssm_step_into(const fx_exec *ex, const fx_tensor *state, const fx_ssm_inputs *in, const fx_tensor *y,
+                        fx_status *st)
 {
     fx_ssm_dims n;
-    memset(y, 0, sizeof *y);
-    if (fx_ssm_check_step(state, in, &n, st))
+    if (fx_ssm_check_step(state, in, &n, st) ||
+        expect_output(st, "y", y, in->x, in->x->dtype, 2, in->x->dims, "([batch, dim])"))
         return st->code;
     fx_device *dev = in->x->device;
-    if (fx_tensor_alloc(dev, in->x->dtype, 2, in->x->dims, y, st))
+    fx_exec own;
+    if (!(ex = fx_exec_resolve(dev, ex, &own, st)))
         return st->code;
     if (n.batch == 0 || n.dim == 0) /* y and the state are empty */
         return FX_OK;
@@ -426,7 +510,18 @@ int fx_op_ssm_step(const fx_tensor *state, const fx_ssm_inputs *in, fx_tensor *y
         .n = n, .state = state, .x = in->x, .dt = in->dt, .a = in->a, .b = in->b, .c = in->c,
         .d = in->d, .z = in->z, .dt_bias = in->dt_bias, .dt_softplus = in->dt_softplus, .y = y,
     };
-    if (ssm_ops(dev)->step(dev->ordinal, &args, st) != FX_OK)
+    return ssm_ops(dev)->step(ex, &args, st);
+}
+
+int fx_op_ssm_step(const fx_tensor *state, const fx_ssm_inputs *in, fx_tensor *y,
+                   fx_status *st)
+{
+    fx_ssm_dims n;
+    memset(y, 0, sizeof *y);
+    if (fx_ssm_check_step(state, in, &n, st))
+        return st->code;
+    if (fx_tensor_alloc(in->x->device, in->x->dtype, 2, in->x->dims, y, st) ||
+        fx_op_ssm_step_into(NULL, state, in, y, st))
         fx_tensor_release(y);
     return st->code;
 }

@@ -16,20 +16,26 @@ typedef struct fx_ssm_inputs {
 } fx_ssm_inputs;
 
 /* What a forward keeps for its backward: its own references to the input
- * buffers (a tensor with a NULL buffer was not given) and, on backends that
- * save them, the states entering every chunk of `save_every` steps. */
+ * buffers (a tensor with a NULL buffer was not given) and, on backends whose
+ * backward reads them, the states entering every chunk of
+ * fx_ssm_save_every steps. */
 typedef struct fx_ssm_ctx {
     fx_ssm_dims n;
     fx_tensor x, dt, a, b, c, d, z, dt_bias, h0;
     bool dt_softplus;
-    fx_tensor saved; /* [batch, nsaved, dim, dstate] f32, or no buffer */
-    int64_t save_every;
+    fx_tensor saved; /* [batch, nsaved, dim, dstate] of the state type, or no buffer */
 } fx_ssm_ctx;
 
 /* One gradient per input; no buffer for options that were not given. */
 typedef struct fx_ssm_grads {
     fx_tensor x, dt, a, b, c, d, z, dt_bias, h0;
 } fx_ssm_grads;
+
+/* Gradient outputs the caller allocated: one per input given, NULL for
+ * the inputs that were not. */
+typedef struct fx_ssm_grad_outs {
+    const fx_tensor *x, *dt, *a, *b, *c, *d, *z, *dt_bias, *h0;
+} fx_ssm_grad_outs;
 
 /* Checks a forward's inputs and fills the dimensions. */
 int fx_ssm_check_forward(const fx_ssm_inputs *in, fx_ssm_dims *n, fx_status *st);
@@ -39,6 +45,25 @@ int fx_ssm_check_step(const fx_tensor *state, const fx_ssm_inputs *in, fx_ssm_di
                       fx_status *st);
 /* The type of the states of a scan whose x has type `x_type`. */
 fx_dtype fx_ssm_state_type(fx_dtype x_type);
+/* The shape of the saved states of a forward of n (fx_ssm_save_every);
+ * returns their rank, 4. Their type is fx_ssm_state_type. */
+int fx_ssm_saved_shape(const fx_ssm_dims *n, fx_dtype x_type, int64_t dims[4]);
+
+/* The ops into outputs the caller allocated, on the launch context `ex`
+ * (NULL: the device's own). Every input and output is checked first.
+ * forward: y (x's shape and type), state (NULL, or [batch, dim, dstate]
+ * of the state type), saved (NULL, or fx_ssm_saved_shape: filled for a
+ * backward). backward: the forward's inputs and saved states (NULL where
+ * the backend's backward does not read them), dy, dstate (or NULL), and
+ * the gradients (saved may be NULL where there are none: a single chunk).
+ * step: y [batch, dim] of x's type; state in place. */
+int fx_op_ssm_forward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx_tensor *y, const fx_tensor *state,
+                           const fx_tensor *saved, fx_status *st);
+int fx_op_ssm_backward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx_tensor *saved,
+                            const fx_tensor *dy, const fx_tensor *dstate, const fx_ssm_grad_outs *grads,
+                            fx_status *st);
+int fx_op_ssm_step_into(const fx_exec *ex, const fx_tensor *state, const fx_ssm_inputs *in, const fx_tensor *y,
+                        fx_status *st);
 
 /* Runs the forward: allocates y and, when asked, the final state; with
  * `ctx` non-NULL also saves a context (free it with fx_ssm_ctx_free). On

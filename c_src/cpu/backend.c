@@ -6,8 +6,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/dtype.h"
 #include "cpu/cpu.h"
+#include "fusex_dtype.h"
+#include "fusex_exec.h"
 
 int fx_cpu_threads(void) { return omp_get_max_threads(); }
 
@@ -58,11 +59,52 @@ static int cpu_memcpy(int dev, void *dst, const void *src, size_t nbytes, fx_sta
     return FX_OK;
 }
 
-static int cpu_fill_zero(int dev, void *dst, size_t nbytes, fx_status *st)
+/* Device copies: views of one buffer may overlap. */
+static int cpu_copy(const fx_exec *ex, void *dst, const void *src, size_t nbytes, fx_status *st)
 {
-    (void)dev;
+    (void)ex;
+    (void)st;
+    memmove(dst, src, nbytes);
+    return FX_OK;
+}
+
+static int cpu_fill_zero(const fx_exec *ex, void *dst, size_t nbytes, fx_status *st)
+{
+    (void)ex;
     (void)st;
     memset(dst, 0, nbytes);
+    return FX_OK;
+}
+
+/* Scratch is host memory, taken and given back around the op's work. */
+static int heap_scratch_alloc(void *ctx, size_t nbytes, void **ptr, fx_status *st)
+{
+    (void)ctx;
+    size_t rounded = fx_scratch_piece(nbytes);
+    if (rounded == SIZE_MAX) { /* fx_size_mul/fx_size_add saturated: a count overflowed */
+        *ptr = NULL;
+        return fx_fail(st, FX_ENOMEM, "out of host memory: the op's scratch does not fit in the address space");
+    }
+    *ptr = aligned_alloc(FX_SCRATCH_ALIGN, rounded);
+    if (!*ptr)
+        return fx_fail(st, FX_ENOMEM, "out of host memory for %zu bytes of scratch", nbytes);
+    return FX_OK;
+}
+
+static void heap_scratch_release(void *ctx, void *ptr)
+{
+    (void)ctx;
+    free(ptr);
+}
+
+static int cpu_exec_default(int dev, fx_exec *ex, fx_status *st)
+{
+    (void)st;
+    ex->device = dev;
+    ex->stream = NULL;
+    ex->scratch.alloc = heap_scratch_alloc;
+    ex->scratch.release = heap_scratch_release;
+    ex->scratch.ctx = NULL;
     return FX_OK;
 }
 
@@ -120,9 +162,9 @@ static int cpu_busy_wait(int dev, double us, fx_status *st)
     return FX_OK; /* nothing queues behind a synchronous device */
 }
 
-static int cpu_cast(int dev, const fx_tensor *src, const fx_tensor *dst, fx_status *st)
+static int cpu_cast(const fx_exec *ex, const fx_tensor *src, const fx_tensor *dst, fx_status *st)
 {
-    (void)dev;
+    (void)ex;
     (void)st;
     int64_t n = src->numel;
 #pragma omp parallel for if (n > FX_CPU_PARALLEL_MIN)
@@ -170,10 +212,10 @@ static void store_int(void *p, fx_dtype t, int64_t i, int64_t v)
     }
 }
 
-static int cpu_binary(int dev, fx_binop op, const fx_tensor *a, const fx_tensor *b,
+static int cpu_binary(const fx_exec *ex, fx_binop op, const fx_tensor *a, const fx_tensor *b,
                       const fx_tensor *out, fx_status *st)
 {
-    (void)dev;
+    (void)ex;
     (void)st;
     int64_t n = a->numel;
     fx_dtype t = a->dtype;
@@ -197,10 +239,10 @@ static int cpu_binary(int dev, fx_binop op, const fx_tensor *a, const fx_tensor 
     return FX_OK;
 }
 
-static int cpu_scale(int dev, const fx_tensor *src, double factor, const fx_tensor *dst,
+static int cpu_scale(const fx_exec *ex, const fx_tensor *src, double factor, const fx_tensor *dst,
                      fx_status *st)
 {
-    (void)dev;
+    (void)ex;
     (void)st;
     int64_t n = src->numel;
     fx_dtype t = src->dtype;
@@ -227,7 +269,8 @@ const fx_backend fx_cpu_backend = {
     .release = cpu_release,
     .upload = cpu_memcpy,
     .download = cpu_memcpy,
-    .copy = cpu_memcpy,
+    .exec_default = cpu_exec_default,
+    .copy = cpu_copy,
     .fill_zero = cpu_fill_zero,
     .synchronize = cpu_synchronize,
     .is_idle = cpu_is_idle,

@@ -4,6 +4,7 @@
 #define FX_CPU_H
 
 #include "fusex.h"
+#include "fusex_cpu.h"
 
 /* Below this many elements a parallel region costs more than it saves.
  * Waking the team costs microseconds on an idle machine, and far more when

@@ -11,9 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/dtype.h"
+#include "fusex_dtype.h"
 #include "cpu/cpu.h"
-#include "fusex_checked.h"
 #include "fusex_linrec.h"
 
 #define HBLOCK 64
@@ -184,13 +183,13 @@ static void forward_task(const fx_linrec_fwd_args *a, task tk)
             put(a->state, tk.b * p->hidden + tk.h_lo + j, state[j]);
 }
 
-static int cpu_forward(int dev, const fx_linrec_fwd_args *a, fx_status *st)
+static int cpu_forward(const fx_exec *ex, const fx_linrec_fwd_args *a, fx_status *st)
 {
-    (void)dev;
+    (void)ex;
     (void)st;
     const fx_linrec_problem *p = &a->p;
     int64_t n = task_count(p, HBLOCK);
-    int64_t work = fx_sat_mul(p->batch * p->seqlen, p->hidden);
+    int64_t work = p->batch * p->seqlen * p->hidden;
 #pragma omp parallel for schedule(dynamic) if (work > FX_CPU_PARALLEL_MIN)
     for (int64_t i = 0; i < n; i++)
         forward_task(a, task_at(p, HBLOCK, i));
@@ -246,32 +245,49 @@ static void backward_task(const fx_linrec_bwd_args *a, task tk, bwd_sums *sums)
             put(a->dh0, tk.b * H + tk.h_lo + j, u[j]);
 }
 
-static int cpu_backward(int dev, const fx_linrec_bwd_args *a, fx_status *st)
+/* Liquid's per-batch sums: dtau and dlam [batch][hidden], ddt [batch][seqlen]. */
+static size_t backward_sums_bytes(const fx_linrec_bwd_args *a)
 {
-    (void)dev;
+    const fx_linrec_problem *p = &a->p;
+    if (p->kind != FX_LINREC_LIQUID)
+        return 0;
+    size_t doubles = fx_size_add(fx_size_mul(2 * p->batch, p->hidden),
+                                 a->ddt ? fx_size_mul(p->batch, p->seqlen) : 0);
+    return fx_size_mul((int64_t)doubles, sizeof(double));
+}
+
+static size_t cpu_forward_scratch(const fx_exec *ex, const fx_linrec_fwd_args *a)
+{
+    (void)ex;
+    (void)a;
+    return 0;
+}
+
+static size_t cpu_backward_scratch(const fx_exec *ex, const fx_linrec_bwd_args *a)
+{
+    (void)ex;
+    size_t bytes = backward_sums_bytes(a);
+    return bytes ? fx_size_add(FX_SCRATCH_ALIGN, fx_scratch_piece(bytes)) : 0;
+}
+
+static int cpu_backward(const fx_exec *ex, const fx_linrec_bwd_args *a, fx_status *st)
+{
     const fx_linrec_problem *p = &a->p;
     int64_t B = p->batch, L = p->seqlen, H = p->hidden;
     bwd_sums sums = {0};
     int liquid = p->kind == FX_LINREC_LIQUID;
     if (liquid) {
-        int64_t channels, rows;
-        if (fx_ckd_mul(&channels, B, H) || fx_ckd_mul(&rows, B, L))
-            return fx_fail(st, FX_ENOMEM, "out of host memory: liquid's gradient sums for batch %lld, seqlen %lld, hidden %lld do not fit in the address space",
-                           (long long)B, (long long)L, (long long)H);
-        sums.dtau = calloc((size_t)channels, sizeof(double));
-        sums.dlam = calloc((size_t)channels, sizeof(double));
-        sums.ddt = a->ddt ? calloc((size_t)rows, sizeof(double)) : NULL;
-        if (!sums.dtau || !sums.dlam || (a->ddt && !sums.ddt)) {
-            free(sums.dtau);
-            free(sums.dlam);
-            free(sums.ddt);
-            return fx_fail(st, FX_ENOMEM, "out of host memory for liquid's gradient sums");
-        }
+        size_t bytes = backward_sums_bytes(a);
+        if (fx_scratch_alloc(ex, bytes, (void **)&sums.dtau, st))
+            return st->code;
+        memset(sums.dtau, 0, bytes);
+        sums.dlam = sums.dtau + B * H;
+        sums.ddt = a->ddt ? sums.dlam + B * H : NULL;
     }
     /* With a dt tensor, ddt sums over every channel of a row: one thread
      * takes all of a batch row's channel blocks, so no two threads share a
      * sum. */
-    int64_t work = fx_sat_mul(B * L, H);
+    int64_t work = B * L * H;
     if (a->ddt) {
 #pragma omp parallel for schedule(dynamic) if (work > FX_CPU_PARALLEL_MIN)
         for (int64_t b = 0; b < B; b++)
@@ -296,9 +312,7 @@ static int cpu_backward(int dev, const fx_linrec_bwd_args *a, fx_status *st)
         if (a->ddt)
             for (int64_t i = 0; i < B * L; i++)
                 put(a->ddt, i, sums.ddt[i]);
-        free(sums.dtau);
-        free(sums.dlam);
-        free(sums.ddt);
+        fx_scratch_release(ex, sums.dtau);
     }
     return FX_OK;
 }
@@ -306,16 +320,18 @@ static int cpu_backward(int dev, const fx_linrec_bwd_args *a, fx_status *st)
 /* ---- step: a forward of one frame whose h0 and final state are the
  * same tensor (each task reads its channels' states before writing them) */
 
-static int cpu_step(int dev, const fx_linrec_step_args *a, fx_status *st)
+static int cpu_step(const fx_exec *ex, const fx_linrec_step_args *a, fx_status *st)
 {
     fx_linrec_fwd_args f = {.p = a->p, .h0 = a->state, .h = a->h, .state = a->state};
     f.p.seqlen = 1;
     f.p.reverse = 0;
-    return cpu_forward(dev, &f, st);
+    return cpu_forward(ex, &f, st);
 }
 
 const struct fx_linrec_ops fx_cpu_linrec_ops = {
     .forward = cpu_forward,
     .backward = cpu_backward,
     .step = cpu_step,
+    .forward_scratch = cpu_forward_scratch,
+    .backward_scratch = cpu_backward_scratch,
 };

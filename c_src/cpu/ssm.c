@@ -10,13 +10,11 @@
  * CHECKPOINT) * dstate) per channel, never [batch, seqlen, dim, dstate]. */
 #include <math.h>
 #include <omp.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/dtype.h"
 #include "cpu/cpu.h"
-#include "fusex_checked.h"
+#include "fusex_dtype.h"
 #include "fusex_ssm.h"
 
 #if defined(__x86_64__) && defined(__GLIBC__)
@@ -108,6 +106,24 @@ static channel_step load_step(const fx_tensor *x, const fx_tensor *dt, const fx_
 
 /* ---- forward ---- */
 
+/* n consecutive states from h (f64) into t at element i0. */
+static void store_states(const fx_tensor *t, int64_t i0, int64_t n, const double *h)
+{
+    for (int64_t k = 0; k < n; k++)
+        store(t, i0 + k, h[k]);
+}
+
+/* Doubles a forward task's workspace holds (forward_block). */
+static size_t forward_block_doubles(const fx_ssm_dims *n)
+{
+    int64_t nch = n->dim < CHANNEL_BLOCK ? n->dim : CHANNEL_BLOCK, N = n->dstate, G = n->groups;
+    return fx_size_add(fx_size_add(fx_size_mul(2 * nch, N), fx_size_mul(2 * G, N)), (size_t)(N + 8 * nch));
+}
+
+/* Threads a parallel region of the CPU ops may use: workspaces are taken
+ * per thread, so every region names its team size. */
+static int team_size(bool parallel) { return parallel ? fx_cpu_threads() : 1; }
+
 /* Channels [d0, d1) of batch b, for every step. Per step: the b and c rows,
  * then delta and the gate of every channel, then the states. The exps sit
  * in loops of their own, which glibc's vector exp computes two at a time. */
@@ -116,14 +132,10 @@ static channel_step load_step(const fx_tensor *x, const fx_tensor *dt, const fx_
 #if defined(__x86_64__) && defined(__GLIBC__)
 __attribute__((target_clones("avx2", "default")))
 #endif
-static int forward_block(const fx_ssm_fwd_args *a, int64_t b, int64_t d0, int64_t d1,
-                         size_t scratch_bytes)
+static void forward_block(const fx_ssm_fwd_args *a, int64_t b, int64_t d0, int64_t d1, double *h)
 {
     const fx_ssm_dims *n = &a->n;
     int64_t N = n->dstate, G = n->groups, cpg = n->dim / G, nch = d1 - d0;
-    double *h = malloc(scratch_bytes);
-    if (!h)
-        return FX_ENOMEM;
     double *A = h + nch * N, *brow = A + nch * N, *crow = brow + G * N, *decay = crow + G * N;
     double *xs = decay + N, *us = xs + nch, *delta = us + nch, *zs = delta + nch;
     double *gate = zs + nch, *bias = gate + nch, *dskip = bias + nch, *ys = dskip + nch;
@@ -173,48 +185,53 @@ static int forward_block(const fx_ssm_fwd_args *a, int64_t b, int64_t d0, int64_
             ys[c] = a->z ? y * gate[c] : y;
         }
         store_run(a->y, i0, nch, ys);
+        if (a->saved && (t + 1) % a->save_every == 0 && (t + 1) / a->save_every <= a->saved->dims[1])
+            store_states(a->saved, ((b * a->saved->dims[1] + (t + 1) / a->save_every - 1) * n->dim + d0) * N,
+                         nch * N, h);
     }
     if (a->state)
-        for (int64_t d = d0; d < d1; d++)
-            for (int64_t k = 0; k < N; k++)
-                store(a->state, (b * n->dim + d) * N + k, h[(d - d0) * N + k]);
-    free(h);
-    return FX_OK;
+        store_states(a->state, (b * n->dim + d0) * N, nch * N, h);
 }
 
-/* The bytes of forward_block's scratch for blocks of at most `nch`
- * channels: 2 * nch * N + 2 * G * N + N + 8 * nch doubles. */
-static bool forward_scratch_bytes(const fx_ssm_dims *n, int64_t nch, size_t *bytes)
+/* State-steps of the scan: x's elements (a shape, so within 2^48) times
+ * dstate (a's), which may pass 2^63; saturated (it only picks a team). */
+static size_t state_steps(const fx_ssm_dims *n)
 {
-    int64_t states, rows, count;
-    return fx_ckd_mul3(&states, 2, nch, n->dstate) || fx_ckd_mul3(&rows, 2, n->groups, n->dstate) ||
-           fx_ckd_add(&count, states, rows) || fx_ckd_add(&count, count, n->dstate + 8 * nch) ||
-           fx_ckd_bytes(bytes, count, sizeof(double));
+    return fx_size_mul(n->batch * n->seqlen * n->dim, n->dstate);
 }
 
-static int cpu_ssm_forward(int dev, const fx_ssm_fwd_args *a, fx_status *st)
+static bool forward_parallel(const fx_ssm_dims *n)
 {
-    (void)dev;
+    return state_steps(n) > (size_t)FORWARD_PARALLEL_MIN;
+}
+
+/* One workspace of forward_block_doubles a thread. */
+static size_t cpu_ssm_forward_scratch(const fx_exec *ex, const fx_ssm_fwd_args *a)
+{
+    (void)ex;
+    size_t per_task = fx_size_mul((int64_t)forward_block_doubles(&a->n), sizeof(double));
+    return fx_size_add(FX_SCRATCH_ALIGN,
+                       fx_size_mul(team_size(forward_parallel(&a->n)), (int64_t)fx_scratch_piece(per_task)));
+}
+
+static int cpu_ssm_forward(const fx_exec *ex, const fx_ssm_fwd_args *a, fx_status *st)
+{
     const fx_ssm_dims *n = &a->n;
     int64_t blocks = (n->dim + CHANNEL_BLOCK - 1) / CHANNEL_BLOCK, tasks = n->batch * blocks;
-    int64_t work = fx_sat_mul(fx_sat_mul(n->batch * n->seqlen, n->dim), n->dstate);
-    size_t scratch;
-    if (forward_scratch_bytes(n, n->dim < CHANNEL_BLOCK ? n->dim : CHANNEL_BLOCK, &scratch))
-        return fx_fail(st, FX_ENOMEM, "out of host memory: selective_scan's scratch for dstate %lld and %lld groups does not fit in the address space",
-                       (long long)n->dstate, (long long)n->groups);
-    atomic_int failed = 0;
-#pragma omp parallel for schedule(dynamic) if (work > FORWARD_PARALLEL_MIN)
+    if (tasks == 0)
+        return FX_OK;
+    const int threads = team_size(forward_parallel(n));
+    const size_t per_task = fx_scratch_piece(fx_size_mul((int64_t)forward_block_doubles(n), sizeof(double)));
+    char *work;
+    if (fx_scratch_alloc(ex, fx_size_mul(threads, (int64_t)per_task), (void **)&work, st))
+        return st->code;
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
     for (int64_t task = 0; task < tasks; task++) {
-        if (atomic_load_explicit(&failed, memory_order_relaxed))
-            continue;
         int64_t b = task / blocks, d0 = (task % blocks) * CHANNEL_BLOCK;
         int64_t d1 = d0 + CHANNEL_BLOCK < n->dim ? d0 + CHANNEL_BLOCK : n->dim;
-        if (forward_block(a, b, d0, d1, scratch) != FX_OK)
-            atomic_store(&failed, 1);
+        forward_block(a, b, d0, d1, (double *)(work + (size_t)omp_get_thread_num() * per_task));
     }
-    if (failed)
-        return fx_fail(st, FX_ENOMEM, "out of host memory for selective_scan's scratch (%zu bytes a task)",
-                       scratch);
+    fx_scratch_release(ex, work);
     return FX_OK;
 }
 
@@ -307,29 +324,16 @@ static void backward_channel(const fx_ssm_bwd_args *a, int64_t b, int64_t d, con
             store(a->dh0, sd + k, gs[k]);
 }
 
-/* backward_group's scratch, in doubles: b, c and their gradients as
- * [seqlen, dstate] rows, (chunks + 1) checkpoints, CHECKPOINT + 2 states
- * and the adjoint, each dstate long. */
-static bool group_scratch_count(const fx_ssm_dims *n, int64_t *count)
-{
-    int64_t chunks = (n->seqlen + CHECKPOINT - 1) / CHECKPOINT, rows, states;
-    return fx_ckd_mul3(&rows, 4, n->seqlen, n->dstate) ||
-           fx_ckd_mul(&states, chunks + 1 + CHECKPOINT + 2 + 1, n->dstate) ||
-           fx_ckd_add(count, rows, states) || fx_ckd_add(count, *count, 1);
-}
-
 /* Batch b, group g: owns the rows of db and dc of (b, g). */
-static int backward_group(const fx_ssm_bwd_args *a, int64_t b, int64_t g, const partial_sums *ps,
-                          int64_t scratch_count)
+static void backward_group(const fx_ssm_bwd_args *a, int64_t b, int64_t g, const partial_sums *ps,
+                           double *bl)
 {
     const fx_ssm_fwd_args *f = &a->fwd;
     const fx_ssm_dims *n = &f->n;
     int64_t N = n->dstate, L = n->seqlen, cpg = n->dim / n->groups;
     int64_t chunks = (L + CHECKPOINT - 1) / CHECKPOINT;
     size_t rows = (size_t)(L * N);
-    double *bl = calloc((size_t)scratch_count, sizeof(double));
-    if (!bl)
-        return FX_ENOMEM;
+    memset(bl, 0, sizeof(double) * 4 * rows); /* dbl, dcl are sums */
     double *cl = bl + rows, *dbl = cl + rows, *dcl = dbl + rows, *ckpt = dcl + rows;
     double *gs = ckpt + (chunks + 1) * N, *hs = gs + N;
     for (int64_t t = 0; t < L; t++)
@@ -344,49 +348,59 @@ static int backward_group(const fx_ssm_bwd_args *a, int64_t b, int64_t g, const 
             store(a->db, at_btg(n, b, t, g) + k, dbl[t * N + k]);
             store(a->dc, at_btg(n, b, t, g) + k, dcl[t * N + k]);
         }
-    free(bl);
-    return FX_OK;
 }
 
-static int cpu_ssm_backward(int dev, const fx_ssm_bwd_args *a, fx_status *st)
+/* Doubles a backward task's workspace holds (backward_group). */
+static size_t backward_group_doubles(const fx_ssm_dims *n)
 {
-    (void)dev;
+    int64_t N = n->dstate, L = n->seqlen, chunks = (L + CHECKPOINT - 1) / CHECKPOINT;
+    return fx_size_add(fx_size_mul(4 * L, N), fx_size_mul(chunks + CHECKPOINT + 4, N));
+}
+
+static bool backward_parallel(const fx_ssm_dims *n)
+{
+    return state_steps(n) > (size_t)FX_CPU_PARALLEL_MIN;
+}
+
+/* The per-batch sums, then one workspace of backward_group_doubles a
+ * thread. */
+static size_t backward_sums_doubles(const fx_ssm_dims *n)
+{
+    return fx_size_add(fx_size_mul(n->batch * n->dim, n->dstate), fx_size_mul(2 * n->batch, n->dim));
+}
+
+static size_t cpu_ssm_backward_scratch(const fx_exec *ex, const fx_ssm_bwd_args *a)
+{
+    (void)ex;
+    const fx_ssm_dims *n = &a->fwd.n;
+    size_t sums = fx_scratch_piece(fx_size_mul((int64_t)backward_sums_doubles(n), sizeof(double)));
+    size_t per_task = fx_scratch_piece(fx_size_mul((int64_t)backward_group_doubles(n), sizeof(double)));
+    return fx_size_add(fx_size_add(FX_SCRATCH_ALIGN, sums),
+                       fx_size_mul(team_size(backward_parallel(n)), (int64_t)per_task));
+}
+
+static int cpu_ssm_backward(const fx_exec *ex, const fx_ssm_bwd_args *a, fx_status *st)
+{
     const fx_ssm_dims *n = &a->fwd.n;
     int64_t B = n->batch, D = n->dim, N = n->dstate, tasks = B * n->groups;
-    /* batch of x times dim * dstate of a: no one shape bounds it */
-    int64_t sums, channels, group_count;
-    size_t bytes;
-    if (fx_ckd_mul3(&sums, B, D, N) || fx_ckd_mul3(&channels, 2, B, D) ||
-        fx_ckd_add(&sums, sums, channels) || fx_ckd_add(&sums, sums, 1) ||
-        fx_ckd_bytes(&bytes, sums, sizeof(double)))
-        return fx_fail(st, FX_ENOMEM,
-                       "out of host memory: selective_scan_backward's sums for batch %lld, dim %lld, dstate %lld do not fit in the address space",
-                       (long long)B, (long long)D, (long long)N);
-    if (group_scratch_count(n, &group_count) || fx_ckd_bytes(&bytes, group_count, sizeof(double)))
-        return fx_fail(st, FX_ENOMEM,
-                       "out of host memory: selective_scan_backward's scratch for seqlen %lld, dstate %lld does not fit in the address space",
-                       (long long)n->seqlen, (long long)N);
+    const int threads = team_size(backward_parallel(n));
+    const size_t sums_bytes = fx_size_mul((int64_t)backward_sums_doubles(n), sizeof(double));
+    const size_t per_task = fx_scratch_piece(fx_size_mul((int64_t)backward_group_doubles(n), sizeof(double)));
     partial_sums ps;
-    ps.da = calloc((size_t)sums, sizeof(double));
-    if (!ps.da)
-        return fx_fail(st, FX_ENOMEM, "out of host memory for selective_scan_backward sums (%lld doubles)",
-                       (long long)sums);
+    char *work;
+    if (fx_scratch_alloc(ex, sums_bytes, (void **)&ps.da, st))
+        return st->code;
+    if (fx_scratch_alloc(ex, fx_size_mul(threads, (int64_t)per_task), (void **)&work, st)) {
+        fx_scratch_release(ex, ps.da);
+        return st->code;
+    }
+    memset(ps.da, 0, sums_bytes);
     ps.dd = ps.da + B * D * N;
     ps.ddt_bias = ps.dd + B * D;
-    int64_t work = fx_sat_mul(fx_sat_mul(B * n->seqlen, D), N);
-    atomic_int failed = 0;
-#pragma omp parallel for schedule(dynamic) if (work > FX_CPU_PARALLEL_MIN)
-    for (int64_t task = 0; task < tasks; task++) {
-        if (atomic_load_explicit(&failed, memory_order_relaxed))
-            continue;
-        if (backward_group(a, task / n->groups, task % n->groups, &ps, group_count) != FX_OK)
-            atomic_store(&failed, 1);
-    }
-    if (failed) {
-        free(ps.da);
-        return fx_fail(st, FX_ENOMEM, "out of host memory for selective_scan_backward's scratch (%zu bytes a task)",
-                       bytes);
-    }
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
+    for (int64_t task = 0; task < tasks; task++)
+        backward_group(a, task / n->groups, task % n->groups, &ps,
+                       (double *)(work + (size_t)omp_get_thread_num() * per_task));
     for (int64_t i = 0; i < D * N; i++) {
         double sum = 0.0;
         for (int64_t b = 0; b < B; b++)
@@ -404,15 +418,16 @@ static int cpu_ssm_backward(int dev, const fx_ssm_bwd_args *a, fx_status *st)
         if (a->ddt_bias)
             store(a->ddt_bias, d, dbias);
     }
-    free(ps.da);
+    fx_scratch_release(ex, work);
+    fx_scratch_release(ex, ps.da);
     return FX_OK;
 }
 
 /* ---- step ---- */
 
-static int cpu_ssm_step(int dev, const fx_ssm_step_args *a, fx_status *st)
+static int cpu_ssm_step(const fx_exec *ex, const fx_ssm_step_args *a, fx_status *st)
 {
-    (void)dev;
+    (void)ex;
     (void)st;
     const fx_ssm_dims *n = &a->n;
     int64_t N = n->dstate, D = n->dim, cpg = D / n->groups, channels = n->batch * D;
@@ -434,16 +449,15 @@ static int cpu_ssm_step(int dev, const fx_ssm_step_args *a, fx_status *st)
     return FX_OK;
 }
 
-static int64_t cpu_save_interval(const fx_ssm_fwd_args *args)
-{
-    (void)args;
-    return 0; /* the backward recomputes from h0: the context holds only the inputs */
-}
-
+/* The backward recomputes from h0: a forward given saved states fills them
+ * (the layout every backend shares, for callers that size them ahead), but
+ * the op layer asks for none. */
 const struct fx_ssm_ops fx_cpu_ssm_ops = {
     .forward = cpu_ssm_forward,
     .backward = cpu_ssm_backward,
     .step = cpu_ssm_step,
-    .save_interval = cpu_save_interval,
+    .forward_scratch = cpu_ssm_forward_scratch,
+    .backward_scratch = cpu_ssm_backward_scratch,
+    .reads_saved = false,
     .max_dstate = 0,
 };

@@ -75,6 +75,27 @@ fx_cuda_device *fx_cuda_enter(int dev, fx_status *st)
     return d;
 }
 
+// A stream of fusex's own is only ever used with its device made current by
+// fx_cuda_enter. A caller's stream comes from a thread whose current device
+// someone else sets (XLA switches contexts on its threads), so the cached
+// device of this thread cannot be trusted: ask the runtime.
+int fx_cuda_enter_exec(const fx_exec *ex, fx_cuda_run *run, fx_status *st)
+{
+    const int dev = ex->device;
+    if (dev >= 0 && dev < device_total && ex->stream != (void *)devices[dev].stream) {
+        int current = -1;
+        if (cudaGetDevice(&current) != cudaSuccess) {
+            (void)cudaGetLastError();
+            current = -1;
+        }
+        thread_device = current;
+    }
+    run->d = fx_cuda_enter(dev, st);
+    run->stream = (cudaStream_t)ex->stream;
+    run->ex = ex;
+    return run->d ? FX_OK : st->code;
+}
+
 // ---- pinned staging: host <-> device copies go through a few reusable
 // page-locked slots, so the DMA runs at full speed and an upload returns as
 // soon as the source bytes are in a slot ----
@@ -265,7 +286,7 @@ static int cuda_try_download(int dev, void *dst, const void *src, size_t n, bool
 
 // ---- the table ----
 
-static int cuda_init(fx_status *st)
+static int init_devices(fx_status *st)
 {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
@@ -301,9 +322,29 @@ static int cuda_init(fx_status *st)
     return FX_OK;
 }
 
+// The backend may be initialised by more than one user in a process (the
+// NIF, and the XLA handlers' library, which loads this same file): the
+// devices, streams and staging are made once, and every later call gets
+// the first call's outcome.
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static fx_status init_status;
+
+static void init_devices_once(void)
+{
+    fx_status_clear(&init_status);
+    (void)init_devices(&init_status);
+}
+
+static int cuda_init(fx_status *st)
+{
+    pthread_once(&init_once, init_devices_once);
+    if (init_status.code != FX_OK)
+        return fx_fail(st, init_status.code, "%s", init_status.msg);
+    return FX_OK;
+}
+
 static void cuda_shutdown(void)
 {
-    fx_cuda_linrec_shutdown();
     for (int i = 0; i < device_total; i++) {
         fx_status st;
         fx_status_clear(&st);
@@ -373,22 +414,76 @@ static int cuda_download(int dev, void *dst, const void *src, size_t n, fx_statu
     return staged_transfer(dev, download_chunks, dst, src, n, st);
 }
 
-static int cuda_copy(int dev, void *dst, const void *src, size_t n, fx_status *st)
+static int cuda_copy(const fx_exec *ex, void *dst, const void *src, size_t n, fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
-    if (!d)
+    fx_cuda_run r;
+    if (fx_cuda_enter_exec(ex, &r, st))
         return st->code;
-    FX_CUDA_TRY(d, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, d->stream),
+    FX_CUDA_TRY(r.d, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, r.stream),
                 "cudaMemcpyAsync (device to device)", st);
     return FX_OK;
 }
 
-static int cuda_fill_zero(int dev, void *dst, size_t n, fx_status *st)
+static int cuda_fill_zero(const fx_exec *ex, void *dst, size_t n, fx_status *st)
+{
+    fx_cuda_run r;
+    if (fx_cuda_enter_exec(ex, &r, st))
+        return st->code;
+    FX_CUDA_TRY(r.d, cudaMemsetAsync(dst, 0, n, r.stream), "cudaMemsetAsync", st);
+    return FX_OK;
+}
+
+// fusex's own scratch: the device's stream-ordered pool, on its stream.
+static int pool_scratch_alloc(void *ctx, size_t nbytes, void **ptr, fx_status *st)
+{
+    fx_cuda_device *d = static_cast<fx_cuda_device *>(ctx);
+    FX_CUDA_TRY(d, cudaMallocAsync(ptr, nbytes, d->stream), "cudaMallocAsync", st);
+    return FX_OK;
+}
+
+static void pool_scratch_release(void *ctx, void *ptr)
+{
+    fx_cuda_device *d = static_cast<fx_cuda_device *>(ctx);
+    if (cudaFreeAsync(ptr, d->stream) != cudaSuccess)
+        (void)cudaGetLastError(); // a sticky error has already been reported by the work
+}
+
+static int cuda_stream_create(int dev, void **stream, fx_status *st)
 {
     fx_cuda_device *d = fx_cuda_enter(dev, st);
     if (!d)
         return st->code;
-    FX_CUDA_TRY(d, cudaMemsetAsync(dst, 0, n, d->stream), "cudaMemsetAsync", st);
+    FX_CUDA_TRY(d, cudaStreamCreateWithFlags((cudaStream_t *)stream, cudaStreamNonBlocking), "cudaStreamCreate", st);
+    return FX_OK;
+}
+
+static void cuda_stream_destroy(int dev, void *stream)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    if (fx_cuda_enter(dev, &st) && cudaStreamDestroy((cudaStream_t)stream) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
+static int cuda_stream_synchronize(int dev, void *stream, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    FX_CUDA_TRY(d, cudaStreamSynchronize((cudaStream_t)stream), "cudaStreamSynchronize", st);
+    return FX_OK;
+}
+
+static int cuda_exec_default(int dev, fx_exec *ex, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    ex->device = dev;
+    ex->stream = d->stream;
+    ex->scratch.alloc = pool_scratch_alloc;
+    ex->scratch.release = pool_scratch_release;
+    ex->scratch.ctx = d;
     return FX_OK;
 }
 
@@ -474,41 +569,45 @@ static int cuda_busy_wait(int dev, double us, fx_status *st)
 }
 
 static const fx_backend cuda_backend = {
-    FX_ABI_VERSION,
-    sizeof(fx_backend),
-    "cuda",
-    cuda_init,
-    cuda_shutdown,
-    cuda_device_count,
-    cuda_device_info,
-    cuda_alloc,
-    cuda_release,
-    cuda_upload,
-    cuda_download,
-    cuda_copy,
-    cuda_fill_zero,
-    cuda_synchronize,
-    cuda_is_idle,
-    cuda_event_create,
-    cuda_event_destroy,
-    cuda_event_record,
-    cuda_event_elapsed_us,
-    cuda_busy_wait,
-    fx_cuda_cast,
-    fx_cuda_binary,
-    fx_cuda_scale,
-    FX_CUDA_SSM_OPS,
-    FX_CUDA_LINREC_OPS,
-    FX_CUDA_OPTIM_OPS,
-    fx_cuda_alloc_exportable,
-    fx_cuda_release_exportable,
-    fx_cuda_ipc_export,
-    fx_cuda_ipc_open,
-    fx_cuda_ipc_close,
-    fx_cuda_device_synchronize,
-    fx_cuda_pointer_check,
-    cuda_try_upload,
-    cuda_try_download,
+    .abi_version = FX_ABI_VERSION,
+    .struct_size = sizeof(fx_backend),
+    .name = "cuda",
+    .init = cuda_init,
+    .shutdown = cuda_shutdown,
+    .device_count = cuda_device_count,
+    .device_info = cuda_device_info,
+    .alloc = cuda_alloc,
+    .release = cuda_release,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .exec_default = cuda_exec_default,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_synchronize = cuda_stream_synchronize,
+    .copy = cuda_copy,
+    .fill_zero = cuda_fill_zero,
+    .synchronize = cuda_synchronize,
+    .is_idle = cuda_is_idle,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_elapsed_us = cuda_event_elapsed_us,
+    .busy_wait = cuda_busy_wait,
+    .cast = fx_cuda_cast,
+    .binary = fx_cuda_binary,
+    .scale = fx_cuda_scale,
+    .ssm = &fx_cuda_ssm_ops,
+    .linrec = &fx_cuda_linrec_ops,
+    .optim = &fx_cuda_optim_ops,
+    .alloc_exportable = fx_cuda_alloc_exportable,
+    .release_exportable = fx_cuda_release_exportable,
+    .ipc_export = fx_cuda_ipc_export,
+    .ipc_open = fx_cuda_ipc_open,
+    .ipc_close = fx_cuda_ipc_close,
+    .device_synchronize = fx_cuda_device_synchronize,
+    .pointer_check = fx_cuda_pointer_check,
+    .try_upload = cuda_try_upload,
+    .try_download = cuda_try_download,
 };
 
 extern "C" __attribute__((visibility("default"))) const fx_backend *fusex_cuda_backend(void)

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "fusex.h"
+#include "fusex_exec.h"
 
 #define FX_CUDA_MAX_DEVICES 16
 
@@ -27,6 +28,19 @@ struct fx_cuda_device {
 // Device state for `dev`, made current on the calling thread; NULL (and st
 // filled) if the device is unknown or its context was lost.
 fx_cuda_device *fx_cuda_enter(int dev, fx_status *st);
+
+// A launch context as a CUDA launcher uses it: the device's record (its
+// properties, whether it is lost), the caller's stream, and the context
+// itself for scratch (launch.cuh).
+struct fx_cuda_run {
+    fx_cuda_device *d;
+    cudaStream_t stream;
+    const fx_exec *ex;
+};
+
+// Makes ex's device current on the calling thread and fills *run; the
+// error in st when the device is unknown or lost.
+int fx_cuda_enter_exec(const fx_exec *ex, fx_cuda_run *run, fx_status *st);
 
 // Turns a CUDA error into FX_ECUDA with the code and a message naming what
 // failed; marks the device lost if the error is sticky. Returns the status.

@@ -3,6 +3,7 @@
 // benchmarks' trivial op), not as the library's hot path.
 #include "cuda/common.cuh"
 #include "cuda/families.h"
+#include "cuda/launch.cuh"
 
 // Casts go through f64 with the CPU backend's rules (integers saturate,
 // NaN becomes 0; 16-bit floats round from f32), so both give identical bits.
@@ -45,19 +46,18 @@ __global__ void cast_kernel(const S *__restrict__ src, D *__restrict__ dst, int6
 
 #define FX_THREADS 256
 
-int fx_cuda_cast(int dev, const fx_tensor *src, const fx_tensor *dst, fx_status *st)
+int fx_cuda_cast(const fx_exec *ex, const fx_tensor *src, const fx_tensor *dst, fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
-    if (!d)
+    fx_cuda_run r;
+    if (fx_cuda_enter_exec(ex, &r, st))
         return st->code;
-    unsigned grid = fx_cuda_grid(d, src->numel, FX_THREADS);
+    const unsigned grid = fx_cuda_grid(r.d, src->numel, FX_THREADS);
     return fx_dispatch_dtype(src->dtype, [&](auto *s_tag) {
         typedef typename std::remove_pointer<decltype(s_tag)>::type S;
         return fx_dispatch_dtype(dst->dtype, [&](auto *d_tag) {
             typedef typename std::remove_pointer<decltype(d_tag)>::type D;
-            cast_kernel<S, D><<<grid, FX_THREADS, 0, d->stream>>>((const S *)src->data,
-                                                                  (D *)dst->data, src->numel);
-            return fx_cuda_launched(d, "cast kernel", st);
+            return fx_cuda_launch<cast_kernel<S, D>>(r, grid, FX_THREADS, "cast kernel", st,
+                                                     (const S *)src->data, (D *)dst->data, src->numel);
         });
     });
 }
@@ -95,18 +95,18 @@ __global__ void binary_kernel(int op, const T *__restrict__ a, const T *__restri
     }
 }
 
-int fx_cuda_binary(int dev, fx_binop op, const fx_tensor *a, const fx_tensor *b,
+int fx_cuda_binary(const fx_exec *ex, fx_binop op, const fx_tensor *a, const fx_tensor *b,
                    const fx_tensor *out, fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
-    if (!d)
+    fx_cuda_run r;
+    if (fx_cuda_enter_exec(ex, &r, st))
         return st->code;
-    unsigned grid = fx_cuda_grid(d, a->numel, FX_THREADS);
+    const unsigned grid = fx_cuda_grid(r.d, a->numel, FX_THREADS);
     return fx_dispatch_dtype(a->dtype, [&](auto *tag) {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
-        binary_kernel<T><<<grid, FX_THREADS, 0, d->stream>>>(
-            (int)op, (const T *)a->data, (const T *)b->data, (T *)out->data, a->numel);
-        return fx_cuda_launched(d, "binary kernel", st);
+        return fx_cuda_launch<binary_kernel<T>>(r, grid, FX_THREADS, "binary kernel", st, (int)op,
+                                                (const T *)a->data, (const T *)b->data, (T *)out->data,
+                                                a->numel);
     });
 }
 
@@ -118,22 +118,21 @@ __global__ void scale_kernel(const T *__restrict__ src, M factor, T *__restrict_
         dst[i] = fx_elem<T>::store(fx_elem<T>::load(src[i]) * factor);
 }
 
-int fx_cuda_scale(int dev, const fx_tensor *src, double factor, const fx_tensor *dst,
+int fx_cuda_scale(const fx_exec *ex, const fx_tensor *src, double factor, const fx_tensor *dst,
                   fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
-    if (!d)
+    fx_cuda_run r;
+    if (fx_cuda_enter_exec(ex, &r, st))
         return st->code;
-    unsigned grid = fx_cuda_grid(d, src->numel, FX_THREADS);
-    if (src->dtype == FX_F64) {
-        scale_kernel<double, double><<<grid, FX_THREADS, 0, d->stream>>>(
-            (const double *)src->data, factor, (double *)dst->data, src->numel);
-        return fx_cuda_launched(d, "scale kernel", st);
-    }
+    const unsigned grid = fx_cuda_grid(r.d, src->numel, FX_THREADS);
+    if (src->dtype == FX_F64)
+        return fx_cuda_launch<scale_kernel<double, double>>(r, grid, FX_THREADS, "scale kernel", st,
+                                                            (const double *)src->data, factor,
+                                                            (double *)dst->data, src->numel);
     return fx_dispatch_float(src->dtype, [&](auto *tag) {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
-        scale_kernel<T, float><<<grid, FX_THREADS, 0, d->stream>>>(
-            (const T *)src->data, (float)factor, (T *)dst->data, src->numel);
-        return fx_cuda_launched(d, "scale kernel", st);
+        return fx_cuda_launch<scale_kernel<T, float>>(r, grid, FX_THREADS, "scale kernel", st,
+                                                      (const T *)src->data, (float)factor, (T *)dst->data,
+                                                      src->numel);
     });
 }

@@ -1,16 +1,16 @@
 // The entry points each CUDA kernel family file exports into the backend
-// table. A family that exists defines its FX_CUDA_*_OPS to the address of
-// its ops table; one that does not yet exist leaves it NULL.
+// table (backend.cu).
 #ifndef FX_CUDA_FAMILIES_H
 #define FX_CUDA_FAMILIES_H
 
 #include "fusex.h"
+#include "fusex_exec.h"
 
 // elementwise.cu
-int fx_cuda_cast(int dev, const fx_tensor *src, const fx_tensor *dst, fx_status *st);
-int fx_cuda_binary(int dev, fx_binop op, const fx_tensor *a, const fx_tensor *b,
+int fx_cuda_cast(const fx_exec *ex, const fx_tensor *src, const fx_tensor *dst, fx_status *st);
+int fx_cuda_binary(const fx_exec *ex, fx_binop op, const fx_tensor *a, const fx_tensor *b,
                    const fx_tensor *out, fx_status *st);
-int fx_cuda_scale(int dev, const fx_tensor *src, double factor, const fx_tensor *dst,
+int fx_cuda_scale(const fx_exec *ex, const fx_tensor *src, double factor, const fx_tensor *dst,
                   fx_status *st);
 
 // interop.cu (pointer interop, see docs/INTEROP.md)
@@ -26,15 +26,9 @@ int fx_cuda_pointer_check(int dev, const void *ptr, size_t nbytes, fx_status *st
 
 // ssm.cu
 extern const struct fx_ssm_ops fx_cuda_ssm_ops;
-#define FX_CUDA_SSM_OPS (&fx_cuda_ssm_ops)
 // linrec.cu
 extern const struct fx_linrec_ops fx_cuda_linrec_ops;
-// Frees the look-back scratch of every device once their work is done; for
-// orderly exits (the backend's shutdown).
-void fx_cuda_linrec_shutdown(void);
-#define FX_CUDA_LINREC_OPS (&fx_cuda_linrec_ops)
 // optim.cu
 extern const struct fx_optim_ops fx_cuda_optim_ops;
-#define FX_CUDA_OPTIM_OPS (&fx_cuda_optim_ops)
 
 #endif

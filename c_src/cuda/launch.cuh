@@ -1,12 +1,16 @@
-// Launch helpers shared by the family launchers (ssm.cu, linrec.cu). Kept
-// out of common.cuh, which the kernels' headers include and which therefore
-// also compiles as plain C++ for the CPU emulator (tools/ssm_emu).
+// How every launcher of c_src/cuda enqueues work on its launch context: the
+// kernel launches, the scratch it takes from the context's allocator, the
+// fills and copies. Launchers use nothing else of the CUDA runtime for
+// work, so that the CPU emulator (which supplies its own version of this
+// header) runs the same launchers. Kept out of common.cuh, which the
+// kernels' headers include.
 #ifndef FX_CUDA_LAUNCH_CUH
 #define FX_CUDA_LAUNCH_CUH
 
 #include <atomic>
 #include <mutex>
 #include <stdio.h>
+#include <string.h>
 
 #include "cuda/common.cuh"
 
@@ -37,16 +41,72 @@ template <auto KERNEL> int fx_cuda_opt_in_smem(fx_cuda_device *d, size_t bytes, 
     return FX_OK;
 }
 
-// KERNEL<<<grid, threads, smem>>>(params...) on the device's stream, opted
+// KERNEL<<<grid, threads, smem>>>(params...) on the context's stream, opted
 // in for its `smem` bytes first; `name` says which in errors.
 template <auto KERNEL, class... P>
-int fx_cuda_launch_opted(fx_cuda_device *d, int64_t grid, int threads, size_t smem, const char *name, fx_status *st,
-                         const P &...params)
+int fx_cuda_launch_opted(const fx_cuda_run &r, int64_t grid, int threads, size_t smem, const char *name,
+                         fx_status *st, const P &...params)
 {
-    if (fx_cuda_opt_in_smem<KERNEL>(d, smem, name, st))
+    if (fx_cuda_opt_in_smem<KERNEL>(r.d, smem, name, st))
         return st->code;
-    KERNEL<<<(unsigned)grid, threads, smem, d->stream>>>(params...);
-    return fx_cuda_launched(d, name, st);
+    KERNEL<<<(unsigned)grid, threads, smem, r.stream>>>(params...);
+    return fx_cuda_launched(r.d, name, st);
+}
+
+// KERNEL<<<grid, threads>>>(params...) on the context's stream.
+template <auto KERNEL, class... P>
+int fx_cuda_launch(const fx_cuda_run &r, int64_t grid, int threads, const char *name, fx_status *st,
+                   const P &...params)
+{
+    KERNEL<<<(unsigned)grid, threads, 0, r.stream>>>(params...);
+    return fx_cuda_launched(r.d, name, st);
+}
+
+// `bytes` of scratch from the context at *out (nullptr for none); `what`
+// names it in errors. Give it back with fx_cuda_release once the work that
+// uses it is enqueued.
+static inline int fx_cuda_scratch(const fx_cuda_run &r, size_t bytes, const char *what, void **out, fx_status *st)
+{
+    if (fx_scratch_alloc(r.ex, bytes, out, st) == FX_OK)
+        return FX_OK;
+    const size_t len = strlen(st->msg);
+    snprintf(st->msg + len, sizeof st->msg - len, " (scratch for %s)", what);
+    return st->code;
+}
+
+static inline void fx_cuda_release(const fx_cuda_run &r, void *ptr) { fx_scratch_release(r.ex, ptr); }
+
+// `bytes` of zeros at dst, stream-ordered.
+static inline int fx_cuda_zero(const fx_cuda_run &r, void *dst, size_t bytes, const char *what, fx_status *st)
+{
+    if (bytes == 0)
+        return FX_OK;
+    FX_CUDA_TRY(r.d, cudaMemsetAsync(dst, 0, bytes, r.stream), what, st);
+    return FX_OK;
+}
+
+// `bytes` from src to dst, both device memory, stream-ordered.
+static inline int fx_cuda_copy(const fx_cuda_run &r, void *dst, const void *src, size_t bytes, const char *what,
+                               fx_status *st)
+{
+    if (bytes == 0)
+        return FX_OK;
+    FX_CUDA_TRY(r.d, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, r.stream), what, st);
+    return FX_OK;
+}
+
+// Scratch of `bytes` zeroed, at *out; released on failure.
+static inline int fx_cuda_zeroed_scratch(const fx_cuda_run &r, size_t bytes, const char *what, void **out,
+                                         fx_status *st)
+{
+    if (fx_cuda_scratch(r, bytes, what, out, st) != FX_OK)
+        return st->code;
+    if (fx_cuda_zero(r, *out, bytes, what, st) != FX_OK) {
+        fx_cuda_release(r, *out);
+        *out = nullptr;
+        return st->code;
+    }
+    return FX_OK;
 }
 
 #endif

@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/families.h"
 #include "fusex_optim.h"
 
@@ -380,13 +381,14 @@ __global__ void __launch_bounds__(OPTIM_THREADS) update_kernel(fx_optim_args a)
 // ---- launch ----
 
 template <typename P, typename G>
-static void launch_update(fx_optim_kind kind, unsigned blocks, cudaStream_t stream,
-                          const fx_optim_args &a)
+static int launch_update(const fx_cuda_run &r, fx_optim_kind kind, unsigned blocks, const fx_optim_args &a,
+                         fx_status *st)
 {
     if (kind == FX_OPTIM_ADAMW)
-        update_kernel<FX_OPTIM_ADAMW, P, G><<<blocks, OPTIM_THREADS, 0, stream>>>(a);
-    else
-        update_kernel<FX_OPTIM_SGD, P, G><<<blocks, OPTIM_THREADS, 0, stream>>>(a);
+        return fx_cuda_launch<update_kernel<FX_OPTIM_ADAMW, P, G>>(r, blocks, OPTIM_THREADS,
+                                                                  "optimizer update kernel", st, a);
+    return fx_cuda_launch<update_kernel<FX_OPTIM_SGD, P, G>>(r, blocks, OPTIM_THREADS, "optimizer update kernel",
+                                                            st, a);
 }
 
 // fx_dispatch_float answers FX_EINTERNAL, with no message, for a type it
@@ -397,26 +399,24 @@ static int no_kernel(fx_status *st, const fx_optim_args *a)
                    (int)a->param_dtype, (int)a->grad_dtype);
 }
 
-static int cuda_optim_step(int dev, const fx_optim_args *a, fx_status *st)
+static int cuda_optim_step(const fx_exec *ex, const fx_optim_args *a, fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
-    if (!d)
+    fx_cuda_run r;
+    if (fx_cuda_enter_exec(ex, &r, st))
         return st->code;
-    unsigned blocks = (unsigned)a->blocks;
+    const unsigned blocks = (unsigned)a->blocks;
     int rc = FX_OK;
     if (a->prepass)
         rc = fx_dispatch_float(a->grad_dtype, [&](auto *g_tag) {
             typedef typename std::remove_pointer<decltype(g_tag)>::type G;
-            norm_kernel<G><<<blocks, OPTIM_THREADS, 0, d->stream>>>(*a);
-            return fx_cuda_launched(d, "optimizer norm kernel", st);
+            return fx_cuda_launch<norm_kernel<G>>(r, blocks, OPTIM_THREADS, "optimizer norm kernel", st, *a);
         });
     if (rc == FX_OK)
         rc = fx_dispatch_float(a->param_dtype, [&](auto *p_tag) {
             typedef typename std::remove_pointer<decltype(p_tag)>::type P;
             return fx_dispatch_float(a->grad_dtype, [&](auto *g_tag) {
                 typedef typename std::remove_pointer<decltype(g_tag)>::type G;
-                launch_update<P, G>(a->kind, blocks, d->stream, *a);
-                return fx_cuda_launched(d, "optimizer update kernel", st);
+                return launch_update<P, G>(r, a->kind, blocks, *a, st);
             });
         });
     if (rc != FX_OK && st->code == FX_OK)
@@ -425,5 +425,5 @@ static int cuda_optim_step(int dev, const fx_optim_args *a, fx_status *st)
 }
 
 const struct fx_optim_ops fx_cuda_optim_ops = {
-    cuda_optim_step,
+    .step = cuda_optim_step,
 };

@@ -61,12 +61,13 @@ template <int = 0> __global__ void fx_write_sums(const fx_sum_regions s)
 }
 
 #ifdef __CUDACC__
-static inline int fx_launch_sums(fx_cuda_device *d, const fx_sum_regions &s, const char *what, fx_status *st)
+#include "cuda/launch.cuh"
+
+static inline int fx_launch_sums(const fx_cuda_run &r, const fx_sum_regions &s, const char *what, fx_status *st)
 {
     if (s.total == 0)
         return FX_OK;
-    fx_write_sums<><<<fx_cuda_grid(d, s.total, 256), 256, 0, d->stream>>>(s);
-    return fx_cuda_launched(d, what, st);
+    return fx_cuda_launch<fx_write_sums<>>(r, fx_cuda_grid(r.d, s.total, 256), 256, what, st, s);
 }
 #endif
 

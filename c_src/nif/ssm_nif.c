@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "core/ssm.h"
+#include "fusex_dtype.h"
 #include "nif/nifs.h"
 
 #define CTX_KIND "selective_scan"
@@ -138,4 +139,67 @@ static ERL_NIF_TERM nif_selective_scan_step(ErlNifEnv *env, int argc, const ERL_
         fx_op_ssm_step(&state, &t.in, &y, &c.st) || fx_call_hold(&c, &y))
         return fx_call_finish(&c, 0);
     return fx_call_finish(&c, fx_make_tensor(&c, &y));
+}
+
+/* The shape of a forward's saved states as a tuple {Batch, NSaved, Dim, Dstate}
+ * (their type is the state type): what a caller sizing them ahead of a run
+ * (an XLA program) needs, from the shapes of x and b and x's type alone. */
+static int saved_shape_dims(fx_call *c, const ERL_NIF_TERM argv[], fx_ssm_dims *n, fx_dtype *type)
+{
+    int xr, br;
+    int64_t x[FX_MAX_RANK], b[FX_MAX_RANK];
+    char got[160];
+    if (fx_arg_shape(c, argv[0], "x", &xr, x) || fx_arg_shape(c, argv[1], "b", &br, b) ||
+        fx_arg_dtype(c, argv[2], "type", type))
+        return c->st.code;
+    if (!fx_dtype_is_float(*type))
+        return fx_fail(&c->st, FX_EBADARG, "type: expected a float type, got %s", fx_dtype_name(*type));
+    if (xr != 3) {
+        fx_format_shape(got, sizeof got, xr, x);
+        return fx_fail(&c->st, FX_EBADARG, "x: expected a shape of rank 3 [batch, seqlen, dim], got %s", got);
+    }
+    fx_format_shape(got, sizeof got, br, b);
+    if ((br != 3 && br != 4) || b[0] != x[0] || b[1] != x[1])
+        return fx_fail(&c->st, FX_EBADARG,
+                       "b: expected a shape {%lld,%lld,dstate} or {%lld,%lld,groups,dstate} ([batch, seqlen, "
+                       "[groups,] dstate]), got %s",
+                       (long long)x[0], (long long)x[1], (long long)x[0], (long long)x[1], got);
+    *n = (fx_ssm_dims){.batch = x[0], .seqlen = x[1], .dim = x[2], .dstate = b[br - 1],
+                       .groups = br == 4 ? b[2] : 1};
+    if (n->dstate < 1 || n->groups < 1 || n->dim % n->groups != 0)
+        return fx_fail(&c->st, FX_EBADARG, "b: expected dstate >= 1 and a number of groups that divides dim %lld, got %s",
+                       (long long)n->dim, got);
+    return FX_OK;
+}
+
+ERL_NIF_TERM nif_selective_scan_saved_shape(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_ssm_dims n = {0};
+    fx_dtype type = FX_F32;
+    fx_call_init(&c, env);
+    if (saved_shape_dims(&c, argv, &n, &type))
+        return fx_call_finish(&c, 0);
+    int64_t dims[4];
+    fx_ssm_saved_shape(&n, type, dims);
+    ERL_NIF_TERM items[4];
+    for (int i = 0; i < 4; i++)
+        items[i] = enif_make_int64(env, dims[i]);
+    return fx_call_finish(&c, enif_make_tuple_from_array(env, items, 4));
+}
+
+/* The steps between the saved states, K (fx_ssm_save_every), from the same
+ * arguments: a caller that computes the saved states itself (a plain-Nx
+ * forward) takes every K-th state. */
+ERL_NIF_TERM nif_selective_scan_save_every(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_ssm_dims n = {0};
+    fx_dtype type = FX_F32;
+    fx_call_init(&c, env);
+    if (saved_shape_dims(&c, argv, &n, &type))
+        return fx_call_finish(&c, 0);
+    return fx_call_finish(&c, enif_make_int64(env, fx_ssm_save_every(&n, type)));
 }

@@ -2,7 +2,7 @@
  * elementwise ops and the benchmark timing hooks. */
 #include <string.h>
 
-#include "core/dtype.h"
+#include "fusex_dtype.h"
 #include "core/ops.h"
 #include "nif/nifs.h"
 

@@ -1,7 +1,7 @@
 /* bf16 / f16 conversions: exhaustive round trips, rounding, specials. */
 #include <math.h>
 
-#include "core/dtype.h"
+#include "fusex_dtype.h"
 #include "testutil.h"
 
 START_TEST(f16_round_trips_every_pattern)

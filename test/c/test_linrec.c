@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/dtype.h"
+#include "fusex_dtype.h"
 #include "core/linrec.h"
 #include "core/ops.h"
 #include "testutil.h"
@@ -180,7 +180,7 @@ static void run_forward(fx_device *dev, const lr_case *c, const lr_host *x, lr_f
     fx_test_poisoned(dev, state_type(c), 2, sdims, &s);
     fx_status st;
     fx_status_clear(&st);
-    fx_op_linrec_forward_into(&d.p, c->h0 ? &d.in.h0 : NULL, c->max_tile, &h, &s, &st);
+    fx_op_linrec_forward_into(NULL, &d.p, c->h0 ? &d.in.h0 : NULL, c->max_tile, &h, &s, &st);
     ck_assert_msg(st.code == FX_OK, "%s: %s", describe(c), st.msg);
     out->h = fx_test_read(&h);
     out->state = fx_test_read(&s);
@@ -218,7 +218,7 @@ static void run_backward(fx_device *dev, const lr_case *c, const lr_host *x, con
     fx_status st;
     fx_status_clear(&st);
     ck_assert_int_eq(fx_tensor_alloc(dev, c->dtype, 3, hdims, &h, &st), FX_OK);
-    fx_op_linrec_forward_into(&d.p, c->h0 ? &d.in.h0 : NULL, c->max_tile, &h, NULL, &st);
+    fx_op_linrec_forward_into(NULL, &d.p, c->h0 ? &d.in.h0 : NULL, c->max_tile, &h, NULL, &st);
     ck_assert_msg(st.code == FX_OK, "%s: %s", describe(c), st.msg);
     fx_test_tensor(dev, c->dtype, 3, hdims, dh, &tdh);
     if (c->dstate)
@@ -231,7 +231,7 @@ static void run_backward(fx_device *dev, const lr_case *c, const lr_host *x, con
     poison(&g.lam);
     poison(&g.dt);
     poison(&g.h0);
-    fx_op_linrec_backward_into(&d.p, c->h0 ? &d.in.h0 : NULL, &h, &tdh, c->dstate ? &tds : NULL,
+    fx_op_linrec_backward_into(NULL, &d.p, c->h0 ? &d.in.h0 : NULL, &h, &tdh, c->dstate ? &tds : NULL,
                                c->max_tile, &g, &st);
     ck_assert_msg(st.code == FX_OK, "%s: %s", describe(c), st.msg);
     for (int k = 0; k < FX_LINREC_MAX_SEQ; k++)

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fusex_cpu.h"
 #include "testutil.h"
 
 int main(void)
@@ -12,7 +13,7 @@ int main(void)
     fx_status st;
     fx_status_clear(&st);
     const char *priv = getenv("FUSEX_PRIV");
-    if (fx_runtime_init(priv ? priv : "priv", &st) != FX_OK) {
+    if (fx_runtime_init(priv ? priv : "priv", &fx_cpu_backend, &st) != FX_OK) {
         fprintf(stderr, "runtime init failed: %s\n", st.msg);
         return 2;
     }
@@ -28,6 +29,7 @@ int main(void)
     srunner_add_suite(sr, fx_suite_optim());
     srunner_add_suite(sr, fx_suite_linrec());
     srunner_add_suite(sr, fx_suite_ssm());
+    srunner_add_suite(sr, fx_suite_exec());
     if (dev->kind == FX_DEVICE_CUDA)
         srunner_set_fork_status(sr, CK_NOFORK);
     srunner_run_all(sr, CK_NORMAL);

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/dtype.h"
+#include "fusex_dtype.h"
 #include "core/ops.h"
 #include "testutil.h"
 

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/dtype.h"
+#include "fusex_dtype.h"
 #include "core/ops.h"
 #include "core/ssm.h"
 #include "cpu/cpu.h"
@@ -191,7 +191,9 @@ static fwd_out forward_poisoned(fx_device *dev, const dev_inputs *t, bool want_s
         .d = t->in.d, .z = t->in.z, .dt_bias = t->in.dt_bias, .h0 = t->in.h0,
         .dt_softplus = t->in.dt_softplus, .y = &y, .state = want_state ? &state : NULL,
     };
-    dev->backend->ssm->forward(dev->ordinal, &args, &st);
+    fx_exec ex;
+    ck_assert_ptr_nonnull(fx_exec_resolve(dev, NULL, &ex, &st));
+    dev->backend->ssm->forward(&ex, &args, &st);
     FX_CK_OK(st);
     fwd_out o = {fx_test_read(&y), want_state ? fx_test_read(&state) : NULL};
     fx_tensor_release(&y);
@@ -676,7 +678,9 @@ static double *run_steps(fx_device *dev, const host_inputs *h, fx_dtype type, do
             .d = h->d ? &d : NULL, .z = h->z ? &tz : NULL, .dt_bias = h->bias ? &bias : NULL,
             .dt_softplus = (s->opts & OPT_SOFTPLUS) != 0, .y = &ty,
         };
-        dev->backend->ssm->step(dev->ordinal, &args, &st);
+        fx_exec ex;
+        ck_assert_ptr_nonnull(fx_exec_resolve(dev, NULL, &ex, &st));
+        dev->backend->ssm->step(&ex, &args, &st);
         FX_CK_OK(st);
         double *yt = fx_test_read(&ty);
         for (int64_t b = 0; b < B; b++)
@@ -1098,13 +1102,9 @@ START_TEST(context_holds_inputs_and_saved_states)
     fx_tensor y, state;
     fx_ssm_ctx *ctx;
     ck_assert_int_eq(fx_op_ssm_forward(&t.in, true, &y, &state, &ctx, &st), FX_OK);
-    fx_ssm_fwd_args args = {
-        .n = {s.batch, s.seqlen, s.dim, s.dstate, s.groups}, .x = t.in.x, .dt = t.in.dt, .a = t.in.a,
-        .b = t.in.b, .c = t.in.c, .d = t.in.d, .z = t.in.z, .dt_bias = t.in.dt_bias, .h0 = t.in.h0,
-        .dt_softplus = t.in.dt_softplus, .y = &y,
-    };
-    int64_t every = dev->backend->ssm->save_interval(&args);
-    int64_t nsaved = every > 0 ? (s.seqlen + every - 1) / every - 1 : 0;
+    fx_ssm_dims n = {s.batch, s.seqlen, s.dim, s.dstate, s.groups};
+    int64_t every = fx_ssm_save_every(&n, FX_F32);
+    int64_t nsaved = dev->backend->ssm->reads_saved ? (s.seqlen + every - 1) / every - 1 : 0;
     size_t saved = (size_t)(s.batch * nsaved * s.dim * s.dstate) * sizeof(float);
     ck_assert_uint_eq(fx_ssm_ctx_saved_bytes(ctx), saved);
     ck_assert_int_eq(atomic_load(&dev->allocated) - before,
@@ -1169,24 +1169,27 @@ END_TEST
  * touches no memory (the tensors here have none). */
 START_TEST(cpu_scratch_overflow_is_out_of_memory)
 {
+    fx_device *cpu = fx_cpu_device();
+    fx_exec ex;
+    fx_status st;
+    fx_status_clear(&st);
+    ck_assert_int_eq(cpu->backend->exec_default(cpu->ordinal, &ex, &st), FX_OK);
     fx_tensor none;
     memset(&none, 0, sizeof none);
     fx_ssm_bwd_args bwd;
     memset(&bwd, 0, sizeof bwd);
     bwd.fwd.n = (fx_ssm_dims){(int64_t)1 << 40, 1, (int64_t)1 << 8, (int64_t)1 << 40, 1};
-    fx_status st;
-    fx_status_clear(&st);
-    ck_assert_int_eq(fx_cpu_ssm_ops.backward(0, &bwd, &st), FX_ENOMEM);
-    ck_assert_str_eq(st.msg, "out of host memory: selective_scan_backward's sums for batch 1099511627776, "
-                             "dim 256, dstate 1099511627776 do not fit in the address space");
+    ck_assert_int_eq(fx_cpu_ssm_ops.backward(&ex, &bwd, &st), FX_ENOMEM);
+    ck_assert_str_eq(st.msg, "out of host memory: the op's scratch does not fit in the address space");
     /* one channel whose states do not fit in memory */
     fx_ssm_fwd_args fwd;
     memset(&fwd, 0, sizeof fwd);
     fwd.n = (fx_ssm_dims){1, 1, 1, (int64_t)1 << 48, 1};
     fwd.x = fwd.dt = fwd.a = fwd.b = fwd.c = fwd.y = &none;
     fx_status_clear(&st);
-    ck_assert_int_eq(fx_cpu_ssm_ops.forward(0, &fwd, &st), FX_ENOMEM);
-    ck_assert_ptr_nonnull(strstr(st.msg, "out of host memory for selective_scan's scratch"));
+    ck_assert_int_eq(fx_cpu_ssm_ops.forward(&ex, &fwd, &st), FX_ENOMEM);
+    ck_assert_ptr_nonnull(strstr(st.msg, "out of host memory for "));
+    ck_assert_ptr_nonnull(strstr(st.msg, " bytes of scratch"));
 }
 END_TEST
 

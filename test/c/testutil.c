@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/dtype.h"
+#include "fusex_dtype.h"
 #include "core/ops.h"
 
 static uint64_t seed, state;

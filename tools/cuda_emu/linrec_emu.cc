@@ -17,9 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda/linrec_kernels.cuh"
+#include "cuda/linrec/plan.cuh"
 
 extern "C" const struct fx_linrec_ops fx_cpu_linrec_ops;
+extern "C" const fx_backend fx_cpu_backend;
 
 using namespace fxlinrec;
 
@@ -341,7 +342,7 @@ struct outputs {
 
 // One phase by the emulated kernels, or by the CPU reference (`ref`).
 template <typename A, typename E>
-void run_phase(bool emu, int (*ref)(int, const A *, fx_status *), const A *args, E &&emulated)
+void run_phase(bool emu, int (*ref)(const fx_exec *, const A *, fx_status *), const A *args, E &&emulated)
 {
     if (emu) {
         emulated();
@@ -349,7 +350,9 @@ void run_phase(bool emu, int (*ref)(int, const A *, fx_status *), const A *args,
     }
     fx_status st;
     fx_status_clear(&st);
-    ref(0, args, &st);
+    fx_exec ex;
+    fx_cpu_backend.exec_default(0, &ex, &st);
+    ref(&ex, args, &st);
 }
 
 // A case's three phases, each run by the emulated kernels (emu) or by the

@@ -9,7 +9,7 @@
 #include "fusex_ssm.h"
 #include "testutil.h"
 
-extern const fx_backend fx_cpu_backend;
+#include "fusex_cpu.h"
 extern const struct fx_ssm_ops fx_emu_ssm_ops;
 static fx_backend emu_backend;
 static fx_device emu_device;
@@ -21,7 +21,7 @@ int main(void)
     fx_status st;
     fx_status_clear(&st);
     setenv("FUSEX_DISABLE_CUDA", "1", 1);
-    if (fx_runtime_init("priv", &st) != FX_OK) {
+    if (fx_runtime_init("priv", &fx_cpu_backend, &st) != FX_OK) {
         fprintf(stderr, "runtime init failed: %s\n", st.msg);
         return 2;
     }

@@ -9,7 +9,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "cuda/ssm_kernels.cuh"
+#include "cuda/ssm/plan.cuh"
 
 namespace fx_ssm {
 alignas(16) float smem[1 << 16]; // what block_smem() returns
@@ -43,7 +43,7 @@ template <typename F> int with_type(fx_dtype t, F &&body)
     }
 }
 
-int emu_forward(int, const fx_ssm_fwd_args *a, fx_status *st)
+int emu_forward(const fx_exec *, const fx_ssm_fwd_args *a, fx_status *st)
 {
     if (check_dims(a->n, "selective_scan", st))
         return st->code;
@@ -71,7 +71,7 @@ int emu_forward(int, const fx_ssm_fwd_args *a, fx_status *st)
     });
 }
 
-int emu_step(int, const fx_ssm_step_args *a, fx_status *st)
+int emu_step(const fx_exec *, const fx_ssm_step_args *a, fx_status *st)
 {
     if (check_dims(a->n, "selective_scan_step", st))
         return st->code;
@@ -115,7 +115,7 @@ template <typename T, class C, bool SL> int emu_launch_backward(const fx_ssm_bwd
     return FX_OK;
 }
 
-int emu_backward(int, const fx_ssm_bwd_args *a, fx_status *st)
+int emu_backward(const fx_exec *, const fx_ssm_bwd_args *a, fx_status *st)
 {
     if (check_dims(a->fwd.n, "selective_scan_backward", st))
         return st->code;
@@ -127,15 +127,14 @@ int emu_backward(int, const fx_ssm_bwd_args *a, fx_status *st)
     });
 }
 
-int64_t emu_save_interval(const fx_ssm_fwd_args *a)
-{
-    return with_type(a->x->dtype, [&](auto *tag) -> int {
-        return (int)save_interval_of<typename std::remove_pointer<decltype(tag)>::type>(a);
-    });
-}
-
 } // namespace
 
 extern "C" const struct fx_ssm_ops fx_emu_ssm_ops = {
-    emu_forward, emu_backward, emu_step, emu_save_interval, kMaxDstate,
+    .forward = emu_forward,
+    .backward = emu_backward,
+    .step = emu_step,
+    .forward_scratch = nullptr,
+    .backward_scratch = nullptr,
+    .reads_saved = true,
+    .max_dstate = kMaxDstate,
 };
