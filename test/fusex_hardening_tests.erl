@@ -239,3 +239,24 @@ forged_optimizer_state_test() ->
                  fusex:adamw_step(S#{ref => F32}, P, G, #{})),
     ?assertError({badarg, <<"state: expected an optimizer state from adamw_init/2 or sgd_init/2, got ", _/binary>>},
                  fusex:optimizer_info(#{step => F32})).
+
+%% ---- 4b. killing the caller of a long CPU scan frees its scheduler ----
+
+%% As many scans of minutes as there are dirty CPU schedulers, their
+%% callers killed mid-call: the scans notice and stop, so a small CPU op
+%% right after gets a scheduler at once (it waited for minutes before).
+killed_callers_free_the_dirty_schedulers_test_() ->
+    {timeout, 120,
+     fun() ->
+             Cpu = #{device => cpu},
+             Zc = fun(S) -> fusex:zeros({f, 32}, S, Cpu) end,
+             {L, D, N} = {1 bsl 14, 1 bsl 10, 1 bsl 10}, % 2^34 state-steps: minutes on one core
+             X = Zc({1, L, D}), A = Zc({D, N}), B = Zc({1, L, N}),
+             Jobs = [spawn(fun() -> fusex:selective_scan(X, X, A, B, B, #{}) end)
+                     || _ <- lists:seq(1, erlang:system_info(dirty_cpu_schedulers))],
+             timer:sleep(300),
+             [exit(P, kill) || P <- Jobs],
+             {T, Sum} = timer:tc(fun() -> values(fusex:add(Zc({2}), Zc({2}))) end),
+             ?assertEqual([0.0, 0.0], Sum),
+             ?assert(T < 5000000)
+     end}.

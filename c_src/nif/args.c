@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "fusex_dtype.h"
+#include "fusex_cpu.h"
 #include "nif/nif.h"
 
 typedef struct fx_ctx {
@@ -111,6 +112,18 @@ void fx_call_init(fx_call *c, ErlNifEnv *env)
     c->nheld = 0;
     c->cap = (int)(sizeof c->inline_held / sizeof c->inline_held[0]);
     c->nallocs = 0;
+    c->watching = false;
+}
+
+static bool caller_alive(void *env) { return enif_is_current_process_alive((ErlNifEnv *)env); }
+
+void fx_call_watch_caller(fx_call *c)
+{
+    int type = enif_thread_type();
+    if (type != ERL_NIF_THR_DIRTY_CPU_SCHEDULER && type != ERL_NIF_THR_DIRTY_IO_SCHEDULER)
+        return;
+    fx_cpu_watch_caller(caller_alive, c->env);
+    c->watching = true;
 }
 
 /* Room for `more` held tensors (a list's worth at once, not by doubling). */
@@ -180,6 +193,10 @@ void *fx_call_alloc(fx_call *c, size_t nbytes)
 
 ERL_NIF_TERM fx_call_finish(fx_call *c, ERL_NIF_TERM result)
 {
+    if (c->watching) {
+        fx_cpu_unwatch_caller();
+        c->watching = false;
+    }
     for (int i = 0; i < c->nheld; i++)
         fx_tensor_release(c->held[i]);
     for (int i = 0; i < c->nallocs; i++)

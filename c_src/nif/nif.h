@@ -29,9 +29,15 @@ typedef struct fx_call {
     fx_tensor *inline_held[24];
     void *allocs[FX_CALL_MAX_ALLOCS];
     int nallocs;
+    bool watching; /* fx_call_watch_caller named a test for this thread */
 } fx_call;
 
 void fx_call_init(fx_call *c, ErlNifEnv *env);
+/* For an op that can run long on a dirty scheduler (the scans): until the
+ * call finishes, the CPU backend's loops may ask whether the calling
+ * process is alive and give up once it was killed (fusex_cpu.h). Does
+ * nothing on a normal scheduler, where calls are short. */
+void fx_call_watch_caller(fx_call *c);
 /* Registers a tensor to release at the end of the call. */
 int fx_call_hold(fx_call *c, fx_tensor *t);
 /* Zeroed scratch memory freed at the end of the call; NULL (st set) when

@@ -60,6 +60,7 @@ static ERL_NIF_TERM nif_selective_scan(ErlNifEnv *env, int argc, const ERL_NIF_T
     fx_tensor y = {0}, state = {0};
     fx_ssm_ctx *ctx = NULL;
     fx_call_init(&c, env);
+    fx_call_watch_caller(&c);
     if (fx_arg_opts(&c, argv[5], scan_opts) || arg_inputs(&c, argv, argv[5], true, &t) ||
         fx_opt_bool(&c, argv[5], "return_state", false, &return_state) ||
         fx_opt_bool(&c, argv[5], "save_for_backward", false, &save) ||
@@ -101,6 +102,7 @@ static ERL_NIF_TERM nif_selective_scan_backward(ErlNifEnv *env, int argc, const 
     fx_ssm_grads g;
     memset(&g, 0, sizeof g);
     fx_call_init(&c, env);
+    fx_call_watch_caller(&c);
     if (fx_arg_tensor(&c, argv[0], "dy", &dy) || fx_arg_ctx(&c, argv[1], "ctx", CTX_KIND, &ctx) ||
         fx_arg_opts(&c, argv[2], backward_opts) ||
         fx_opt_tensor(&c, argv[2], "dstate", &dstate, &has_dstate) ||

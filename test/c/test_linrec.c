@@ -12,6 +12,7 @@
 #include "fusex_dtype.h"
 #include "core/linrec.h"
 #include "core/ops.h"
+#include "fusex_cpu.h"
 #include "testutil.h"
 
 /* ---- a test case: what to run and on what ---- */
@@ -1181,6 +1182,47 @@ START_TEST(empty_shapes)
 }
 END_TEST
 
+static bool caller_gone(void *arg)
+{
+    (*(int *)arg)++;
+    return false;
+}
+
+/* A caller that is gone stops the CPU scans early, forward and backward. */
+START_TEST(cpu_scan_stops_when_its_caller_is_gone)
+{
+    fx_device *cpu = fx_cpu_device();
+    int64_t dims[3] = {1, 8192, 2};
+    double *v = calloc(8192 * 2, sizeof(double));
+    fx_tensor a, b, h, state, dh;
+    fx_test_tensor(cpu, FX_F32, 3, dims, v, &a);
+    fx_test_tensor(cpu, FX_F32, 3, dims, v, &b);
+    fx_test_tensor(cpu, FX_F32, 3, dims, v, &dh);
+    fx_linrec_problem p = {.kind = FX_LINREC_SCAN, .seq = {&a, &b}};
+    fx_status st;
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_op_linrec_forward(&p, NULL, false, 0, &h, &state, &st), FX_OK);
+    int calls = 0;
+    fx_cpu_watch_caller(caller_gone, &calls);
+    fx_tensor h2, state2;
+    ck_assert_int_eq(fx_op_linrec_forward(&p, NULL, false, 0, &h2, &state2, &st), FX_EINTERNAL);
+    ck_assert_str_eq(st.msg, "cancelled: the process that called a linrec forward exited before it finished");
+    ck_assert_int_ge(calls, 1);
+    fx_linrec_grads g;
+    fx_status_clear(&st);
+    calls = 0;
+    ck_assert_int_eq(fx_op_linrec_backward(&p, NULL, &h, &dh, NULL, 0, &g, &st), FX_EINTERNAL);
+    ck_assert_str_eq(st.msg, "cancelled: the process that called a linrec backward exited before it finished");
+    ck_assert_int_ge(calls, 1);
+    fx_cpu_unwatch_caller();
+    fx_tensor_release(&a);
+    fx_tensor_release(&b);
+    fx_tensor_release(&dh);
+    fx_tensor_release(&h);
+    free(v);
+}
+END_TEST
+
 Suite *fx_suite_linrec(void)
 {
     Suite *s = suite_create("linrec");
@@ -1197,6 +1239,7 @@ Suite *fx_suite_linrec(void)
     tcase_add_test(tc, cuda_matches_cpu_auto_tiling);
     tcase_add_test(tc, validation_messages);
     tcase_add_test(tc, empty_shapes);
+    tcase_add_test(tc, cpu_scan_stops_when_its_caller_is_gone);
     suite_add_tcase(s, tc);
     return s;
 }

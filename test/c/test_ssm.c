@@ -1193,6 +1193,77 @@ START_TEST(cpu_scratch_overflow_is_out_of_memory)
 }
 END_TEST
 
+static int alive_calls;
+static bool caller_gone(void *arg)
+{
+    (void)arg;
+    alive_calls++;
+    return false;
+}
+static bool caller_here(void *arg)
+{
+    (void)arg;
+    alive_calls++;
+    return true;
+}
+
+/* A caller that is gone stops the CPU scans early (forward and backward),
+ * failing them; one that is still there sees them through. */
+START_TEST(cpu_scan_stops_when_its_caller_is_gone)
+{
+    fx_device *cpu = fx_cpu_device();
+    int64_t xd[3] = {1, 4096, 2}, ad[2] = {2, 4}, bd[3] = {1, 4096, 4};
+    double *v = calloc(4096 * 4, sizeof(double));
+    fx_tensor x, a, b;
+    fx_test_tensor(cpu, FX_F32, 3, xd, v, &x);
+    fx_test_tensor(cpu, FX_F32, 2, ad, v, &a);
+    fx_test_tensor(cpu, FX_F32, 3, bd, v, &b);
+    fx_ssm_inputs in = {.x = &x, .dt = &x, .a = &a, .b = &b, .c = &b};
+    for (int gone = 1; gone >= 0; gone--) {
+        alive_calls = 0;
+        fx_cpu_watch_caller(gone ? caller_gone : caller_here, NULL);
+        fx_status st;
+        fx_status_clear(&st);
+        fx_tensor y, state, dy;
+        fx_ssm_ctx *ctx = NULL;
+        int rc = fx_op_ssm_forward(&in, false, &y, &state, &ctx, &st);
+        ck_assert_int_ge(alive_calls, 1);
+        if (gone) {
+            ck_assert_int_eq(rc, FX_EINTERNAL);
+            ck_assert_str_eq(st.msg, "cancelled: the process that called selective_scan exited before it finished");
+            /* the context of an earlier, complete forward */
+            fx_cpu_unwatch_caller();
+            fx_status_clear(&st);
+            ck_assert_int_eq(fx_op_ssm_forward(&in, false, &y, &state, &ctx, &st), FX_OK);
+            fx_cpu_watch_caller(caller_gone, NULL);
+        } else {
+            FX_CK_OK(st);
+        }
+        fx_test_tensor(cpu, FX_F32, 3, xd, v, &dy);
+        fx_ssm_grads g;
+        alive_calls = 0;
+        rc = fx_op_ssm_backward(ctx, &dy, NULL, &g, &st);
+        ck_assert_int_ge(alive_calls, 1);
+        if (gone) {
+            ck_assert_int_eq(rc, FX_EINTERNAL);
+            ck_assert_str_eq(st.msg,
+                             "cancelled: the process that called selective_scan_backward exited before it finished");
+        } else {
+            FX_CK_OK(st);
+            fx_ssm_grads_release(&g);
+        }
+        fx_cpu_unwatch_caller();
+        fx_tensor_release(&dy);
+        fx_tensor_release(&y);
+        fx_ssm_ctx_free(ctx);
+    }
+    fx_tensor_release(&x);
+    fx_tensor_release(&a);
+    fx_tensor_release(&b);
+    free(v);
+}
+END_TEST
+
 /* Runs the forward on modified inputs and expects `msg`. */
 static void expect_fwd_error(const fx_ssm_inputs *in, const char *msg)
 {
@@ -1347,6 +1418,7 @@ Suite *fx_suite_ssm(void)
     tcase_add_test(tc, context_holds_inputs_and_saved_states);
     tcase_add_test(tc, empty_shapes);
     tcase_add_test(tc, cpu_scratch_overflow_is_out_of_memory);
+    tcase_add_test(tc, cpu_scan_stops_when_its_caller_is_gone);
     tcase_add_test(tc, validation_messages);
     suite_add_tcase(s, tc);
     return s;
