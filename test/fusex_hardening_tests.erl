@@ -260,3 +260,18 @@ killed_callers_free_the_dirty_schedulers_test_() ->
              ?assertEqual([0.0, 0.0], Sum),
              ?assert(T < 5000000)
      end}.
+
+%% ---- 8. integers beyond 64 bits: the message says the limit ----
+
+big_integer_messages_test() ->
+    T = z({2}),
+    ?assertError({badarg, <<"factor: expected a float or an integer from -2^63 to 2^63-1, "
+                            "got 1180591620717411303424">>},
+                 fusex:scale(T, 1180591620717411303424)),
+    ?assertError({badarg, <<"shape: expected a tuple of non-negative integers, each at most 2^48, "
+                            "got {18446744073709551616}">>},
+                 fusex:zeros({f, 32}, {18446744073709551616})),
+    ?assertError({badarg, <<"lr: expected a float or an integer from -2^63 to 2^63-1, got 36893488147419103232">>},
+                 fusex:adamw_init([T], #{lr => 1 bsl 65})),
+    ?assertError({badarg, <<"dt: expected a float or an integer from -2^63 to 2^63-1, got 36893488147419103232">>},
+                 fusex:liquid(z({1, 1, 2}), z({2}), z({2}), #{dt => 1 bsl 65})).
