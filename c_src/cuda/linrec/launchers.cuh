@@ -177,9 +177,9 @@ inline int backward_as(const fx_cuda_run &r, const fx_linrec_bwd_args *a, fx_sta
     if (KIND == FX_LINREC_LIQUID) {
         const int64_t nsum = sum_count(a, stream, elem), nzero = zeroed_sum_count(a, stream, elem);
         void *mem = nullptr;
-        if (fx_cuda_scratch(r, sizeof(float) * (size_t)nsum, "liquid sums", &mem, st))
+        if (fx_cuda_scratch(r, fx_size_mul(nsum, sizeof(float)), "liquid sums", &mem, st))
             return st->code;
-        if (fx_cuda_zero(r, mem, sizeof(float) * (size_t)nzero, "cudaMemsetAsync (liquid sums)", st)) {
+        if (fx_cuda_zero(r, mem, fx_size_mul(nzero, sizeof(float)), "cudaMemsetAsync (liquid sums)", st)) {
             fx_cuda_release(r, mem);
             return st->code;
         }

@@ -238,6 +238,8 @@ inline int dt_rows(const fx_linrec_problem *p, bool stream, int elem_bytes)
 
 // Liquid's f32 sums: dtau, dlam, and dt_rows rows of ddt. Only the rows that
 // are added into need zeros (zeroed_sum_count).
+// (dt_rows * batch * seqlen: a few columns of [batch, seqlen], whose
+// product is a shape's; no overflow in int64.)
 inline int64_t sum_count(const fx_linrec_bwd_args *a, bool stream, int elem_bytes)
 {
     return 2 * a->p.hidden + (a->ddt ? dt_rows(&a->p, stream, elem_bytes) * a->p.batch * a->p.seqlen : 0);
@@ -272,7 +274,10 @@ inline step_params make_step_params(const fx_linrec_step_args *a)
 // The look-back statuses of a launch: two words per channel and tile.
 inline size_t lookback_bytes(const fxscan::tiling &t, int width)
 {
-    return (size_t)t.ctiles * t.ttiles * width * 2 * sizeof(fxscan::word);
+    // fx_size_mul saturates (SIZE_MAX, which no allocator gives); a
+    // saturated product cast back to int64 is negative, and stays SIZE_MAX.
+    const size_t tiles = fx_size_mul(t.ctiles, t.ttiles);
+    return fx_size_mul((int64_t)tiles, (int64_t)width * 2 * (int64_t)sizeof(fxscan::word));
 }
 
 inline void carve_lookback(char *base, uint32_t epoch, fxscan::tiling &t)

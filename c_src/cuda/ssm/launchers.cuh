@@ -115,7 +115,7 @@ int launch_sliced_forward(const fx_cuda_run &r, const fx_ssm_fwd_args *a, FwdLau
          realign_input(r, ra, l.p.c, bytes_of(a->c), st) || realign_output(r, ra, l.p.y, bytes_of(a->y), st)))
         return realign_finish(r, ra, st->code, st);
     void *ysum = nullptr;
-    int rc = fx_cuda_zeroed_scratch(r, sizeof(float) * (size_t)ysum_floats(l.p), "selective_scan sums of y",
+    int rc = fx_cuda_zeroed_scratch(r, fx_size_mul(ysum_floats(l.p), sizeof(float)), "selective_scan sums of y",
                                     &ysum, st);
     l.p.ysum = static_cast<float *>(ysum);
     if (rc == FX_OK)
@@ -184,7 +184,7 @@ int launch_backward(const fx_cuda_run &r, const fx_ssm_bwd_args *a, fx_status *s
 {
     const BwdScratch sz(a->fwd.n, SL);
     void *scratch = nullptr;
-    if (fx_cuda_zeroed_scratch(r, sizeof(float) * (size_t)sz.total, "selective_scan_backward sums", &scratch, st))
+    if (fx_cuda_zeroed_scratch(r, fx_size_mul(sz.total, sizeof(float)), "selective_scan_backward sums", &scratch, st))
         return st->code;
     BwdParams bp = bwd_params<C>(a, static_cast<float *>(scratch), sz);
     Realigned ra;

@@ -191,6 +191,9 @@ template <typename T, class F> inline auto with_finish_kernel(const ScanParams &
 // Sliced, the per-channel sums over states come first:
 // [parts (3 x batch * seqlen * dim)][db]... (dim a multiple of 32 there, so
 // that db's rows stay 16-byte aligned).
+// Counts, not bytes (the launchers form those with fx_size_mul): batch *
+// seqlen * groups <= batch * seqlen * dim, x's elements (a shape: at most
+// 2^48), times dstate <= kMaxDstate (256), stays far inside int64.
 struct BwdScratch {
     int64_t n_parts, n_bc, n_a, n_d, total;
     explicit BwdScratch(const fx_ssm_dims &n, bool sliced = false)
