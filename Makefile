@@ -48,7 +48,7 @@ NIF_SO     := priv/fusex_nif.so
 CUDA_SO    := $(if $(NVCC),priv/fusex_cuda.so)
 
 .PHONY: all nif deps erl test test-c test-erl test-ex test-emu test-gpu test-ipc sanitize bench demo docs clean \
-        test-emu-ssm
+        test-emu-ssm test-asan
 
 all: nif erl
 
@@ -178,6 +178,75 @@ sanitize: nif $(BUILD)/fusex_check
 	FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 FUSEX_PRIV=priv CK_FORK=no FUSEX_QUICK=1 \
 	  compute-sanitizer --tool synccheck --error-exitcode 1 $(BUILD)/fusex_check
 
+# ---- AddressSanitizer + UndefinedBehaviorSanitizer ----
+# The NIF and the Check suite built again with -fsanitize=address,undefined
+# in build-asan/ (its NIF in build-asan/priv, so the normal build is never
+# touched), then the Check suites (FUSEX_QUICK sweeps) and the Erlang suites
+# (eunit and ct, fuzz included) against it: the BEAM, not built with ASan,
+# gets the runtime by LD_PRELOAD and loads the sanitized NIF from
+# FUSEX_PRIV_DIR. Any report fails the run (UBSan does not recover). No
+# CUDA backend: it is not built there, so everything runs on the CPU.
+# Options, and why (docs/TESTING.md has more):
+#   allocator_may_return_null=1  a failed malloc returns NULL, as without
+#                                ASan, so the out-of-memory paths are tested
+#   malloc_fill_byte=255         fresh memory reads as NaN: an output an op
+#   max_malloc_fill_size         forgets to write fails its comparison
+#   detect_leaks                 on for the C tests; off for the BEAM, whose
+#                                own allocators (mmap'd carriers LSan does not
+#                                scan) hold the only pointers to live tensors
+#                                at exit; the Erlang suites check fusex's
+#                                memory accounting back to baseline instead
+ASAN       := build-asan
+ASAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+ASAN_CFLAGS := -O1 -g $(ASAN_FLAGS) -std=c11 -D_GNU_SOURCE -fPIC -fopenmp $(WARN) -Iinclude -Ic_src
+ASAN_CORE_OBJ := $(CORE_SRC:%.c=$(ASAN)/%.o)
+ASAN_NIF_OBJ := $(NIF_SRC:%.c=$(ASAN)/%.o)
+ASAN_CTEST_OBJ := $(CTEST_SRC:%.c=$(ASAN)/%.o)
+ASAN_LIB   = $(shell $(CC) -print-file-name=libasan.so)
+ASAN_ENV_COMMON := UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+                   LSAN_OPTIONS=suppressions=$(abspath tools/asan/lsan.supp):print_suppressions=0
+ASAN_OPTS  := allocator_may_return_null=1:malloc_fill_byte=255:max_malloc_fill_size=1048576:abort_on_error=1
+EBIN_TEST  := $(abspath _build/test/lib/fusex)
+
+$(ASAN)/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC    $< (asan)")
+	$(Q)$(CC) $(ASAN_CFLAGS) $(DEPFLAGS) -I$(ERTS_INC) -c $< -o $@
+
+-include $(shell find $(ASAN) -name '*.d' 2>/dev/null)
+
+$(ASAN)/libfusex_core.a: $(ASAN_CORE_OBJ)
+	ar rcs $@ $^
+
+$(ASAN)/priv/fusex_nif.so: $(ASAN_NIF_OBJ) $(ASAN)/libfusex_core.a
+	@mkdir -p $(dir $@)
+	$(CC) -shared $(ASAN_FLAGS) -o $@ $(ASAN_NIF_OBJ) $(ASAN)/libfusex_core.a $(LDLIBS)
+
+$(ASAN)/fusex_check: $(ASAN_CTEST_OBJ) $(ASAN)/libfusex_core.a
+	$(CC) $(ASAN_FLAGS) -o $@ $(ASAN_CTEST_OBJ) $(ASAN)/libfusex_core.a -lcheck -lsubunit -lrt $(LDLIBS)
+
+# The Erlang suites' modules as rebar3 compiles them for eunit and ct.
+EUNIT_MODS = $(shell ls test/*_tests.erl | sed 's|test/||; s|\.erl||' | paste -sd, -)
+CT_SUITES  = $(shell ls test/*_SUITE.erl | sed 's|test/||; s|\.erl||' | paste -sd, -)
+
+# (ct's call through the environment: make would keep the backslashes of a
+# command split over lines inside its quotes.)
+test-asan: export CT_EVAL = R = ct:run_test([{dir, "$(EBIN_TEST)/test"}, {suite, [$(CT_SUITES)]}, \
+  {logdir, "$(abspath $(ASAN))/ct_logs"}, {auto_compile, false}]), \
+  case R of {_, 0, {_, 0}} -> halt(0); _ -> io:format("~p~n", [R]), halt(1) end.
+test-asan: $(ASAN)/priv/fusex_nif.so $(ASAN)/fusex_check
+	$(REBAR3) as test compile
+	$(ASAN_ENV_COMMON) ASAN_OPTIONS=$(ASAN_OPTS):detect_leaks=1 FUSEX_PRIV=$(ASAN)/priv FUSEX_QUICK=1 \
+	  CK_FORK=no $(ASAN)/fusex_check
+	$(ASAN_ENV_COMMON) ASAN_OPTIONS=$(ASAN_OPTS):detect_leaks=0 LD_PRELOAD=$(ASAN_LIB) \
+	  FUSEX_PRIV_DIR=$(abspath $(ASAN)/priv) FUSEX_ASAN=1 \
+	  $(ERL) -noshell -pa $(EBIN_TEST)/ebin $(EBIN_TEST)/test -eval \
+	  'case eunit:test([$(EUNIT_MODS)], [verbose]) of ok -> halt(0); _ -> halt(1) end.'
+	@mkdir -p $(ASAN)/ct_logs
+	$(ASAN_ENV_COMMON) ASAN_OPTIONS=$(ASAN_OPTS):detect_leaks=0 LD_PRELOAD=$(ASAN_LIB) \
+	  FUSEX_PRIV_DIR=$(abspath $(ASAN)/priv) FUSEX_ASAN=1 \
+	  $(ERL) -noshell -pa $(EBIN_TEST)/ebin $(EBIN_TEST)/test -eval "$$CT_EVAL"
+
 bench: all
 	$(ERL) -noshell -pa _build/default/lib/fusex/ebin -eval 'fusex_bench:main(init:get_plain_arguments())' -extra $(BENCH_ARGS)
 
@@ -189,4 +258,4 @@ docs:
 	$(REBAR3) edoc
 
 clean:
-	rm -rf $(BUILD) priv/fusex_nif.so priv/fusex_cuda.so _build
+	rm -rf $(BUILD) $(ASAN) priv/fusex_nif.so priv/fusex_cuda.so _build

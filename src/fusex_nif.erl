@@ -18,8 +18,14 @@
 
 -define(NOT_LOADED, erlang:nif_error({not_loaded, ?MODULE})).
 
+%% FUSEX_PRIV_DIR names another directory holding fusex_nif.so (and
+%% fusex_cuda.so): how `make test-asan' runs the suites against the NIF it
+%% built with AddressSanitizer, beside the normal build.
 init() ->
-    Priv = priv_dir(),
+    Priv = case os:getenv("FUSEX_PRIV_DIR") of
+               Dir when Dir =/= false, Dir =/= "" -> Dir;
+               _ -> priv_dir()
+           end,
     erlang:load_nif(filename:join(Priv, "fusex_nif"), Priv).
 
 %% The application's priv directory, also when the beams were loaded from a
