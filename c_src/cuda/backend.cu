@@ -317,6 +317,7 @@ static int init_devices(fx_status *st)
         FX_CUDA_TRY(d, cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
                     "cudaMemPoolSetAttribute", st);
         pthread_mutex_init(&stages[i].lock, NULL);
+        pthread_mutex_init(&d->cache.lock, NULL);
         device_total = i + 1;
     }
     return FX_OK;
@@ -353,6 +354,12 @@ static void cuda_shutdown(void)
             continue;
         (void)cudaStreamSynchronize(d->stream);
         (void)cudaStreamSynchronize(d->copy_stream);
+        pthread_mutex_lock(&d->cache.lock);
+        if (d->cache.statuses)
+            (void)cudaFree(d->cache.statuses);
+        d->cache.statuses = NULL;
+        d->cache.bytes = 0;
+        pthread_mutex_unlock(&d->cache.lock);
         staging *s = &stages[i];
         pthread_mutex_lock(&s->lock);
         if (s->ready) {
@@ -484,6 +491,7 @@ static int cuda_exec_default(int dev, fx_exec *ex, fx_status *st)
     ex->scratch.alloc = pool_scratch_alloc;
     ex->scratch.release = pool_scratch_release;
     ex->scratch.ctx = d;
+    ex->cache = &d->cache;
     return FX_OK;
 }
 

@@ -33,7 +33,9 @@
 // aggregate is the pair {a, b} tagged epoch << 1; an inclusive state is the
 // second word tagged epoch << 1 | 1. Every word carries its own tag, so no
 // fence has to order values before a flag: a reader takes a word when its
-// tag is this launch's, and nothing is cleared between launches.
+// tag is this launch's, so memory reused from launch to launch with a new
+// epoch each time (fusex's own stream) needs no clearing, and zeroed memory
+// (a caller's scratch) holds no tag of epoch 1.
 //
 // Everything is f32: 16-bit inputs are widened on load.
 #ifndef FX_CUDA_SCAN_CUH

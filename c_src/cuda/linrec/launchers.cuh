@@ -41,12 +41,13 @@ template <int = 0> __global__ void print_stats(unsigned blocks)
 #endif
 
 // Launches the kernel for the plan's tiles: the single-tile one (no
-// look-back) or the chained one, with its look-back statuses in zeroed
-// scratch of this launch (a status is valid when its tag is this launch's
-// epoch; zeroed memory holds none). `stage_bytes`: the staged forward's
-// dynamic shared memory (0: none), for which the kernel is opted in
-// (fx_cuda_opt_in_smem: the scan's own static part, ~10 KB, counts against
-// the 48 KB a block gets without it).
+// look-back) or the chained one with its look-back statuses (a status is
+// valid when its tag is this launch's epoch): from the stream's cache when
+// the context has one (fusex's own stream: no clearing between launches),
+// else zeroed scratch of this launch, which holds no tag at all.
+// `stage_bytes`: the staged forward's dynamic shared memory (0: none), for
+// which the kernel is opted in (fx_cuda_opt_in_smem: the scan's own static
+// part, ~10 KB, counts against the 48 KB a block gets without it).
 template <auto SINGLE, auto CHAINED, typename Params>
 inline int launch_tiles(const fx_cuda_run &r, const Params &prm, const plan &pl, fxscan::tiling &t,
                         size_t stage_bytes, const char *what, fx_status *st)
@@ -58,15 +59,28 @@ inline int launch_tiles(const fx_cuda_run &r, const Params &prm, const plan &pl,
     const int threads = 32 * pl.warps;
     if (pl.ttiles == 1)
         return fx_cuda_launch_opted<SINGLE>(r, blocks, threads, stage_bytes, what, st, prm, t);
+    const size_t bytes = lookback_bytes(t, pl.vec * pl.group);
     void *statuses = nullptr;
-    if (fx_cuda_zeroed_scratch(r, lookback_bytes(t, pl.vec * pl.group), "linrec look-back statuses", &statuses, st))
-        return st->code;
-    carve_lookback(static_cast<char *>(statuses), 1, t);
-    const int rc = fx_cuda_launch_opted<CHAINED>(r, blocks, threads, stage_bytes, what, st, prm, t);
+    uint32_t epoch = 1;
+    int rc;
+    if (fx_stream_cache *cache = r.ex->cache) {
+        pthread_mutex_lock(&cache->lock);
+        rc = fx_cuda_cached_statuses(r, cache, bytes, &statuses, &epoch, st);
+        if (rc == FX_OK) {
+            carve_lookback(static_cast<char *>(statuses), epoch, t);
+            rc = fx_cuda_launch_opted<CHAINED>(r, blocks, threads, stage_bytes, what, st, prm, t);
+        }
+        pthread_mutex_unlock(&cache->lock);
+    } else {
+        if (fx_cuda_zeroed_scratch(r, bytes, "linrec look-back statuses", &statuses, st))
+            return st->code;
+        carve_lookback(static_cast<char *>(statuses), epoch, t);
+        rc = fx_cuda_launch_opted<CHAINED>(r, blocks, threads, stage_bytes, what, st, prm, t);
+        fx_cuda_release(r, statuses);
+    }
 #ifdef FXLR_STATS
     print_stats<><<<1, 1, 0, r.stream>>>((unsigned)blocks);
 #endif
-    fx_cuda_release(r, statuses);
     return rc;
 }
 
