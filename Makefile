@@ -155,7 +155,7 @@ test-ex:
 
 test: deps
 	$(MAKE) all
-	$(MAKE) test-c test-emu test-emu-ssm test-erl test-ex
+	$(MAKE) test-c test-erl test-ex
 
 # The same suites, forced onto CUDA; fails where there is no GPU.
 test-gpu: all $(BUILD)/fusex_check
