@@ -633,7 +633,12 @@ fd_close(An, Fd, L0) when is_number(An), is_number(Fd) ->
     end;
 fd_close(An, Fd, _) -> {fail, {gradient, analytic, An, central_difference, Fd}}.
 
-dot(A, B) -> lists:sum([X * Y || {X, Y} <- lists:zip(A, B)]).
+%% A NaN or an infinity (decoded as the atom nan) fails the case, saying so.
+dot(A, B) ->
+    case lists:all(fun is_number/1, A ++ B) of
+        true -> lists:sum([X * Y || {X, Y} <- lists:zip(A, B)]);
+        false -> throw({not_finite, [V || V <- A ++ B, not is_number(V)], lists:sublist(B, 6)})
+    end.
 
 %% The inputs a linrec backward returns a gradient for, and those among
 %% them the check moves (all).
