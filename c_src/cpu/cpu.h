@@ -45,4 +45,17 @@ bool fx_watch_gone(fx_watch *w);
 /* FX_OK, or the cancellation of `op` in st when the caller went. */
 int fx_watch_end(fx_watch *w, const char *op, fx_status *st);
 
+/* The tasks of a watched parallel loop run in pieces of this many, the
+ * watch looked at between them: an OpenMP loop cannot be left early, and
+ * skipping the tasks still left (`continue`) would cost a scheduling step
+ * each, hours for a loop of 2^40. So a killed caller's work stops within
+ * one piece. Large enough that a piece's fork-join costs nothing. */
+#define FX_WATCH_PIECE ((int64_t)1 << 14)
+
+/* [lo, hi) of the piece starting at lo of `tasks`. */
+static inline int64_t fx_piece_end(int64_t lo, int64_t tasks)
+{
+    return tasks - lo < FX_WATCH_PIECE ? tasks : lo + FX_WATCH_PIECE;
+}
+
 #endif

@@ -193,10 +193,13 @@ static int cpu_forward(const fx_exec *ex, const fx_linrec_fwd_args *a, fx_status
     int64_t work = p->batch * p->seqlen * p->hidden;
     fx_watch w;
     fx_watch_begin(&w);
+    for (int64_t lo = 0; lo < n && !fx_watch_gone(&w); lo = fx_piece_end(lo, n)) {
+        const int64_t hi = fx_piece_end(lo, n);
 #pragma omp parallel for schedule(dynamic) if (work > FX_CPU_PARALLEL_MIN)
-    for (int64_t i = 0; i < n; i++)
-        if (!fx_watch_gone(&w))
-            forward_task(a, task_at(p, HBLOCK, i), &w);
+        for (int64_t i = lo; i < hi; i++)
+            if (!fx_watch_gone(&w))
+                forward_task(a, task_at(p, HBLOCK, i), &w);
+    }
     return fx_watch_end(&w, "a linrec forward", st);
 }
 
@@ -297,16 +300,22 @@ static int cpu_backward(const fx_exec *ex, const fx_linrec_bwd_args *a, fx_statu
     fx_watch w;
     fx_watch_begin(&w);
     if (a->ddt) {
+        for (int64_t b0 = 0; b0 < B && !fx_watch_gone(&w); b0 = fx_piece_end(b0, B)) {
+            const int64_t b1 = fx_piece_end(b0, B);
 #pragma omp parallel for schedule(dynamic) if (work > FX_CPU_PARALLEL_MIN)
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t lo = 0; lo < H && !fx_watch_gone(&w); lo += HBLOCK)
-                backward_task(a, (task){b, lo, lo + HBLOCK < H ? lo + HBLOCK : H}, &sums, &w);
+            for (int64_t b = b0; b < b1; b++)
+                for (int64_t lo = 0; lo < H && !fx_watch_gone(&w); lo += HBLOCK)
+                    backward_task(a, (task){b, lo, lo + HBLOCK < H ? lo + HBLOCK : H}, &sums, &w);
+        }
     } else {
         int64_t n = task_count(p, HBLOCK);
+        for (int64_t lo = 0; lo < n && !fx_watch_gone(&w); lo = fx_piece_end(lo, n)) {
+            const int64_t hi = fx_piece_end(lo, n);
 #pragma omp parallel for schedule(dynamic) if (work > FX_CPU_PARALLEL_MIN)
-        for (int64_t i = 0; i < n; i++)
-            if (!fx_watch_gone(&w))
-                backward_task(a, task_at(p, HBLOCK, i), &sums, &w);
+            for (int64_t i = lo; i < hi; i++)
+                if (!fx_watch_gone(&w))
+                    backward_task(a, task_at(p, HBLOCK, i), &sums, &w);
+        }
     }
     if (fx_watch_end(&w, "a linrec backward", st)) {
         if (liquid)

@@ -230,13 +230,16 @@ static int cpu_ssm_forward(const fx_exec *ex, const fx_ssm_fwd_args *a, fx_statu
         return st->code;
     fx_watch w;
     fx_watch_begin(&w);
+    for (int64_t lo = 0; lo < tasks && !fx_watch_gone(&w); lo = fx_piece_end(lo, tasks)) {
+        const int64_t hi = fx_piece_end(lo, tasks);
 #pragma omp parallel for schedule(dynamic) num_threads(threads)
-    for (int64_t task = 0; task < tasks; task++) {
-        if (fx_watch_gone(&w))
-            continue;
-        int64_t b = task / blocks, d0 = (task % blocks) * CHANNEL_BLOCK;
-        int64_t d1 = d0 + CHANNEL_BLOCK < n->dim ? d0 + CHANNEL_BLOCK : n->dim;
-        forward_block(a, b, d0, d1, (double *)(work + (size_t)omp_get_thread_num() * per_task), &w);
+        for (int64_t task = lo; task < hi; task++) {
+            if (fx_watch_gone(&w))
+                continue;
+            int64_t b = task / blocks, d0 = (task % blocks) * CHANNEL_BLOCK;
+            int64_t d1 = d0 + CHANNEL_BLOCK < n->dim ? d0 + CHANNEL_BLOCK : n->dim;
+            forward_block(a, b, d0, d1, (double *)(work + (size_t)omp_get_thread_num() * per_task), &w);
+        }
     }
     fx_scratch_release(ex, work);
     return fx_watch_end(&w, "selective_scan", st);
@@ -410,11 +413,14 @@ static int cpu_ssm_backward(const fx_exec *ex, const fx_ssm_bwd_args *a, fx_stat
     ps.ddt_bias = ps.dd + B * D;
     fx_watch w;
     fx_watch_begin(&w);
+    for (int64_t lo = 0; lo < tasks && !fx_watch_gone(&w); lo = fx_piece_end(lo, tasks)) {
+        const int64_t hi = fx_piece_end(lo, tasks);
 #pragma omp parallel for schedule(dynamic) num_threads(threads)
-    for (int64_t task = 0; task < tasks; task++)
-        if (!fx_watch_gone(&w))
-            backward_group(a, task / n->groups, task % n->groups, &ps,
-                           (double *)(work + (size_t)omp_get_thread_num() * per_task), &w);
+        for (int64_t task = lo; task < hi; task++)
+            if (!fx_watch_gone(&w))
+                backward_group(a, task / n->groups, task % n->groups, &ps,
+                               (double *)(work + (size_t)omp_get_thread_num() * per_task), &w);
+    }
     if (fx_watch_end(&w, "selective_scan_backward", st)) {
         fx_scratch_release(ex, work);
         fx_scratch_release(ex, ps.da);
