@@ -92,24 +92,31 @@ report(Seed, Outcomes, Fails, Ms) ->
 
 %% One case in a process of its own: {checked | clean_error | fail, Kind, Desc, Detail}.
 run_case(Seed, I, Device) ->
+    Parent = self(),
     {Pid, Ref} = spawn_monitor(fun() ->
                                        rand:seed(exsss, {Seed, I, 16#F5}),
                                        put(fuzz_device, Device),
                                        try gen_case() of
                                            #{kind := Kind, desc := Desc} = Case ->
+                                               Parent ! {fuzz_case, self(), Kind, Desc}, % for a hang's report
                                                exit({fuzz_outcome, outcome(Case), Kind, Desc})
                                        catch Class:Reason:Stack ->
                                                exit({fuzz_outcome, {fail, {generator, Class, Reason, Stack}},
                                                      generator, none})
                                        end
                                end),
-    receive
-        {'DOWN', Ref, process, Pid, {fuzz_outcome, {Verdict, Why}, Kind, Desc}} -> {Verdict, Kind, Desc, Why};
-        {'DOWN', Ref, process, Pid, Other} -> {fail, generator, none, {case_process_died, Other}}
-    after ?CASE_TIMEOUT ->
-            exit(Pid, kill),
-            {fail, unknown, none, {hang, ?CASE_TIMEOUT}}
-    end.
+    Result = receive
+                 {'DOWN', Ref, process, Pid, {fuzz_outcome, {Verdict, Why}, Kind, Desc}} -> {Verdict, Kind, Desc, Why};
+                 {'DOWN', Ref, process, Pid, Other} -> {fail, generator, none, {case_process_died, Other}}
+             after ?CASE_TIMEOUT ->
+                     exit(Pid, kill),
+                     receive
+                         {fuzz_case, Pid, HungKind, HungDesc} -> {fail, HungKind, HungDesc, {hang, ?CASE_TIMEOUT}}
+                     after 0 -> {fail, unknown, none, {hang, ?CASE_TIMEOUT}}
+                     end
+             end,
+    receive {fuzz_case, Pid, _, _} -> ok after 0 -> ok end,
+    Result.
 
 %% A case: #{kind, desc, run := fun() -> Result, expect := valid | error | any,
 %% check := fun(Result) -> ok | {fail, Why}}. `error' cases may name the
