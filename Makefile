@@ -41,12 +41,36 @@ NVCCFLAGS  += -std=c++17 $(NVCC_GENCODE) -Iinclude -Ic_src --expt-relaxed-conste
 NIF_SO     := priv/fusex_nif.so
 CUDA_SO    := $(if $(NVCC),priv/fusex_cuda.so)
 
-.PHONY: all nif deps erl test test-c test-erl test-ex test-emu test-gpu test-ipc sanitize bench demo docs clean \
-        test-emu-ssm
+# The XLA custom-call targets (c_src/xla, docs/XLA.md): plain C and C++ (no
+# nvcc: the CUDA handlers launch through priv/fusex_cuda.so), built against
+# the XLA FFI API 0.2 headers that tools/xla_headers.sh finds
+# (XLA_FFI_INCLUDE, else jaxlib 0.9.0's from PyPI). The core is linked in
+# with every symbol hidden but the handlers and include/fusex_xla.h, so it
+# never meets the NIF's own copy in a BEAM process.
+XLA_SO     := priv/fusex_xla.so
+XLA_C_SRC  := $(wildcard c_src/xla/*.c)
+XLA_CC_SRC := $(wildcard c_src/xla/*.cc)
+XLA_OBJ    := $(XLA_C_SRC:%.c=$(BUILD)/%.o) $(XLA_CC_SRC:%.cc=$(BUILD)/%.o)
+XLA_FFI_INC ?=
+XLA_HDRS   := $(XLA_FFI_INC)/xla/ffi/api/ffi.h $(XLA_FFI_INC)/xla/ffi/api/api.h $(XLA_FFI_INC)/xla/ffi/api/c_api.h
+CXXFLAGS   ?= -O2 -g
+XLA_CXXFLAGS := $(CXXFLAGS) -std=c++17 -fPIC -fvisibility=hidden $(WARN) -isystem $(XLA_FFI_INC) -Iinclude -Ic_src
+
+.PHONY: all nif xla deps erl test test-c test-erl test-ex test-emu test-gpu test-ipc sanitize bench demo docs clean \
+        test-emu-ssm test-jax test-jax-gpu test-xla-c
 
 all: nif erl
 
-nif: $(NIF_SO) $(CUDA_SO)
+nif: $(NIF_SO) $(CUDA_SO) xla
+
+# Builds priv/fusex_xla.so where the headers are found; says why not
+# otherwise and builds the rest (make test then fails in test-jax).
+xla: $(BUILD)/libfusex_core.a
+	@if inc=$$(bash tools/xla_headers.sh $(BUILD)/xla_ffi); then \
+	    $(MAKE) --no-print-directory $(XLA_SO) XLA_FFI_INC="$$inc"; \
+	else \
+	    echo "fusex: XLA targets not built: $$inc"; \
+	fi
 
 deps:
 	@bash tools/deps.sh
@@ -73,6 +97,21 @@ $(BUILD)/libfusex_core.a: $(CORE_OBJ)
 $(NIF_SO): $(NIF_OBJ) $(BUILD)/libfusex_core.a
 	@mkdir -p priv
 	$(CC) -shared -o $@ $(NIF_OBJ) $(BUILD)/libfusex_core.a $(LDLIBS)
+
+$(BUILD)/c_src/xla/%.o: c_src/xla/%.c $(HEADERS) $(XLA_HDRS)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC    $<")
+	$(Q)$(CC) $(CFLAGS) -fvisibility=hidden -isystem $(XLA_FFI_INC) -c $< -o $@
+
+$(BUILD)/c_src/xla/%.o: c_src/xla/%.cc $(HEADERS) $(XLA_HDRS)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CXX   $<")
+	$(Q)$(CXX) $(XLA_CXXFLAGS) -c $< -o $@
+
+$(XLA_SO): $(XLA_OBJ) $(BUILD)/libfusex_core.a c_src/xla/exports.map
+	@mkdir -p priv
+	$(CXX) -shared -o $@ $(XLA_OBJ) $(BUILD)/libfusex_core.a -Wl,--exclude-libs,ALL \
+	  -Wl,--version-script=c_src/xla/exports.map -Wl,-z,defs $(LDLIBS)
 
 # Static cudart: the backend needs only the driver (libcuda.so.1) at run time.
 priv/fusex_cuda.so: $(CUDA_OBJ)
@@ -206,4 +245,4 @@ docs:
 	$(REBAR3) edoc
 
 clean:
-	rm -rf $(BUILD) priv/fusex_nif.so priv/fusex_cuda.so _build
+	rm -rf $(BUILD) priv/fusex_nif.so priv/fusex_cuda.so priv/fusex_xla.so _build
