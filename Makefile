@@ -209,13 +209,29 @@ test-erl: all
 test-ex:
 	@if [ -f mix.exs ]; then MIX_ENV=test mix test; fi
 
+# fusex for JAX (python/fusex_jax) on the CPU, in a venv with jax 0.9.0 made
+# from PyPI when missing (tools/jax_venv.sh; it fails, saying why, where it
+# cannot be made). FUSEX_SEED and FUSEX_JAX_ONLY (a substring of case names)
+# in the environment pick the seed and the cases.
+JAX_VENV := $(BUILD)/jax-venv
+test-jax: nif
+	@test -f $(XLA_SO) || { echo "test-jax: $(XLA_SO) was not built (see \"fusex: XLA targets not built\" above)"; exit 1; }
+	@py=$$(bash tools/jax_venv.sh $(JAX_VENV)) && PYTHONPATH=python $$py test/python/test_fusex_jax.py
+
+# The same on the GPU with the machine's own python3 and JAX (CUDA), which
+# must be there: nothing is installed. Also compares with the CPU handlers.
+test-jax-gpu: nif
+	@test -f $(XLA_SO) || { echo "test-jax-gpu: $(XLA_SO) was not built"; exit 1; }
+	FUSEX_JAX_PLATFORM=cuda PYTHONPATH=python python3 test/python/test_fusex_jax.py
+
 test: deps
 	$(MAKE) all
-	$(MAKE) test-c test-emu test-emu-ssm test-erl test-ex
+	$(MAKE) test-c test-emu test-emu-ssm test-erl test-ex test-jax
 
 # The same suites, forced onto CUDA; fails where there is no GPU.
 test-gpu: all $(BUILD)/fusex_check
 	FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 $(MAKE) test-c test-erl test-ex
+	$(MAKE) test-jax-gpu
 	$(MAKE) sanitize
 
 # The cross-process CUDA IPC test against PyTorch alone (also part of
