@@ -58,12 +58,14 @@ void take_buffer(const ffi::AnyBuffer &b, fx_xla_buffer *out)
     out->dims = b.dimensions().begin();
 }
 
+// Values are read by name: the 0.2 headers' Dictionary::get by iterator
+// returns an index-sized integer, which would truncate a float.
 template <typename T>
 bool take_int(const ffi::Dictionary &attrs, const ffi::Dictionary::Iterator &it, const char *what, fx_xla_attr *a)
 {
     if (!attrs.isa<T>(it))
         return false;
-    auto value = attrs.get<T>(it);
+    auto value = attrs.get<T>(*it);
     if (!value.has_value())
         return false;
     a->kind = FX_XLA_ATTR_INT;
@@ -77,7 +79,7 @@ bool take_float(const ffi::Dictionary &attrs, const ffi::Dictionary::Iterator &i
 {
     if (!attrs.isa<T>(it))
         return false;
-    auto value = attrs.get<T>(it);
+    auto value = attrs.get<T>(*it);
     if (!value.has_value())
         return false;
     a->kind = FX_XLA_ATTR_FLOAT;
