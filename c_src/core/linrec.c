@@ -258,10 +258,12 @@ fx_linrec_grad_outs fx_linrec_grad_outs_of(const fx_linrec_grads *g)
 }
 
 /* Each gradient the caller passed must be there exactly when its input is,
- * and look like it. */
-static int expect_grad(fx_status *st, const char *arg, const fx_tensor *grad,
+ * and look like it. Messages name it "d<input>". */
+static int expect_grad(fx_status *st, const char *input_name, const fx_tensor *grad,
                        const fx_tensor *input)
 {
+    char arg[40];
+    snprintf(arg, sizeof arg, "d%s", input_name);
     if (!input != !grad)
         return fx_fail(st, FX_EBADARG, "%s: expected a gradient tensor %s", arg,
                        input ? "(its input was given)" : "only where its input was given");

@@ -1113,11 +1113,11 @@ START_TEST(validation_messages)
                       "cand: expected type {f,32}, got {f,16}");
         outs.seq[1] = NULL;
         EXPECT_BADARG(fx_op_linrec_backward_into(NULL, &saved, NULL, &vm.h, y, NULL, 0, &outs, &st_),
-                      "cand: expected a gradient tensor (its input was given)");
+                      "dcand: expected a gradient tensor (its input was given)");
         outs = fx_linrec_grad_outs_of(&g);
         outs.h0 = y;
         EXPECT_BADARG(fx_op_linrec_backward_into(NULL, &saved, NULL, &vm.h, y, NULL, 0, &outs, &st_),
-                      "h0: expected a gradient tensor only where its input was given");
+                      "dh0: expected a gradient tensor only where its input was given");
         fx_linrec_tensors_release(&g);
     }
 
