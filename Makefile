@@ -57,7 +57,7 @@ CXXFLAGS   ?= -O2 -g
 XLA_CXXFLAGS := $(CXXFLAGS) -std=c++17 -fPIC -fvisibility=hidden $(WARN) -isystem $(XLA_FFI_INC) -Iinclude -Ic_src
 
 .PHONY: all nif xla deps erl test test-c test-erl test-ex test-emu test-gpu test-ipc sanitize bench demo docs clean \
-        test-emu-ssm test-jax test-jax-gpu test-xla-c
+        test-emu-ssm test-jax test-jax-gpu test-xla-c test-xla-c-gpu xla-fixtures
 
 all: nif erl
 
@@ -66,11 +66,11 @@ nif: $(NIF_SO) $(CUDA_SO) xla
 # Builds priv/fusex_xla.so where the headers are found; says why not
 # otherwise and builds the rest (make test then fails in test-jax).
 xla: $(BUILD)/libfusex_core.a
-	@if inc=$$(bash tools/xla_headers.sh $(BUILD)/xla_ffi); then \
-	    $(MAKE) --no-print-directory $(XLA_SO) XLA_FFI_INC="$$inc"; \
-	else \
-	    echo "fusex: XLA targets not built: $$inc"; \
-	fi
+	@$(call xla_submake,$(XLA_SO))
+
+# A recipe line: where the headers are found, makes $(1) with them; says
+# why not otherwise (and succeeds: what needs the targets fails later).
+xla_submake = if inc=$$(bash tools/xla_headers.sh $(BUILD)/xla_ffi); then $(MAKE) --no-print-directory $(1) XLA_FFI_INC="$$inc"; else echo "fusex: XLA targets not built: $$inc"; fi
 
 deps:
 	@bash tools/deps.sh
@@ -110,8 +110,42 @@ $(BUILD)/c_src/xla/%.o: c_src/xla/%.cc $(HEADERS) $(XLA_HDRS)
 
 $(XLA_SO): $(XLA_OBJ) $(BUILD)/libfusex_core.a c_src/xla/exports.map
 	@mkdir -p priv
-	$(CXX) -shared -o $@ $(XLA_OBJ) $(BUILD)/libfusex_core.a -Wl,--exclude-libs,ALL \
+	$(CXX) -shared -o $@ $(XLA_OBJ) $(BUILD)/libfusex_core.a -Wl,-soname,fusex_xla.so -Wl,--exclude-libs,ALL \
 	  -Wl,--version-script=c_src/xla/exports.map -Wl,-z,defs $(LDLIBS)
+
+# Test fixtures of the XLA targets (test/xla), built with the same headers:
+# a stand-in libxla_extension.so and EXLA NIF for fusex_xla_SUITE, and the
+# C-level handler test (ffi_call_test: Host; ffi_call_test_cuda: with the
+# CUDA runtime, where nvcc is found).
+XLA_TEST_DIR := $(BUILD)/test_xla
+XLA_FAKE_LIB := $(XLA_TEST_DIR)/xla_extension/lib/libxla_extension.so
+XLA_FIXTURES := $(XLA_FAKE_LIB) $(XLA_TEST_DIR)/fake_exla_nif.so $(XLA_TEST_DIR)/ffi_call_test
+XLA_TEST_FLAGS := -std=c11 -O1 -g -fPIC $(WARN) -D_GNU_SOURCE -isystem $(XLA_FFI_INC) -Iinclude -Itest/xla
+CUDA_LIB   := $(if $(NVCC),$(abspath $(dir $(NVCC))../lib64))
+
+
+xla-fixtures: xla
+	@$(call xla_submake,$(XLA_FIXTURES))
+
+$(XLA_FAKE_LIB): test/xla/fake_xla_api.c test/xla/fake_xla_api.h test/xla/fake_xla_extension.cc $(XLA_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(XLA_TEST_FLAGS) -c test/xla/fake_xla_api.c -o $(XLA_TEST_DIR)/fake_xla_api.o
+	$(CXX) -std=c++17 -O1 -fPIC -shared $(WARN) -isystem $(XLA_FFI_INC) -Itest/xla test/xla/fake_xla_extension.cc \
+	  $(XLA_TEST_DIR)/fake_xla_api.o -Wl,-soname,libxla_extension.so -o $@ -lpthread
+
+$(XLA_TEST_DIR)/fake_exla_nif.so: test/xla/fake_exla_nif.c $(XLA_FAKE_LIB)
+	$(CC) $(XLA_TEST_FLAGS) -I$(ERTS_INC) -shared $< -L$(dir $(XLA_FAKE_LIB)) -lxla_extension \
+	  -Wl,-rpath,'$$ORIGIN/xla_extension/lib' -o $@
+
+XLA_CTEST_SRC := test/xla/ffi_call_test.c test/xla/fake_xla_api.c
+$(XLA_TEST_DIR)/ffi_call_test: $(XLA_CTEST_SRC) test/xla/fake_xla_api.h $(HEADERS) $(XLA_SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(XLA_TEST_FLAGS) $(XLA_CTEST_SRC) $(XLA_SO) -Wl,-rpath,$(abspath priv) -ldl -lm -lpthread -o $@
+
+$(XLA_TEST_DIR)/ffi_call_test_cuda: $(XLA_CTEST_SRC) test/xla/fake_xla_api.h $(HEADERS) $(XLA_SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(XLA_TEST_FLAGS) -DFX_XLA_TEST_CUDA -isystem $(CUDA_INC) $(XLA_CTEST_SRC) $(XLA_SO) \
+	  -Wl,-rpath,$(abspath priv) -L$(CUDA_LIB) -lcudart_static -lrt -ldl -lm -lpthread -o $@
 
 # Static cudart: the backend needs only the driver (libcuda.so.1) at run time.
 priv/fusex_cuda.so: $(CUDA_OBJ)
@@ -202,12 +236,24 @@ else
 	@echo "test-emu-ssm: skipped (nvcc and the CUDA headers not found)"
 endif
 
-test-erl: all
+test-erl: all xla-fixtures
 	$(REBAR3) eunit
-	$(REBAR3) ct --readable=compact
+	FUSEX_TEST_XLA_DIR=$(abspath $(XLA_TEST_DIR)) $(REBAR3) ct --readable=compact
 
 test-ex:
 	@if [ -f mix.exs ]; then MIX_ENV=test mix test; fi
+
+# The XLA handlers called as XLA calls them, through a stand-in FFI API
+# (test/xla/ffi_call_test.c): Host here; on a GPU the CUDA handlers on a
+# stream of the test's own against the Host ones (also under
+# compute-sanitizer, in sanitize).
+test-xla-c: xla-fixtures
+	@test -f $(XLA_TEST_DIR)/ffi_call_test || { echo "test-xla-c: not built (see \"fusex: XLA targets not built\" above)"; exit 1; }
+	$(XLA_TEST_DIR)/ffi_call_test
+
+test-xla-c-gpu: xla
+	@$(call xla_submake,$(XLA_TEST_DIR)/ffi_call_test_cuda)
+	FUSEX_CUDA_LIB=$(abspath priv/fusex_cuda.so) $(XLA_TEST_DIR)/ffi_call_test_cuda
 
 # fusex for JAX (python/fusex_jax) on the CPU, in a venv with jax 0.9.0 made
 # from PyPI when missing (tools/jax_venv.sh; it fails, saying why, where it
@@ -226,12 +272,12 @@ test-jax-gpu: nif
 
 test: deps
 	$(MAKE) all
-	$(MAKE) test-c test-emu test-emu-ssm test-erl test-ex test-jax
+	$(MAKE) test-c test-emu test-emu-ssm test-erl test-ex test-xla-c test-jax
 
 # The same suites, forced onto CUDA; fails where there is no GPU.
 test-gpu: all $(BUILD)/fusex_check
 	FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 $(MAKE) test-c test-erl test-ex
-	$(MAKE) test-jax-gpu
+	$(MAKE) test-xla-c-gpu test-jax-gpu
 	$(MAKE) sanitize
 
 # The cross-process CUDA IPC test against PyTorch alone (also part of
@@ -249,6 +295,10 @@ sanitize: nif $(BUILD)/fusex_check
 	  compute-sanitizer --tool racecheck --error-exitcode 1 $(BUILD)/fusex_check
 	FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 FUSEX_PRIV=priv CK_FORK=no FUSEX_QUICK=1 \
 	  compute-sanitizer --tool synccheck --error-exitcode 1 $(BUILD)/fusex_check
+	@$(call xla_submake,$(XLA_TEST_DIR)/ffi_call_test_cuda)
+	for tool in memcheck racecheck synccheck; do \
+	  compute-sanitizer --tool $$tool --error-exitcode 1 $(XLA_TEST_DIR)/ffi_call_test_cuda || exit 1; \
+	done
 
 bench: all
 	$(ERL) -noshell -pa _build/default/lib/fusex/ebin -eval 'fusex_bench:main(init:get_plain_arguments())' -extra $(BENCH_ARGS)
