@@ -23,9 +23,15 @@ endif
 
 CORE_SRC   := $(wildcard c_src/core/*.c) $(wildcard c_src/cpu/*.c)
 NIF_SRC    := $(wildcard c_src/nif/*.c)
+# One unit per family and input type (ssm_f32.cu, linrec_bf16.cu, ...), so
+# that `make -j` compiles them in parallel; the kernels live in headers
+# under c_src/cuda/<family>/.
 CUDA_SRC   := $(wildcard c_src/cuda/*.cu)
 CTEST_SRC  := $(wildcard test/c/*.c)
-HEADERS    := $(wildcard include/*.h c_src/*/*.h c_src/cuda/*.cuh)
+# Every object records the headers it read (-MMD -MP) in a .d file beside it.
+DEPFLAGS   := -MMD -MP
+# What the development tools' rules below depend on.
+HEADERS    := $(wildcard include/*.h c_src/*/*.h c_src/cuda/*.cuh c_src/cuda/*/*.cuh)
 
 CORE_OBJ   := $(CORE_SRC:%.c=$(BUILD)/%.o)
 NIF_OBJ    := $(NIF_SRC:%.c=$(BUILD)/%.o)
@@ -81,15 +87,17 @@ erl: nif
 # V=1 shows the full command lines.
 Q := $(if $(V),,@)
 
-$(BUILD)/%.o: %.c $(HEADERS)
+$(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC    $<")
-	$(Q)$(CC) $(CFLAGS) -I$(ERTS_INC) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) -I$(ERTS_INC) -c $< -o $@
 
-$(BUILD)/%.o: %.cu $(HEADERS)
+$(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC  $<")
-	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(Q)$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -c $< -o $@
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
 $(BUILD)/libfusex_core.a: $(CORE_OBJ)
 	ar rcs $@ $^
@@ -169,33 +177,6 @@ $(BUILD)/linrec_emu: $(EMU_SRC) $(wildcard tools/cuda_emu/*.h tools/cuda_emu/cud
 	$(CXX) -std=c++17 -O1 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -Itools/cuda_emu -Iinclude -Ic_src \
 	  $(EMU_SRC) $(BUILD)/libfusex_core.a $(LDLIBS) -o $@
 
-# A bench driver for the linrec kernels below Erlang (device events; see
-# the file's header for profiling one case with ncu).
-$(BUILD)/linrec_bench: tools/linrec_bench.c $(BUILD)/libfusex_core.a
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libfusex_core.a $(LDLIBS)
-
-# Variants of the linrec forward kernels launched directly, timed and
-# cross-checked (GPU only; see tools/linrec_variants/main.cu). One object per
-# file so they compile in parallel; k_plain.cu is the same kernels with
-# default-policy stores, their namespaces renamed.
-LV_SRC   := $(wildcard tools/linrec_variants/*.cu)
-LV_OBJ   := $(LV_SRC:%.cu=$(BUILD)/%.o)
-LV_FLAGS := -O3 -lineinfo -std=c++17 -gencode arch=compute_90,code=sm_90 -Iinclude -Ic_src -Itools/linrec_variants \
-            --expt-relaxed-constexpr -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
-LV_PLAIN := -DFXSCAN_PLAIN_STORES -Dfxscan=fxscan_plain -Dfxlinrec=fxlinrec_plain -Dlvimpl=lvimpl_plain
-$(BUILD)/tools/linrec_variants/%.o: tools/linrec_variants/%.cu $(wildcard tools/linrec_variants/*.h*) tools/cuda_check.h $(HEADERS)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(LV_FLAGS) $(if $(findstring k_plain,$@),$(LV_PLAIN)) -c $< -o $@
-$(BUILD)/linrec_variants: $(LV_OBJ)
-	$(NVCC) -gencode arch=compute_90,code=sm_90 -o $@ $^
-
-# What the memory allows for the recurrences' byte patterns (tuned 1R1W and
-# 2R1W elementwise passes) and the bulk-copy streaming prototype, timed as
-# linrec_bench times the library (GPU only; tools/floor_bench/run.sh).
-$(BUILD)/floor_bench: tools/floor_bench/floor_bench.cu tools/cuda_check.h
-	@mkdir -p $(BUILD)
-	$(NVCC) $(LV_FLAGS) -Itools $< -o $@
-
 test-emu: $(BUILD)/linrec_emu
 	$(BUILD)/linrec_emu $${FUSEX_SEED:-$$(date +%s)} 32
 
@@ -240,8 +221,10 @@ test-erl: all xla-fixtures
 	$(REBAR3) eunit
 	FUSEX_TEST_XLA_DIR=$(abspath $(XLA_TEST_DIR)) $(REBAR3) ct --readable=compact
 
+# The ExUnit suite, with Nx from hex, the offline kit, or none (then the
+# Nx tests are listed as skipped); see tools/test_ex.sh.
 test-ex:
-	@if [ -f mix.exs ]; then MIX_ENV=test mix test; fi
+	@bash tools/test_ex.sh
 
 # The XLA handlers called as XLA calls them, through a stand-in FFI API
 # (test/xla/ffi_call_test.c): Host here; on a GPU the CUDA handlers on a

@@ -39,7 +39,7 @@
 
 %% Selective scan (Mamba S6, see docs/SSM.md).
 -export([selective_scan/6, selective_scan_backward/2, selective_scan_backward/3,
-         selective_scan_step/7, selective_scan_saved_shape/3]).
+         selective_scan_step/7, selective_scan_saved_shape/3, selective_scan_save_every/3]).
 -export_type([selective_scan_opts/0, selective_scan_step_opts/0, selective_scan_ctx/0,
               selective_scan_grads/0]).
 
@@ -733,6 +733,15 @@ selective_scan_step(State, X, Dt, A, B, C, Opts) ->
           {non_neg_integer(), non_neg_integer(), non_neg_integer(), pos_integer()}.
 selective_scan_saved_shape(XShape, BShape, Type) ->
     ?NIF:selective_scan_saved_shape(XShape, BShape, Type).
+
+%% @doc `K', the steps between the states a forward saves, from the same
+%% arguments as {@link selective_scan_saved_shape/3}: the saved states are
+%% the states after steps `K - 1', `2K - 1', ... before the last chunk. It
+%% depends on `Dim', `Dstate', the groups and the type alone; a caller that
+%% computes the saved states itself takes every `K'-th state.
+-spec selective_scan_save_every(XShape :: shape(), BShape :: shape(), Type :: type()) -> pos_integer().
+selective_scan_save_every(XShape, BShape, Type) ->
+    ?NIF:selective_scan_save_every(XShape, BShape, Type).
 
 %% ---------------------------------------------------------------------
 %% XLA custom-call targets

@@ -491,8 +491,9 @@ static int upload_table(fx_optim_state *s, size_t bytes, bool nowait, bool *done
  * that changed is checked for aliasing first (an unchanged one passed).
  * *ready: the device holds the table (false only with `nowait`). */
 static int sync_table(fx_optim_state *s, const fx_tensor *params, const fx_tensor *grads,
-                      bool nowait, bool *ready, fx_status *st)
+                      bool nowait, bool *ready, bool *uploaded_now, fx_status *st)
 {
+    *uploaded_now = false;
     *ready = false;
     build_slots(s, params, grads);
     size_t bytes = sizeof(fx_optim_slot) * s->n;
@@ -516,6 +517,7 @@ static int sync_table(fx_optim_state *s, const fx_tensor *params, const fx_tenso
     }
     if (!uploaded)
         return FX_OK;
+    *uploaded_now = true;
     fx_optim_slot *held = s->host_slots;
     s->host_slots = s->next_slots;
     s->next_slots = held;
@@ -551,7 +553,7 @@ static void fill_args(const fx_optim_state *s, const fx_optim_hyper *h, fx_dtype
     a->skipped = s->skipped.data;
 }
 
-static int optim_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
+static int optim_step(const fx_exec *ex, fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
                       unsigned nparams, const fx_tensor *grads, unsigned ngrads,
                       const fx_optim_hyper *h, bool nowait, bool *done, fx_status *st)
 {
@@ -569,13 +571,18 @@ static int optim_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *pa
         pthread_mutex_lock(&s->lock);
     else if (pthread_mutex_trylock(&s->lock) != 0)
         return FX_OK;
-    bool ready;
-    int rc = sync_table(s, params, grads, nowait, &ready, st);
+    bool ready, uploaded;
+    int rc = sync_table(s, params, grads, nowait, &ready, &uploaded, st);
+    /* The table goes up on fusex's own stream: a step on another waits for
+     * it (only when the parameters or gradients moved). */
+    if (rc == FX_OK && ready && uploaded && ex)
+        rc = s->device->backend->synchronize(s->device->ordinal, st);
     if (rc == FX_OK && ready) {
         fx_optim_args args;
         fx_exec own;
         fill_args(s, h, grads[0].dtype, &args);
-        rc = fx_exec_resolve(s->device, NULL, &own, st) ? ops->step(&own, &args, st) : st->code;
+        const fx_exec *on = fx_exec_resolve(s->device, ex, &own, st);
+        rc = on ? ops->step(on, &args, st) : st->code;
         *done = rc == FX_OK;
     }
     pthread_mutex_unlock(&s->lock);
@@ -587,12 +594,20 @@ int fx_op_optim_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *par
                      const fx_optim_hyper *h, fx_status *st)
 {
     bool done;
-    return optim_step(s, kind, params, nparams, grads, ngrads, h, false, &done, st);
+    return optim_step(NULL, s, kind, params, nparams, grads, ngrads, h, false, &done, st);
+}
+
+int fx_op_optim_step_on(const fx_exec *ex, fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
+                        unsigned nparams, const fx_tensor *grads, unsigned ngrads, const fx_optim_hyper *h,
+                        fx_status *st)
+{
+    bool done;
+    return optim_step(ex, s, kind, params, nparams, grads, ngrads, h, false, &done, st);
 }
 
 int fx_op_optim_try_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
                          unsigned nparams, const fx_tensor *grads, unsigned ngrads,
                          const fx_optim_hyper *h, bool *done, fx_status *st)
 {
-    return optim_step(s, kind, params, nparams, grads, ngrads, h, true, done, st);
+    return optim_step(NULL, s, kind, params, nparams, grads, ngrads, h, true, done, st);
 }

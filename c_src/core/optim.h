@@ -76,6 +76,14 @@ int fx_op_optim_init(fx_optim_kind kind, const fx_tensor *params, unsigned n,
 int fx_op_optim_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
                      unsigned nparams, const fx_tensor *grads, unsigned ngrads,
                      const fx_optim_hyper *h, fx_status *st);
+/* The same step's kernels on the launch context `ex` (a caller's stream).
+ * A state's steps must still follow one another: its sums and counters
+ * live in the state, so two streams must not step one state at once. A
+ * changed parameter table goes up on fusex's own stream, which the step
+ * then waits for. */
+int fx_op_optim_step_on(const fx_exec *ex, fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
+                        unsigned nparams, const fx_tensor *grads, unsigned ngrads, const fx_optim_hyper *h,
+                        fx_status *st);
 /* The same step for a caller that must not wait (a normal scheduler): with
  * the same checks and errors, but where the step would wait (the state in
  * use by another call, a changed table whose upload must wait for a

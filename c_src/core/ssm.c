@@ -405,7 +405,7 @@ int fx_op_ssm_backward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx
     if (expect_ssm(st, dev, "selective_scan_backward") || expect_like_x(st, "dy", dy, x, 3, x->dims, LAYOUT_X) ||
         (dstate && expect_param(st, "dstate", dstate, x, 3, state_dims, LAYOUT_STATE)))
         return st->code;
-    if (!saved && ssm_ops(dev)->reads_saved)
+    if (!saved && ssm_ops(dev)->reads_saved && fx_ssm_nsaved(&n, x->dtype) > 0)
         return fx_fail(st, FX_EBADARG, "saved: expected the states the forward saved (save_for_backward) on %s, "
                        "got none", dev->label);
     if ((saved && expect_saved(st, saved, x, &n)) || expect_grads(st, in, g))

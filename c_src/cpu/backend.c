@@ -101,6 +101,7 @@ static int cpu_exec_default(int dev, fx_exec *ex, fx_status *st)
     ex->scratch.alloc = heap_scratch_alloc;
     ex->scratch.release = heap_scratch_release;
     ex->scratch.ctx = NULL;
+    ex->cache = NULL;
     return FX_OK;
 }
 

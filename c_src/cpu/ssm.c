@@ -203,7 +203,8 @@ static size_t cpu_ssm_forward_scratch(const fx_exec *ex, const fx_ssm_fwd_args *
 {
     (void)ex;
     size_t per_task = fx_size_mul((int64_t)forward_block_doubles(&a->n), sizeof(double));
-    return fx_size_mul(team_size(forward_parallel(&a->n)), (int64_t)fx_scratch_piece(per_task));
+    return fx_size_add(FX_SCRATCH_ALIGN,
+                       fx_size_mul(team_size(forward_parallel(&a->n)), (int64_t)fx_scratch_piece(per_task)));
 }
 
 static int cpu_ssm_forward(const fx_exec *ex, const fx_ssm_fwd_args *a, fx_status *st)

@@ -1,6 +1,6 @@
 // Global-to-shared copies that land later (cp.async), for every kernel family
 // that stages its inputs: the linrec forwards (cuda/scan.cuh,
-// cuda/linrec_kernels.cuh) and the selective scan (cuda/ssm_kernels.cuh).
+// cuda/linrec/) and the selective scan (cuda/ssm/).
 // Compiled for the CPU (the tools/cuda_emu and tools/ssm_emu emulators, no
 // __CUDA_ARCH__), a copy is a memcpy that has landed at once.
 #ifndef FX_CUDA_ASYNC_COPY_CUH

@@ -317,6 +317,7 @@ static int init_devices(fx_status *st)
         FX_CUDA_TRY(d, cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
                     "cudaMemPoolSetAttribute", st);
         pthread_mutex_init(&stages[i].lock, NULL);
+        pthread_mutex_init(&d->cache.lock, NULL);
         device_total = i + 1;
     }
     return FX_OK;
@@ -353,6 +354,12 @@ static void cuda_shutdown(void)
             continue;
         (void)cudaStreamSynchronize(d->stream);
         (void)cudaStreamSynchronize(d->copy_stream);
+        pthread_mutex_lock(&d->cache.lock);
+        if (d->cache.statuses)
+            (void)cudaFree(d->cache.statuses);
+        d->cache.statuses = NULL;
+        d->cache.bytes = 0;
+        pthread_mutex_unlock(&d->cache.lock);
         staging *s = &stages[i];
         pthread_mutex_lock(&s->lock);
         if (s->ready) {
@@ -448,6 +455,32 @@ static void pool_scratch_release(void *ctx, void *ptr)
         (void)cudaGetLastError(); // a sticky error has already been reported by the work
 }
 
+static int cuda_stream_create(int dev, void **stream, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    FX_CUDA_TRY(d, cudaStreamCreateWithFlags((cudaStream_t *)stream, cudaStreamNonBlocking), "cudaStreamCreate", st);
+    return FX_OK;
+}
+
+static void cuda_stream_destroy(int dev, void *stream)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    if (fx_cuda_enter(dev, &st) && cudaStreamDestroy((cudaStream_t)stream) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
+static int cuda_stream_synchronize(int dev, void *stream, fx_status *st)
+{
+    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    if (!d)
+        return st->code;
+    FX_CUDA_TRY(d, cudaStreamSynchronize((cudaStream_t)stream), "cudaStreamSynchronize", st);
+    return FX_OK;
+}
+
 static int cuda_exec_default(int dev, fx_exec *ex, fx_status *st)
 {
     fx_cuda_device *d = fx_cuda_enter(dev, st);
@@ -458,6 +491,7 @@ static int cuda_exec_default(int dev, fx_exec *ex, fx_status *st)
     ex->scratch.alloc = pool_scratch_alloc;
     ex->scratch.release = pool_scratch_release;
     ex->scratch.ctx = d;
+    ex->cache = &d->cache;
     return FX_OK;
 }
 
@@ -555,6 +589,9 @@ static const fx_backend cuda_backend = {
     .upload = cuda_upload,
     .download = cuda_download,
     .exec_default = cuda_exec_default,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_synchronize = cuda_stream_synchronize,
     .copy = cuda_copy,
     .fill_zero = cuda_fill_zero,
     .synchronize = cuda_synchronize,

@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "fusex.h"
@@ -14,9 +15,22 @@
 
 #define FX_CUDA_MAX_DEVICES 16
 
+// What fusex keeps with its own stream of a device between launches
+// (fx_exec.cache): look-back statuses, grown on demand, tagged by an epoch
+// that every launch advances, so they are cleared only when they grow or
+// the epoch wraps. Launches on the stream take the lock from preparing the
+// statuses to enqueueing the kernel that uses them.
+struct fx_stream_cache {
+    pthread_mutex_t lock;
+    void *statuses;
+    size_t bytes;
+    uint32_t epoch;
+};
+
 struct fx_cuda_device {
     int ordinal;
     cudaStream_t stream;
+    fx_stream_cache cache; // fusex's own stream's (fx_exec.cache)
     cudaStream_t copy_stream; // small downloads once `stream` is idle (try_download)
     int sm_count;
     int max_threads_per_sm;

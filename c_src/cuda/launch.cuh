@@ -109,4 +109,35 @@ static inline int fx_cuda_zeroed_scratch(const fx_cuda_run &r, size_t bytes, con
     return FX_OK;
 }
 
+// With the stream's cache locked (fx_stream_cache): at least `bytes` of
+// look-back statuses at *base that hold no status tagged *epoch, which this
+// launch then uses. The memory grows on the stream (stream-ordered: a
+// launch still reading the old one finishes first) and is cleared when it
+// grows or the epoch wraps.
+static inline int fx_cuda_cached_statuses(const fx_cuda_run &r, fx_stream_cache *cache, size_t bytes, void **base,
+                                          uint32_t *epoch, fx_status *st)
+{
+    bool clear = false;
+    if (bytes > cache->bytes) {
+        const size_t grown = bytes + bytes / 2;
+        if (cache->statuses)
+            FX_CUDA_TRY(r.d, cudaFreeAsync(cache->statuses, r.stream), "cudaFreeAsync (look-back statuses)", st);
+        cache->statuses = nullptr;
+        cache->bytes = 0;
+        FX_CUDA_TRY(r.d, cudaMallocAsync(&cache->statuses, grown, r.stream), "cudaMallocAsync (look-back statuses)",
+                    st);
+        cache->bytes = grown;
+        clear = true;
+    }
+    if (++cache->epoch >= (1u << 30)) { // wrapped: old tags could match again
+        cache->epoch = 1;
+        clear = true;
+    }
+    if (clear && fx_cuda_zero(r, cache->statuses, cache->bytes, "cudaMemsetAsync (look-back statuses)", st))
+        return st->code;
+    *base = cache->statuses;
+    *epoch = cache->epoch;
+    return FX_OK;
+}
+
 #endif

@@ -2,7 +2,7 @@
 // sequence, for [batch, seqlen, hidden] tensors scanned along seqlen,
 // independently per (batch, hidden) channel. Written once, used by every op
 // whose step is "compute (a, b) elementwise from the inputs, then scan"
-// (c_src/cuda/linrec_kernels.cuh: the four forwards, and their backwards, whose
+// (c_src/cuda/linrec/: the four forwards, and their backwards, whose
 // adjoint is again such a scan run from the other end).
 //
 // Tiling. A block owns one tile: W = G * V consecutive channels of one batch
@@ -33,7 +33,9 @@
 // aggregate is the pair {a, b} tagged epoch << 1; an inclusive state is the
 // second word tagged epoch << 1 | 1. Every word carries its own tag, so no
 // fence has to order values before a flag: a reader takes a word when its
-// tag is this launch's, and nothing is cleared between launches.
+// tag is this launch's, so memory reused from launch to launch with a new
+// epoch each time (fusex's own stream) needs no clearing, and zeroed memory
+// (a caller's scratch) holds no tag of epoch 1.
 //
 // Everything is f32: 16-bit inputs are widened on load.
 #ifndef FX_CUDA_SCAN_CUH
@@ -74,7 +76,7 @@ __device__ __forceinline__ float apply(affine m, float h) { return fmaf(m.a, h, 
 // [0] chained tiles, [1] found by the peek, [2] look-back rounds,
 // [3] rounds that found nothing new (waiting on a predecessor).
 #ifdef FXLR_STATS
-__device__ unsigned long long stats[4];
+static __device__ unsigned long long stats[4]; // one per unit: a diagnostic
 #define FXSCAN_STAT(i) (threadIdx.x == 0 ? (void)atomicAdd(&fxscan::stats[i], 1ull) : (void)0)
 #else
 #define FXSCAN_STAT(i) ((void)0)

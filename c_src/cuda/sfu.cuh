@@ -1,6 +1,6 @@
 // One special-function-unit instruction each, in its flush-to-zero form,
-// for every kernel family: the linrec gates (cuda/linrec_kernels.cuh) and
-// the selective scan (cuda/ssm_kernels.cuh). Compiled for
+// for every kernel family: the linrec gates (cuda/linrec/ops.cuh) and
+// the selective scan (cuda/ssm/). Compiled for
 // the CPU (tools/cuda_emu, tools/ssm_emu: no __CUDA_ARCH__), libm stands in.
 //
 // The ftz forms are one MUFU op; __frcp_rn is a dozen instructions, and

@@ -453,7 +453,15 @@ int fx_opt_double(fx_call *c, ERL_NIF_TERM opts, const char *key, double dflt, d
     return fx_opt_term(c, opts, key, &v) ? fx_arg_double(c, v, key, out) : FX_OK;
 }
 
-/* ---- contexts ---- */
+/* ---- resource types: tensors and saved contexts ---- */
+
+ErlNifResourceType *fx_tensor_type;
+
+static void tensor_destructor(ErlNifEnv *env, void *obj)
+{
+    (void)env;
+    fx_handle_free((fx_handle *)obj);
+}
 
 static void ctx_destructor(ErlNifEnv *env, void *obj)
 {
@@ -463,11 +471,12 @@ static void ctx_destructor(ErlNifEnv *env, void *obj)
         ctx->destroy(ctx->data);
 }
 
-int fx_ctx_type_open(ErlNifEnv *env)
+int fx_nif_open_types(ErlNifEnv *env)
 {
-    fx_ctx_type = enif_open_resource_type(env, NULL, "fusex_ctx", ctx_destructor,
-                                          ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER, NULL);
-    return fx_ctx_type != NULL;
+    const ErlNifResourceFlags flags = ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER;
+    fx_tensor_type = enif_open_resource_type(env, NULL, "fusex_tensor", tensor_destructor, flags, NULL);
+    fx_ctx_type = enif_open_resource_type(env, NULL, "fusex_ctx", ctx_destructor, flags, NULL);
+    return fx_tensor_type && fx_ctx_type;
 }
 
 ERL_NIF_TERM fx_make_ctx(fx_call *c, const char *kind, void *data, void (*destroy)(void *))

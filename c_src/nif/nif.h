@@ -13,6 +13,8 @@
 typedef ERL_NIF_TERM fx_nif_fn(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]);
 
 extern ErlNifResourceType *fx_tensor_type;
+/* Opens the tensor and context resource types (at load and upgrade). */
+int fx_nif_open_types(ErlNifEnv *env);
 
 /* A call's scope: a status, and every tensor whose buffer reference the call
  * holds (arguments it acquired, outputs not yet handed to Erlang). All are

@@ -7,6 +7,7 @@
 #include "nif/nif.h"
 
 /* tensor_nif.c */
+int fx_event_type_open(ErlNifEnv *env); /* the timing events' resource type */
 ERL_NIF_TERM nif_devices(ErlNifEnv *, int, const ERL_NIF_TERM[]);
 ERL_NIF_TERM nif_shape(ErlNifEnv *, int, const ERL_NIF_TERM[]);
 ERL_NIF_TERM nif_type(ErlNifEnv *, int, const ERL_NIF_TERM[]);
@@ -98,12 +99,14 @@ FX_ENTRY(nif_selective_scan);
 FX_ENTRY(nif_selective_scan_backward);
 FX_ENTRY(nif_selective_scan_step);
 ERL_NIF_TERM nif_selective_scan_saved_shape(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+ERL_NIF_TERM nif_selective_scan_save_every(ErlNifEnv *, int, const ERL_NIF_TERM[]);
 
 #define FX_SSM_NIFS                                                          \
     {"selective_scan", 6, nif_selective_scan_entry, 0},                      \
     {"selective_scan_backward", 3, nif_selective_scan_backward_entry, 0},    \
     {"selective_scan_step", 7, nif_selective_scan_step_entry, 0},            \
-    {"selective_scan_saved_shape", 3, nif_selective_scan_saved_shape, 0}
+    {"selective_scan_saved_shape", 3, nif_selective_scan_saved_shape, 0},    \
+    {"selective_scan_save_every", 3, nif_selective_scan_save_every, 0}
 
 /* xla_nif.c: registration of the XLA custom-call targets (docs/XLA.md);
  * dirty IO: it may load a library. */

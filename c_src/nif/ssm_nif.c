@@ -176,8 +176,8 @@ ERL_NIF_TERM nif_selective_scan_saved_shape(ErlNifEnv *env, int argc, const ERL_
 {
     (void)argc;
     fx_call c;
-    fx_ssm_dims n;
-    fx_dtype type;
+    fx_ssm_dims n = {0};
+    fx_dtype type = FX_F32;
     fx_call_init(&c, env);
     if (saved_shape_dims(&c, argv, &n, &type))
         return fx_call_finish(&c, 0);
@@ -187,4 +187,19 @@ ERL_NIF_TERM nif_selective_scan_saved_shape(ErlNifEnv *env, int argc, const ERL_
     for (int i = 0; i < 4; i++)
         items[i] = enif_make_int64(env, dims[i]);
     return fx_call_finish(&c, enif_make_tuple_from_array(env, items, 4));
+}
+
+/* The steps between the saved states, K (fx_ssm_save_every), from the same
+ * arguments: a caller that computes the saved states itself (a plain-Nx
+ * forward) takes every K-th state. */
+ERL_NIF_TERM nif_selective_scan_save_every(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_ssm_dims n = {0};
+    fx_dtype type = FX_F32;
+    fx_call_init(&c, env);
+    if (saved_shape_dims(&c, argv, &n, &type))
+        return fx_call_finish(&c, 0);
+    return fx_call_finish(&c, enif_make_int64(env, fx_ssm_save_every(&n, type)));
 }

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/linrec_kernels.cuh"
+#include "cuda/linrec/plan.cuh"
 
 extern "C" const struct fx_linrec_ops fx_cpu_linrec_ops;
 extern "C" const fx_backend fx_cpu_backend;

@@ -9,7 +9,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "cuda/ssm_kernels.cuh"
+#include "cuda/ssm/plan.cuh"
 
 namespace fx_ssm {
 alignas(16) float smem[1 << 16]; // what block_smem() returns
