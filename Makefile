@@ -72,7 +72,7 @@ nif: $(NIF_SO) $(CUDA_SO) xla
 # Builds priv/fusex_xla.so where the headers are found; says why not
 # otherwise and builds the rest (make test then fails in test-jax).
 xla: $(BUILD)/libfusex_core.a
-	@$(call xla_submake,$(XLA_SO))
+	+@$(call xla_submake,$(XLA_SO))
 
 # A recipe line: where the headers are found, makes $(1) with them; says
 # why not otherwise (and succeeds: what needs the targets fails later).
@@ -106,15 +106,15 @@ $(NIF_SO): $(NIF_OBJ) $(BUILD)/libfusex_core.a
 	@mkdir -p priv
 	$(CC) -shared -o $@ $(NIF_OBJ) $(BUILD)/libfusex_core.a $(LDLIBS)
 
-$(BUILD)/c_src/xla/%.o: c_src/xla/%.c $(HEADERS) $(XLA_HDRS)
+$(BUILD)/c_src/xla/%.o: c_src/xla/%.c $(XLA_HDRS)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC    $<")
-	$(Q)$(CC) $(CFLAGS) -fvisibility=hidden -isystem $(XLA_FFI_INC) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) -fvisibility=hidden -isystem $(XLA_FFI_INC) -c $< -o $@
 
-$(BUILD)/c_src/xla/%.o: c_src/xla/%.cc $(HEADERS) $(XLA_HDRS)
+$(BUILD)/c_src/xla/%.o: c_src/xla/%.cc $(XLA_HDRS)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CXX   $<")
-	$(Q)$(CXX) $(XLA_CXXFLAGS) -c $< -o $@
+	$(Q)$(CXX) $(XLA_CXXFLAGS) $(DEPFLAGS) -c $< -o $@
 
 $(XLA_SO): $(XLA_OBJ) $(BUILD)/libfusex_core.a c_src/xla/exports.map
 	@mkdir -p priv
@@ -131,9 +131,8 @@ XLA_FIXTURES := $(XLA_FAKE_LIB) $(XLA_TEST_DIR)/fake_exla_nif.so $(XLA_TEST_DIR)
 XLA_TEST_FLAGS := -std=c11 -O1 -g -fPIC $(WARN) -D_GNU_SOURCE -isystem $(XLA_FFI_INC) -Iinclude -Itest/xla
 CUDA_LIB   := $(if $(NVCC),$(abspath $(dir $(NVCC))../lib64))
 
-
 xla-fixtures: xla
-	@$(call xla_submake,$(XLA_FIXTURES))
+	+@$(call xla_submake,$(XLA_FIXTURES))
 
 $(XLA_FAKE_LIB): test/xla/fake_xla_api.c test/xla/fake_xla_api.h test/xla/fake_xla_extension.cc $(XLA_HDRS)
 	@mkdir -p $(dir $@)
@@ -235,8 +234,8 @@ test-xla-c: xla-fixtures
 	$(XLA_TEST_DIR)/ffi_call_test
 
 test-xla-c-gpu: xla
-	@$(call xla_submake,$(XLA_TEST_DIR)/ffi_call_test_cuda)
-	FUSEX_CUDA_LIB=$(abspath priv/fusex_cuda.so) $(XLA_TEST_DIR)/ffi_call_test_cuda
+	+@$(call xla_submake,$(XLA_TEST_DIR)/ffi_call_test_cuda)
+	$(XLA_TEST_DIR)/ffi_call_test_cuda
 
 # fusex for JAX (python/fusex_jax) on the CPU, in a venv with jax 0.9.0 made
 # from PyPI when missing (tools/jax_venv.sh; it fails, saying why, where it
@@ -278,7 +277,7 @@ sanitize: nif $(BUILD)/fusex_check
 	  compute-sanitizer --tool racecheck --error-exitcode 1 $(BUILD)/fusex_check
 	FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 FUSEX_PRIV=priv CK_FORK=no FUSEX_QUICK=1 \
 	  compute-sanitizer --tool synccheck --error-exitcode 1 $(BUILD)/fusex_check
-	@$(call xla_submake,$(XLA_TEST_DIR)/ffi_call_test_cuda)
+	+@$(call xla_submake,$(XLA_TEST_DIR)/ffi_call_test_cuda)
 	for tool in memcheck racecheck synccheck; do \
 	  compute-sanitizer --tool $$tool --error-exitcode 1 $(XLA_TEST_DIR)/ffi_call_test_cuda || exit 1; \
 	done

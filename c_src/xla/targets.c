@@ -120,21 +120,40 @@ static int count_error(fx_status *st, const char *what, const char *const *names
     return fx_fail(st, FX_EBADARG, "%s: expected %d (%s), got %d", what, want, list, got);
 }
 
-/* Checks the call's counts against the names listed and wraps every
- * operand and result. */
+/* Wraps the operands listed from `first` on (the call has them all). */
+static int wrap_args(const fx_xla_call *c, frame *f, int first, fx_status *st)
+{
+    for (int i = first; i < f->nargs; i++)
+        if (wrap(f->arg_names[i], &c->args[i], f->dev, &f->args[i], st))
+            return st->code;
+    return FX_OK;
+}
+
+/* Checks the call's operand count against the names listed and wraps them. */
+static int bind_args(const fx_xla_call *c, frame *f, fx_status *st)
+{
+    if (c->nargs != f->nargs)
+        return count_error(st, "operands", f->arg_names, f->nargs, c->nargs);
+    return wrap_args(c, f, 0, st);
+}
+
+static int bind_rets(const fx_xla_call *c, frame *f, fx_status *st)
+{
+    if (c->nrets != f->nrets)
+        return count_error(st, "results", f->ret_names, f->nrets, c->nrets);
+    for (int i = 0; i < f->nrets; i++)
+        if (wrap(f->ret_names[i], &c->rets[i], f->dev, &f->rets[i], st))
+            return st->code;
+    return FX_OK;
+}
+
 static int bind(const fx_xla_call *c, frame *f, fx_status *st)
 {
     if (c->nargs != f->nargs)
         return count_error(st, "operands", f->arg_names, f->nargs, c->nargs);
     if (c->nrets != f->nrets)
         return count_error(st, "results", f->ret_names, f->nrets, c->nrets);
-    for (int i = 0; i < f->nargs; i++)
-        if (wrap(f->arg_names[i], &c->args[i], f->dev, &f->args[i], st))
-            return st->code;
-    for (int i = 0; i < f->nrets; i++)
-        if (wrap(f->ret_names[i], &c->rets[i], f->dev, &f->rets[i], st))
-            return st->code;
-    return FX_OK;
+    return wrap_args(c, f, 0, st) || bind_rets(c, f, st) ? st->code : FX_OK;
 }
 
 /* ---- attributes ---- */
@@ -244,6 +263,18 @@ static fx_ssm_inputs ssm_inputs(const frame *f, bool dt_softplus)
     return in;
 }
 
+/* The saved states are a result of the forward, and an operand of the
+ * backward, where there are any (nsaved > 0: more than one chunk); the
+ * count follows from the inputs' shapes, so they are checked first. */
+static int ssm_nsaved(const fx_ssm_inputs *in, int64_t *nsaved, fx_status *st)
+{
+    fx_ssm_dims n;
+    if (fx_ssm_check_forward(in, &n, st))
+        return st->code;
+    *nsaved = fx_ssm_nsaved(&n, in->x->dtype);
+    return FX_OK;
+}
+
 static int selective_scan_fwd(const fx_xla_call *c, frame *f, fx_status *st)
 {
     static const char *const names[] = {"dt_softplus", "has_d", "has_z", "has_dt_bias",
@@ -253,14 +284,19 @@ static int selective_scan_fwd(const fx_xla_call *c, frame *f, fx_status *st)
     if (flags(c, names, COUNT(names), NULL, v, st))
         return st->code;
     ssm_operands(f, v[HAS_D], v[HAS_Z], v[HAS_BIAS], v[HAS_H0]);
+    if (bind_args(c, f, st))
+        return st->code;
+    fx_ssm_inputs in = ssm_inputs(f, v[SOFTPLUS]);
+    int64_t nsaved = 0;
+    if (ssm_nsaved(&in, &nsaved, st))
+        return st->code;
     want_ret(f, "y");
     if (v[RETURN_STATE])
         want_ret(f, "state");
-    if (v[SAVE])
+    if (v[SAVE] && nsaved > 0)
         want_ret(f, "saved");
-    if (bind(c, f, st))
+    if (bind_rets(c, f, st))
         return st->code;
-    fx_ssm_inputs in = ssm_inputs(f, v[SOFTPLUS]);
     return fx_op_ssm_forward_into(&f->ex, &in, ret(f, "y"), ret(f, "state"), ret(f, "saved"), st);
 }
 
@@ -272,7 +308,22 @@ static int selective_scan_bwd(const fx_xla_call *c, frame *f, fx_status *st)
     if (flags(c, names, COUNT(names), NULL, v, st))
         return st->code;
     ssm_operands(f, v[HAS_D], v[HAS_Z], v[HAS_BIAS], v[HAS_H0]);
-    want_arg(f, "saved");
+    const int forward_operands = f->nargs;
+    if (c->nargs < forward_operands + 1) {
+        want_arg(f, "[saved]");
+        want_arg(f, "dy");
+        if (v[HAS_DSTATE])
+            want_arg(f, "dstate");
+        return count_error(st, "operands", f->arg_names, f->nargs, c->nargs);
+    }
+    if (wrap_args(c, f, 0, st))
+        return st->code;
+    fx_ssm_inputs in = ssm_inputs(f, v[SOFTPLUS]);
+    int64_t nsaved = 0;
+    if (ssm_nsaved(&in, &nsaved, st))
+        return st->code;
+    if (nsaved > 0)
+        want_arg(f, "saved");
     want_arg(f, "dy");
     if (v[HAS_DSTATE])
         want_arg(f, "dstate");
@@ -287,9 +338,11 @@ static int selective_scan_bwd(const fx_xla_call *c, frame *f, fx_status *st)
         want_ret(f, "ddt_bias");
     if (v[HAS_H0])
         want_ret(f, "dh0");
-    if (bind(c, f, st))
+    if (c->nargs != f->nargs)
+        return count_error(st, "operands", f->arg_names, f->nargs, c->nargs);
+    if (wrap_args(c, f, forward_operands, st) || bind_rets(c, f, st))
         return st->code;
-    fx_ssm_inputs in = ssm_inputs(f, v[SOFTPLUS]);
+    in = ssm_inputs(f, v[SOFTPLUS]);
     fx_ssm_grad_outs g = {
         .x = ret(f, "dx"), .dt = ret(f, "ddt"), .a = ret(f, "da"), .b = ret(f, "db"), .c = ret(f, "dc"),
         .d = ret(f, "dd"), .z = ret(f, "dz"), .dt_bias = ret(f, "ddt_bias"), .h0 = ret(f, "dh0"),

@@ -84,12 +84,16 @@ def _ssm_fwd_call(dt_softplus, return_state, save, x, dt, a, b, c, d, z, dt_bias
     results = [_like(x)]
     if return_state:
         results.append(jax.ShapeDtypeStruct((batch, dim, dstate), _state_dtype(x.dtype)))
-    if save:
-        shape = selective_scan_saved_shape(x.shape, a.shape, b.shape, x.dtype)
-        results.append(jax.ShapeDtypeStruct(shape, _state_dtype(x.dtype)))
+    # A sequence of one chunk saves nothing: then there is no such result
+    # (docs/XLA.md), and the backward gets None.
+    saved_shape = selective_scan_saved_shape(x.shape, a.shape, b.shape, x.dtype) if save else None
+    has_saved = saved_shape is not None and saved_shape[1] > 0
+    if has_saved:
+        results.append(jax.ShapeDtypeStruct(saved_shape, _state_dtype(x.dtype)))
     attrs = _ssm_attrs(dt_softplus, d, z, dt_bias)
     attrs.update(has_h0=_flag(h0 is not None), return_state=_flag(return_state), save=_flag(save))
-    return _call("fusex_selective_scan_fwd", results, [x, dt, a, b, c] + _present(d, z, dt_bias, h0), attrs)
+    outs = _call("fusex_selective_scan_fwd", results, [x, dt, a, b, c] + _present(d, z, dt_bias, h0), attrs)
+    return tuple(outs) + ((None,) if save and not has_saved else ())
 
 
 def _ssm_bwd_call(dt_softplus, inputs, saved, dy, dstate):
@@ -97,7 +101,7 @@ def _ssm_bwd_call(dt_softplus, inputs, saved, dy, dstate):
     attrs = _ssm_attrs(dt_softplus, d, z, dt_bias)
     attrs.update(has_h0=_flag(h0 is not None), has_dstate=_flag(dstate is not None))
     given = [t for t in inputs if t is not None]
-    operands = given + [saved, dy] + _present(dstate)
+    operands = given + _present(saved) + [dy] + _present(dstate)
     grads = iter(_call("fusex_selective_scan_bwd", [_like(t) for t in given], operands, attrs))
     return tuple(None if t is None else next(grads) for t in inputs)
 
@@ -170,9 +174,7 @@ def _selective_scan_step_bwd(dt_softplus, residuals, cotangent):
     state, x, dt, a, b, c, d, z, dt_bias = residuals
     dy, dnew_state = cotangent
     seq = (_frame(x), _frame(dt), a, _frame(b), _frame(c), d, _frame(z), dt_bias, state)
-    saved_shape = selective_scan_saved_shape(seq[0].shape, a.shape, seq[3].shape, x.dtype)
-    saved = jnp.zeros(saved_shape, _state_dtype(x.dtype))
-    dx, ddt, da, db, dc, dd, dz, ddt_bias, dstate = _ssm_bwd_call(dt_softplus, seq, saved, _frame(dy), dnew_state)
+    dx, ddt, da, db, dc, dd, dz, ddt_bias, dstate = _ssm_bwd_call(dt_softplus, seq, None, _frame(dy), dnew_state)
     return (dstate, _unframe(dx), _unframe(ddt), da, _unframe(db), _unframe(dc), dd, _unframe(dz), ddt_bias)
 
 

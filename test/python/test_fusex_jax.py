@@ -111,16 +111,15 @@ def f64(tree):
 
 def against(what, got, want, tol, sums=None):
     """Compares a tuple of results (None where absent); `sums[i]` is the
-    number of f32 terms result i sums on CUDA (-n: n terms summed in f32 on
-    every platform, by JAX itself)."""
+    number of f32 terms result i sums on CUDA."""
     for i, (g, w) in enumerate(zip(got, want)):
         if (g is None) != (w is None):
             raise AssertionError(f"{what}[{i}]: present {g is not None}, expected {w is not None}")
         if g is None:
             continue
         t = tol
-        if sums and (sums[i] < -1 or (ON_CUDA and sums[i] > 1)):
-            t = tol * max(1.0, math.sqrt(abs(sums[i])) / 4)
+        if ON_CUDA and sums and sums[i] > 1:
+            t = tol * max(1.0, math.sqrt(sums[i]) / 4)
         check(f"{what}[{i}]", g, w, t)
 
 
@@ -440,9 +439,7 @@ def linrec_case(op, batch, seqlen, hidden, dtype, reverse=False, h0=False, ret=F
             return (hs, final) if ret else (hs,)
 
         n_bt = batch * seqlen
-        # A dt of shape () is broadcast: JAX sums its gradient over batch
-        # and time in f32 (and CUDA over hidden before it).
-        dt_sum = hidden if dt == "tensor" else (n_bt * hidden if ON_CUDA else -n_bt)
+        dt_sum = hidden
         sums = [1] * nseq + [n_bt] * nparams + [dt_sum, 1]
         grad_check(name, fusex_fn, ref_fn, args, TOL[jnp.dtype(dtype)], sums)
 
@@ -451,11 +448,15 @@ for op in ("linear_scan", "mingru", "minlstm", "liquid"):
     linrec_case(op, 1, 1, 1, F32)
     linrec_case(op, 2, 7, 5, F32, reverse=True, h0=True, ret=True, cand_g=True)
     linrec_case(op, 3, 13, 4, F32, h0="state", ret=True, dt="tensor")
-    linrec_case(op, 2, 67, 33, F32, reverse=True, dt="array0")
+    linrec_case(op, 2, 67, 33, F32, reverse=True)
     linrec_case(op, 1, 301, 8, F32, h0=True, cand_g=True, ret=True)
     linrec_case(op, 2, 17, 16, BF16, h0="state", ret=True, dt="tensor")
     linrec_case(op, 1, 9, 12, F16, reverse=True, h0=True, cand_g=True)
     linrec_case(op, 2, 5, 3, F64, h0=True, ret=True, reverse=True, dt="tensor", cuda=False)
+# A dt of shape () gets its gradient from JAX's sum of the dt tensor's, in
+# the inputs' type: in f32 that sum of random-sign terms has no relative
+# accuracy to speak of, so it is checked in f64.
+linrec_case("liquid", 2, 29, 7, F64, reverse=True, dt="array0", cuda=False)
 
 
 def linrec_step_case(op, batch, hidden, dtype, state_dtype, cand_g=False, dt="scalar"):
@@ -818,6 +819,19 @@ error_case("fusex_selective_scan_fwd: saved: expected type {f,32}, got {bf,16}",
 error_case("fusex_selective_scan_fwd: state: expected shape {1,4,3} [batch, dim, dstate], got {1,3,4}",
            raw("fusex_selective_scan_fwd", [((1, 40, 4), F32), ((1, 3, 4), F32)], SSM_IN,
                **SSM_FLAGS, return_state=I(1), save=I(0)))
+SSM_ONE_CHUNK = [f32(1, 9, 4), f32(1, 9, 4), -f32(4, 3), f32(1, 9, 3), f32(1, 9, 3)]
+error_case("fusex_selective_scan_fwd: results: expected 1 (y), got 2",  # one chunk: no saved states
+           raw("fusex_selective_scan_fwd", [((1, 9, 4), F32), ((1, 0, 4, 3), F32)], SSM_ONE_CHUNK,
+               **SSM_FLAGS, return_state=I(0), save=I(1)))
+error_case("fusex_selective_scan_bwd: operands: expected 6 (x, dt, a, b, c, dy), got 7",
+           raw("fusex_selective_scan_bwd", [((1, 9, 4), F32), ((1, 9, 4), F32), ((4, 3), F32), ((1, 9, 3), F32),
+                                            ((1, 9, 3), F32)],
+               SSM_ONE_CHUNK + [f32(1, 1, 4, 3), f32(1, 9, 4)], **SSM_FLAGS, has_dstate=I(0)))
+error_case("fusex_selective_scan_bwd: x: expected rank 3 [batch, seqlen, dim], got rank 2 shape {9,4}",
+           raw("fusex_selective_scan_bwd", [((9, 4), F32)], [f32(9, 4)] + SSM_ONE_CHUNK[1:] + [f32(1, 9, 4)],
+               **SSM_FLAGS, has_dstate=I(0)))
+error_case("fusex_selective_scan_bwd: operands: expected 7 (x, dt, a, b, c, [saved], dy), got 3",
+           raw("fusex_selective_scan_bwd", [((1, 9, 4), F32)], SSM_ONE_CHUNK[:3], **SSM_FLAGS, has_dstate=I(0)))
 SSM_GRADS = [((1, 40, 4), F32), ((1, 40, 4), F32), ((4, 3), F32), ((1, 40, 3), F32), ((1, 40, 3), F32)]
 error_case("fusex_selective_scan_bwd: dy: expected shape {1,40,4} [batch, seqlen, dim], got {1,40,3}",
            raw("fusex_selective_scan_bwd", SSM_GRADS, SSM_IN + [f32(1, 2, 4, 3), f32(1, 40, 3)],

@@ -435,7 +435,9 @@ static void selective_scan(int64_t B, int64_t L, int64_t D, int64_t N, int64_t G
     arg(&f, "h0", 'n', FX_F32, DIMS(B, D, N));
     ret(&f, "y", t, DIMS(B, L, D), 1);
     ret(&f, "state", FX_F32, DIMS(B, D, N), 1);
-    ret(&f, "saved", FX_F32, saved, 4, 1);
+    int has_saved = saved[1] > 0; /* one chunk: no saved states (docs/XLA.md) */
+    if (has_saved)
+        ret(&f, "saved", FX_F32, saved, 4, 1);
     const char *flags[] = {"dt_softplus", "has_d", "has_z", "has_dt_bias", "has_h0", "return_state", "save"};
     for (int i = 0; i < 7; i++)
         flag(&f, flags[i], 1);
@@ -447,7 +449,8 @@ static void selective_scan(int64_t B, int64_t L, int64_t D, int64_t N, int64_t G
     call bw = {.target = "fusex_selective_scan_bwd"};
     for (int i = 0; i < f.nargs; i++)
         like(bw.args, &bw.nargs, f.args[i].name, &f.args[i]);
-    like(bw.args, &bw.nargs, "saved", &f.rets[2]);
+    if (has_saved)
+        like(bw.args, &bw.nargs, "saved", &f.rets[2]);
     arg(&bw, "dy", 'n', t, DIMS(B, L, D));
     arg(&bw, "dstate", 'n', FX_F32, DIMS(B, D, N));
     int terms[9] = {1, 1, (int)(B * L), (int)(D / G), (int)(D / G), (int)(B * L), 1, (int)(B * L), 1};
@@ -801,6 +804,7 @@ int main(void)
     selective_scan(2, 67, 64, 16, 2, FX_F32);
     selective_scan(1, 33, 64, 48, 2, FX_F32);
     selective_scan(2, 19, 32, 16, 1, FX_BF16);
+    selective_scan(3, 9, 8, 4, 1, FX_F32); /* one chunk: nothing saved */
     for (int op = 0; op < 4; op++) {
         linrec(op, 3, 129, 96, FX_F32);
         linrec(op, 2, 17, 16, FX_BF16);
