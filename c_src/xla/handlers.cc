@@ -13,6 +13,7 @@
 // arrives as a pointer, scratch from XLA's allocator, and the kernels are
 // launched by priv/fusex_cuda.so, loaded at the first CUDA call.
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -169,14 +170,23 @@ struct Scratch {
     int device;
 };
 
+// XLA refuses alignments above 16 bytes ("Unsupported alignment"); fusex's
+// launchers want FX_SCRATCH_ALIGN. So each piece asks for that much more
+// and starts at the first aligned byte (XLA frees by its own pointer).
+constexpr size_t kXlaAlign = 16;
+
 int scratch_alloc(void *ctx, size_t nbytes, void **ptr, fx_status *st)
 {
     auto *s = static_cast<Scratch *>(ctx);
-    std::optional<void *> got = s->xla->Allocate(nbytes, FX_SCRATCH_ALIGN);
+    if (nbytes > SIZE_MAX - FX_SCRATCH_ALIGN)
+        return fx_fail(st, FX_ENOMEM, "scratch: %zu bytes do not fit a size", nbytes);
+    std::optional<void *> got = s->xla->Allocate(nbytes + FX_SCRATCH_ALIGN - kXlaAlign, kXlaAlign);
     if (!got.has_value() || !*got)
         return fx_fail(st, FX_ENOMEM, "scratch: XLA's allocator could not give %zu bytes on cuda:%d", nbytes,
                        s->device);
-    *ptr = *got;
+    auto start = reinterpret_cast<uintptr_t>(*got);
+    start = (start + FX_SCRATCH_ALIGN - 1) / FX_SCRATCH_ALIGN * FX_SCRATCH_ALIGN;
+    *ptr = reinterpret_cast<void *>(start);
     return FX_OK;
 }
 

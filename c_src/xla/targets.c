@@ -402,28 +402,36 @@ typedef struct linrec_attrs {
     double dt;
 } linrec_attrs;
 
+/* A flag a linrec target takes, and where its value goes. */
+typedef struct flag_slot {
+    const char *name;
+    bool *value;
+} flag_slot;
+
 static int linrec_read_attrs(const fx_xla_call *c, int kind, direction dir, linrec_attrs *a, fx_status *st)
 {
-    const char *names[6];
-    bool *dest[6];
+    flag_slot want[6];
     int n = 0;
-    names[n] = "reverse", dest[n++] = &a->reverse;
-    if (kind == FX_LINREC_MINGRU || kind == FX_LINREC_MINLSTM)
-        names[n] = "candidate_g", dest[n++] = &a->candidate_g;
-    if (kind == FX_LINREC_LIQUID)
-        names[n] = "has_dt", dest[n++] = &a->has_dt;
-    if (dir != STEP)
-        names[n] = "has_h0", dest[n++] = &a->has_h0;
-    if (dir == FWD)
-        names[n] = "return_state", dest[n++] = &a->last;
-    if (dir == BWD)
-        names[n] = "has_dstate", dest[n++] = &a->last;
-    bool v[6];
     memset(a, 0, sizeof *a);
-    if (flags(c, names, n, kind == FX_LINREC_LIQUID ? "dt" : NULL, v, st))
+    want[n++] = (flag_slot){"reverse", &a->reverse};
+    if (kind == FX_LINREC_MINGRU || kind == FX_LINREC_MINLSTM)
+        want[n++] = (flag_slot){"candidate_g", &a->candidate_g};
+    if (kind == FX_LINREC_LIQUID)
+        want[n++] = (flag_slot){"has_dt", &a->has_dt};
+    if (dir != STEP)
+        want[n++] = (flag_slot){"has_h0", &a->has_h0};
+    if (dir == FWD)
+        want[n++] = (flag_slot){"return_state", &a->last};
+    if (dir == BWD)
+        want[n++] = (flag_slot){"has_dstate", &a->last};
+    const char *names[6];
+    bool values[6];
+    for (int i = 0; i < n; i++)
+        names[i] = want[i].name;
+    if (flags(c, names, n, kind == FX_LINREC_LIQUID ? "dt" : NULL, values, st))
         return st->code;
     for (int i = 0; i < n; i++)
-        *dest[i] = v[i];
+        *want[i].value = values[i];
     a->dt = 1.0;
     if (kind == FX_LINREC_LIQUID && number_attr(c, "dt", &a->dt, st))
         return st->code;

@@ -167,6 +167,12 @@ static XLA_FFI_Error *memory_allocate(XLA_FFI_DeviceMemory_Allocate_Args *args)
     XLA_FFI_ExecutionContext *ctx = args->ctx;
     if (!ctx || !ctx->alloc)
         return make_error(XLA_FFI_Error_Code_UNIMPLEMENTED, "no scratch allocator");
+    /* As XLA: a power of two up to 16 bytes, nothing larger. */
+    if (args->alignment == 0 || (args->alignment & (args->alignment - 1)) || args->alignment > 16) {
+        char msg[64];
+        snprintf(msg, sizeof msg, "Unsupported alignment: %zu", args->alignment);
+        return make_error(XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+    }
     args->data = ctx->alloc(ctx->user, args->size, args->alignment);
     if (!args->data)
         return make_error(XLA_FFI_Error_Code_RESOURCE_EXHAUSTED, "scratch exhausted");
