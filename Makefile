@@ -254,7 +254,7 @@ test-jax-gpu: nif
 
 test: deps
 	$(MAKE) all
-	$(MAKE) test-c test-emu test-emu-ssm test-erl test-ex test-xla-c test-jax
+	$(MAKE) test-c test-erl test-ex test-xla-c test-jax
 
 # The same suites, forced onto CUDA; fails where there is no GPU.
 test-gpu: all $(BUILD)/fusex_check

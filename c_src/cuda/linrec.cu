@@ -9,8 +9,7 @@
 #include "cuda/families.h"
 #include "cuda/linrec/launchers.cuh"
 
-using namespace fxlinrec;
-
+namespace fx::cuda::linrec {
 namespace {
 
 // A launcher's answer FX_EINTERNAL with no message: no kernel for the
@@ -22,34 +21,34 @@ int no_kernel(int rc, const char *what, const fx_linrec_problem *p, fx_status *s
                : rc;
 }
 
-int cuda_forward(const fx_exec *ex, const fx_linrec_fwd_args *a, fx_status *st)
+int op_forward(const fx_exec *ex, const fx_linrec_fwd_args *a, fx_status *st)
 {
-    fx_cuda_run r;
-    if (fx_cuda_enter_exec(ex, &r, st))
+    Run r;
+    if (enter(ex, &r, st))
         return st->code;
-    const int rc = fx_dispatch_float(a->p.dtype, [&](auto *tag) {
+    const int rc = with_float(a->p.dtype, [&](auto *tag) {
         return forward<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
     });
     return no_kernel(rc, "linrec forward", &a->p, st);
 }
 
-int cuda_backward(const fx_exec *ex, const fx_linrec_bwd_args *a, fx_status *st)
+int op_backward(const fx_exec *ex, const fx_linrec_bwd_args *a, fx_status *st)
 {
-    fx_cuda_run r;
-    if (fx_cuda_enter_exec(ex, &r, st))
+    Run r;
+    if (enter(ex, &r, st))
         return st->code;
-    const int rc = fx_dispatch_float(a->p.dtype, [&](auto *tag) {
+    const int rc = with_float(a->p.dtype, [&](auto *tag) {
         return backward<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
     });
     return no_kernel(rc, "linrec backward", &a->p, st);
 }
 
-int cuda_step(const fx_exec *ex, const fx_linrec_step_args *a, fx_status *st)
+int op_step(const fx_exec *ex, const fx_linrec_step_args *a, fx_status *st)
 {
-    fx_cuda_run r;
-    if (fx_cuda_enter_exec(ex, &r, st))
+    Run r;
+    if (enter(ex, &r, st))
         return st->code;
-    const int rc = fx_dispatch_float(a->p.dtype, [&](auto *tag) {
+    const int rc = with_float(a->p.dtype, [&](auto *tag) {
         return step<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
     });
     return no_kernel(rc, "linrec step", &a->p, st);
@@ -58,7 +57,7 @@ int cuda_step(const fx_exec *ex, const fx_linrec_step_args *a, fx_status *st)
 // Calls body(std::integral_constant<int, KIND>{}, (T *)0) for the problem.
 template <typename F> int dispatch(const fx_linrec_problem *p, F &&body)
 {
-    return fx_dispatch_float(p->dtype, [&](auto *tag) { return with_kind(p, [&](auto kind) { return body(kind, tag); }); });
+    return with_float(p->dtype, [&](auto *tag) { return with_kind(p, [&](auto kind) { return body(kind, tag); }); });
 }
 
 // The look-back statuses of the largest plan a launch of these shapes can
@@ -66,22 +65,22 @@ template <typename F> int dispatch(const fx_linrec_problem *p, F &&body)
 // scalar path (one channel a lane) and of the vector path. An upper bound:
 // which path runs depends on the addresses too.
 template <typename T, class Args>
-size_t lookback_bound(const fx_cuda_device *d, const Args *a, std::initializer_list<int> capacities)
+size_t lookback_bound(const Device *d, const Args *a, std::initializer_list<int> capacities)
 {
     size_t most = 0;
     for (int steps : capacities)
-        for (const plan &pl : {make_plan(d, &a->p, 1, 32, steps, a->max_tile_steps),
+        for (const Plan &pl : {make_plan(d, &a->p, 1, 32, steps, a->max_tile_steps),
                                make_plan(d, &a->p, kVec, vec_group<T>(), steps, a->max_tile_steps)})
             if (pl.ttiles > 1)
                 most = std::max(most, lookback_bytes(make_tiling(&a->p, pl, 0), pl.vec * pl.group));
     return most;
 }
 
-size_t cuda_forward_scratch(const fx_exec *ex, const fx_linrec_fwd_args *a)
+size_t op_forward_scratch(const fx_exec *ex, const fx_linrec_fwd_args *a)
 {
     fx_status st;
     fx_status_clear(&st);
-    const fx_cuda_device *d = fx_cuda_enter(ex->device, &st);
+    const Device *d = enter(ex->device, &st);
     if (!d)
         return SIZE_MAX;
     size_t statuses = 0;
@@ -94,11 +93,11 @@ size_t cuda_forward_scratch(const fx_exec *ex, const fx_linrec_fwd_args *a)
     return statuses ? fx_size_add(FX_SCRATCH_ALIGN, fx_scratch_piece(statuses)) : 0;
 }
 
-size_t cuda_backward_scratch(const fx_exec *ex, const fx_linrec_bwd_args *a)
+size_t op_backward_scratch(const fx_exec *ex, const fx_linrec_bwd_args *a)
 {
     fx_status st;
     fx_status_clear(&st);
-    const fx_cuda_device *d = fx_cuda_enter(ex->device, &st);
+    const Device *d = enter(ex->device, &st);
     if (!d)
         return SIZE_MAX;
     size_t total = FX_SCRATCH_ALIGN;
@@ -117,11 +116,16 @@ size_t cuda_backward_scratch(const fx_exec *ex, const fx_linrec_bwd_args *a)
 }
 
 } // namespace
+} // namespace fx::cuda::linrec
 
-const struct fx_linrec_ops fx_cuda_linrec_ops = {
-    .forward = cuda_forward,
-    .backward = cuda_backward,
-    .step = cuda_step,
-    .forward_scratch = cuda_forward_scratch,
-    .backward_scratch = cuda_backward_scratch,
+namespace fx::cuda {
+
+const struct fx_linrec_ops linrec_ops = {
+    .forward = linrec::op_forward,
+    .backward = linrec::op_backward,
+    .step = linrec::op_step,
+    .forward_scratch = linrec::op_forward_scratch,
+    .backward_scratch = linrec::op_backward_scratch,
 };
+
+} // namespace fx::cuda

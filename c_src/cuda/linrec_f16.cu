@@ -2,6 +2,6 @@
 // (linrec/launchers.cuh).
 #include "cuda/linrec/launchers.cuh"
 
-namespace fxlinrec {
+namespace fx::cuda::linrec {
 FX_LINREC_INSTANTIATION(, __half)
-} // namespace fxlinrec
+} // namespace fx::cuda::linrec

@@ -5,44 +5,44 @@
 #include "cuda/families.h"
 #include "cuda/ssm/launchers.cuh"
 
-namespace fx_ssm {
+namespace fx::cuda::ssm {
 namespace {
 
-int cuda_ssm_forward(const fx_exec *ex, const fx_ssm_fwd_args *a, fx_status *st)
+int op_forward(const fx_exec *ex, const fx_ssm_fwd_args *a, fx_status *st)
 {
-    fx_cuda_run r;
-    if (fx_cuda_enter_exec(ex, &r, st) || check_dims(a->n, "selective_scan", st))
+    Run r;
+    if (enter(ex, &r, st) || check_dims(a->n, "selective_scan", st))
         return st->code;
-    return fx_dispatch_float(a->x->dtype, [&](auto *tag) {
+    return with_float(a->x->dtype, [&](auto *tag) {
         return forward<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
     });
 }
 
-int cuda_ssm_backward(const fx_exec *ex, const fx_ssm_bwd_args *a, fx_status *st)
+int op_backward(const fx_exec *ex, const fx_ssm_bwd_args *a, fx_status *st)
 {
-    fx_cuda_run r;
-    if (fx_cuda_enter_exec(ex, &r, st) || check_dims(a->fwd.n, "selective_scan_backward", st))
+    Run r;
+    if (enter(ex, &r, st) || check_dims(a->fwd.n, "selective_scan_backward", st))
         return st->code;
-    return fx_dispatch_float(a->fwd.x->dtype, [&](auto *tag) {
+    return with_float(a->fwd.x->dtype, [&](auto *tag) {
         return backward<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
     });
 }
 
-int cuda_ssm_step(const fx_exec *ex, const fx_ssm_step_args *a, fx_status *st)
+int op_step(const fx_exec *ex, const fx_ssm_step_args *a, fx_status *st)
 {
-    fx_cuda_run r;
-    if (fx_cuda_enter_exec(ex, &r, st) || check_dims(a->n, "selective_scan_step", st))
+    Run r;
+    if (enter(ex, &r, st) || check_dims(a->n, "selective_scan_step", st))
         return st->code;
-    return fx_dispatch_float(a->x->dtype, [&](auto *tag) {
+    return with_float(a->x->dtype, [&](auto *tag) {
         return step<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
     });
 }
 
 // The forward's scratch at most: where the shape may run sliced, the sums
 // of y and aligned copies of every row tensor.
-size_t cuda_ssm_forward_scratch(const fx_exec *, const fx_ssm_fwd_args *a)
+size_t op_forward_scratch(const fx_exec *, const fx_ssm_fwd_args *a)
 {
-    return fx_dispatch_float(a->x->dtype, [&](auto *tag) -> size_t {
+    return with_float(a->x->dtype, [&](auto *tag) -> size_t {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         if (!ws_sliced_shape<T>(scan_params(a, kWsChannels)))
             return 0;
@@ -50,39 +50,41 @@ size_t cuda_ssm_forward_scratch(const fx_exec *, const fx_ssm_fwd_args *a)
         total = fx_size_add(total, fx_scratch_piece(fx_size_mul(ysum_floats(scan_params(a, kWsChannels)), 4)));
         const fx_tensor *rows[] = {a->x, a->dt, a->z, a->b, a->c, a->y};
         for (const fx_tensor *t : rows)
-            total = fx_size_add(total, fx_scratch_piece(launch::bytes_of(t)));
+            total = fx_size_add(total, fx_scratch_piece(detail::bytes_of(t)));
         return total;
     });
 }
 
 // The backward's scratch at most: its sums and, sliced, aligned copies of
 // every row tensor it reads or writes.
-size_t cuda_ssm_backward_scratch(const fx_exec *, const fx_ssm_bwd_args *a)
+size_t op_backward_scratch(const fx_exec *, const fx_ssm_bwd_args *a)
 {
-    return fx_dispatch_float(a->fwd.x->dtype, [&](auto *tag) -> size_t {
+    return with_float(a->fwd.x->dtype, [&](auto *tag) -> size_t {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         const bool sliced = bwd_sliced_shape<T>(scan_params(&a->fwd, kWsChannels));
         size_t total = fx_size_add(FX_SCRATCH_ALIGN, fx_scratch_piece(fx_size_mul(BwdScratch(a->fwd.n, sliced).total, 4)));
         if (sliced) {
             const fx_tensor *rows[] = {a->fwd.x, a->fwd.dt, a->fwd.z, a->fwd.b, a->fwd.c, a->dy, a->dx, a->ddt, a->dz};
             for (const fx_tensor *t : rows)
-                total = fx_size_add(total, fx_scratch_piece(launch::bytes_of(t)));
+                total = fx_size_add(total, fx_scratch_piece(detail::bytes_of(t)));
         }
         return total;
     });
 }
 
 } // namespace
-} // namespace fx_ssm
+} // namespace fx::cuda::ssm
 
-using namespace fx_ssm;
+namespace fx::cuda {
 
-const struct fx_ssm_ops fx_cuda_ssm_ops = {
-    .forward = cuda_ssm_forward,
-    .backward = cuda_ssm_backward,
-    .step = cuda_ssm_step,
-    .forward_scratch = cuda_ssm_forward_scratch,
-    .backward_scratch = cuda_ssm_backward_scratch,
+const struct fx_ssm_ops ssm_ops = {
+    .forward = ssm::op_forward,
+    .backward = ssm::op_backward,
+    .step = ssm::op_step,
+    .forward_scratch = ssm::op_forward_scratch,
+    .backward_scratch = ssm::op_backward_scratch,
     .reads_saved = true,
-    .max_dstate = kMaxDstate,
+    .max_dstate = ssm::kMaxDstate,
 };
+
+} // namespace fx::cuda

@@ -319,7 +319,7 @@ enum { SCAN = FX_LINREC_SCAN, MINGRU = FX_LINREC_MINGRU };
 template <int KIND> __device__ __forceinline__ float step(float h, float x0, float x1)
 {
     const float xs[3] = {x0, x1, 0.f};
-    return fxlinrec::advance<KIND, false>(xs, fxlinrec::chan{}, 0.f, h);
+    return fx::cuda::linrec::advance<KIND, false>(xs, fx::cuda::linrec::Chan{}, 0.f, h);
 }
 
 constexpr int kWarps = 2;  // a block: independent warps side by side
@@ -420,9 +420,9 @@ __global__ void ftz_check(float lo, float step, int64_t n, unsigned long long *d
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const float x = lo + step * (float)i;
         float sig, neg;
-        fxlinrec::sigmoid2(x, sig, neg);
-        const float sp = fxlinrec::softplus(x);
-        const float sig_ref = fx_fast_rcp(1.f + __expf(-x));
+        fx::cuda::linrec::sigmoid2(x, sig, neg);
+        const float sp = fx::cuda::linrec::softplus(x);
+        const float sig_ref = fast_rcp(1.f + __expf(-x));
         const float sp_ref = fmaxf(x, 0.f) + __logf(1.f + __expf(-fabsf(x)));
         if (__float_as_uint(sig) != __float_as_uint(sig_ref) || __float_as_uint(sp) != __float_as_uint(sp_ref))
             atomicAdd(diffs, 1ull);

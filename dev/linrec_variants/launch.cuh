@@ -9,7 +9,7 @@
 
 namespace lvimpl {
 
-using namespace fxlinrec;
+using namespace fx::cuda::linrec;
 
 template <typename T> constexpr fx_dtype dtype_of() { return sizeof(T) == 4 ? FX_F32 : FX_BF16; }
 
@@ -25,9 +25,9 @@ template <int KIND, typename T> inline fx_linrec_problem problem(const lv_args &
     return p;
 }
 
-inline fwd_params params(const lv_args &a)
+inline FwdParams params(const lv_args &a)
 {
-    fwd_params prm = {};
+    FwdParams prm = {};
     for (int k = 0; k < 3; k++)
         prm.in.seq[k] = a.seq[k];
     prm.in.tau = a.tau;
@@ -40,7 +40,7 @@ inline fwd_params params(const lv_args &a)
 }
 
 template <typename K>
-inline cudaError_t launch_with(K kernel, const lv_args &a, const plan &pl, fxscan::tiling &t, unsigned grid,
+inline cudaError_t launch_with(K kernel, const lv_args &a, const Plan &pl, fx::cuda::scan::Tiling &t, unsigned grid,
                                size_t dyn, lv_info *info)
 {
     if (pl.ttiles < 2)
@@ -67,9 +67,9 @@ inline cudaError_t launch_with(K kernel, const lv_args &a, const plan &pl, fxsca
     return cudaGetLastError();
 }
 
-inline plan plan_for(const lv_args &a, const fx_linrec_problem &p, int V, int G, int S)
+inline Plan plan_for(const lv_args &a, const fx_linrec_problem &p, int V, int G, int S)
 {
-    fx_cuda_device d = {};
+    Device d = {};
     d.sm_count = a.sm_count;
     return make_plan(&d, &p, V, G, S, 0);
 }
@@ -78,8 +78,8 @@ inline plan plan_for(const lv_args &a, const fx_linrec_problem &p, int V, int G,
 template <int KIND, typename T, int V, int G, int S> cudaError_t reg(const lv_args &a, lv_info *info)
 {
     const fx_linrec_problem p = problem<KIND, T>(a);
-    const plan pl = plan_for(a, p, V, G, S);
-    fxscan::tiling t = make_tiling(&p, pl, 0);
+    const Plan pl = plan_for(a, p, V, G, S);
+    fx::cuda::scan::Tiling t = make_tiling(&p, pl, 0);
     return launch_with(forward_kernel<KIND, T, V, G, S, false, true>, a, pl, t,
                        (unsigned)(pl.ctiles * pl.ttiles), 0, info);
 }
@@ -88,8 +88,8 @@ template <int KIND, typename T, int V, int G, int S> cudaError_t reg(const lv_ar
 template <int KIND, typename T, int V, int G, int S> cudaError_t staged(const lv_args &a, lv_info *info)
 {
     const fx_linrec_problem p = problem<KIND, T>(a);
-    const plan pl = plan_for(a, p, V, G, S);
-    fxscan::tiling t = make_tiling(&p, pl, 0);
+    const Plan pl = plan_for(a, p, V, G, S);
+    fx::cuda::scan::Tiling t = make_tiling(&p, pl, 0);
     return launch_with(forward_staged_kernel<KIND, T, V, G, S, false, true>, a, pl, t,
                        (unsigned)(pl.ctiles * pl.ttiles), fwd_stage_bytes<KIND, T, V>(pl.steps, pl.warps), info);
 }

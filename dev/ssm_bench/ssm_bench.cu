@@ -27,7 +27,7 @@
 #include "baseline_kernels.cuh"
 #endif
 
-using namespace fx_ssm;
+using namespace fx::cuda::ssm;
 
 #include "../cuda_check.h"
 #include "../cuda_timing.cuh"
@@ -381,8 +381,8 @@ template <typename T, class C = Cfg<4, 4>> static void launch_bwd(Grads &g, bool
         CUDA_CHECK(cudaMemsetAsync(g.scratch, 0, sizeof(float) * sz.total, g_stream));
     const BwdParams bp = launch_bwd_kernel<T, C>(g, sz);
     if (!kernel_only) {
-        const fx_sum_regions sums = bwd_sums(&g.args, bp, sz);
-        fx_write_sums<><<<264, 256, 0, g_stream>>>(sums);
+        const SumRegions sums = bwd_sums(&g.args, bp, sz);
+        write_sums<><<<264, 256, 0, g_stream>>>(sums);
     }
 }
 
@@ -399,7 +399,7 @@ template <typename T> static void launch_bwd_sliced(Grads &g)
         launch_smem(decltype(kernel)::value, bwd_grid<true>(bp), C::BW * 32, smem, bp);
     });
     ssm_bwd_finish_kernel<T><<<(unsigned)bwd_finish_grid(bp.f, g_sms), kFinishThreads, 0, g_stream>>>(bp);
-    fx_write_sums<><<<264, 256, 0, g_stream>>>(bwd_sums(&g.args, bp, sz));
+    write_sums<><<<264, 256, 0, g_stream>>>(bwd_sums(&g.args, bp, sz));
 }
 
 #ifdef SSM_BASELINE

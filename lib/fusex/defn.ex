@@ -374,37 +374,13 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
 
     @doc false
     # {K, nsaved} for the forward of x and b (the steps between saved
-    # states and their number), or nil when the forward saves none. The
-    # rule is fusex's (fusex:selective_scan_saved_shape/3, one C function);
-    # K is read off it as the longest sequence that saves nothing.
+    # states and their number), or nil when the forward saves none (one
+    # chunk: docs/XLA.md leaves the operand out then). The rule is fusex's,
+    # one C function (fusex:selective_scan_saved_shape/3, _save_every/3).
     def saved_layout(x, b) do
-      {_, nsaved, _, _} = saved_shape(x.shape, b.shape, x.type)
-
-      if nsaved == 0 do
-        nil
-      else
-        seqlen = elem(x.shape, 1)
-        # the first seqlen that saves a state is K + 1 (2 <= K + 1 <= seqlen)
-        k = first_saving(x, b, 2, seqlen) - 1
-
-        if div(seqlen + k - 1, k) - 1 != nsaved do
-          raise RuntimeError,
-                "fusex: saved states of #{inspect(x.shape)}: #{nsaved} do not follow from every #{k} steps"
-        end
-
-        {k, nsaved}
-      end
+      args = [x.shape, b.shape, x.type]
+      {_, nsaved, _, _} = Fusex.Erl.call(:selective_scan_saved_shape, args)
+      if nsaved == 0, do: nil, else: {Fusex.Erl.call(:selective_scan_save_every, args), nsaved}
     end
-
-    defp first_saving(_x, _b, lo, lo), do: lo
-
-    defp first_saving(x, b, lo, hi) do
-      mid = div(lo + hi, 2)
-      {_, nsaved, _, _} = saved_shape(put_elem(x.shape, 1, mid), put_elem(b.shape, 1, mid), x.type)
-      if nsaved > 0, do: first_saving(x, b, lo, mid), else: first_saving(x, b, mid + 1, hi)
-    end
-
-    defp saved_shape(x_shape, b_shape, type),
-      do: Fusex.Erl.call(:selective_scan_saved_shape, [x_shape, b_shape, type])
   end
 end

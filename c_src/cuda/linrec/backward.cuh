@@ -5,12 +5,12 @@
 
 #include "cuda/linrec/ops.cuh"
 
-namespace fxlinrec {
+namespace fx::cuda::linrec {
 
 // ---- backward ----
 
-struct bwd_params {
-    op_params in;
+struct BwdParams {
+    OpParams in;
     const void *h0; // the forward's; NULL: zeros
     int h0_f32;
     const void *h;  // the forward's output
@@ -25,15 +25,15 @@ struct bwd_params {
 };
 
 template <int KIND, typename T, int V, int G, int S, bool CG, bool CHAINED>
-__global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
-    backward_kernel(const bwd_params p, const fxscan::tiling t)
+__global__ void __launch_bounds__(fx::cuda::scan::kBlockThreads, kRegBlocks)
+    backward_kernel(const BwdParams p, const fx::cuda::scan::Tiling t)
 {
     constexpr int N = nseq<KIND>();
-    typedef fxscan::pack<T, V> pk;
-    typedef fxscan::tile_smem<G, V> shared_t;
+    typedef fx::cuda::scan::Pack<T, V> pk;
+    typedef fx::cuda::scan::TileSmem<G, V> shared_t;
     FXSCAN_SHARED(shared_t, sm);
-    const fxscan::place at = fxscan::locate<G, V, CHAINED>(t);
-    const fxscan::rows r = fxscan::rows_of(t, at);
+    const fx::cuda::scan::Place at = fx::cuda::scan::locate<G, V, CHAINED>(t);
+    const fx::cuda::scan::Rows r = fx::cuda::scan::rows_of(t, at);
     const int64_t L = t.seqlen, H = t.hidden;
     // Backward step p is forward step L-1-p (t.flip = !reverse maps it to
     // its row); h_{t-1} (forward order) sits one row towards the forward's
@@ -48,35 +48,35 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
         const int64_t off = r.off0 + c * r.stride;
 #pragma unroll
         for (int k = 0; k < N; k++)
-            x[c][k] = c < r.count ? fxscan::load_stream<T, V>(static_cast<const T *>(p.in.seq[k]) + off)
+            x[c][k] = c < r.count ? fx::cuda::scan::load_stream<T, V>(static_cast<const T *>(p.in.seq[k]) + off)
                                   : pad_pack<KIND, T, V>(k);
-        dh[c] = c < r.count ? fxscan::load_stream<T, V>(static_cast<const T *>(p.dh) + off) : fxscan::zero_pack<T, V>();
-        hp[c] = c < r.count && c != first ? fxscan::load_stream<T, V>(static_cast<const T *>(p.h) + off + prev)
-                                          : fxscan::zero_pack<T, V>();
+        dh[c] = c < r.count ? fx::cuda::scan::load_stream<T, V>(static_cast<const T *>(p.dh) + off) : fx::cuda::scan::zero_pack<T, V>();
+        hp[c] = c < r.count && c != first ? fx::cuda::scan::load_stream<T, V>(static_cast<const T *>(p.h) + off + prev)
+                                          : fx::cuda::scan::zero_pack<T, V>();
     }
     float dt[S];
 #pragma unroll
     for (int c = 0; c < S; c++)
         dt[c] = step_dt<KIND, T>(p.in, at, r, t, c);
-    chan ch[V];
+    Chan ch[V];
     load_chan<KIND, T, V>(p.in, at.h, at.live, ch);
     float h0v[V], init[V];
 #pragma unroll
     for (int v = 0; v < V; v++) {
-        h0v[v] = first >= 0 && first < r.count && p.h0 ? fxscan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v)
+        h0v[v] = first >= 0 && first < r.count && p.h0 ? fx::cuda::scan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v)
                                                       : 0.f;
         init[v] = at.tt == 0 && at.live && p.dstate
-                      ? fxscan::load_state<T>(p.dstate, p.dstate_f32, at.b * H + at.h + v)
+                      ? fx::cuda::scan::load_state<T>(p.dstate, p.dstate_f32, at.b * H + at.h + v)
                       : 0.f;
     }
     float peek_u[V];
-    const bool peeked = fxscan::peek<G, V, CHAINED>(t, at, peek_u);
+    const bool peeked = fx::cuda::scan::peek<G, V, CHAINED>(t, at, peek_u);
 
     // The adjoint's map per step: u -> a * (dh + u).
-    affine mine[V];
+    Affine mine[V];
 #pragma unroll
     for (int v = 0; v < V; v++)
-        mine[v] = fxscan::identity();
+        mine[v] = fx::cuda::scan::identity();
 #pragma unroll
     for (int c = 0; c < S; c++)
 #pragma unroll
@@ -84,11 +84,11 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
             float xs[3];
             step_inputs<N>(x[c], v, xs);
             const float a = coeff<KIND, CG>(xs, ch[v], dt[c]).a;
-            mine[v] = fxscan::compose(mine[v], affine{a, a * dh[c].get(v)});
+            mine[v] = fx::cuda::scan::compose(mine[v], Affine{a, a * dh[c].get(v)});
         }
 
     float u[V];
-    fxscan::scan_tile<G, V, CHAINED>(t, at, mine, init, peeked, peek_u, sm, u);
+    fx::cuda::scan::scan_tile<G, V, CHAINED>(t, at, mine, init, peeked, peek_u, sm, u);
 
     float sum_tau[V] = {}, sum_lam[V] = {};
 #pragma unroll
@@ -114,10 +114,10 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
         if (c < r.count)
 #pragma unroll
             for (int k = 0; k < N; k++)
-                fxscan::store_stream<T, V>(static_cast<T *>(p.dseq[k]) + r.off0 + c * r.stride, dx[k]);
+                fx::cuda::scan::store_stream<T, V>(static_cast<T *>(p.dseq[k]) + r.off0 + c * r.stride, dx[k]);
         if constexpr (KIND == FX_LINREC_LIQUID) {
             if (p.sum_dt) { // one atomic per group and row
-                row_dt = fxscan::group_sum<G>(row_dt);
+                row_dt = fx::cuda::scan::group_sum<G>(row_dt);
                 if (at.q == 0 && c < r.count)
                     atomicAdd(p.sum_dt + at.b * L + r.row0 + (t.flip ? -c : c), row_dt);
             }
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
     if (p.dh0 && at.live && at.tt == t.ttiles - 1 && at.seg == t.segs - 1)
 #pragma unroll
         for (int v = 0; v < V; v++)
-            fxscan::store_state<T>(p.dh0, p.h0_f32, at.b * H + at.h + v, u[v]);
+            fx::cuda::scan::store_state<T>(p.dh0, p.h0_f32, at.b * H + at.h + v, u[v]);
 
     if constexpr (KIND == FX_LINREC_LIQUID) {
         // The block's tau and A sums, one atomic per channel: over the
@@ -134,8 +134,8 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
         // arrays (free once every thread is past the barrier).
 #pragma unroll
         for (int v = 0; v < V; v++) {
-            sum_tau[v] = fxscan::segment_sum<G>(sum_tau[v]);
-            sum_lam[v] = fxscan::segment_sum<G>(sum_lam[v]);
+            sum_tau[v] = fx::cuda::scan::segment_sum<G>(sum_tau[v]);
+            sum_lam[v] = fx::cuda::scan::segment_sum<G>(sum_lam[v]);
         }
         __syncthreads();
         const int c0 = at.q * V;
@@ -162,6 +162,6 @@ __global__ void __launch_bounds__(fxscan::kBlockThreads, kRegBlocks)
     }
 }
 
-} // namespace fxlinrec
+} // namespace fx::cuda::linrec
 
 #endif

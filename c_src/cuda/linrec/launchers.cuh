@@ -10,11 +10,11 @@
 #include "cuda/launch.cuh"
 #include "cuda/linrec/plan.cuh"
 
-namespace fxlinrec {
+namespace fx::cuda::linrec {
 
-template <typename T> int forward(const fx_cuda_run &r, const fx_linrec_fwd_args *a, fx_status *st);
-template <typename T> int backward(const fx_cuda_run &r, const fx_linrec_bwd_args *a, fx_status *st);
-template <typename T> int step(const fx_cuda_run &r, const fx_linrec_step_args *a, fx_status *st);
+template <typename T> int forward(const Run &r, const fx_linrec_fwd_args *a, fx_status *st);
+template <typename T> int backward(const Run &r, const fx_linrec_bwd_args *a, fx_status *st);
+template <typename T> int step(const Run &r, const fx_linrec_step_args *a, fx_status *st);
 
 // Calls body(std::integral_constant<int, KIND>{}) for the problem's op.
 template <typename F> int with_kind(const fx_linrec_problem *p, F &&body)
@@ -28,12 +28,12 @@ template <typename F> int with_kind(const fx_linrec_problem *p, F &&body)
     }
 }
 
-namespace launch {
+namespace detail {
 
 #ifdef FXLR_STATS
 template <int = 0> __global__ void print_stats(unsigned blocks)
 {
-    unsigned long long *s = fxscan::stats;
+    unsigned long long *s = fx::cuda::scan::stats;
     printf("lookback stats: %u tiles, %llu chained, %llu peek hits, %llu rounds, %llu empty rounds\n", blocks, s[0],
            s[1], s[2], s[3]);
     s[0] = s[1] = s[2] = s[3] = 0;
@@ -46,10 +46,10 @@ template <int = 0> __global__ void print_stats(unsigned blocks)
 // the context has one (fusex's own stream: no clearing between launches),
 // else zeroed scratch of this launch, which holds no tag at all.
 // `stage_bytes`: the staged forward's dynamic shared memory (0: none), for
-// which the kernel is opted in (fx_cuda_opt_in_smem: the scan's own static
+// which the kernel is opted in (opt_in_smem: the scan's own static
 // part, ~10 KB, counts against the 48 KB a block gets without it).
 template <auto SINGLE, auto CHAINED, typename Params>
-inline int launch_tiles(const fx_cuda_run &r, const Params &prm, const plan &pl, fxscan::tiling &t,
+inline int launch_tiles(const Run &r, const Params &prm, const Plan &pl, fx::cuda::scan::Tiling &t,
                         size_t stage_bytes, const char *what, fx_status *st)
 {
     if (!plan_fits(pl))
@@ -58,25 +58,25 @@ inline int launch_tiles(const fx_cuda_run &r, const Params &prm, const plan &pl,
     const int64_t blocks = pl.ctiles * pl.ttiles;
     const int threads = 32 * pl.warps;
     if (pl.ttiles == 1)
-        return fx_cuda_launch_opted<SINGLE>(r, blocks, threads, stage_bytes, what, st, prm, t);
+        return launch_opted<SINGLE>(r, blocks, threads, stage_bytes, what, st, prm, t);
     const size_t bytes = lookback_bytes(t, pl.vec * pl.group);
     void *statuses = nullptr;
     uint32_t epoch = 1;
     int rc;
     if (fx_stream_cache *cache = r.ex->cache) {
         pthread_mutex_lock(&cache->lock);
-        rc = fx_cuda_cached_statuses(r, cache, bytes, &statuses, &epoch, st);
+        rc = cached_statuses(r, cache, bytes, &statuses, &epoch, st);
         if (rc == FX_OK) {
             carve_lookback(static_cast<char *>(statuses), epoch, t);
-            rc = fx_cuda_launch_opted<CHAINED>(r, blocks, threads, stage_bytes, what, st, prm, t);
+            rc = launch_opted<CHAINED>(r, blocks, threads, stage_bytes, what, st, prm, t);
         }
         pthread_mutex_unlock(&cache->lock);
     } else {
-        if (fx_cuda_zeroed_scratch(r, bytes, "linrec look-back statuses", &statuses, st))
+        if (take_zeroed_scratch(r, bytes, "linrec look-back statuses", &statuses, st))
             return st->code;
         carve_lookback(static_cast<char *>(statuses), epoch, t);
-        rc = fx_cuda_launch_opted<CHAINED>(r, blocks, threads, stage_bytes, what, st, prm, t);
-        fx_cuda_release(r, statuses);
+        rc = launch_opted<CHAINED>(r, blocks, threads, stage_bytes, what, st, prm, t);
+        give_back(r, statuses);
     }
 #ifdef FXLR_STATS
     print_stats<><<<1, 1, 0, r.stream>>>((unsigned)blocks);
@@ -87,22 +87,22 @@ inline int launch_tiles(const fx_cuda_run &r, const Params &prm, const plan &pl,
 // The forward with V channels per lane and G lanes per row: inputs staged
 // in shared memory or held in registers (fwd_stages).
 template <int KIND, typename T, int V, int G, bool CG>
-inline int forward_with(const fx_cuda_run &r, const fx_linrec_fwd_args *a, fx_status *st)
+inline int forward_with(const Run &r, const fx_linrec_fwd_args *a, fx_status *st)
 {
-    const fwd_params prm = make_fwd_params(a);
+    const FwdParams prm = make_fwd_params(a);
     if constexpr (V > 1 && fwd_stages<KIND, T>()) {
         if (large_launch(&a->p)) {
             constexpr int S = kStagedFwdSteps;
-            const plan pl = make_plan(r.d, &a->p, V, G, S, a->max_tile_steps);
-            fxscan::tiling t = make_tiling(&a->p, pl, a->p.reverse);
+            const Plan pl = make_plan(r.d, &a->p, V, G, S, a->max_tile_steps);
+            fx::cuda::scan::Tiling t = make_tiling(&a->p, pl, a->p.reverse);
             return launch_tiles<forward_staged_kernel<KIND, T, V, G, S, CG, false>,
                                 forward_staged_kernel<KIND, T, V, G, S, CG, true>>(
                 r, prm, pl, t, fwd_stage_bytes<KIND, T, V>(pl.steps, pl.warps), "linrec forward kernel", st);
         }
     }
     constexpr int S = fwd_steps<KIND, T, V>();
-    const plan pl = make_plan(r.d, &a->p, V, G, S, a->max_tile_steps);
-    fxscan::tiling t = make_tiling(&a->p, pl, a->p.reverse);
+    const Plan pl = make_plan(r.d, &a->p, V, G, S, a->max_tile_steps);
+    fx::cuda::scan::Tiling t = make_tiling(&a->p, pl, a->p.reverse);
     return launch_tiles<forward_kernel<KIND, T, V, G, S, CG, false>, forward_kernel<KIND, T, V, G, S, CG, true>>(
         r, prm, pl, t, 0, "linrec forward kernel", st);
 }
@@ -110,18 +110,18 @@ inline int forward_with(const fx_cuda_run &r, const fx_linrec_fwd_args *a, fx_st
 // Launches a streaming kernel (forward or backward): a warp per 128-byte
 // column of channels, kStreamWarps to a block, `bytes` of ring a block.
 template <auto KERNEL, typename Params>
-inline int launch_stream(const fx_cuda_run &r, const Params &prm, const stream_tiling &s, size_t bytes, const char *what,
+inline int launch_stream(const Run &r, const Params &prm, const StreamTiling &s, size_t bytes, const char *what,
                          fx_status *st)
 {
     const int64_t blocks = (s.batch * s.columns + kStreamWarps - 1) / kStreamWarps;
     if (blocks > 0x7fffffff)
         return fx_fail(st, FX_EBADARG, "%s: %lld blocks is more than one launch can take", what, (long long)blocks);
-    return fx_cuda_launch_opted<KERNEL>(r, blocks, 32 * kStreamWarps, bytes, what, st, prm, s);
+    return launch_opted<KERNEL>(r, blocks, 32 * kStreamWarps, bytes, what, st, prm, s);
 }
 
 // The streaming forward: a warp per 128-byte column of channels.
 template <int KIND, typename T, bool CG>
-inline int forward_stream(const fx_cuda_run &r, const fx_linrec_fwd_args *a, fx_status *st)
+inline int forward_stream(const Run &r, const fx_linrec_fwd_args *a, fx_status *st)
 {
     return launch_stream<forward_stream_kernel<KIND, T, CG>>(r, make_fwd_params(a),
                                                              make_stream_tiling(&a->p, (int)sizeof(T), false),
@@ -130,7 +130,7 @@ inline int forward_stream(const fx_cuda_run &r, const fx_linrec_fwd_args *a, fx_
 }
 
 template <int KIND, typename T, bool CG>
-inline int forward_cg(const fx_cuda_run &r, const fx_linrec_fwd_args *a, fx_status *st)
+inline int forward_cg(const Run &r, const fx_linrec_fwd_args *a, fx_status *st)
 {
     if (stream_wanted(r.d, a, (int)sizeof(T)))
         return forward_stream<KIND, T, CG>(r, a, st);
@@ -140,7 +140,7 @@ inline int forward_cg(const fx_cuda_run &r, const fx_linrec_fwd_args *a, fx_stat
 }
 
 template <int KIND, typename T>
-inline int forward_as(const fx_cuda_run &r, const fx_linrec_fwd_args *a, fx_status *st)
+inline int forward_as(const Run &r, const fx_linrec_fwd_args *a, fx_status *st)
 {
     if constexpr (has_cand<KIND>())
         if (a->p.candidate_g)
@@ -149,19 +149,19 @@ inline int forward_as(const fx_cuda_run &r, const fx_linrec_fwd_args *a, fx_stat
 }
 
 template <int KIND, typename T, int V, int G, bool CG>
-inline int backward_with(const fx_cuda_run &r, const fx_linrec_bwd_args *a, const bwd_params &prm,
+inline int backward_with(const Run &r, const fx_linrec_bwd_args *a, const BwdParams &prm,
                          fx_status *st)
 {
     constexpr int S = bwd_steps<KIND, T, V>();
-    const plan pl = make_plan(r.d, &a->p, V, G, S, a->max_tile_steps);
-    fxscan::tiling t = make_tiling(&a->p, pl, !a->p.reverse);
+    const Plan pl = make_plan(r.d, &a->p, V, G, S, a->max_tile_steps);
+    fx::cuda::scan::Tiling t = make_tiling(&a->p, pl, !a->p.reverse);
     return launch_tiles<backward_kernel<KIND, T, V, G, S, CG, false>, backward_kernel<KIND, T, V, G, S, CG, true>>(
         r, prm, pl, t, 0, "linrec backward kernel", st);
 }
 
 // The streaming backward: a warp per 128-byte column, walking back.
 template <int KIND, typename T, bool CG>
-inline int backward_stream(const fx_cuda_run &r, const fx_linrec_bwd_args *a, const bwd_params &prm, fx_status *st)
+inline int backward_stream(const Run &r, const fx_linrec_bwd_args *a, const BwdParams &prm, fx_status *st)
 {
     return launch_stream<backward_stream_kernel<KIND, T, CG>>(r, prm, make_stream_tiling(&a->p, (int)sizeof(T), true),
                                                               stream_block_bytes<KIND, true, CG>(),
@@ -169,7 +169,7 @@ inline int backward_stream(const fx_cuda_run &r, const fx_linrec_bwd_args *a, co
 }
 
 template <int KIND, typename T, bool CG>
-inline int backward_cg(const fx_cuda_run &r, const fx_linrec_bwd_args *a, const bwd_params &prm,
+inline int backward_cg(const Run &r, const fx_linrec_bwd_args *a, const BwdParams &prm,
                        bool stream, fx_status *st)
 {
     if (stream)
@@ -180,7 +180,7 @@ inline int backward_cg(const fx_cuda_run &r, const fx_linrec_bwd_args *a, const 
 }
 
 template <int KIND, typename T>
-inline int backward_as(const fx_cuda_run &r, const fx_linrec_bwd_args *a, fx_status *st)
+inline int backward_as(const Run &r, const fx_linrec_bwd_args *a, fx_status *st)
 {
     const fx_linrec_problem *p = &a->p;
     const int elem = (int)sizeof(T);
@@ -191,15 +191,15 @@ inline int backward_as(const fx_cuda_run &r, const fx_linrec_bwd_args *a, fx_sta
     if (KIND == FX_LINREC_LIQUID) {
         const int64_t nsum = sum_count(a, stream, elem), nzero = zeroed_sum_count(a, stream, elem);
         void *mem = nullptr;
-        if (fx_cuda_scratch(r, sizeof(float) * (size_t)nsum, "liquid sums", &mem, st))
+        if (take_scratch(r, sizeof(float) * (size_t)nsum, "liquid sums", &mem, st))
             return st->code;
-        if (fx_cuda_zero(r, mem, sizeof(float) * (size_t)nzero, "cudaMemsetAsync (liquid sums)", st)) {
-            fx_cuda_release(r, mem);
+        if (fill_zero(r, mem, sizeof(float) * (size_t)nzero, "cudaMemsetAsync (liquid sums)", st)) {
+            give_back(r, mem);
             return st->code;
         }
         sums = static_cast<float *>(mem);
     }
-    const bwd_params prm = make_bwd_params(a, sums);
+    const BwdParams prm = make_bwd_params(a, sums);
     int rc;
     if (has_cand<KIND>() && p->candidate_g)
         rc = backward_cg<KIND, T, has_cand<KIND>()>(r, a, prm, stream, st);
@@ -207,52 +207,52 @@ inline int backward_as(const fx_cuda_run &r, const fx_linrec_bwd_args *a, fx_sta
         rc = backward_cg<KIND, T, false>(r, a, prm, stream, st);
     if (sums) {
         if (rc == FX_OK)
-            rc = fx_launch_sums(r, liquid_sums(a, prm, stream, elem), "liquid sums kernel", st);
-        fx_cuda_release(r, sums);
+            rc = launch_sums(r, liquid_sums(a, prm, stream, elem), "liquid sums kernel", st);
+        give_back(r, sums);
     }
     return rc;
 }
 
 template <int KIND, typename T>
-inline int step_as(const fx_cuda_run &r, const fx_linrec_step_args *a, fx_status *st)
+inline int step_as(const Run &r, const fx_linrec_step_args *a, fx_status *st)
 {
-    const step_params prm = make_step_params(a);
+    const StepParams prm = make_step_params(a);
     const int64_t n = a->p.batch * a->p.hidden;
-    const unsigned grid = fx_cuda_grid(r.d, n, 256);
+    const unsigned grid = grid_for(r.d, n, 256);
     if (has_cand<KIND>() && a->p.candidate_g)
-        return fx_cuda_launch<step_kernel<KIND, T, has_cand<KIND>()>>(r, grid, 256, "linrec step kernel", st, prm);
-    return fx_cuda_launch<step_kernel<KIND, T, false>>(r, grid, 256, "linrec step kernel", st, prm);
+        return launch<step_kernel<KIND, T, has_cand<KIND>()>>(r, grid, 256, "linrec step kernel", st, prm);
+    return launch<step_kernel<KIND, T, false>>(r, grid, 256, "linrec step kernel", st, prm);
 }
 
-} // namespace launch
+} // namespace detail
 
-template <typename T> int forward(const fx_cuda_run &r, const fx_linrec_fwd_args *a, fx_status *st)
+template <typename T> int forward(const Run &r, const fx_linrec_fwd_args *a, fx_status *st)
 {
-    return with_kind(&a->p, [&](auto kind) { return launch::forward_as<decltype(kind)::value, T>(r, a, st); });
+    return with_kind(&a->p, [&](auto kind) { return detail::forward_as<decltype(kind)::value, T>(r, a, st); });
 }
 
-template <typename T> int backward(const fx_cuda_run &r, const fx_linrec_bwd_args *a, fx_status *st)
+template <typename T> int backward(const Run &r, const fx_linrec_bwd_args *a, fx_status *st)
 {
-    return with_kind(&a->p, [&](auto kind) { return launch::backward_as<decltype(kind)::value, T>(r, a, st); });
+    return with_kind(&a->p, [&](auto kind) { return detail::backward_as<decltype(kind)::value, T>(r, a, st); });
 }
 
-template <typename T> int step(const fx_cuda_run &r, const fx_linrec_step_args *a, fx_status *st)
+template <typename T> int step(const Run &r, const fx_linrec_step_args *a, fx_status *st)
 {
-    return with_kind(&a->p, [&](auto kind) { return launch::step_as<decltype(kind)::value, T>(r, a, st); });
+    return with_kind(&a->p, [&](auto kind) { return detail::step_as<decltype(kind)::value, T>(r, a, st); });
 }
 
 // The launchers of one input type: declared `extern` for every type here,
 // so that a file that calls them (linrec.cu) instantiates none, and defined
 // by that type's unit (linrec_<type>.cu).
 #define FX_LINREC_INSTANTIATION(KEYWORD, T)                                                            \
-    KEYWORD template int forward<T>(const fx_cuda_run &, const fx_linrec_fwd_args *, fx_status *);     \
-    KEYWORD template int backward<T>(const fx_cuda_run &, const fx_linrec_bwd_args *, fx_status *);    \
-    KEYWORD template int step<T>(const fx_cuda_run &, const fx_linrec_step_args *, fx_status *);
+    KEYWORD template int forward<T>(const Run &, const fx_linrec_fwd_args *, fx_status *);     \
+    KEYWORD template int backward<T>(const Run &, const fx_linrec_bwd_args *, fx_status *);    \
+    KEYWORD template int step<T>(const Run &, const fx_linrec_step_args *, fx_status *);
 
 FX_LINREC_INSTANTIATION(extern, float)
 FX_LINREC_INSTANTIATION(extern, __nv_bfloat16)
 FX_LINREC_INSTANTIATION(extern, __half)
 
-} // namespace fxlinrec
+} // namespace fx::cuda::linrec
 
 #endif

@@ -28,9 +28,9 @@
 #include "cuda/warp_sum.cuh"
 #include "fusex_linrec.h"
 
-namespace fxlinrec {
+namespace fx::cuda::linrec {
 
-using fxscan::affine;
+using fx::cuda::scan::Affine;
 
 // Candidate g exists for mingru and minlstm only.
 template <int KIND> constexpr bool has_cand() { return KIND == FX_LINREC_MINGRU || KIND == FX_LINREC_MINLSTM; }
@@ -42,7 +42,7 @@ template <int KIND> constexpr int nseq()
 
 // ---- how much a thread holds ----
 
-// Blocks of up to 256 threads (fxscan::kBlockThreads). Kernels that hold
+// Blocks of up to 256 threads (scan::kBlockThreads). Kernels that hold
 // their steps' inputs in registers run two blocks per SM (up to 128
 // registers a thread, 64 of them the steps' data); the staged forward,
 // whose inputs wait in shared memory (cp.async), runs three.
@@ -116,13 +116,13 @@ inline bool large_launch(const fx_linrec_problem *p) { return p->batch * p->seql
 // 158), so the tests allow for that ulp (docs/TESTING.md).
 __device__ __forceinline__ void sigmoid2(float x, float &pos, float &neg)
 {
-    pos = fx_fast_rcp(1.f + fx_fast_exp(-x));
+    pos = fast_rcp(1.f + fast_exp(-x));
     neg = 1.f - pos;
 }
 
 __device__ __forceinline__ float softplus(float x)
 {
-    return fmaxf(x, 0.f) + fx_fast_log(1.f + fx_fast_exp(-fabsf(x)));
+    return fmaxf(x, 0.f) + fast_log(1.f + fast_exp(-fabsf(x)));
 }
 
 // The candidate c~ = cand, or with G, g(cand) = cand + 1/2 (cand >= 0),
@@ -147,18 +147,18 @@ template <bool CG> __device__ __forceinline__ float cand_slope(float x)
 }
 
 // Per-channel parameters (liquid's 1/tau and A).
-struct chan {
+struct Chan {
     float inv_tau, lam;
 };
 
-struct op_params {
+struct OpParams {
     const void *seq[FX_LINREC_MAX_SEQ];
     const void *tau, *lam, *dt; // liquid; dt NULL: dt_value
     float dt_value;
 };
 
 template <int KIND, bool CG>
-__device__ __forceinline__ affine coeff(const float (&x)[3], chan c, float dt)
+__device__ __forceinline__ Affine coeff(const float (&x)[3], Chan c, float dt)
 {
     if constexpr (KIND == FX_LINREC_SCAN) {
         return {x[0], x[1]};
@@ -175,8 +175,8 @@ __device__ __forceinline__ affine coeff(const float (&x)[3], chan c, float dt)
         float f, nf;
         sigmoid2(x[0], f, nf);
         if (dt == 0.f) // a step that does not exist (or a zero step): whatever tau is
-            return fxscan::identity();
-        float inv_den = fx_fast_rcp(fmaf(dt, c.inv_tau + f, 1.f));
+            return fx::cuda::scan::identity();
+        float inv_den = fast_rcp(fmaf(dt, c.inv_tau + f, 1.f));
         return {inv_den, dt * f * c.lam * inv_den};
     }
 }
@@ -187,14 +187,14 @@ __device__ __forceinline__ affine coeff(const float (&x)[3], chan c, float dt)
 // MinGRU B16 L1024 H1024 55.3 against 56.0 us on the H200; either change
 // alone: within noise. bench/RESULTS.md).
 template <int KIND, bool CG>
-__device__ __forceinline__ float advance(const float (&x)[3], chan c, float dt, float h)
+__device__ __forceinline__ float advance(const float (&x)[3], Chan c, float dt, float h)
 {
     if constexpr (KIND == FX_LINREC_MINGRU) {
         float z, keep;
         sigmoid2(x[0], z, keep);
         return fmaf(z, cand_value<CG>(x[1]) - h, h);
     } else {
-        return fxscan::apply(coeff<KIND, CG>(x, c, dt), h);
+        return fx::cuda::scan::apply(coeff<KIND, CG>(x, c, dt), h);
     }
 }
 
@@ -202,7 +202,7 @@ __device__ __forceinline__ float advance(const float (&x)[3], chan c, float dt, 
 // dx for the sequence inputs; liquid also adds to dtau, dlam and ddt.
 // Returns the step's a (what g_t passes on to h_{t-1}).
 template <int KIND, bool CG>
-__device__ __forceinline__ float step_grad(const float (&x)[3], chan c, float dt, float hprev,
+__device__ __forceinline__ float step_grad(const float (&x)[3], Chan c, float dt, float hprev,
                                            float g, float (&dx)[3], float &dtau, float &dlam,
                                            float &ddt)
 {
@@ -229,7 +229,7 @@ __device__ __forceinline__ float step_grad(const float (&x)[3], chan c, float dt
     } else {
         float f, nf;
         sigmoid2(x[0], f, nf);
-        float inv_den = fx_fast_rcp(fmaf(dt, c.inv_tau + f, 1.f));
+        float inv_den = fast_rcp(fmaf(dt, c.inv_tau + f, 1.f));
         float h = (hprev + dt * f * c.lam) * inv_den;
         float gd = g * inv_den;
         dx[0] = gd * dt * (c.lam - h) * f * nf;
@@ -241,15 +241,15 @@ __device__ __forceinline__ float step_grad(const float (&x)[3], chan c, float dt
 }
 
 template <int KIND, typename T, int V>
-__device__ __forceinline__ void load_chan(const op_params &in, int64_t h, bool live, chan (&c)[V])
+__device__ __forceinline__ void load_chan(const OpParams &in, int64_t h, bool live, Chan (&c)[V])
 {
 #pragma unroll
     for (int v = 0; v < V; v++) {
         c[v] = {0.f, 0.f};
         if constexpr (KIND == FX_LINREC_LIQUID) {
             if (live) {
-                c[v].inv_tau = 1.f / fx_elem<T>::load(static_cast<const T *>(in.tau)[h + v]);
-                c[v].lam = fx_elem<T>::load(static_cast<const T *>(in.lam)[h + v]);
+                c[v].inv_tau = 1.f / Elem<T>::load(static_cast<const T *>(in.tau)[h + v]);
+                c[v].lam = Elem<T>::load(static_cast<const T *>(in.lam)[h + v]);
             }
         }
     }
@@ -257,10 +257,10 @@ __device__ __forceinline__ void load_chan(const op_params &in, int64_t h, bool l
 
 // The dt of a time row (liquid).
 template <int KIND, typename T>
-__device__ __forceinline__ float load_dt(const op_params &in, int64_t index)
+__device__ __forceinline__ float load_dt(const OpParams &in, int64_t index)
 {
     if constexpr (KIND == FX_LINREC_LIQUID)
-        return in.dt ? fx_elem<T>::load(static_cast<const T *>(in.dt)[index]) : in.dt_value;
+        return in.dt ? Elem<T>::load(static_cast<const T *>(in.dt)[index]) : in.dt_value;
     else
         return 0.f;
 }
@@ -292,20 +292,20 @@ template <int KIND> __device__ __forceinline__ float pad_value(int k)
         return 0.f;
 }
 
-template <int KIND, typename T, int V> __device__ __forceinline__ fxscan::pack<T, V> pad_pack(int k)
+template <int KIND, typename T, int V> __device__ __forceinline__ fx::cuda::scan::Pack<T, V> pad_pack(int k)
 {
-    fxscan::pack<T, V> x;
+    fx::cuda::scan::Pack<T, V> x;
     T *e = reinterpret_cast<T *>(&x.r);
 #pragma unroll
     for (int v = 0; v < V; v++)
-        e[v] = fx_elem<T>::store(pad_value<KIND>(k));
+        e[v] = Elem<T>::store(pad_value<KIND>(k));
     return x;
 }
 
 // The dt of step c (liquid; 0 where the step does not exist).
 template <int KIND, typename T>
-__device__ __forceinline__ float step_dt(const op_params &in, const fxscan::place &at, const fxscan::rows &r,
-                                         const fxscan::tiling &t, int c)
+__device__ __forceinline__ float step_dt(const OpParams &in, const fx::cuda::scan::Place &at, const fx::cuda::scan::Rows &r,
+                                         const fx::cuda::scan::Tiling &t, int c)
 {
     if constexpr (KIND != FX_LINREC_LIQUID)
         return 0.f;
@@ -313,6 +313,6 @@ __device__ __forceinline__ float step_dt(const op_params &in, const fxscan::plac
         return c < r.count ? load_dt<KIND, T>(in, at.b * t.seqlen + r.row0 + (t.flip ? -c : c)) : 0.f;
 }
 
-} // namespace fxlinrec
+} // namespace fx::cuda::linrec
 
 #endif

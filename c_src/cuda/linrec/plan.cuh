@@ -7,11 +7,11 @@
 #include "cuda/linrec/step.cuh"
 #include "cuda/linrec/stream.cuh"
 
-namespace fxlinrec {
+namespace fx::cuda::linrec {
 
 // ---- the tiling plan (host) ----
 
-struct plan {
+struct Plan {
     int vec, group;   // channels per lane, lanes per time row
     int steps, segs;  // a tile is segs * steps steps
     int warps;        // per block
@@ -19,20 +19,20 @@ struct plan {
 };
 
 // Tiles are numbered in 32 bits (and one launch takes up to 2^31 - 1 blocks).
-inline bool plan_fits(const plan &pl) { return pl.ctiles * pl.ttiles <= 0x7fffffff; }
+inline bool plan_fits(const Plan &pl) { return pl.ctiles * pl.ttiles <= 0x7fffffff; }
 
 // Tiles of `group * vec` channels. Time tiles of up to kMaxWarps warps of
 // segments of `capacity` steps (the kernel's register capacity); a sequence
 // that fits one tile gets the shortest segments that cover it (latency);
 // fewer, shorter tiles when that leaves the GPU idle. Tests shrink the
 // tiles with max_tile_steps to reach the look-back on small inputs.
-inline plan make_plan(const fx_cuda_device *d, const fx_linrec_problem *p, int vec, int group,
+inline Plan make_plan(const Device *d, const fx_linrec_problem *p, int vec, int group,
                       int capacity, int max_tile_steps)
 {
-    plan pl;
+    Plan pl;
     pl.vec = vec;
     pl.group = group;
-    const int width = vec * group, per_warp = 32 / group, most = fxscan::kMaxWarps * per_warp;
+    const int width = vec * group, per_warp = 32 / group, most = fx::cuda::scan::kMaxWarps * per_warp;
     pl.htiles = (p->hidden + width - 1) / width;
     pl.ctiles = p->batch * pl.htiles;
     const int64_t L = p->seqlen;
@@ -64,9 +64,9 @@ inline plan make_plan(const fx_cuda_device *d, const fx_linrec_problem *p, int v
     return pl;
 }
 
-inline fxscan::tiling make_tiling(const fx_linrec_problem *p, const plan &pl, int flip)
+inline fx::cuda::scan::Tiling make_tiling(const fx_linrec_problem *p, const Plan &pl, int flip)
 {
-    fxscan::tiling t = {};
+    fx::cuda::scan::Tiling t = {};
     t.batch = p->batch;
     t.seqlen = p->seqlen;
     t.hidden = p->hidden;
@@ -121,7 +121,7 @@ inline int64_t stream_columns(const fx_linrec_problem *p, int elem_bytes)
 // against 79 tiled; 16-bit B16 (256 warps) 46 against 37. Backward, B16:
 // even to 3 % faster alone, 5-8 % faster after a forward (MinGRU fwd+bwd
 // 159.5 against 167.5, Liquid 140 against 151.5).
-template <typename Args> inline bool stream_wanted(const fx_cuda_device *d, const Args *a, int elem_bytes)
+template <typename Args> inline bool stream_wanted(const Device *d, const Args *a, int elem_bytes)
 {
     if (a->max_tile_steps == FX_LINREC_TILES_STREAM)
         return stream_fits(a, elem_bytes);
@@ -132,9 +132,9 @@ template <typename Args> inline bool stream_wanted(const fx_cuda_device *d, cons
 }
 
 // backward: the walk runs against the forward's direction.
-inline stream_tiling make_stream_tiling(const fx_linrec_problem *p, int elem_bytes, bool backward)
+inline StreamTiling make_stream_tiling(const fx_linrec_problem *p, int elem_bytes, bool backward)
 {
-    stream_tiling s = {};
+    StreamTiling s = {};
     s.batch = p->batch;
     s.seqlen = p->seqlen;
     s.hidden = p->hidden;
@@ -155,9 +155,9 @@ inline bool vector_fits(const fx_linrec_problem *p, int vec, const void *const *
     return true;
 }
 
-inline op_params make_op_params(const fx_linrec_problem *p)
+inline OpParams make_op_params(const fx_linrec_problem *p)
 {
-    op_params in = {};
+    OpParams in = {};
     for (int k = 0; k < p->nseq; k++)
         in.seq[k] = p->seq[k]->data;
     if (p->kind == FX_LINREC_LIQUID) {
@@ -169,9 +169,9 @@ inline op_params make_op_params(const fx_linrec_problem *p)
     return in;
 }
 
-inline fwd_params make_fwd_params(const fx_linrec_fwd_args *a)
+inline FwdParams make_fwd_params(const fx_linrec_fwd_args *a)
 {
-    fwd_params prm = {};
+    FwdParams prm = {};
     prm.in = make_op_params(&a->p);
     prm.h0 = a->h0 ? a->h0->data : nullptr;
     prm.h0_f32 = a->h0 && a->h0->dtype == FX_F32;
@@ -192,10 +192,10 @@ inline bool fwd_vector_fits(const fx_linrec_fwd_args *a, int vec)
 }
 
 // `sums`: liquid's f32 sums, sum_count(a, ...) floats.
-inline bwd_params make_bwd_params(const fx_linrec_bwd_args *a, float *sums)
+inline BwdParams make_bwd_params(const fx_linrec_bwd_args *a, float *sums)
 {
     const fx_linrec_problem *p = &a->p;
-    bwd_params prm = {};
+    BwdParams prm = {};
     prm.in = make_op_params(p);
     prm.h0 = a->h0 ? a->h0->data : nullptr;
     prm.h0_f32 = a->h0 && a->h0->dtype == FX_F32;
@@ -248,18 +248,18 @@ inline int64_t zeroed_sum_count(const fx_linrec_bwd_args *a, bool stream, int el
 }
 
 // Liquid's sums (make_bwd_params) as written out to dtau, dA and ddt.
-inline fx_sum_regions liquid_sums(const fx_linrec_bwd_args *a, const bwd_params &prm, bool stream, int elem_bytes)
+inline SumRegions liquid_sums(const fx_linrec_bwd_args *a, const BwdParams &prm, bool stream, int elem_bytes)
 {
-    fx_sum_regions s = {};
+    SumRegions s = {};
     s.add(prm.sum_tau, a->dtau, a->p.hidden);
     s.add(prm.sum_lam, a->dlam, a->p.hidden);
     s.add(prm.sum_dt, a->ddt, a->p.batch * a->p.seqlen, dt_rows(&a->p, stream, elem_bytes));
     return s;
 }
 
-inline step_params make_step_params(const fx_linrec_step_args *a)
+inline StepParams make_step_params(const fx_linrec_step_args *a)
 {
-    step_params prm = {};
+    StepParams prm = {};
     prm.in = make_op_params(&a->p);
     prm.state = a->state->data;
     prm.state_f32 = a->state->dtype == FX_F32;
@@ -270,17 +270,17 @@ inline step_params make_step_params(const fx_linrec_step_args *a)
 }
 
 // The look-back statuses of a launch: two words per channel and tile.
-inline size_t lookback_bytes(const fxscan::tiling &t, int width)
+inline size_t lookback_bytes(const fx::cuda::scan::Tiling &t, int width)
 {
-    return (size_t)t.ctiles * t.ttiles * width * 2 * sizeof(fxscan::word);
+    return (size_t)t.ctiles * t.ttiles * width * 2 * sizeof(fx::cuda::scan::Word);
 }
 
-inline void carve_lookback(char *base, uint32_t epoch, fxscan::tiling &t)
+inline void carve_lookback(char *base, uint32_t epoch, fx::cuda::scan::Tiling &t)
 {
-    t.lb.status = (fxscan::word *)base;
+    t.lb.status = (fx::cuda::scan::Word *)base;
     t.lb.epoch = epoch;
 }
 
-} // namespace fxlinrec
+} // namespace fx::cuda::linrec
 
 #endif

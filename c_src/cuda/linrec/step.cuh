@@ -4,12 +4,12 @@
 
 #include "cuda/linrec/ops.cuh"
 
-namespace fxlinrec {
+namespace fx::cuda::linrec {
 
 // ---- step: one frame, elementwise ----
 
-struct step_params {
-    op_params in; // seq [batch, hidden]; dt [batch, 1]
+struct StepParams {
+    OpParams in; // seq [batch, hidden]; dt [batch, 1]
     void *state;
     int state_f32;
     void *h;
@@ -17,7 +17,7 @@ struct step_params {
 };
 
 template <int KIND, typename T, bool CG>
-__global__ void step_kernel(const step_params p)
+__global__ void step_kernel(const StepParams p)
 {
     constexpr int N = nseq<KIND>();
     const int64_t n = p.batch * p.hidden;
@@ -27,16 +27,16 @@ __global__ void step_kernel(const step_params p)
         float xs[3] = {0.f, 0.f, 0.f};
 #pragma unroll
         for (int k = 0; k < N; k++)
-            xs[k] = fx_elem<T>::load(static_cast<const T *>(p.in.seq[k])[i]);
-        chan c[1];
+            xs[k] = Elem<T>::load(static_cast<const T *>(p.in.seq[k])[i]);
+        Chan c[1];
         load_chan<KIND, T, 1>(p.in, hc, true, c);
-        affine m = coeff<KIND, CG>(xs, c[0], load_dt<KIND, T>(p.in, b));
-        float h = fxscan::apply(m, fxscan::load_state<T>(p.state, p.state_f32, i));
-        fxscan::store_state<T>(p.state, p.state_f32, i, h);
-        static_cast<T *>(p.h)[i] = fx_elem<T>::store(h);
+        Affine m = coeff<KIND, CG>(xs, c[0], load_dt<KIND, T>(p.in, b));
+        float h = fx::cuda::scan::apply(m, fx::cuda::scan::load_state<T>(p.state, p.state_f32, i));
+        fx::cuda::scan::store_state<T>(p.state, p.state_f32, i, h);
+        static_cast<T *>(p.h)[i] = Elem<T>::store(h);
     }
 }
 
-} // namespace fxlinrec
+} // namespace fx::cuda::linrec
 
 #endif

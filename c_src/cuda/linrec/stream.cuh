@@ -7,7 +7,7 @@
 #include "cuda/linrec/backward.cuh"
 #include "cuda/linrec/forward.cuh"
 
-namespace fxlinrec {
+namespace fx::cuda::linrec {
 
 // ---- the streaming forward ----
 //
@@ -69,14 +69,14 @@ constexpr int kStreamMaxSteps = 32;
 
 template <typename T> constexpr int stream_vec() { return 4 / (int)sizeof(T); }
 
-struct stream_tiling {
+struct StreamTiling {
     int64_t batch, seqlen, hidden;
     int64_t columns; // 128-byte columns of channels per batch element
     int flip;        // reverse
 };
 
 // The threads of this block's live warps (the last block may have fewer).
-__device__ __forceinline__ int stream_block_threads(const stream_tiling &s)
+__device__ __forceinline__ int stream_block_threads(const StreamTiling &s)
 {
     const int64_t left = s.batch * s.columns - (int64_t)blockIdx.x * kStreamWarps;
     return 32 * (int)(left < kStreamWarps ? left : kStreamWarps);
@@ -101,7 +101,7 @@ __device__ __forceinline__ void stream_bar_sync(int threads)
 // many sequences (MinLSTM's backward, 5), so that two 2-warp blocks fit an
 // SM (<= 56 KB a warp); MinLSTM's forward (three sequences, the identity
 // candidate: CG false) and Liquid's (one) have shapes of their own.
-template <int KIND, bool BACKWARD, bool CG> struct stream_shape {
+template <int KIND, bool BACKWARD, bool CG> struct StreamShape {
     static constexpr int SEQS = nseq<KIND>() + (BACKWARD ? 2 : 0);
     static constexpr bool MINLSTM = !BACKWARD && !CG && KIND == FX_LINREC_MINLSTM;
     static constexpr bool LIQUID = !BACKWARD && KIND == FX_LINREC_LIQUID;
@@ -119,7 +119,7 @@ template <int KIND, bool BACKWARD, bool CG> struct stream_shape {
 };
 template <int KIND, bool BACKWARD, bool CG> inline size_t stream_block_bytes()
 {
-    return stream_shape<KIND, BACKWARD, CG>::BLOCK_BYTES;
+    return StreamShape<KIND, BACKWARD, CG>::BLOCK_BYTES;
 }
 
 // One warp's ring: STAGES stages of K rows of SEQS sequences,
@@ -129,7 +129,7 @@ template <int KIND, bool BACKWARD, bool CG> inline size_t stream_block_bytes()
 // every sequence and q: in the ring that is word 4 * lane of row (k, 4q).
 // Sequence k's steps from `last[k]` on (and a column's pieces past hidden)
 // are zero-filled. All stages but the one being read are in flight.
-template <typename T, int SEQS, int K, int STAGES> struct stream_ring {
+template <typename T, int SEQS, int K, int STAGES> struct StreamRing {
     static constexpr int Q = K / 4, WORDS = SEQS * K * 32; // words a stage
     static constexpr int PIECE = 16 / (int)sizeof(T);      // elements a copy
     const T *src[SEQS][Q];
@@ -142,7 +142,7 @@ template <typename T, int SEQS, int K, int STAGES> struct stream_ring {
     bool piece_live;
 
     // seq[k] + first[k] + row0: sequence k's row of step 0 (all in elements)
-    __device__ __forceinline__ stream_ring(uint32_t *words, const void *const (&seq)[SEQS],
+    __device__ __forceinline__ StreamRing(uint32_t *words, const void *const (&seq)[SEQS],
                                            const int64_t (&first)[SEQS], const int64_t (&last_)[SEQS],
                                            int64_t row0, int64_t stride_, int64_t seqlen, int64_t ch0,
                                            int64_t hidden, int lane_, int block_threads_)
@@ -174,7 +174,7 @@ template <typename T, int SEQS, int K, int STAGES> struct stream_ring {
             for (int q = 0; q < Q; q++) {
                 // (a whole stage tests only the lane's piece, once per launch)
                 const bool ok = piece_live && (WHOLE || st * K + 4 * q + sub < last[k]);
-                fx_copy_async<16, FX_COPY_L2_128>(fill + 4 * lane + (k * K + 4 * q) * 32, ok ? src[k][q] : zero[k],
+                copy_async<16, kCopyL2Line>(fill + 4 * lane + (k * K + 4 * q) * 32, ok ? src[k][q] : zero[k],
                                                   ok);
                 src[k][q] += K * stride;
             }
@@ -190,7 +190,7 @@ template <typename T, int SEQS, int K, int STAGES> struct stream_ring {
                 copies<false>(st);
             fill = fill + WORDS == ring_end ? ring : fill + WORDS;
         }
-        fx_copy_commit(); // an empty group past the end keeps the count
+        copy_commit(); // an empty group past the end keeps the count
     }
 
     __device__ __forceinline__ void start()
@@ -204,7 +204,7 @@ template <typename T, int SEQS, int K, int STAGES> struct stream_ring {
     // stage st - 1.
     __device__ __forceinline__ void advance(int64_t st)
     {
-        fx_copy_wait<STAGES - 2>(); // this lane's copies of stage st
+        copy_wait<STAGES - 2>(); // this lane's copies of stage st
         lockstep();                 // everyone's, and stage st - 1 read by all
         issue(st + STAGES - 1);
     }
@@ -239,10 +239,10 @@ template <typename T, int SEQS, int K, int STAGES> struct stream_ring {
 // Where a streaming warp works: batch element b, channels ch0 .. ch0 + 32 V
 // (its lane: mine .. mine + V - 1, live when inside hidden), rows walked
 // from row0 by stride elements a step (s.flip: towards lower rows).
-struct stream_column {
+struct StreamColumn {
     int64_t b, ch0, mine, stride, row0;
     bool live;
-    __device__ __forceinline__ stream_column(const stream_tiling &s, int64_t column, int lane, int vec)
+    __device__ __forceinline__ StreamColumn(const StreamTiling &s, int64_t column, int lane, int vec)
     {
         b = column / s.columns;
         ch0 = (column - b * s.columns) * 32 * vec;
@@ -264,10 +264,10 @@ struct stream_column {
 // from shared-memory loads or shuffles at the stage's start, beside the
 // ring's 32 loads of the stage, and ncu put the warp waiting on them (short
 // scoreboard, 1.5 cycles an instruction) where it now waits on nothing.
-template <int KIND, typename T, int K> struct stream_dt {
+template <int KIND, typename T, int K> struct StreamDt {
     float next[K];
 
-    __device__ __forceinline__ void load(const op_params &in, const stream_tiling &s, int64_t b, int64_t st)
+    __device__ __forceinline__ void load(const OpParams &in, const StreamTiling &s, int64_t b, int64_t st)
     {
         if (KIND == FX_LINREC_LIQUID && in.dt)
 #pragma unroll
@@ -280,7 +280,7 @@ template <int KIND, typename T, int K> struct stream_dt {
     }
 
     // stage st's into dt, and stage st + 1's on their way
-    __device__ __forceinline__ void take(const op_params &in, const stream_tiling &s, int64_t b, int64_t st,
+    __device__ __forceinline__ void take(const OpParams &in, const StreamTiling &s, int64_t b, int64_t st,
                                          float (&dt)[K])
     {
         if constexpr (KIND != FX_LINREC_LIQUID) {
@@ -305,11 +305,11 @@ template <int KIND, typename T, int K> struct stream_dt {
 // per step (a first version spent 42 instructions a step on them and ran
 // at half the tiled kernels' speed: bench/RESULTS.md).
 template <int KIND, typename T, bool CG>
-__global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const fwd_params p, const stream_tiling s)
+__global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const FwdParams p, const StreamTiling s)
 {
-    typedef stream_shape<KIND, false, CG> shape;
+    typedef StreamShape<KIND, false, CG> shape;
     constexpr int N = nseq<KIND>(), V = stream_vec<T>(), K = shape::STEPS;
-    typedef fxscan::pack<T, V> pk;
+    typedef fx::cuda::scan::Pack<T, V> pk;
     static_assert(sizeof(typename pk::R) == 4, "a lane's part of a row is one 4-byte word");
     FXSCAN_STAGE(stage_bytes);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -317,7 +317,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
     if (column >= s.batch * s.columns)
         return; // a whole warp: the others never wait for it
     const int64_t L = s.seqlen, H = s.hidden;
-    const stream_column col(s, column, lane, V);
+    const StreamColumn col(s, column, lane, V);
     const int64_t b = col.b, mine = col.mine, stride = col.stride, row0 = col.row0;
     const bool live = col.live;
     const void *seqs[N];
@@ -325,22 +325,22 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
 #pragma unroll
     for (int k = 0; k < N; k++)
         seqs[k] = p.in.seq[k], first[k] = 0, last[k] = L;
-    stream_ring<T, N, K, shape::STAGES> ring(reinterpret_cast<uint32_t *>(stage_bytes) +
+    StreamRing<T, N, K, shape::STAGES> ring(reinterpret_cast<uint32_t *>(stage_bytes) +
                                                  warp * shape::STAGES * shape::WORDS,
                                              seqs, first, last, row0, stride, L, col.ch0, H, lane,
                                              stream_block_threads(s));
 
-    chan ch[V];
+    Chan ch[V];
     load_chan<KIND, T, V>(p.in, mine, live, ch);
     float h[V];
 #pragma unroll
     for (int v = 0; v < V; v++)
-        h[v] = live && p.h0 ? fxscan::load_state<T>(p.h0, p.h0_f32, b * H + mine + v) : 0.f;
+        h[v] = live && p.h0 ? fx::cuda::scan::load_state<T>(p.h0, p.h0_f32, b * H + mine + v) : 0.f;
     T *out = static_cast<T *>(p.h) + row0 + mine;
     // A step's row within a stage: one 32-bit multiply-add, not a 64-bit
     // one (|stride| = hidden < 2^31 / K: stream_fits)
     const int row_step = (int)stride;
-    stream_dt<KIND, T, K> dts;
+    StreamDt<KIND, T, K> dts;
     dts.load(p.in, s, b, 0);
 
     ring.start();
@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
                     h[v] = advance<KIND, CG>(xs, ch[v], dt[j], h[v]);
                 }
                 if (live)
-                    fxscan::store_stream<T, V>(out + j * row_step, h);
+                    fx::cuda::scan::store_stream<T, V>(out + j * row_step, h);
             }
         };
         if (n == K)
@@ -389,19 +389,19 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
 // its inputs.
 
 template <int KIND, typename T, bool CG>
-__global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(const bwd_params p, const stream_tiling s)
+__global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(const BwdParams p, const StreamTiling s)
 {
-    typedef stream_shape<KIND, true, CG> shape;
+    typedef StreamShape<KIND, true, CG> shape;
     constexpr int N = nseq<KIND>(), SEQS = shape::SEQS, V = stream_vec<T>(), K = shape::STEPS;
     constexpr int STAGES = shape::STAGES;
-    typedef fxscan::pack<T, V> pk;
+    typedef fx::cuda::scan::Pack<T, V> pk;
     FXSCAN_STAGE(stage_bytes);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t column = (int64_t)blockIdx.x * kStreamWarps + warp;
     if (column >= s.batch * s.columns)
         return;
     const int64_t L = s.seqlen, H = s.hidden;
-    const stream_column col(s, column, lane, V); // s.flip: the forward ran upwards
+    const StreamColumn col(s, column, lane, V); // s.flip: the forward ran upwards
     const int64_t b = col.b, mine = col.mine, stride = col.stride, row0 = col.row0;
     const bool live = col.live;
     const void *seqs[SEQS];
@@ -411,22 +411,22 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
         seqs[k] = p.in.seq[k], first[k] = 0, last[k] = L;
     seqs[N] = p.dh, first[N] = 0, last[N] = L;
     seqs[N + 1] = p.h, first[N + 1] = stride, last[N + 1] = L - 1; // h_{t-1}: one row on
-    stream_ring<T, SEQS, K, STAGES> ring(reinterpret_cast<uint32_t *>(stage_bytes) + warp * STAGES * shape::WORDS,
+    StreamRing<T, SEQS, K, STAGES> ring(reinterpret_cast<uint32_t *>(stage_bytes) + warp * STAGES * shape::WORDS,
                                          seqs, first, last, row0, stride, L, col.ch0, H, lane,
                                          stream_block_threads(s));
 
-    chan ch[V];
+    Chan ch[V];
     load_chan<KIND, T, V>(p.in, mine, live, ch);
     float u[V], h0v[V], sum_tau[V] = {}, sum_lam[V] = {};
 #pragma unroll
     for (int v = 0; v < V; v++) {
-        u[v] = live && p.dstate ? fxscan::load_state<T>(p.dstate, p.dstate_f32, b * H + mine + v) : 0.f;
-        h0v[v] = live && p.h0 ? fxscan::load_state<T>(p.h0, p.h0_f32, b * H + mine + v) : 0.f;
+        u[v] = live && p.dstate ? fx::cuda::scan::load_state<T>(p.dstate, p.dstate_f32, b * H + mine + v) : 0.f;
+        h0v[v] = live && p.h0 ? fx::cuda::scan::load_state<T>(p.h0, p.h0_f32, b * H + mine + v) : 0.f;
     }
     int64_t out = row0 + mine;                         // the gradients' element of the current step
     // liquid: this column's row of ddt sums, at the stage's first step
     float *dt_sums = p.sum_dt ? p.sum_dt + (column - b * s.columns) * (s.batch * L) + b * L : nullptr;
-    stream_dt<KIND, T, K> dts;
+    StreamDt<KIND, T, K> dts;
     dts.load(p.in, s, b, 0);
 
     ring.start();
@@ -464,7 +464,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
                 if (live)
 #pragma unroll
                     for (int k = 0; k < N; k++)
-                        fxscan::store_stream<T, V>(static_cast<T *>(p.dseq[k]) + out, dx[k]);
+                        fx::cuda::scan::store_stream<T, V>(static_cast<T *>(p.dseq[k]) + out, dx[k]);
                 if constexpr (KIND == FX_LINREC_LIQUID)
                     lane_dt[j] = live ? row_dt : 0.f;
                 out += stride;
@@ -483,11 +483,11 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
         // its scheduler. A row's warps (one a column) would hit one address
         // at once with atomics (the Liquid fwd+bwd with a dt tensor took 240
         // us against 137 with a scalar), so each column stores its own row
-        // of sums (dt_rows), which fx_write_sums adds up.
+        // of sums (dt_rows), which write_sums adds up.
         if constexpr (KIND == FX_LINREC_LIQUID) {
             if (dt_sums) {
                 // one sum a lane: step j's (the 32 / K lanes of a step hold the same)
-                const int j = fx_warp::transpose_sum<K, 0>(lane_dt, lane);
+                const int j = fx::cuda::warp::transpose_sum<K, 0>(lane_dt, lane);
                 if ((lane & (32 / K - 1)) == 0 && j < n)
                     dt_sums[s.flip ? L - 1 - (st * K + j) : st * K + j] = lane_dt[0];
             }
@@ -496,7 +496,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
     if (p.dh0 && live) // after the forward's first step, u is dL/dh0
 #pragma unroll
         for (int v = 0; v < V; v++)
-            fxscan::store_state<T>(p.dh0, p.h0_f32, b * H + mine + v, u[v]);
+            fx::cuda::scan::store_state<T>(p.dh0, p.h0_f32, b * H + mine + v, u[v]);
     if constexpr (KIND == FX_LINREC_LIQUID) {
         if (live)
 #pragma unroll
@@ -507,6 +507,6 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
     }
 }
 
-} // namespace fxlinrec
+} // namespace fx::cuda::linrec
 
 #endif

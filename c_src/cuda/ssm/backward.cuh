@@ -6,7 +6,7 @@
 
 #include "cuda/ssm/forward_ws.cuh"
 
-namespace fx_ssm {
+namespace fx::cuda::ssm {
 
 // ---- backward ----
 //
@@ -103,7 +103,7 @@ __device__ __forceinline__ void gate_grads(float dy, float z, float &dyp, float 
 __device__ __forceinline__ void pair_grads(float r_a, float r_b, float ypre, float x, float delta, float dyp,
                                            float dyz, float dsp, float dskip, float &dx, float &ddt, float &dz)
 {
-    ddt = fmaf(r_a, fx_ln2, x * r_b) * dsp; // a was scaled by log2(e)
+    ddt = fmaf(r_a, kLn2, x * r_b) * dsp; // a was scaled by log2(e)
     dx = fmaf(delta, r_b, dskip * dyp);
     dz = ypre * dyz;
 }
@@ -128,8 +128,8 @@ template <typename T, class C, bool FAST, bool SL = false> struct BwdStage {
         r0 = lane / C::WCH;
         cs_ok = cs < t.nvalid;
         ds = t.d0 + cs;
-        bias = cs_ok && p.dt_bias ? fx_load_any(p.dt_bias, p.bias_type, ds) : 0.0f;
-        dskip = cs_ok && p.d ? fx_load_any(p.d, p.d_type, ds) : 0.0f;
+        bias = cs_ok && p.dt_bias ? load_any(p.dt_bias, p.bias_type, ds) : 0.0f;
+        dskip = cs_ok && p.d ? load_any(p.d, p.d_type, ds) : 0.0f;
     }
 
     __device__ __forceinline__ bool row_ok(const ScanParams &p, int t0, int k) const
@@ -156,7 +156,7 @@ template <typename T, class C, bool FAST, bool SL = false> struct BwdStage {
 #pragma unroll
             for (int j = 0; j < J; j++)
                 if ((UNITS % 32 == 0 || u < UNITS) && (!(OPTIONAL >> j & 1u) || src[j]))
-                    fx_copy_async<UB>(dst[j] + tl * width + e, src[j] + i, ok);
+                    copy_async<UB>(dst[j] + tl * width + e, src[j] + i, ok);
         }
     }
 
@@ -203,9 +203,9 @@ template <typename T, class C, bool FAST, bool SL = false> struct BwdStage {
 #pragma unroll
         for (int k = 0; k < E; k++) {
             const int at = cmin(r0 + k * C::LANES, KS - 1) * C::WCH + cs; // rows past KS: not used
-            x[k] = fx_elem<T>::load(rx[at]);
-            u[k] = fx_elem<T>::load(rdt[at]) + bias;
-            dy[k] = row_ok(p, t0, k) ? fx_elem<T>::load(rdy[at]) : 0.0f;
+            x[k] = Elem<T>::load(rx[at]);
+            u[k] = Elem<T>::load(rdt[at]) + bias;
+            dy[k] = row_ok(p, t0, k) ? Elem<T>::load(rdy[at]) : 0.0f;
             delta[k] = u[k], dsp[k] = 1.0f, dyp[k] = dy[k], dyz[k] = 0.0f;
         }
         if (p.softplus) {
@@ -216,7 +216,7 @@ template <typename T, class C, bool FAST, bool SL = false> struct BwdStage {
         if (p.z) {
 #pragma unroll
             for (int k = 0; k < E; k++)
-                gate_grads(dy[k], fx_elem<T>::load(rz[cmin(r0 + k * C::LANES, KS - 1) * C::WCH + cs]), dyp[k], dyz[k]);
+                gate_grads(dy[k], Elem<T>::load(rz[cmin(r0 + k * C::LANES, KS - 1) * C::WCH + cs]), dyp[k], dyz[k]);
         }
 #pragma unroll
         for (int k = 0; k < E; k++) {
@@ -228,7 +228,7 @@ template <typename T, class C, bool FAST, bool SL = false> struct BwdStage {
             if constexpr (!SL) // (sliced, the epilogue's terms are taken after every slice)
                 *reinterpret_cast<float4 *>(sm + S::OWN + 4 * (tl * C::WCH + cs)) = make_float4(x[k], dyz[k], dsp[k], 0.0f);
         }
-        typedef typename Quad<T>::raw Raw;
+        typedef typename Quad<T>::Raw Raw;
         const Raw *rb = reinterpret_cast<const Raw *>(sm + S::BR), *rc = reinterpret_cast<const Raw *>(sm + S::CR);
 #pragma unroll
         for (int k = 0; k < (KS * Q4 + 31) / 32; k++) {
@@ -264,10 +264,10 @@ template <typename T, class C, bool FAST, bool SL = false> struct BwdStage {
             const float r_a = sum_parts<C::LANES>(pr), r_b = sum_parts<C::LANES>(pr + 32);
             float gx, ddt, gz;
             pair_grads(r_a, r_b, ypre, own.x, in.x, in.z, own.y, own.z, dskip, gx, ddt, gz);
-            dx[off] = fx_elem<T>::store(gx);
-            ddt_out[off] = fx_elem<T>::store(ddt);
+            dx[off] = Elem<T>::store(gx);
+            ddt_out[off] = Elem<T>::store(ddt);
             if (dz)
-                dz[off] = fx_elem<T>::store(gz);
+                dz[off] = Elem<T>::store(gz);
             acc_d = fmaf(in.z, own.x, acc_d);
             acc_bias += ddt;
         }
@@ -345,9 +345,9 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
     for (int i = 0; i < NPL; i++) {
         const int n = n_off + state_of<C>(q, i);
         const bool nok = ok && n < p.dstate;
-        a2[i] = nok ? fx_load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * fx_log2e : 0.0f;
+        a2[i] = nok ? load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * kLog2e : 0.0f;
         // dL/dh entering the last step from after it: the final state's gradient
-        gs[i] = nok && bp.dstate ? fx_load_any(bp.dstate, bp.dstate_type, at_state(p, tile.b, d) + n) : 0.0f;
+        gs[i] = nok && bp.dstate ? load_any(bp.dstate, bp.dstate_type, at_state(p, tile.b, d) + n) : 0.0f;
         sum_a[i] = 0.0;
     }
     double sum_d = 0.0, sum_bias = 0.0;
@@ -365,12 +365,12 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
             if constexpr (FAST) {
 #pragma unroll
                 for (int i = 0; i < NPL; i += 4)
-                    fx_copy_async<16>(hslot + i, ok ? src + quad_offset<C>(i) : p.saved, ok);
+                    copy_async<16>(hslot + i, ok ? src + quad_offset<C>(i) : p.saved, ok);
             } else {
 #pragma unroll
                 for (int i = 0; i < NPL; i++) {
                     const bool nok = ok && state_of<C>(q, i) < p.dstate;
-                    fx_copy_async<4>(hslot + i, nok ? src + quad_offset<C>(i) : p.saved, nok);
+                    copy_async<4>(hslot + i, nok ? src + quad_offset<C>(i) : p.saved, nok);
                 }
             }
             return;
@@ -378,7 +378,7 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
 #pragma unroll
         for (int i = 0; i < NPL; i++) {
             const int n = n_off + state_of<C>(q, i);
-            hslot[i] = ok && n < p.dstate && p.h0 ? fx_load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
+            hslot[i] = ok && n < p.dstate && p.h0 ? load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
         }
     };
 
@@ -390,7 +390,7 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
     for (int k = chunks - 1; k >= 0; k--) {
         const int t0 = k * KS;
         float h[NPL], hs[KS][NPL];
-        fx_copy_wait_all();
+        copy_wait_all();
         __syncwarp(); // the chunk's raw inputs and state are in; the last chunk's parts are read
         lds(h, hslot);
         stage.commit(p, t0, sm);
@@ -419,7 +419,7 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
                 }
 #pragma unroll
                 for (int i = 0; i < NPL; i++)
-                    hs[s][i] = fmaf(fx_fast_exp2(in.x * a2[i]), s > 0 ? hs[s - 1][i] : h[i], in.y * bv[i]);
+                    hs[s][i] = fmaf(fast_exp2(in.x * a2[i]), s > 0 ? hs[s - 1][i] : h[i], in.y * bv[i]);
                 if (s + 1 < KS) {
                     in = inn;
 #pragma unroll
@@ -452,7 +452,7 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
 #pragma unroll
                 for (int i = 0; i < NPL; i++) {
                     yp = fmaf(cv[i], hs[s][i], yp);
-                    const float decay = fx_fast_exp2(in.x * a2[i]);
+                    const float decay = fast_exp2(in.x * a2[i]);
                     const float prev = s > 0 ? hs[s - 1][i] : h[i];
                     const float g = fmaf(cv[i], in.z, gs[i]); // dL/dh_t
                     const float pr = g * (decay * prev);
@@ -467,7 +467,7 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
                 sm[S::PR + s * 64 + lane] = r_a;
                 sm[S::PR + s * 64 + 32 + lane] = r_b;
                 // over the warp's channels (lane bits LO..4)
-                const int first = fx_warp::transpose_sum<2 * NPL, LO>(pbc, lane);
+                const int first = fx::cuda::warp::transpose_sum<2 * NPL, LO>(pbc, lane);
                 constexpr int CNT = (2 * NPL) >> (5 - LO) > 0 ? (2 * NPL) >> (5 - LO) : 1;
                 if constexpr (!DIRECT) { // the warp's part of the block's buffer
                     float *dbc_out = dbc + (warp * KS + s) * 2 * C::NPAD;
@@ -540,7 +540,7 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
                 continue;
             atomicAdd(bp.acc_da + (int64_t)d * p.dstate + n, (float)sum_a[i]);
             if (bp.dh0) // after step 0, gs is dL/dh0
-                fx_store_any(bp.dh0, bp.dh0_type, at_state(p, tile.b, d) + n, gs[i]);
+                store_any(bp.dh0, bp.dh0_type, at_state(p, tile.b, d) + n, gs[i]);
         }
     }
     // dd and ddt_bias (sliced: ssm_bwd_finish_kernel's): the lanes of one
@@ -581,8 +581,8 @@ template <typename T> __global__ void __launch_bounds__(kFinishThreads) ssm_bwd_
         float bias[4], dskip[4], acc_d[4] = {}, acc_bias[4] = {};
 #pragma unroll
         for (int v = 0; v < 4; v++) {
-            bias[v] = p.dt_bias ? fx_load_any(p.dt_bias, p.bias_type, d + v) : 0.0f;
-            dskip[v] = p.d ? fx_load_any(p.d, p.d_type, d + v) : 0.0f;
+            bias[v] = p.dt_bias ? load_any(p.dt_bias, p.bias_type, d + v) : 0.0f;
+            dskip[v] = p.d ? load_any(p.d, p.d_type, d + v) : 0.0f;
         }
         for (int64_t r = r0; r < r1; r++) {
             const int64_t i = r * p.dim + d;
@@ -630,6 +630,6 @@ inline int64_t bwd_finish_grid(const ScanParams &p, int sm_count)
     return finish_grid_of((int64_t)(p.dim / 4) * ((rows + kBwdFinishRows - 1) / kBwdFinishRows), sm_count);
 }
 
-} // namespace fx_ssm
+} // namespace fx::cuda::ssm
 
 #endif

@@ -4,7 +4,7 @@
 
 #include "cuda/ssm/params.cuh"
 
-namespace fx_ssm {
+namespace fx::cuda::ssm {
 
 // ---- forward ----
 //
@@ -134,7 +134,7 @@ __device__ __forceinline__ void red_add4(float *dst, float4 v)
 template <typename T, int CV> __device__ __forceinline__ void ld_vec(float (&v)[CV], const T *p)
 {
     if constexpr (CV == 4) {
-        const float4 f = Quad<T>::to_float(*reinterpret_cast<const typename Quad<T>::raw *>(p));
+        const float4 f = Quad<T>::to_float(*reinterpret_cast<const typename Quad<T>::Raw *>(p));
         v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
     } else if constexpr (CV == 2 && sizeof(T) == 4) {
         const float2 f = *reinterpret_cast<const float2 *>(p);
@@ -143,13 +143,13 @@ template <typename T, int CV> __device__ __forceinline__ void ld_vec(float (&v)[
         const uint32_t w = *reinterpret_cast<const uint32_t *>(p);
         v[0] = Quad<T>::elem(w, 0), v[1] = Quad<T>::elem(w, 1);
     } else {
-        v[0] = fx_elem<T>::load(p[0]);
+        v[0] = Elem<T>::load(p[0]);
     }
 }
 
 template <typename T> __device__ __forceinline__ uint32_t bits16(float v)
 {
-    const typename Raw16<T>::type r = fx_elem<T>::store(v);
+    const typename Raw16<T>::type r = Elem<T>::store(v);
     return r.x;
 }
 
@@ -166,7 +166,7 @@ template <typename T, int CV> __device__ __forceinline__ void st_vec(T *p, const
     } else if constexpr (CV == 2) {
         *reinterpret_cast<uint32_t *>(p) = bits16<T>(v[0]) | bits16<T>(v[1]) << 16;
     } else {
-        p[0] = fx_elem<T>::store(v[0]);
+        p[0] = Elem<T>::store(v[0]);
     }
 }
 
@@ -211,7 +211,7 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
     // one channel a warp, -34 %). Where a warp is 2-4 channels they made
     // the forward 6-7 % slower, and the backward slower at every dstate
     // (bench/RESULTS.md).
-    static constexpr fx_copy_hint BC_HINT = C::WCH == 1 ? FX_COPY_L1 : FX_COPY_L2;
+    static constexpr CopyHint BC_HINT = C::WCH == 1 ? kCopyL1 : kCopyL2;
     static_assert(PER_ROW % NUX == 0, "a lane's copies of x lie in one row");
     static_assert(BPR % 32 == 0 || 32 % BPR == 0, "unit lane + 32 k is the lane's unit moved by 32 k");
     int lane, r0, c0; // staging: rows r0, r0 + RPP, ...; channels c0 .. c0 + CV - 1 of the tile
@@ -227,8 +227,8 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
 #pragma unroll
         for (int v = 0; v < CV; v++) {
             const bool cok = c0 + v < t.nvalid;
-            bias[v] = cok && p.dt_bias ? fx_load_any(p.dt_bias, p.bias_type, t.d0 + c0 + v) : 0.0f;
-            dskip[v] = cok && p.d ? fx_load_any(p.d, p.d_type, t.d0 + c0 + v) : 0.0f;
+            bias[v] = cok && p.dt_bias ? load_any(p.dt_bias, p.bias_type, t.d0 + c0 + v) : 0.0f;
+            dskip[v] = cok && p.d ? load_any(p.d, p.d_type, t.d0 + c0 + v) : 0.0f;
         }
 #pragma unroll
         for (int k = 0; k < NP; k++)
@@ -261,7 +261,7 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
 #pragma unroll
                 for (int k = 0; k < NUX; k++)
                     if (j < 2 || src[2])
-                        fx_copy_async<K::UX>(reinterpret_cast<T *>(sm + at[j]) + (ux + k) * EPU,
+                        copy_async<K::UX>(reinterpret_cast<T *>(sm + at[j]) + (ux + k) * EPU,
                                         ok ? src[j] + k * EPU : static_cast<const T *>(base[j]), ok);
         }
         const int64_t row = (int64_t)p.groups * p.dstate; // elements from a step's b row to the next
@@ -275,7 +275,7 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
                 const int64_t from = 32 * k / BPR * row + 32 * k % BPR * EPB; // unit ub from unit lane
 #pragma unroll
                 for (int j = 0; j < 2; j++)
-                    fx_copy_async<K::UB, BC_HINT>(reinterpret_cast<T *>(sm + at[j] + buf * S::BCW) + ub * EPB,
+                    copy_async<K::UB, BC_HINT>(reinterpret_cast<T *>(sm + at[j] + buf * S::BCW) + ub * EPB,
                                          ok ? src[3 + j] + from : static_cast<const T *>(base[j]), ok);
             }
         }
@@ -377,7 +377,7 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
             }
         }
         if constexpr (!S::F32) {
-            typedef typename Quad<T>::raw Raw;
+            typedef typename Quad<T>::Raw Raw;
             constexpr int Q4 = C::NPAD / 4; // quads per b row
             const Raw *rb = reinterpret_cast<const Raw *>(sm + S::BR + buf * S::BCW);
             const Raw *rc = reinterpret_cast<const Raw *>(sm + S::CR + buf * S::BCW);
@@ -413,7 +413,7 @@ template <typename T, class C, class U, bool FAST> struct FwdStage {
 #pragma unroll
                     for (int v = 0; v < CV; v++)
                         if (c0 + v < t.nvalid)
-                            y[v] = fx_elem<T>::store(yv[v]);
+                            y[v] = Elem<T>::store(yv[v]);
                 }
             }
         }
@@ -456,7 +456,7 @@ __device__ __forceinline__ void fwd_scan(const ScanParams &p, const Tile &t, int
             const float delta = se % 2 ? dd[se / 2].z : dd[se / 2].x, dx = se % 2 ? dd[se / 2].w : dd[se / 2].y;
 #pragma unroll
             for (int i = 0; i < NPL; i++) {
-                dec[se][i] = fx_fast_exp2(delta * a2[i]);
+                dec[se][i] = fast_exp2(delta * a2[i]);
                 inc[se][i] = dx * bv[se][i];
             }
         }
@@ -505,15 +505,15 @@ __global__ void __launch_bounds__(kFwdMaxThreads, U::MINB) ssm_fwd_kernel(const 
     for (int i = 0; i < NPL; i++) {
         const int n = state_of<C>(q, i);
         const bool nok = ok && n < p.dstate;
-        a2[i] = nok ? fx_load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * fx_log2e : 0.0f;
-        h[i] = nok && p.h0 ? fx_load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
+        a2[i] = nok ? load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * kLog2e : 0.0f;
+        h[i] = nok && p.h0 ? load_any(p.h0, p.h0_type, at_state(p, tile.b, d) + n) : 0.0f;
     }
 
     FwdStage<T, C, U, FAST> stage(p, tile, lane);
     const int chunks = (p.seqlen + S::TS - 1) / S::TS;
     if (chunks > 0) {
         stage.load(p, tile, 0, sm, 0);
-        fx_copy_wait_all();
+        copy_wait_all();
         __syncwarp();
         stage.commit(p, tile, 0, sm, 0);
         __syncwarp();
@@ -525,7 +525,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads, U::MINB) ssm_fwd_kernel(const 
         const float *bsrc = S::F32 ? sm + S::BR + buf * S::BCW : sm + S::B;
         const float *csrc = S::F32 ? sm + S::CR + buf * S::BCW : sm + S::CC;
         fwd_scan<T, C, U>(p, tile, c, q, ok, t0, h, a2, bsrc, csrc, sm);
-        fx_copy_wait_all();
+        copy_wait_all();
         __syncwarp(); // the parts of y are written; the next chunk's inputs are in
         stage.epilogue(p, tile, t0, sm);
         if (k + 1 < chunks)
@@ -540,6 +540,6 @@ __global__ void __launch_bounds__(kFwdMaxThreads, U::MINB) ssm_fwd_kernel(const 
     }
 }
 
-} // namespace fx_ssm
+} // namespace fx::cuda::ssm
 
 #endif

@@ -6,7 +6,7 @@
 
 #include "cuda/ssm/forward.cuh"
 
-namespace fx_ssm {
+namespace fx::cuda::ssm {
 
 // ---- forward, warp-specialized (dstate 16) ----
 //
@@ -211,8 +211,8 @@ template <typename T, class O> struct WsStaging {
         const int c0 = 4 * (lane % 8); // its first channel
 #pragma unroll
         for (int v = 0; v < 4; v++) {
-            bias[v] = p.dt_bias ? fx_load_any(p.dt_bias, p.bias_type, t.d0 + c0 + v) : 0.0f;
-            dskip[v] = p.d && !O::SL ? fx_load_any(p.d, p.d_type, t.d0 + c0 + v) : 0.0f;
+            bias[v] = p.dt_bias ? load_any(p.dt_bias, p.bias_type, t.d0 + c0 + v) : 0.0f;
+            dskip[v] = p.d && !O::SL ? load_any(p.d, p.d_type, t.d0 + c0 + v) : 0.0f;
         }
         const int64_t x0 = at_btd(p, t.b, 0, t.d0), b0 = at_btg(p, t.b, 0, t.g);
         copies_x = lane < ROWS * XU, copies_bc = lane < 2 * ROWS * BU;
@@ -265,11 +265,11 @@ template <typename T, class O> struct WsStaging {
 #pragma unroll
             for (int m = 0; m < 3; m++)
                 if (m < 2 || O::Z)
-                    fx_copy_async<16>(my_copy_x + raw + m * S::RAWX, ok ? src[m] : in[m], ok);
+                    copy_async<16>(my_copy_x + raw + m * S::RAWX, ok ? src[m] : in[m], ok);
         }
         if (copies_bc) {
             const bool ok = FULL || row_bc < rows;
-            fx_copy_async<16>(my_copy_bc + raw + 3 * S::RAWX, ok ? src[3] : in[3], ok);
+            copy_async<16>(my_copy_bc + raw + 3 * S::RAWX, ok ? src[3] : in[3], ok);
         }
 #pragma unroll
         for (int m = 0; m < 4; m++)
@@ -281,7 +281,7 @@ template <typename T, class O> struct WsStaging {
             copy<true>(p, j, slot);
         else
             copy<false>(p, j, slot);
-        fx_copy_commit();
+        copy_commit();
     }
 
     // Chunk j's (delta, delta x) of the lane's row (delta 0 past the end),
@@ -338,7 +338,7 @@ template <typename T, class O> struct WsStaging {
         if ((int)j == chunks)
             return true;
         if ((int)j + 1 < chunks) {
-            fx_copy_wait<kWsRing - 3>(); // chunk j + 1's
+            copy_wait<kWsRing - 3>(); // chunk j + 1's
             lanes_sync();
             commit(p, j + 1, (slot + 1) % kWsRing);
         }
@@ -346,7 +346,7 @@ template <typename T, class O> struct WsStaging {
         if ((int)j + kWsRing - 1 < chunks)
             load(p, j + M, (slot + M) % kWsRing);
         else
-            fx_copy_commit();
+            copy_commit();
         ws_block_sync();
         return false;
     }
@@ -408,7 +408,7 @@ __device__ __forceinline__ void ws_scan_chunk(unsigned j, int w, int lane, float
             const float b4[4] = {bv[se].x, bv[se].y, bv[se].z, bv[se].w};
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                dec[se][i] = fx_fast_exp2(dd[se].x * a2[i]);
+                dec[se][i] = fast_exp2(dd[se].x * a2[i]);
                 inc[se][i] = dd[se].y * b4[i];
             }
         }
@@ -472,8 +472,8 @@ __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanPar
         float a2[4], h[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            a2[i] = fx_load_any(p.a, p.a_type, (int64_t)d * row + n0 + i) * fx_log2e;
-            h[i] = p.h0 ? fx_load_any(p.h0, p.h0_type, at + i) : 0.0f;
+            a2[i] = load_any(p.a, p.a_type, (int64_t)d * row + n0 + i) * kLog2e;
+            h[i] = p.h0 ? load_any(p.h0, p.h0_type, at + i) : 0.0f;
         }
         ws_block_sync(); // chunk 0 committed
         for (unsigned j = 0; (int)j < chunks; j++) {
@@ -498,8 +498,8 @@ __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanPar
             if ((int)j < chunks)
                 st.load(p, j, j);
             else
-                fx_copy_commit(); // empty groups keep the count
-        fx_copy_wait<kWsRing - 2>(); // chunk 0's
+                copy_commit(); // empty groups keep the count
+        copy_wait<kWsRing - 2>(); // chunk 0's
         st.lanes_sync();
         if (chunks > 0)
             st.commit(p, 0, 0);
@@ -531,7 +531,7 @@ template <typename T, bool Z> __global__ void __launch_bounds__(kFinishThreads) 
         float dskip[4];
 #pragma unroll
         for (int v = 0; v < 4; v++)
-            dskip[v] = p.d ? fx_load_any(p.d, p.d_type, d + v) : 0.0f;
+            dskip[v] = p.d ? load_any(p.d, p.d_type, d + v) : 0.0f;
         store_y4<T, Z>(y + i, *reinterpret_cast<const float4 *>(p.ysum + i), dskip, x + i, z + i);
     }
 }
@@ -550,6 +550,6 @@ inline int64_t finish_grid(const ScanParams &p, int sm_count)
     return finish_grid_of((int64_t)p.batch * p.seqlen * p.dim / 4, sm_count);
 }
 
-} // namespace fx_ssm
+} // namespace fx::cuda::ssm
 
 #endif

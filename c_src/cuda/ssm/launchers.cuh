@@ -9,13 +9,13 @@
 #include "cuda/launch.cuh"
 #include "cuda/ssm/plan.cuh"
 
-namespace fx_ssm {
+namespace fx::cuda::ssm {
 
-template <typename T> int forward(const fx_cuda_run &r, const fx_ssm_fwd_args *a, fx_status *st);
-template <typename T> int backward(const fx_cuda_run &r, const fx_ssm_bwd_args *a, fx_status *st);
-template <typename T> int step(const fx_cuda_run &r, const fx_ssm_step_args *a, fx_status *st);
+template <typename T> int forward(const Run &r, const fx_ssm_fwd_args *a, fx_status *st);
+template <typename T> int backward(const Run &r, const fx_ssm_bwd_args *a, fx_status *st);
+template <typename T> int step(const Run &r, const fx_ssm_step_args *a, fx_status *st);
 
-namespace launch {
+namespace detail {
 
 // ---- tensors a sliced kernel needs on 16 bytes ----
 
@@ -37,15 +37,15 @@ struct Realigned {
 
 inline bool on16(const void *p) { return (uintptr_t)p % 16 == 0; }
 
-inline int realign_input(const fx_cuda_run &r, Realigned &ra, const void *&ptr, size_t bytes, fx_status *st)
+inline int realign_input(const Run &r, Realigned &ra, const void *&ptr, size_t bytes, fx_status *st)
 {
     if (!ptr || on16(ptr))
         return FX_OK;
     void *copy = nullptr;
-    if (fx_cuda_scratch(r, bytes, "an aligned copy of an input view", &copy, st))
+    if (take_scratch(r, bytes, "an aligned copy of an input view", &copy, st))
         return st->code;
-    if (fx_cuda_copy(r, copy, ptr, bytes, "cudaMemcpyAsync (an aligned copy of an input view)", st)) {
-        fx_cuda_release(r, copy);
+    if (copy_device(r, copy, ptr, bytes, "cudaMemcpyAsync (an aligned copy of an input view)", st)) {
+        give_back(r, copy);
         return st->code;
     }
     ra.pieces[ra.count++] = {copy, nullptr, bytes};
@@ -53,12 +53,12 @@ inline int realign_input(const fx_cuda_run &r, Realigned &ra, const void *&ptr, 
     return FX_OK;
 }
 
-inline int realign_output(const fx_cuda_run &r, Realigned &ra, void *&ptr, size_t bytes, fx_status *st)
+inline int realign_output(const Run &r, Realigned &ra, void *&ptr, size_t bytes, fx_status *st)
 {
     if (!ptr || on16(ptr))
         return FX_OK;
     void *stand_in = nullptr;
-    if (fx_cuda_scratch(r, bytes, "an aligned stand-in for an output view", &stand_in, st))
+    if (take_scratch(r, bytes, "an aligned stand-in for an output view", &stand_in, st))
         return st->code;
     ra.pieces[ra.count++] = {stand_in, ptr, bytes};
     ptr = stand_in;
@@ -67,14 +67,14 @@ inline int realign_output(const fx_cuda_run &r, Realigned &ra, void *&ptr, size_
 
 // Outputs copied back (when the kernels ran: rc FX_OK), then every piece
 // released, ordered after the work that used it.
-inline int realign_finish(const fx_cuda_run &r, Realigned &ra, int rc, fx_status *st)
+inline int realign_finish(const Run &r, Realigned &ra, int rc, fx_status *st)
 {
     for (int i = 0; i < ra.count; i++) {
         const Realigned::Piece &piece = ra.pieces[i];
         if (rc == FX_OK && piece.out)
-            rc = fx_cuda_copy(r, piece.out, piece.scratch, piece.bytes,
+            rc = copy_device(r, piece.out, piece.scratch, piece.bytes,
                               "cudaMemcpyAsync (an output view from its aligned stand-in)", st);
-        fx_cuda_release(r, piece.scratch);
+        give_back(r, piece.scratch);
     }
     ra.count = 0;
     return rc;
@@ -95,10 +95,10 @@ inline int expect_states_aligned(const fx_tensor *state, const fx_tensor *saved,
 
 // ---- forward ----
 
-template <typename T, class C> int launch_forward(const fx_cuda_run &r, const FwdLaunch &l, fx_status *st)
+template <typename T, class C> int launch_forward(const Run &r, const FwdLaunch &l, fx_status *st)
 {
     return with_fwd_kernel<T, C>(l, [&](auto kernel) {
-        return fx_cuda_launch_opted<decltype(kernel)::value>(r, l.grid, 32 * l.warps, l.smem,
+        return launch_opted<decltype(kernel)::value>(r, l.grid, 32 * l.warps, l.smem,
                                                              "selective_scan forward kernel", st, l.p);
     });
 }
@@ -106,7 +106,7 @@ template <typename T, class C> int launch_forward(const fx_cuda_run &r, const Fw
 // The sliced forward: its slices add their parts of y into zeroed f32 sums,
 // then a second kernel writes y from them.
 template <typename T, class C>
-int launch_sliced_forward(const fx_cuda_run &r, const fx_ssm_fwd_args *a, FwdLaunch l, fx_status *st)
+int launch_sliced_forward(const Run &r, const fx_ssm_fwd_args *a, FwdLaunch l, fx_status *st)
 {
     Realigned ra;
     if (l.realign &&
@@ -115,25 +115,25 @@ int launch_sliced_forward(const fx_cuda_run &r, const fx_ssm_fwd_args *a, FwdLau
          realign_input(r, ra, l.p.c, bytes_of(a->c), st) || realign_output(r, ra, l.p.y, bytes_of(a->y), st)))
         return realign_finish(r, ra, st->code, st);
     void *ysum = nullptr;
-    int rc = fx_cuda_zeroed_scratch(r, sizeof(float) * (size_t)ysum_floats(l.p), "selective_scan sums of y",
+    int rc = take_zeroed_scratch(r, sizeof(float) * (size_t)ysum_floats(l.p), "selective_scan sums of y",
                                     &ysum, st);
     l.p.ysum = static_cast<float *>(ysum);
     if (rc == FX_OK)
         rc = launch_forward<T, C>(r, l, st);
     if (rc == FX_OK)
         rc = with_finish_kernel<T>(l.p, [&](auto kernel) {
-            return fx_cuda_launch_opted<decltype(kernel)::value>(r, finish_grid(l.p, r.d->sm_count), kFinishThreads,
+            return launch_opted<decltype(kernel)::value>(r, finish_grid(l.p, r.d->sm_count), kFinishThreads,
                                                                  0, "selective_scan forward's y kernel", st, l.p);
         });
-    fx_cuda_release(r, ysum);
+    give_back(r, ysum);
     return realign_finish(r, ra, rc, st);
 }
 
-} // namespace launch
+} // namespace detail
 
-template <typename T> int forward(const fx_cuda_run &r, const fx_ssm_fwd_args *a, fx_status *st)
+template <typename T> int forward(const Run &r, const fx_ssm_fwd_args *a, fx_status *st)
 {
-    if (launch::expect_states_aligned(a->state, a->saved, "selective_scan", st))
+    if (detail::expect_states_aligned(a->state, a->saved, "selective_scan", st))
         return st->code;
     return with_cfg(a->n.dstate, [&](auto cfg) {
         typedef decltype(cfg) C;
@@ -143,12 +143,12 @@ template <typename T> int forward(const fx_cuda_run &r, const fx_ssm_fwd_args *a
         if (l.p.units == 0)
             return (int)FX_OK;
         if (l.kernel == FwdKernel::WS_SLICED)
-            return launch::launch_sliced_forward<T, C>(r, a, l, st);
-        return launch::launch_forward<T, C>(r, l, st);
+            return detail::launch_sliced_forward<T, C>(r, a, l, st);
+        return detail::launch_forward<T, C>(r, l, st);
     });
 }
 
-template <typename T> int step(const fx_cuda_run &r, const fx_ssm_step_args *a, fx_status *st)
+template <typename T> int step(const Run &r, const fx_ssm_step_args *a, fx_status *st)
 {
     return with_cfg(a->n.dstate, [&](auto cfg) {
         typedef decltype(cfg) C;
@@ -156,16 +156,16 @@ template <typename T> int step(const fx_cuda_run &r, const fx_ssm_step_args *a, 
         const int64_t grid = step_grid<C>(p);
         if (grid == 0)
             return (int)FX_OK;
-        return fx_cuda_launch<ssm_step_kernel<T, C>>(r, grid, kThreads, "selective_scan_step kernel", st, p);
+        return launch<ssm_step_kernel<T, C>>(r, grid, kThreads, "selective_scan_step kernel", st, p);
     });
 }
 
-namespace launch {
+namespace detail {
 
 // ---- backward ----
 
 // The sliced backward's tensors on 16 bytes (Realigned).
-inline int realign_backward(const fx_cuda_run &r, const fx_ssm_bwd_args *a, BwdParams &bp, Realigned &ra, fx_status *st)
+inline int realign_backward(const Run &r, const fx_ssm_bwd_args *a, BwdParams &bp, Realigned &ra, fx_status *st)
 {
     if (realign_input(r, ra, bp.f.x, bytes_of(a->fwd.x), st) || realign_input(r, ra, bp.f.dt, bytes_of(a->fwd.dt), st) ||
         realign_input(r, ra, bp.f.z, bytes_of(a->fwd.z), st) || realign_input(r, ra, bp.f.b, bytes_of(a->fwd.b), st) ||
@@ -180,39 +180,39 @@ inline int realign_backward(const fx_cuda_run &r, const fx_ssm_bwd_args *a, BwdP
 // its zeroed f32 sums, the kernel, for SL the per-channel gradients from
 // the slices' sums, the sums written out.
 template <typename T, class C, bool SL>
-int launch_backward(const fx_cuda_run &r, const fx_ssm_bwd_args *a, fx_status *st)
+int launch_backward(const Run &r, const fx_ssm_bwd_args *a, fx_status *st)
 {
     const BwdScratch sz(a->fwd.n, SL);
     void *scratch = nullptr;
-    if (fx_cuda_zeroed_scratch(r, sizeof(float) * (size_t)sz.total, "selective_scan_backward sums", &scratch, st))
+    if (take_zeroed_scratch(r, sizeof(float) * (size_t)sz.total, "selective_scan_backward sums", &scratch, st))
         return st->code;
     BwdParams bp = bwd_params<C>(a, static_cast<float *>(scratch), sz);
     Realigned ra;
     int rc = SL ? realign_backward(r, a, bp, ra, st) : FX_OK;
     if (rc == FX_OK && grid_of(bp.f) > 0) {
         rc = with_bwd_kernel<T, C, SL>(bp, [&](auto kernel, size_t smem) {
-            return fx_cuda_launch_opted<decltype(kernel)::value>(r, bwd_grid<SL>(bp), C::BW * 32, smem,
+            return launch_opted<decltype(kernel)::value>(r, bwd_grid<SL>(bp), C::BW * 32, smem,
                                                                  "selective_scan_backward kernel", st, bp);
         });
         if (rc == FX_OK && SL)
-            rc = fx_cuda_launch<ssm_bwd_finish_kernel<T>>(r, bwd_finish_grid(bp.f, r.d->sm_count), kFinishThreads,
+            rc = launch<ssm_bwd_finish_kernel<T>>(r, bwd_finish_grid(bp.f, r.d->sm_count), kFinishThreads,
                                                           "selective_scan_backward's per-channel kernel", st, bp);
     }
     rc = realign_finish(r, ra, rc, st);
     if (rc == FX_OK)
-        rc = fx_launch_sums(r, bwd_sums(a, bp, sz), "selective_scan_backward sums kernel", st);
-    fx_cuda_release(r, scratch);
+        rc = launch_sums(r, bwd_sums(a, bp, sz), "selective_scan_backward sums kernel", st);
+    give_back(r, scratch);
     return rc;
 }
 
-} // namespace launch
+} // namespace detail
 
-template <typename T> int backward(const fx_cuda_run &r, const fx_ssm_bwd_args *a, fx_status *st)
+template <typename T> int backward(const Run &r, const fx_ssm_bwd_args *a, fx_status *st)
 {
-    if (launch::expect_states_aligned(nullptr, a->fwd.saved, "selective_scan_backward", st))
+    if (detail::expect_states_aligned(nullptr, a->fwd.saved, "selective_scan_backward", st))
         return st->code;
     return with_bwd_config<T>(a, st, [&](auto cfg, auto sl) {
-        return launch::launch_backward<T, decltype(cfg), decltype(sl)::value>(r, a, st);
+        return detail::launch_backward<T, decltype(cfg), decltype(sl)::value>(r, a, st);
     });
 }
 
@@ -220,14 +220,14 @@ template <typename T> int backward(const fx_cuda_run &r, const fx_ssm_bwd_args *
 // so that a file that calls them (ssm.cu) instantiates none, and defined by
 // that type's unit (ssm_<type>.cu).
 #define FX_SSM_INSTANTIATION(KEYWORD, T)                                                               \
-    KEYWORD template int forward<T>(const fx_cuda_run &, const fx_ssm_fwd_args *, fx_status *);        \
-    KEYWORD template int backward<T>(const fx_cuda_run &, const fx_ssm_bwd_args *, fx_status *);       \
-    KEYWORD template int step<T>(const fx_cuda_run &, const fx_ssm_step_args *, fx_status *);
+    KEYWORD template int forward<T>(const Run &, const fx_ssm_fwd_args *, fx_status *);        \
+    KEYWORD template int backward<T>(const Run &, const fx_ssm_bwd_args *, fx_status *);       \
+    KEYWORD template int step<T>(const Run &, const fx_ssm_step_args *, fx_status *);
 
 FX_SSM_INSTANTIATION(extern, float)
 FX_SSM_INSTANTIATION(extern, __nv_bfloat16)
 FX_SSM_INSTANTIATION(extern, __half)
 
-} // namespace fx_ssm
+} // namespace fx::cuda::ssm
 
 #endif

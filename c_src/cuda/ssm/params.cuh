@@ -36,7 +36,7 @@
 #include "cuda/warp_sum.cuh"
 #include "fusex_ssm.h"
 
-namespace fx_ssm {
+namespace fx::cuda::ssm {
 
 constexpr int kThreads = 128;       // step blocks
 constexpr int kFwdMaxThreads = 128; // forward blocks: up to 4 warps
@@ -110,13 +110,13 @@ __device__ __forceinline__ float log1p_unit(float v)
 // PyTorch's threshold.
 __device__ __forceinline__ float softplus(float u)
 {
-    return fmaxf(u, 0.0f) + log1p_unit(fx_fast_exp(-fabsf(u)));
+    return fmaxf(u, 0.0f) + log1p_unit(fast_exp(-fabsf(u)));
 }
 
 // softplus(u) and its derivative sigmoid(u) from one exp.
 __device__ __forceinline__ void softplus_and_grad(float u, float &sp, float &grad)
 {
-    const float v = fx_fast_exp(-fabsf(u)); // e^-|u|
+    const float v = fast_exp(-fabsf(u)); // e^-|u|
     sp = fmaxf(u, 0.0f) + log1p_unit(v);
     const float r = __fdividef(1.0f, 1.0f + v);
     grad = u >= 0.0f ? r : v * r;
@@ -124,9 +124,9 @@ __device__ __forceinline__ void softplus_and_grad(float u, float &sp, float &gra
 
 // Fast division (reciprocal on the SFU, ~2 ulp): once per (step, channel).
 // For x below ~-88 the denominator is inf and the result 0, as it should be.
-__device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.0f, 1.0f + fx_fast_exp(-x)); }
+__device__ __forceinline__ float sigmoid(float x) { return __fdividef(1.0f, 1.0f + fast_exp(-x)); }
 __device__ __forceinline__ float softplus_grad(float u) { return sigmoid(u); }
-__device__ __forceinline__ float silu(float z) { return __fdividef(z, 1.0f + fx_fast_exp(-z)); }
+__device__ __forceinline__ float silu(float z) { return __fdividef(z, 1.0f + fast_exp(-z)); }
 __device__ __forceinline__ float silu_grad(float z)
 {
     float s = sigmoid(z);
@@ -135,7 +135,7 @@ __device__ __forceinline__ float silu_grad(float z)
 
 template <typename T> __device__ __forceinline__ float ld(const void *p, int64_t i)
 {
-    return fx_elem<T>::load(static_cast<const T *>(p)[i]);
+    return Elem<T>::load(static_cast<const T *>(p)[i]);
 }
 
 // Sum over the LANES consecutive lanes of a channel; every lane gets it.
@@ -186,20 +186,20 @@ template <> struct Raw16<__nv_bfloat16> {
 
 // Four consecutive elements of an input type, as one load unit.
 template <typename T> struct Quad {
-    typedef uint2 raw; // four 16-bit floats, the first in the low half of x
+    typedef uint2 Raw; // four 16-bit floats, the first in the low half of x
     __device__ __forceinline__ static float elem(uint32_t word, int half)
     {
         typename Raw16<T>::type r;
         r.x = (unsigned short)(half ? word >> 16 : word);
-        return fx_elem<T>::load(T(r));
+        return Elem<T>::load(T(r));
     }
-    __device__ __forceinline__ static float4 to_float(raw r)
+    __device__ __forceinline__ static float4 to_float(Raw r)
     {
         return make_float4(elem(r.x, 0), elem(r.x, 1), elem(r.y, 0), elem(r.y, 1));
     }
 };
 template <> struct Quad<float> {
-    typedef float4 raw;
+    typedef float4 Raw;
     __device__ __forceinline__ static float4 to_float(float4 r) { return r; }
 };
 
@@ -383,7 +383,7 @@ template <typename T, int NPAD> __host__ __device__ inline bool bc_rows_copy(con
 // element by element: a load, then a store that waits on it, which made
 // the 16-bit plain kernels of dstate 128 2x slower (bench/RESULTS.md).
 // HINT: where the copies are cached (FwdStage::BC_HINT).
-template <typename T, int NPAD, int STEPS, fx_copy_hint HINT = FX_COPY_L2>
+template <typename T, int NPAD, int STEPS, CopyHint HINT = kCopyL2>
 __device__ __forceinline__ void load_bc_rows(const ScanParams &p, const Tile &t, int t0, int lane, T *raw_b,
                                              T *raw_c)
 {
@@ -397,8 +397,8 @@ __device__ __forceinline__ void load_bc_rows(const ScanParams &p, const Tile &t,
             if (UNITS % 32 == 0 || u < UNITS) {
                 const bool ok = t0 + tl < p.seqlen && n < p.dstate;
                 const int64_t i = ok ? at_btg(p, t.b, t0 + tl, t.g) + n : 0;
-                fx_copy_async<K::UB, HINT>(raw_b + u * K::EPU, b + i, ok);
-                fx_copy_async<K::UB, HINT>(raw_c + u * K::EPU, c + i, ok);
+                copy_async<K::UB, HINT>(raw_b + u * K::EPU, b + i, ok);
+                copy_async<K::UB, HINT>(raw_c + u * K::EPU, c + i, ok);
             }
         }
         return;
@@ -412,6 +412,6 @@ __device__ __forceinline__ void load_bc_rows(const ScanParams &p, const Tile &t,
     }
 }
 
-} // namespace fx_ssm
+} // namespace fx::cuda::ssm
 
 #endif

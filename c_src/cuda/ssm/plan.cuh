@@ -8,7 +8,7 @@
 #include "cuda/ssm/backward.cuh"
 #include "cuda/ssm/step.cuh"
 
-namespace fx_ssm {
+namespace fx::cuda::ssm {
 
 // ---- host side: parameters from the argument structs ----
 
@@ -275,9 +275,9 @@ template <typename T, class F> inline int with_bwd_config(const fx_ssm_bwd_args 
 }
 
 // The f32 sums of bwd_params, as written out to the gradients asked for.
-inline fx_sum_regions bwd_sums(const fx_ssm_bwd_args *a, const BwdParams &bp, const BwdScratch &sz)
+inline SumRegions bwd_sums(const fx_ssm_bwd_args *a, const BwdParams &bp, const BwdScratch &sz)
 {
-    fx_sum_regions s = {};
+    SumRegions s = {};
     s.add(bp.acc_db, a->db, sz.n_bc);
     s.add(bp.acc_dc, a->dc, sz.n_bc);
     s.add(bp.acc_da, a->da, sz.n_a);
@@ -286,6 +286,6 @@ inline fx_sum_regions bwd_sums(const fx_ssm_bwd_args *a, const BwdParams &bp, co
     return s;
 }
 
-} // namespace fx_ssm
+} // namespace fx::cuda::ssm
 
 #endif

@@ -4,7 +4,7 @@
 
 #include "cuda/ssm/params.cuh"
 
-namespace fx_ssm {
+namespace fx::cuda::ssm {
 
 // ---- single step ----
 
@@ -32,16 +32,16 @@ __global__ void __launch_bounds__(kThreads) ssm_step_kernel(const StepParams p)
     const int64_t ch = (int64_t)b * p.dim + d; // b * dim + d
     const int64_t row = ((int64_t)b * p.groups + (p.groups == 1 ? 0 : d / p.cpg)) * p.dstate;
     const float x = ok ? ld<T>(p.x, ch) : 0.0f;
-    const float u = ok ? ld<T>(p.dt, ch) + (p.dt_bias ? fx_load_any(p.dt_bias, p.bias_type, d) : 0.0f) : 0.0f;
+    const float u = ok ? ld<T>(p.dt, ch) + (p.dt_bias ? load_any(p.dt_bias, p.bias_type, d) : 0.0f) : 0.0f;
     const float zv = ok && p.z ? ld<T>(p.z, ch) : 0.0f;
-    const float dskip = ok && p.d ? fx_load_any(p.d, p.d_type, d) : 0.0f;
+    const float dskip = ok && p.d ? load_any(p.d, p.d_type, d) : 0.0f;
     float h[NPL], a2[NPL], bv[NPL], cv[NPL];
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
         const int n = state_of<C>(q, i);
         const bool nok = ok && n < p.dstate;
         h[i] = nok ? p.state[ch * p.dstate + n] : 0.0f;
-        a2[i] = nok ? fx_load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * fx_log2e : 0.0f;
+        a2[i] = nok ? load_any(p.a, p.a_type, (int64_t)d * p.dstate + n) * kLog2e : 0.0f;
         bv[i] = nok ? ld<T>(p.b, row + n) : 0.0f;
         cv[i] = nok ? ld<T>(p.c, row + n) : 0.0f;
     }
@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kThreads) ssm_step_kernel(const StepParams p)
     float acc = 0.0f;
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
-        h[i] = fmaf(fx_fast_exp2(delta * a2[i]), h[i], dx * bv[i]);
+        h[i] = fmaf(fast_exp2(delta * a2[i]), h[i], dx * bv[i]);
         acc = fmaf(cv[i], h[i], acc);
     }
 #pragma unroll
@@ -59,10 +59,10 @@ __global__ void __launch_bounds__(kThreads) ssm_step_kernel(const StepParams p)
     acc = lane_sum<C::LANES>(acc);
     if (ok && q == 0) {
         const float y = acc + dskip * x;
-        static_cast<T *>(p.y)[ch] = fx_elem<T>::store(p.z ? y * silu(zv) : y);
+        static_cast<T *>(p.y)[ch] = Elem<T>::store(p.z ? y * silu(zv) : y);
     }
 }
 
-} // namespace fx_ssm
+} // namespace fx::cuda::ssm
 
 #endif

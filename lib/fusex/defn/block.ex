@@ -17,8 +17,7 @@ defmodule Fusex.Defn.Block do
     * `:save_every` - for the selective scan's forward and backward, the
       steps between saved states (`K` of docs/XLA.md), or `nil` where there
       are none (`seqlen <= K`): the forward then returns no `saved` and the
-      backward takes none, which the target cannot express (a dimension of
-      0), so that block always runs its default implementation.
+      backward takes none, as docs/XLA.md has it.
 
   Needs no Nx: it is data.
   """

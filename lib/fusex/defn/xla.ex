@@ -16,9 +16,7 @@ defmodule Fusex.Defn.XLA do
       implementation and a warning says why, once);
     * the handler takes the operands' types: `{f,32}`, `{bf,16}`, `{f,16}`
       (and `{f,64}` on `:host`); on `:cuda` the selective scan's `dstate`
-      is at most 256;
-    * for the selective scan's backward, the forward saved states (see
-      `Fusex.Defn.Block`).
+      is at most 256.
 
   Otherwise the answer is `:skip`, and EXLA compiles the block's default
   implementation (plain Nx) instead.
@@ -51,19 +49,13 @@ defmodule Fusex.Defn.XLA do
     types = if platform == :host, do: [{:f, 64} | @types], else: @types
     main = main_operand(block, args)
 
-    Enum.all?(args, &(&1.type in types)) and saved_states?(block) and state_type?(block, args, main) and
-      dstate_ok?(block, args, platform)
+    Enum.all?(args, &(&1.type in types)) and state_type?(block, args, main) and dstate_ok?(block, args, platform)
   end
 
   # The operand whose type is the op's input type (a step's first operand
   # is its state).
   defp main_operand(%Block{direction: :step}, [_state, main | _]), do: main
   defp main_operand(_block, [main | _]), do: main
-
-  # The selective scan's backward takes the states its forward saved; with
-  # none (seqlen <= K) it has no operand for them (no dimension may be 0).
-  defp saved_states?(%Block{op: :selective_scan, direction: :bwd, save_every: nil}), do: false
-  defp saved_states?(_block), do: true
 
   # The selective scan step's state is the state type of its input type.
   defp state_type?(%Block{op: :selective_scan, direction: :step}, [state | _], main),
