@@ -233,7 +233,7 @@ def main():
         lines.append(f"| {r['op']} | {r['shape']} | {fmt(r['kernel'])} | {fmt(r['pipelined'])} | {fmt(r['e2e'])} "
                      f"| {r['note']} |")
     fwd = rows[0]  # the large selective scan forward
-    assoc = [r for r in rows if r["op"].startswith("JAX")]
+    assoc = [r for r in rows if r["op"].startswith("JAX lax.associative_scan")]
     if assoc:
         lines.append("")
         lines.append(f"JAX's associative scan / fusex (e2e): {assoc[0]['e2e'] / fwd['e2e']:.1f}x")
