@@ -47,12 +47,36 @@ NVCCFLAGS  += -std=c++17 $(NVCC_GENCODE) -Iinclude -Ic_src --expt-relaxed-conste
 NIF_SO     := priv/fusex_nif.so
 CUDA_SO    := $(if $(NVCC),priv/fusex_cuda.so)
 
-.PHONY: all nif deps erl test test-c test-erl test-ex test-emu test-gpu test-ipc sanitize bench demo docs clean \
-        test-emu-ssm test-asan
+# The XLA custom-call targets (c_src/xla, docs/XLA.md): plain C and C++ (no
+# nvcc: the CUDA handlers launch through priv/fusex_cuda.so), built against
+# the XLA FFI API 0.2 headers that tools/xla_headers.sh finds
+# (XLA_FFI_INCLUDE, else jaxlib 0.9.0's from PyPI). The core is linked in
+# with every symbol hidden but the handlers and include/fusex_xla.h, so it
+# never meets the NIF's own copy in a BEAM process.
+XLA_SO     := priv/fusex_xla.so
+XLA_C_SRC  := $(wildcard c_src/xla/*.c)
+XLA_CC_SRC := $(wildcard c_src/xla/*.cc)
+XLA_OBJ    := $(XLA_C_SRC:%.c=$(BUILD)/%.o) $(XLA_CC_SRC:%.cc=$(BUILD)/%.o)
+XLA_FFI_INC ?=
+XLA_HDRS   := $(XLA_FFI_INC)/xla/ffi/api/ffi.h $(XLA_FFI_INC)/xla/ffi/api/api.h $(XLA_FFI_INC)/xla/ffi/api/c_api.h
+CXXFLAGS   ?= -O2 -g
+XLA_CXXFLAGS := $(CXXFLAGS) -std=c++17 -fPIC -fvisibility=hidden $(WARN) -isystem $(XLA_FFI_INC) -Iinclude -Ic_src
+
+.PHONY: all nif xla deps erl test test-c test-erl test-ex test-emu test-gpu test-ipc sanitize bench demo docs clean \
+        test-emu-ssm test-jax test-jax-gpu test-xla-c test-xla-c-gpu xla-fixtures test-asan
 
 all: nif erl
 
-nif: $(NIF_SO) $(CUDA_SO)
+nif: $(NIF_SO) $(CUDA_SO) xla
+
+# Builds priv/fusex_xla.so where the headers are found; says why not
+# otherwise and builds the rest (make test then fails in test-jax).
+xla: $(BUILD)/libfusex_core.a
+	+@$(call xla_submake,$(XLA_SO))
+
+# A recipe line: where the headers are found, makes $(1) with them; says
+# why not otherwise (and succeeds: what needs the targets fails later).
+xla_submake = if inc=$$(bash tools/xla_headers.sh $(BUILD)/xla_ffi); then $(MAKE) --no-print-directory $(1) XLA_FFI_INC="$$inc"; else echo "fusex: XLA targets not built: $$inc"; fi
 
 deps:
 	@bash tools/deps.sh
@@ -81,6 +105,54 @@ $(BUILD)/libfusex_core.a: $(CORE_OBJ)
 $(NIF_SO): $(NIF_OBJ) $(BUILD)/libfusex_core.a
 	@mkdir -p priv
 	$(CC) -shared -o $@ $(NIF_OBJ) $(BUILD)/libfusex_core.a $(LDLIBS)
+
+$(BUILD)/c_src/xla/%.o: c_src/xla/%.c $(XLA_HDRS)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC    $<")
+	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) -fvisibility=hidden -isystem $(XLA_FFI_INC) -c $< -o $@
+
+$(BUILD)/c_src/xla/%.o: c_src/xla/%.cc $(XLA_HDRS)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CXX   $<")
+	$(Q)$(CXX) $(XLA_CXXFLAGS) $(DEPFLAGS) -c $< -o $@
+
+$(XLA_SO): $(XLA_OBJ) $(BUILD)/libfusex_core.a c_src/xla/exports.map
+	@mkdir -p priv
+	$(CXX) -shared -o $@ $(XLA_OBJ) $(BUILD)/libfusex_core.a -Wl,-soname,fusex_xla.so -Wl,--exclude-libs,ALL \
+	  -Wl,--version-script=c_src/xla/exports.map -Wl,-z,defs $(LDLIBS)
+
+# Test fixtures of the XLA targets (test/xla), built with the same headers:
+# a stand-in libxla_extension.so and EXLA NIF for fusex_xla_SUITE, and the
+# C-level handler test (ffi_call_test: Host; ffi_call_test_cuda: with the
+# CUDA runtime, where nvcc is found).
+XLA_TEST_DIR := $(BUILD)/test_xla
+XLA_FAKE_LIB := $(XLA_TEST_DIR)/xla_extension/lib/libxla_extension.so
+XLA_FIXTURES := $(XLA_FAKE_LIB) $(XLA_TEST_DIR)/fake_exla_nif.so $(XLA_TEST_DIR)/ffi_call_test
+XLA_TEST_FLAGS := -std=c11 -O1 -g -fPIC $(WARN) -D_GNU_SOURCE -isystem $(XLA_FFI_INC) -Iinclude -Itest/xla
+CUDA_LIB   := $(if $(NVCC),$(abspath $(dir $(NVCC))../lib64))
+
+xla-fixtures: xla
+	+@$(call xla_submake,$(XLA_FIXTURES))
+
+$(XLA_FAKE_LIB): test/xla/fake_xla_api.c test/xla/fake_xla_api.h test/xla/fake_xla_extension.cc $(XLA_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(XLA_TEST_FLAGS) -c test/xla/fake_xla_api.c -o $(XLA_TEST_DIR)/fake_xla_api.o
+	$(CXX) -std=c++17 -O1 -fPIC -shared $(WARN) -isystem $(XLA_FFI_INC) -Itest/xla test/xla/fake_xla_extension.cc \
+	  $(XLA_TEST_DIR)/fake_xla_api.o -Wl,-soname,libxla_extension.so -o $@ -lpthread
+
+$(XLA_TEST_DIR)/fake_exla_nif.so: test/xla/fake_exla_nif.c $(XLA_FAKE_LIB)
+	$(CC) $(XLA_TEST_FLAGS) -I$(ERTS_INC) -shared $< -L$(dir $(XLA_FAKE_LIB)) -lxla_extension \
+	  -Wl,-rpath,'$$ORIGIN/xla_extension/lib' -o $@
+
+XLA_CTEST_SRC := test/xla/ffi_call_test.c test/xla/fake_xla_api.c
+$(XLA_TEST_DIR)/ffi_call_test: $(XLA_CTEST_SRC) test/xla/fake_xla_api.h $(HEADERS) $(XLA_SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(XLA_TEST_FLAGS) $(XLA_CTEST_SRC) $(XLA_SO) -Wl,-rpath,$(abspath priv) -ldl -lm -lpthread -o $@
+
+$(XLA_TEST_DIR)/ffi_call_test_cuda: $(XLA_CTEST_SRC) test/xla/fake_xla_api.h $(HEADERS) $(XLA_SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(XLA_TEST_FLAGS) -DFX_XLA_TEST_CUDA -isystem $(CUDA_INC) $(XLA_CTEST_SRC) $(XLA_SO) \
+	  -Wl,-rpath,$(abspath priv) -L$(CUDA_LIB) -lcudart_static -lrt -ldl -lm -lpthread -o $@
 
 # Static cudart: the backend needs only the driver (libcuda.so.1) at run time.
 priv/fusex_cuda.so: $(CUDA_OBJ)
@@ -144,22 +216,50 @@ else
 	@echo "test-emu-ssm: skipped (nvcc and the CUDA headers not found)"
 endif
 
-test-erl: all
+test-erl: all xla-fixtures
 	$(REBAR3) eunit
-	$(REBAR3) ct --readable=compact
+	FUSEX_TEST_XLA_DIR=$(abspath $(XLA_TEST_DIR)) $(REBAR3) ct --readable=compact
 
 # The ExUnit suite, with Nx from hex, the offline kit, or none (then the
 # Nx tests are listed as skipped); see tools/test_ex.sh.
 test-ex:
 	@bash tools/test_ex.sh
 
+# The XLA handlers called as XLA calls them, through a stand-in FFI API
+# (test/xla/ffi_call_test.c): Host here; on a GPU the CUDA handlers on a
+# stream of the test's own against the Host ones (also under
+# compute-sanitizer, in sanitize).
+test-xla-c: xla-fixtures
+	@test -f $(XLA_TEST_DIR)/ffi_call_test || { echo "test-xla-c: not built (see \"fusex: XLA targets not built\" above)"; exit 1; }
+	$(XLA_TEST_DIR)/ffi_call_test
+
+test-xla-c-gpu: xla
+	+@$(call xla_submake,$(XLA_TEST_DIR)/ffi_call_test_cuda)
+	$(XLA_TEST_DIR)/ffi_call_test_cuda
+
+# fusex for JAX (python/fusex_jax) on the CPU, in a venv with jax 0.9.0 made
+# from PyPI when missing (tools/jax_venv.sh; it fails, saying why, where it
+# cannot be made). FUSEX_SEED and FUSEX_JAX_ONLY (a substring of case names)
+# in the environment pick the seed and the cases.
+JAX_VENV := $(BUILD)/jax-venv
+test-jax: nif
+	@test -f $(XLA_SO) || { echo "test-jax: $(XLA_SO) was not built (see \"fusex: XLA targets not built\" above)"; exit 1; }
+	@py=$$(bash tools/jax_venv.sh $(JAX_VENV)) && PYTHONPATH=python $$py test/python/test_fusex_jax.py
+
+# The same on the GPU with the machine's own python3 and JAX (CUDA), which
+# must be there: nothing is installed. Also compares with the CPU handlers.
+test-jax-gpu: nif
+	@test -f $(XLA_SO) || { echo "test-jax-gpu: $(XLA_SO) was not built"; exit 1; }
+	FUSEX_JAX_PLATFORM=cuda PYTHONPATH=python python3 test/python/test_fusex_jax.py
+
 test: deps
 	$(MAKE) all
-	$(MAKE) test-c test-erl test-ex
+	$(MAKE) test-c test-erl test-ex test-xla-c test-jax
 
 # The same suites, forced onto CUDA; fails where there is no GPU.
 test-gpu: all $(BUILD)/fusex_check
 	FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 $(MAKE) test-c test-erl test-ex
+	$(MAKE) test-xla-c-gpu test-jax-gpu
 	$(MAKE) sanitize
 
 # The cross-process CUDA IPC test against PyTorch alone (also part of
@@ -177,6 +277,10 @@ sanitize: nif $(BUILD)/fusex_check
 	  compute-sanitizer --tool racecheck --error-exitcode 1 $(BUILD)/fusex_check
 	FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 FUSEX_PRIV=priv CK_FORK=no FUSEX_QUICK=1 \
 	  compute-sanitizer --tool synccheck --error-exitcode 1 $(BUILD)/fusex_check
+	+@$(call xla_submake,$(XLA_TEST_DIR)/ffi_call_test_cuda)
+	for tool in memcheck racecheck synccheck; do \
+	  compute-sanitizer --tool $$tool --error-exitcode 1 $(XLA_TEST_DIR)/ffi_call_test_cuda || exit 1; \
+	done
 
 # ---- AddressSanitizer + UndefinedBehaviorSanitizer ----
 # The NIF and the Check suite built again with -fsanitize=address,undefined
@@ -258,4 +362,4 @@ docs:
 	$(REBAR3) edoc
 
 clean:
-	rm -rf $(BUILD) $(ASAN) priv/fusex_nif.so priv/fusex_cuda.so _build
+	rm -rf $(BUILD) $(ASAN) priv/fusex_nif.so priv/fusex_cuda.so priv/fusex_xla.so _build

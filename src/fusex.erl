@@ -43,6 +43,9 @@
 -export_type([selective_scan_opts/0, selective_scan_step_opts/0, selective_scan_ctx/0,
               selective_scan_grads/0]).
 
+%% XLA custom-call targets (see docs/XLA.md).
+-export([xla_register/0, xla_register/1]).
+
 -type tensor() :: reference().
 %% A handle to a tensor resident on a device.
 -type type() :: {f, 32} | {f, 64} | {bf, 16} | {f, 16} | {s, 32} | {s, 64} | {u, 8}.
@@ -736,3 +739,36 @@ selective_scan_saved_shape(XShape, BShape, Type) ->
 -spec selective_scan_save_every(XShape :: shape(), BShape :: shape(), Type :: type()) -> pos_integer().
 selective_scan_save_every(XShape, BShape, Type) ->
     ?NIF:selective_scan_save_every(XShape, BShape, Type).
+
+%% ---------------------------------------------------------------------
+%% XLA custom-call targets
+%% ---------------------------------------------------------------------
+
+%% @doc Registers fusex's XLA custom-call targets (`fusex_<op>_<fwd|bwd|step>',
+%% docs/XLA.md) for the platforms `Host' and `CUDA' with the XLA that EXLA
+%% loaded in this VM (`libxla_extension.so'), so that compiled programs
+%% (EXLA's `Nx.block' custom calls) can call fusex's kernels. Call it after
+%% EXLA is loaded and before the first compilation that uses a target.
+%% Registering again is `ok' and does nothing; safe from any process.
+%%
+%% Returns `{error, Reason}' where no XLA is loaded yet (EXLA not started),
+%% where `priv/fusex_xla.so' was not built (`make' says why), or where XLA
+%% refuses a target.
+-spec xla_register() -> ok | {error, Reason :: binary()}.
+xla_register() -> ?NIF:xla_register(undefined).
+
+%% @doc As {@link xla_register/0}, with the XLA in `Library': the path or
+%% soname of an XLA library already loaded in this VM (it is looked up,
+%% never loaded), which exports `XLA_FFI_GetApi' or
+%% `xla::ffi::GetXlaFfiApi()'.
+-spec xla_register(Library :: file:filename_all()) -> ok | {error, Reason :: binary()}.
+xla_register(Library) ->
+    Bin = try unicode:characters_to_binary(Library) catch error:_ -> error end,
+    case is_binary(Bin) andalso Bin =/= <<>> andalso binary:match(Bin, <<0>>) =:= nomatch of
+        true -> ?NIF:xla_register(Bin);
+        false -> erlang:error({badarg, bad_library(Library)})
+    end.
+
+bad_library(Library) ->
+    iolist_to_binary(io_lib:format("library: expected the path or soname of a loaded XLA library, got ~0tP",
+                                   [Library, 10])).

@@ -13,6 +13,7 @@
          linear_scan_step/4, mingru_step/4, minlstm_step/5, liquid_step/5]).
 -export([selective_scan/6, selective_scan_backward/3, selective_scan_step/7,
          selective_scan_saved_shape/3, selective_scan_save_every/3]).
+-export([xla_register/1]).
 
 -on_load(init/0).
 
@@ -81,3 +82,4 @@ selective_scan_backward(_Dy, _Ctx, _Opts) -> ?NOT_LOADED.
 selective_scan_step(_State, _X, _Dt, _A, _B, _C, _Opts) -> ?NOT_LOADED.
 selective_scan_saved_shape(_XShape, _BShape, _Type) -> ?NOT_LOADED.
 selective_scan_save_every(_XShape, _BShape, _Type) -> ?NOT_LOADED.
+xla_register(_Library) -> ?NOT_LOADED.

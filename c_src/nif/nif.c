@@ -5,10 +5,13 @@
 #include "fusex_cpu.h"
 #include "nif/nifs.h"
 
+static char priv_dir[4096] = "priv";
+
+const char *fx_nif_priv_dir(void) { return priv_dir; }
+
 static int on_load(ErlNifEnv *env, void **priv, ERL_NIF_TERM load_info)
 {
     (void)priv;
-    char priv_dir[4096];
     if (enif_get_string(env, load_info, priv_dir, sizeof priv_dir, ERL_NIF_LATIN1) <= 0)
         strcpy(priv_dir, "priv");
     fx_status st;
@@ -30,6 +33,7 @@ static ErlNifFunc nif_funcs[] = {
     FX_OPTIM_NIFS,
     FX_LINREC_NIFS,
     FX_SSM_NIFS,
+    FX_XLA_NIFS,
 };
 
 ERL_NIF_INIT(fusex_nif, nif_funcs, on_load, NULL, on_upgrade, NULL)

@@ -71,6 +71,10 @@ int fx_opt_double(fx_call *c, ERL_NIF_TERM opts, const char *key, double dflt, d
 /* The raw value, for options with their own syntax; false when absent. */
 bool fx_opt_term(fx_call *c, ERL_NIF_TERM opts, const char *key, ERL_NIF_TERM *value);
 
+/* The directory the NIF was loaded from (fusex's priv), where
+ * fusex_cuda.so and fusex_xla.so lie. */
+const char *fx_nif_priv_dir(void);
+
 /* ---- results ---- */
 ERL_NIF_TERM fx_atom(ErlNifEnv *env, const char *name);
 /* Wraps `t` (its buffer reference moves into the new handle; released if

@@ -110,4 +110,10 @@ ERL_NIF_TERM nif_selective_scan_save_every(ErlNifEnv *, int, const ERL_NIF_TERM[
     {"selective_scan_saved_shape", 3, nif_selective_scan_saved_shape, 0},    \
     {"selective_scan_save_every", 3, nif_selective_scan_save_every, 0}
 
+/* xla_nif.c: registration of the XLA custom-call targets (docs/XLA.md);
+ * dirty IO: it may load a library. */
+ERL_NIF_TERM nif_xla_register(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+
+#define FX_XLA_NIFS {"xla_register", 1, nif_xla_register, ERL_NIF_DIRTY_JOB_IO_BOUND}
+
 #endif

@@ -191,7 +191,8 @@ static void run_once(const bench_case *c, run_state *r)
     }
     if (c->mode != BWD && fx_op_linrec_forward_into(NULL, &r->p, NULL, tiles, &r->h, NULL, &st))
         die("forward", &st);
-    if (c->mode != FWD && fx_op_linrec_backward_into(NULL, &r->p, NULL, &r->h, &r->dh, NULL, tiles, &r->g, &st))
+    fx_linrec_grad_outs outs = fx_linrec_grad_outs_of(&r->g);
+    if (c->mode != FWD && fx_op_linrec_backward_into(NULL, &r->p, NULL, &r->h, &r->dh, NULL, tiles, &outs, &st))
         die("backward", &st);
 }
 

@@ -464,7 +464,8 @@ static void lr_ops(lr_run *r, bool cpu, lane *l)
         ba.ddt = r->dt_tensor ? &g.dt : NULL;
         ex = lane_exec(l, l->dev->backend->linrec->backward_scratch(&l->ex, &ba));
     }
-    fx_op_linrec_backward_into(ex, &p, h0, T(h), T(dh), NULL, 0, &g, &st);
+    fx_linrec_grad_outs outs = fx_linrec_grad_outs_of(&g);
+    fx_op_linrec_backward_into(ex, &p, h0, T(h), T(dh), NULL, 0, &outs, &st);
     FX_CK_OK(st);
     fx_linrec_problem sp;
     lr_problem(r, cpu, true, &sp);

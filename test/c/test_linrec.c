@@ -232,8 +232,9 @@ static void run_backward(fx_device *dev, const lr_case *c, const lr_host *x, con
     poison(&g.lam);
     poison(&g.dt);
     poison(&g.h0);
+    fx_linrec_grad_outs outs = fx_linrec_grad_outs_of(&g);
     fx_op_linrec_backward_into(NULL, &d.p, c->h0 ? &d.in.h0 : NULL, &h, &tdh, c->dstate ? &tds : NULL,
-                               c->max_tile, &g, &st);
+                               c->max_tile, &outs, &st);
     ck_assert_msg(st.code == FX_OK, "%s: %s", describe(c), st.msg);
     for (int k = 0; k < FX_LINREC_MAX_SEQ; k++)
         out->seq[k] = read_if(&g.seq[k]);
@@ -1071,6 +1072,13 @@ START_TEST(validation_messages)
                   "dt: expected shape {2,3,1} ([batch, seqlen, 1]), got {2,1}");
     EXPECT_BADARG(fx_op_linrec_step(LIQ(r2, r1, r1, t3), r2, o1, &st_),
                   "dt: expected shape {2,1} ([batch, 1]), got {2,3,1}");
+    /* a scalar dt that is not a positive number (the NIF refuses it first;
+     * an XLA custom call passes it as an attribute) */
+    p = (fx_linrec_problem){.kind = FX_LINREC_LIQUID, .seq = {x}, .tau = r1, .lam = r1, .dt_value = -0.5};
+    EXPECT_BADARG(fx_op_linrec_forward(&p, NULL, false, 0, o1, o2, &st_),
+                  "dt: expected a positive number or a tensor ([batch, seqlen, 1]), got -0.5");
+    p = (fx_linrec_problem){.kind = FX_LINREC_LIQUID, .seq = {r2}, .tau = r1, .lam = r1, .dt_value = NAN};
+    EXPECT_BADARG(fx_op_linrec_step(&p, r2, o1, &st_), "dt: expected a positive number or a tensor ([batch, 1]), got nan");
     EXPECT_BADARG(fx_op_linrec_step(GRU(r2, r2), r2b, o1, &st_),
                   "state: expected shape {2,4} ([batch, hidden]), got {2,5}");
     EXPECT_BADARG(fx_op_linrec_step(GRU(x, x), r2, o1, &st_),
@@ -1093,6 +1101,26 @@ START_TEST(validation_messages)
                   "dh: expected type {f,32}, got {f,16}");
     EXPECT_BADARG(fx_op_linrec_backward(&saved, NULL, &vm.h, y, r2b, 0, &vm.g, &st_),
                   "dstate: expected shape {2,4} ([batch, hidden]), got {2,5}");
+    /* the backward into the caller's outputs checks the forward's inputs,
+     * its output and the gradients' presence */
+    {
+        fx_linrec_grads g;
+        fx_status_clear(&st);
+        ck_assert_int_eq(fx_linrec_grads_alloc(&saved, NULL, &g, &st), FX_OK);
+        fx_linrec_grad_outs outs = fx_linrec_grad_outs_of(&g);
+        EXPECT_BADARG(fx_op_linrec_backward_into(NULL, &saved, NULL, wrong_shape, y, NULL, 0, &outs, &st_),
+                      "h: expected shape {2,3,4} ([batch, seqlen, hidden], the forward's output), got {2,3,5}");
+        EXPECT_BADARG(fx_op_linrec_backward_into(NULL, GRU(x, f16), NULL, &vm.h, y, NULL, 0, &outs, &st_),
+                      "cand: expected type {f,32}, got {f,16}");
+        outs.seq[1] = NULL;
+        EXPECT_BADARG(fx_op_linrec_backward_into(NULL, &saved, NULL, &vm.h, y, NULL, 0, &outs, &st_),
+                      "dcand: expected a gradient tensor (its input was given)");
+        outs = fx_linrec_grad_outs_of(&g);
+        outs.h0 = y;
+        EXPECT_BADARG(fx_op_linrec_backward_into(NULL, &saved, NULL, &vm.h, y, NULL, 0, &outs, &st_),
+                      "dh0: expected a gradient tensor only where its input was given");
+        fx_linrec_tensors_release(&g);
+    }
 
     if (dev->kind != FX_DEVICE_CPU) {
         fx_test_tensor(fx_cpu_device(), FX_F32, 3, d3, v, &vm.host);
