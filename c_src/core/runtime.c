@@ -18,9 +18,9 @@ static const char *init_priv_dir;
 static const fx_backend *init_host;
 static fx_status init_status;
 
-static void add_device(const fx_backend *backend, fx_device_kind kind, int ordinal)
+void fx_device_init(fx_device *dev, fx_device_kind kind, int ordinal, const fx_backend *backend)
 {
-    fx_device *dev = &devices[device_total++];
+    memset(dev, 0, sizeof *dev);
     dev->kind = kind;
     dev->ordinal = ordinal;
     dev->backend = backend;
@@ -35,6 +35,11 @@ static void add_device(const fx_backend *backend, fx_device_kind kind, int ordin
     pthread_mutex_init(&dev->registry_lock, NULL);
     dev->registry_head = NULL;
     dev->freed_next = 0;
+}
+
+static void add_device(const fx_backend *backend, fx_device_kind kind, int ordinal)
+{
+    fx_device_init(&devices[device_total++], kind, ordinal, backend);
 }
 
 static int backend_compatible(const fx_backend *b)

@@ -24,26 +24,9 @@ static const fx_backend *cuda_backend;
 static char cuda_reason[1024] = "the CUDA backend was not loaded";
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
 
-static void device_init(fx_device *dev, fx_device_kind kind, int ordinal, const fx_backend *backend)
-{
-    memset(dev, 0, sizeof *dev);
-    dev->kind = kind;
-    dev->ordinal = ordinal;
-    dev->backend = backend;
-    if (kind == FX_DEVICE_CPU)
-        snprintf(dev->label, sizeof dev->label, "cpu");
-    else
-        snprintf(dev->label, sizeof dev->label, "cuda:%d", ordinal);
-    /* Accounting and the pointer registry serve fusex's own buffers; XLA's
-     * never enter them. */
-    atomic_init(&dev->allocated, 0);
-    atomic_init(&dev->peak, 0);
-    atomic_init(&dev->live_tensors, 0);
-    atomic_init(&dev->queued_ops, 0);
-    pthread_mutex_init(&dev->registry_lock, NULL);
-}
-
-static void host_init(void) { device_init(&host_device, FX_DEVICE_CPU, 0, &fx_cpu_backend); }
+/* The records' accounting and pointer registry serve fusex's own buffers;
+ * XLA's never enter them. */
+static void host_init(void) { fx_device_init(&host_device, FX_DEVICE_CPU, 0, &fx_cpu_backend); }
 
 /* priv/fusex_cuda.so next to this library (FUSEX_CUDA_LIB overrides). */
 static int cuda_library_path(char *path, size_t len)
@@ -103,7 +86,7 @@ static void cuda_load(void)
     }
     cuda_count = count < MAX_CUDA_DEVICES ? count : MAX_CUDA_DEVICES;
     for (int i = 0; i < cuda_count; i++)
-        device_init(&cuda_devices[i], FX_DEVICE_CUDA, i, backend);
+        fx_device_init(&cuda_devices[i], FX_DEVICE_CUDA, i, backend);
     cuda_backend = backend;
     cuda_reason[0] = '\0';
 }
