@@ -17,7 +17,7 @@
 %% generator seeded with {Seed, I}, so one case replays alone.
 %%
 %%   FUSEX_FUZZ_SEED=S     the seed (default: FUSEX_SEED, else the clock); printed
-%%   FUSEX_FUZZ_CASES=N    how many cases (default 20000: about 25 s on 2 cores)
+%%   FUSEX_FUZZ_CASES=N    how many cases (default 20000: 8 to 25 s on 2 cores)
 %%   FUSEX_FUZZ_CASE=I     run case I only (with its seed: a failure's replay)
 %%   FUSEX_FUZZ_TRACE=1    print every case before it runs (to find the one
 %%                         that took the VM down)
