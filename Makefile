@@ -252,8 +252,12 @@ test-jax-gpu: nif
 	@test -f $(XLA_SO) || { echo "test-jax-gpu: $(XLA_SO) was not built"; exit 1; }
 	FUSEX_JAX_PLATFORM=cuda PYTHONPATH=python python3 test/python/test_fusex_jax.py
 
+# The build runs one job a core: the CUDA units (a family and an input type
+# each) take most of it and compile independently.
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+
 test: deps
-	$(MAKE) all
+	$(MAKE) -j$(JOBS) all
 	$(MAKE) test-c test-erl test-ex test-xla-c test-jax
 
 # The same suites, forced onto CUDA; fails where there is no GPU.
