@@ -5,6 +5,10 @@
 ERL        ?= erl
 REBAR3     ?= rebar3
 NVCC       ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+# The CUDA headers: nvcc's, or /usr/local/cuda's where nvcc is not used
+# (the CPU emulator of the kernels needs only them).
+CUDA_INC   ?= $(firstword $(if $(NVCC),$(abspath $(dir $(NVCC))../include)) \
+                $(patsubst %/cuda_runtime.h,%,$(wildcard /usr/local/cuda/include/cuda_runtime.h)))
 # Compute capabilities to build machine code for; the last one is also
 # embedded as PTX so newer GPUs can JIT it. `make CUDA_ARCH="80 90"`.
 CUDA_ARCH  ?= 90
@@ -23,9 +27,15 @@ endif
 
 CORE_SRC   := $(wildcard c_src/core/*.c) $(wildcard c_src/cpu/*.c)
 NIF_SRC    := $(wildcard c_src/nif/*.c)
+# One unit per family and input type (ssm_f32.cu, linrec_bf16.cu, ...), so
+# that `make -j` compiles them in parallel; the kernels live in headers
+# under c_src/cuda/<family>/.
 CUDA_SRC   := $(wildcard c_src/cuda/*.cu)
 CTEST_SRC  := $(wildcard test/c/*.c)
-HEADERS    := $(wildcard include/*.h c_src/*/*.h c_src/cuda/*.cuh)
+# Every object records the headers it read (-MMD -MP) in a .d file beside it.
+DEPFLAGS   := -MMD -MP
+# What the development tools' rules below depend on.
+HEADERS    := $(wildcard include/*.h c_src/*/*.h c_src/cuda/*.cuh c_src/cuda/*/*.cuh)
 
 CORE_OBJ   := $(CORE_SRC:%.c=$(BUILD)/%.o)
 NIF_OBJ    := $(NIF_SRC:%.c=$(BUILD)/%.o)
@@ -41,11 +51,36 @@ NVCCFLAGS  += -std=c++17 $(NVCC_GENCODE) -Iinclude -Ic_src --expt-relaxed-conste
 NIF_SO     := priv/fusex_nif.so
 CUDA_SO    := $(if $(NVCC),priv/fusex_cuda.so)
 
-.PHONY: all nif deps erl test test-c test-erl test-ex test-emu test-gpu test-ipc sanitize bench demo docs clean
+# The XLA custom-call targets (c_src/xla, docs/XLA.md): plain C and C++ (no
+# nvcc: the CUDA handlers launch through priv/fusex_cuda.so), built against
+# the XLA FFI API 0.2 headers that tools/xla_headers.sh finds
+# (XLA_FFI_INCLUDE, else jaxlib 0.9.0's from PyPI). The core is linked in
+# with every symbol hidden but the handlers and include/fusex_xla.h, so it
+# never meets the NIF's own copy in a BEAM process.
+XLA_SO     := priv/fusex_xla.so
+XLA_C_SRC  := $(wildcard c_src/xla/*.c)
+XLA_CC_SRC := $(wildcard c_src/xla/*.cc)
+XLA_OBJ    := $(XLA_C_SRC:%.c=$(BUILD)/%.o) $(XLA_CC_SRC:%.cc=$(BUILD)/%.o)
+XLA_FFI_INC ?=
+XLA_HDRS   := $(XLA_FFI_INC)/xla/ffi/api/ffi.h $(XLA_FFI_INC)/xla/ffi/api/api.h $(XLA_FFI_INC)/xla/ffi/api/c_api.h
+CXXFLAGS   ?= -O2 -g
+XLA_CXXFLAGS := $(CXXFLAGS) -std=c++17 -fPIC -fvisibility=hidden $(WARN) -isystem $(XLA_FFI_INC) -Iinclude -Ic_src
+
+.PHONY: all nif xla deps erl test test-c test-erl test-ex test-emu test-gpu test-ipc sanitize bench demo docs clean \
+        test-jax test-jax-gpu test-xla-c test-xla-c-gpu xla-fixtures test-asan
 
 all: nif erl
 
-nif: $(NIF_SO) $(CUDA_SO)
+nif: $(NIF_SO) $(CUDA_SO) xla
+
+# Builds priv/fusex_xla.so where the headers are found; says why not
+# otherwise and builds the rest (make test then fails in test-jax).
+xla: $(BUILD)/libfusex_core.a
+	+@$(call xla_submake,$(XLA_SO))
+
+# A recipe line: where the headers are found, makes $(1) with them; says
+# why not otherwise (and succeeds: what needs the targets fails later).
+xla_submake = if inc=$$(bash tools/xla_headers.sh $(BUILD)/xla_ffi); then $(MAKE) --no-print-directory $(1) XLA_FFI_INC="$$inc"; else echo "fusex: XLA targets not built: $$inc"; fi
 
 deps:
 	@bash tools/deps.sh
@@ -56,15 +91,17 @@ erl: nif
 # V=1 shows the full command lines.
 Q := $(if $(V),,@)
 
-$(BUILD)/%.o: %.c $(HEADERS)
+$(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC    $<")
-	$(Q)$(CC) $(CFLAGS) -I$(ERTS_INC) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) -I$(ERTS_INC) -c $< -o $@
 
-$(BUILD)/%.o: %.cu $(HEADERS)
+$(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC  $<")
-	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(Q)$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -c $< -o $@
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
 $(BUILD)/libfusex_core.a: $(CORE_OBJ)
 	ar rcs $@ $^
@@ -72,6 +109,54 @@ $(BUILD)/libfusex_core.a: $(CORE_OBJ)
 $(NIF_SO): $(NIF_OBJ) $(BUILD)/libfusex_core.a
 	@mkdir -p priv
 	$(CC) -shared -o $@ $(NIF_OBJ) $(BUILD)/libfusex_core.a $(LDLIBS)
+
+$(BUILD)/c_src/xla/%.o: c_src/xla/%.c $(XLA_HDRS)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC    $<")
+	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) -fvisibility=hidden -isystem $(XLA_FFI_INC) -c $< -o $@
+
+$(BUILD)/c_src/xla/%.o: c_src/xla/%.cc $(XLA_HDRS)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CXX   $<")
+	$(Q)$(CXX) $(XLA_CXXFLAGS) $(DEPFLAGS) -c $< -o $@
+
+$(XLA_SO): $(XLA_OBJ) $(BUILD)/libfusex_core.a c_src/xla/exports.map
+	@mkdir -p priv
+	$(CXX) -shared -o $@ $(XLA_OBJ) $(BUILD)/libfusex_core.a -Wl,-soname,fusex_xla.so -Wl,--exclude-libs,ALL \
+	  -Wl,--version-script=c_src/xla/exports.map -Wl,-z,defs $(LDLIBS)
+
+# Test fixtures of the XLA targets (test/xla), built with the same headers:
+# a stand-in libxla_extension.so and EXLA NIF for fusex_xla_SUITE, and the
+# C-level handler test (ffi_call_test: Host; ffi_call_test_cuda: with the
+# CUDA runtime, where nvcc is found).
+XLA_TEST_DIR := $(BUILD)/test_xla
+XLA_FAKE_LIB := $(XLA_TEST_DIR)/xla_extension/lib/libxla_extension.so
+XLA_FIXTURES := $(XLA_FAKE_LIB) $(XLA_TEST_DIR)/fake_exla_nif.so $(XLA_TEST_DIR)/ffi_call_test
+XLA_TEST_FLAGS := -std=c11 -O1 -g -fPIC $(WARN) -D_GNU_SOURCE -isystem $(XLA_FFI_INC) -Iinclude -Itest/xla
+CUDA_LIB   := $(if $(NVCC),$(abspath $(dir $(NVCC))../lib64))
+
+xla-fixtures: xla
+	+@$(call xla_submake,$(XLA_FIXTURES))
+
+$(XLA_FAKE_LIB): test/xla/fake_xla_api.c test/xla/fake_xla_api.h test/xla/fake_xla_extension.cc $(XLA_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(XLA_TEST_FLAGS) -c test/xla/fake_xla_api.c -o $(XLA_TEST_DIR)/fake_xla_api.o
+	$(CXX) -std=c++17 -O1 -fPIC -shared $(WARN) -isystem $(XLA_FFI_INC) -Itest/xla test/xla/fake_xla_extension.cc \
+	  $(XLA_TEST_DIR)/fake_xla_api.o -Wl,-soname,libxla_extension.so -o $@ -lpthread
+
+$(XLA_TEST_DIR)/fake_exla_nif.so: test/xla/fake_exla_nif.c $(XLA_FAKE_LIB)
+	$(CC) $(XLA_TEST_FLAGS) -I$(ERTS_INC) -shared $< -L$(dir $(XLA_FAKE_LIB)) -lxla_extension \
+	  -Wl,-rpath,'$$ORIGIN/xla_extension/lib' -o $@
+
+XLA_CTEST_SRC := test/xla/ffi_call_test.c test/xla/fake_xla_api.c
+$(XLA_TEST_DIR)/ffi_call_test: $(XLA_CTEST_SRC) test/xla/fake_xla_api.h $(HEADERS) $(XLA_SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(XLA_TEST_FLAGS) $(XLA_CTEST_SRC) $(XLA_SO) -Wl,-rpath,$(abspath priv) -ldl -lm -lpthread -o $@
+
+$(XLA_TEST_DIR)/ffi_call_test_cuda: $(XLA_CTEST_SRC) test/xla/fake_xla_api.h $(HEADERS) $(XLA_SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(XLA_TEST_FLAGS) -DFX_XLA_TEST_CUDA -isystem $(CUDA_INC) $(XLA_CTEST_SRC) $(XLA_SO) \
+	  -Wl,-rpath,$(abspath priv) -L$(CUDA_LIB) -lcudart_static -lrt -ldl -lm -lpthread -o $@
 
 # Static cudart: the backend needs only the driver (libcuda.so.1) at run time.
 priv/fusex_cuda.so: $(CUDA_OBJ)
@@ -87,33 +172,6 @@ $(BUILD)/fusex_check: $(CTEST_OBJ) $(BUILD)/libfusex_core.a
 test-c: nif $(BUILD)/fusex_check
 	FUSEX_PRIV=priv $(BUILD)/fusex_check
 
-# A bench driver for the linrec kernels below Erlang (device events; see
-# the file's header for profiling one case with ncu).
-$(BUILD)/linrec_bench: tools/linrec_bench.c $(BUILD)/libfusex_core.a
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libfusex_core.a $(LDLIBS)
-
-# Variants of the linrec forward kernels launched directly, timed and
-# cross-checked (GPU only; see tools/linrec_variants/main.cu). One object per
-# file so they compile in parallel; k_plain.cu is the same kernels with
-# default-policy stores, their namespaces renamed.
-LV_SRC   := $(wildcard tools/linrec_variants/*.cu)
-LV_OBJ   := $(LV_SRC:%.cu=$(BUILD)/%.o)
-LV_FLAGS := -O3 -lineinfo -std=c++17 -gencode arch=compute_90,code=sm_90 -Iinclude -Ic_src -Itools/linrec_variants \
-            --expt-relaxed-constexpr -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
-LV_PLAIN := -DFXSCAN_PLAIN_STORES -Dfxscan=fxscan_plain -Dfxlinrec=fxlinrec_plain -Dlvimpl=lvimpl_plain
-$(BUILD)/tools/linrec_variants/%.o: tools/linrec_variants/%.cu $(wildcard tools/linrec_variants/*.h*) tools/cuda_check.h $(HEADERS)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(LV_FLAGS) $(if $(findstring k_plain,$@),$(LV_PLAIN)) -c $< -o $@
-$(BUILD)/linrec_variants: $(LV_OBJ)
-	$(NVCC) -gencode arch=compute_90,code=sm_90 -o $@ $^
-
-# What the memory allows for the recurrences' byte patterns (tuned 1R1W and
-# 2R1W elementwise passes) and the bulk-copy streaming prototype, timed as
-# linrec_bench times the library (GPU only; tools/floor_bench/run.sh).
-$(BUILD)/floor_bench: tools/floor_bench/floor_bench.cu tools/cuda_check.h
-	@mkdir -p $(BUILD)
-	$(NVCC) $(LV_FLAGS) -Itools $< -o $@
-
 # The CUDA kernels on the CPU (test/emu; test/emu/emu.h says what is
 # emulated and what is not): build/emu/fusex_cuda.so stands in for
 # priv/fusex_cuda.so, made of the real launchers (every c_src/cuda/*.cu but
@@ -124,8 +182,6 @@ $(BUILD)/floor_bench: tools/floor_bench/floor_bench.cu tools/cuda_check.h
 # cuda_bf16.h), not a GPU or nvcc itself. FUSEX_QUICK=1 for the smaller
 # sweeps; FUSEX_EMU_SEED picks the interleaving (a fresh one each run,
 # printed; 0 for the fixed order).
-CUDA_INC    ?= $(firstword $(if $(NVCC),$(abspath $(dir $(NVCC))../include)) \
-                 $(patsubst %/cuda_runtime.h,%,$(wildcard /usr/local/cuda/include/cuda_runtime.h)))
 EMU_HAVE    := $(if $(CUDA_INC),$(wildcard $(CUDA_INC)/cuda_runtime.h))
 EMU_KERNELS := $(filter-out c_src/cuda/backend.cu c_src/cuda/interop.cu,$(CUDA_SRC))
 EMU_OBJ     := $(EMU_KERNELS:%.cu=$(BUILD)/emu/%.o) $(BUILD)/emu/test/emu/emu.o $(BUILD)/emu/test/emu/backend.o
@@ -156,12 +212,12 @@ $(BUILD)/emu/fusex_cuda.so: $(EMU_OBJ) $(BUILD)/libfusex_core.a test/emu/shared.
 	$(CXX) -shared -o $@ $(EMU_OBJ) $(BUILD)/libfusex_core.a -Wl,--exclude-libs,ALL -Wl,--no-undefined \
 	  -Wl,-T,test/emu/shared.ld $(LDLIBS)
 
-EMU_SUITES  := ops optim linrec ssm
+EMU_SUITES  := ops optim linrec ssm exec
 EMU_SEED     = $${FUSEX_EMU_SEED:-$$(date +%s)}
 
 test-emu:
 ifneq ($(EMU_HAVE),)
-	$(MAKE) $(BUILD)/fusex_check $(BUILD)/emu/fusex_cuda.so
+	$(MAKE) -j$(JOBS) $(BUILD)/fusex_check $(BUILD)/emu/fusex_cuda.so
 	@for suite in $(EMU_SUITES); do \
 	  echo "test-emu: the $$suite suite on the emulated cuda:0"; \
 	  FUSEX_PRIV=$(BUILD)/emu FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 FUSEX_EMU_SEED=$(EMU_SEED) \
@@ -171,20 +227,54 @@ else
 	@echo "test-emu: SKIPPED: no CUDA headers (cuda_runtime.h under CUDA_INC='$(CUDA_INC)'; install the CUDA toolkit or set CUDA_INC)"
 endif
 
-test-erl: all
+test-erl: all xla-fixtures
 	$(REBAR3) eunit
-	$(REBAR3) ct --readable=compact
+	FUSEX_TEST_XLA_DIR=$(abspath $(XLA_TEST_DIR)) $(REBAR3) ct --readable=compact
 
+# The ExUnit suite, with Nx from hex, the offline kit, or none (then the
+# Nx tests are listed as skipped); see tools/test_ex.sh.
 test-ex:
-	@if [ -f mix.exs ]; then MIX_ENV=test mix test; fi
+	@bash tools/test_ex.sh
+
+# The XLA handlers called as XLA calls them, through a stand-in FFI API
+# (test/xla/ffi_call_test.c): Host here; on a GPU the CUDA handlers on a
+# stream of the test's own against the Host ones (also under
+# compute-sanitizer, in sanitize).
+test-xla-c: xla-fixtures
+	@test -f $(XLA_TEST_DIR)/ffi_call_test || { echo "test-xla-c: not built (see \"fusex: XLA targets not built\" above)"; exit 1; }
+	$(XLA_TEST_DIR)/ffi_call_test
+
+test-xla-c-gpu: xla
+	+@$(call xla_submake,$(XLA_TEST_DIR)/ffi_call_test_cuda)
+	$(XLA_TEST_DIR)/ffi_call_test_cuda
+
+# fusex for JAX (python/fusex_jax) on the CPU, in a venv with jax 0.9.0 made
+# from PyPI when missing (tools/jax_venv.sh; it fails, saying why, where it
+# cannot be made). FUSEX_SEED and FUSEX_JAX_ONLY (a substring of case names)
+# in the environment pick the seed and the cases.
+JAX_VENV := $(BUILD)/jax-venv
+test-jax: nif
+	@test -f $(XLA_SO) || { echo "test-jax: $(XLA_SO) was not built (see \"fusex: XLA targets not built\" above)"; exit 1; }
+	@py=$$(bash tools/jax_venv.sh $(JAX_VENV)) && PYTHONPATH=python $$py test/python/test_fusex_jax.py
+
+# The same on the GPU with the machine's own python3 and JAX (CUDA), which
+# must be there: nothing is installed. Also compares with the CPU handlers.
+test-jax-gpu: nif
+	@test -f $(XLA_SO) || { echo "test-jax-gpu: $(XLA_SO) was not built"; exit 1; }
+	FUSEX_JAX_PLATFORM=cuda PYTHONPATH=python python3 test/python/test_fusex_jax.py
+
+# The build runs one job a core: the CUDA units (a family and an input type
+# each) take most of it and compile independently.
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 
 test: deps
-	$(MAKE) all
-	$(MAKE) test-c test-emu test-erl test-ex
+	$(MAKE) -j$(JOBS) all
+	$(MAKE) test-c test-emu test-erl test-ex test-xla-c test-jax
 
 # The same suites, forced onto CUDA; fails where there is no GPU.
 test-gpu: all $(BUILD)/fusex_check
 	FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 $(MAKE) test-c test-erl test-ex
+	$(MAKE) test-xla-c-gpu test-jax-gpu
 	$(MAKE) sanitize
 
 # The cross-process CUDA IPC test against PyTorch alone (also part of
@@ -202,6 +292,82 @@ sanitize: nif $(BUILD)/fusex_check
 	  compute-sanitizer --tool racecheck --error-exitcode 1 $(BUILD)/fusex_check
 	FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1 FUSEX_PRIV=priv CK_FORK=no FUSEX_QUICK=1 \
 	  compute-sanitizer --tool synccheck --error-exitcode 1 $(BUILD)/fusex_check
+	+@$(call xla_submake,$(XLA_TEST_DIR)/ffi_call_test_cuda)
+	for tool in memcheck racecheck synccheck; do \
+	  compute-sanitizer --tool $$tool --error-exitcode 1 $(XLA_TEST_DIR)/ffi_call_test_cuda || exit 1; \
+	done
+
+# ---- AddressSanitizer + UndefinedBehaviorSanitizer ----
+# The NIF and the Check suite built again with -fsanitize=address,undefined
+# in build-asan/ (its NIF in build-asan/priv, so the normal build is never
+# touched), then the Check suites (FUSEX_QUICK sweeps) and the Erlang suites
+# (eunit and ct, fuzz included) against it: the BEAM, not built with ASan,
+# gets the runtime by LD_PRELOAD and loads the sanitized NIF from
+# FUSEX_PRIV_DIR. Any report fails the run (UBSan does not recover). No
+# CUDA backend: it is not built there, so everything runs on the CPU.
+# Options, and why (docs/TESTING.md has more):
+#   allocator_may_return_null=1  a failed malloc returns NULL, as without
+#                                ASan, so the out-of-memory paths are tested
+#   malloc_fill_byte=255         fresh memory reads as NaN: an output an op
+#   max_malloc_fill_size         forgets to write fails its comparison
+#   detect_leaks                 on for the C tests; off for the BEAM, whose
+#                                own allocators (mmap'd carriers LSan does not
+#                                scan) hold the only pointers to live tensors
+#                                at exit; the Erlang suites check fusex's
+#                                memory accounting back to baseline instead
+ASAN       := build-asan
+ASAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+ASAN_CFLAGS := -O1 -g $(ASAN_FLAGS) -std=c11 -D_GNU_SOURCE -fPIC -fopenmp $(WARN) -Iinclude -Ic_src
+ASAN_CORE_OBJ := $(CORE_SRC:%.c=$(ASAN)/%.o)
+ASAN_NIF_OBJ := $(NIF_SRC:%.c=$(ASAN)/%.o)
+ASAN_CTEST_OBJ := $(CTEST_SRC:%.c=$(ASAN)/%.o)
+ASAN_LIB   = $(shell $(CC) -print-file-name=libasan.so)
+ASAN_ENV_COMMON := UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+                   LSAN_OPTIONS=suppressions=$(abspath tools/asan/lsan.supp):print_suppressions=0
+ASAN_OPTS  := allocator_may_return_null=1:malloc_fill_byte=255:max_malloc_fill_size=1048576:abort_on_error=1
+EBIN_TEST  := $(abspath _build/test/lib/fusex)
+
+$(ASAN)/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC    $< (asan)")
+	$(Q)$(CC) $(ASAN_CFLAGS) $(DEPFLAGS) -I$(ERTS_INC) -c $< -o $@
+
+-include $(shell find $(ASAN) -name '*.d' 2>/dev/null)
+
+$(ASAN)/libfusex_core.a: $(ASAN_CORE_OBJ)
+	ar rcs $@ $^
+
+$(ASAN)/priv/fusex_nif.so: $(ASAN_NIF_OBJ) $(ASAN)/libfusex_core.a
+	@mkdir -p $(dir $@)
+	$(CC) -shared $(ASAN_FLAGS) -o $@ $(ASAN_NIF_OBJ) $(ASAN)/libfusex_core.a $(LDLIBS)
+
+$(ASAN)/fusex_check: $(ASAN_CTEST_OBJ) $(ASAN)/libfusex_core.a
+	$(CC) $(ASAN_FLAGS) -o $@ $(ASAN_CTEST_OBJ) $(ASAN)/libfusex_core.a -lcheck -lsubunit -lrt $(LDLIBS)
+
+# The Erlang suites' modules as rebar3 compiles them for eunit and ct.
+EUNIT_MODS = $(shell ls test/*_tests.erl | sed 's|test/||; s|\.erl||' | paste -sd, -)
+# fusex_xla_SUITE tests priv/fusex_xla.so (the XLA targets, a library of
+# their own, not built with the sanitizers) through stand-ins of EXLA: it
+# has nothing of the sanitized NIF to run, and runs in make test.
+CT_SUITES  = $(shell ls test/*_SUITE.erl | grep -v fusex_xla_SUITE | sed 's|test/||; s|\.erl||' | paste -sd, -)
+
+# (ct's call through the environment: make would keep the backslashes of a
+# command split over lines inside its quotes.)
+test-asan: export CT_EVAL = R = ct:run_test([{dir, "$(EBIN_TEST)/test"}, {suite, [$(CT_SUITES)]}, \
+  {logdir, "$(abspath $(ASAN))/ct_logs"}, {auto_compile, false}]), \
+  case R of {_, 0, {_, 0}} -> halt(0); _ -> io:format("~p~n", [R]), halt(1) end.
+test-asan: $(ASAN)/priv/fusex_nif.so $(ASAN)/fusex_check
+	$(REBAR3) as test compile
+	$(ASAN_ENV_COMMON) ASAN_OPTIONS=$(ASAN_OPTS):detect_leaks=1 FUSEX_PRIV=$(ASAN)/priv FUSEX_QUICK=1 \
+	  CK_FORK=no $(ASAN)/fusex_check
+	$(ASAN_ENV_COMMON) ASAN_OPTIONS=$(ASAN_OPTS):detect_leaks=0 LD_PRELOAD=$(ASAN_LIB) \
+	  FUSEX_PRIV_DIR=$(abspath $(ASAN)/priv) FUSEX_ASAN=1 \
+	  $(ERL) -noshell -pa $(EBIN_TEST)/ebin $(EBIN_TEST)/test -eval \
+	  'case eunit:test([$(EUNIT_MODS)], [verbose]) of ok -> halt(0); _ -> halt(1) end.'
+	@mkdir -p $(ASAN)/ct_logs
+	$(ASAN_ENV_COMMON) ASAN_OPTIONS=$(ASAN_OPTS):detect_leaks=0 LD_PRELOAD=$(ASAN_LIB) \
+	  FUSEX_PRIV_DIR=$(abspath $(ASAN)/priv) FUSEX_ASAN=1 \
+	  $(ERL) -noshell -pa $(EBIN_TEST)/ebin $(EBIN_TEST)/test -eval "$$CT_EVAL"
 
 bench: all
 	$(ERL) -noshell -pa _build/default/lib/fusex/ebin -eval 'fusex_bench:main(init:get_plain_arguments())' -extra $(BENCH_ARGS)
@@ -214,4 +380,4 @@ docs:
 	$(REBAR3) edoc
 
 clean:
-	rm -rf $(BUILD) priv/fusex_nif.so priv/fusex_cuda.so _build
+	rm -rf $(BUILD) $(ASAN) priv/fusex_nif.so priv/fusex_cuda.so priv/fusex_xla.so _build

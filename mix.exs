@@ -36,8 +36,9 @@ defmodule Fusex.MixProject do
       version: "0.1.0",
       elixir: "~> 1.14",
       # rebar3 owns _build/default and _build/test; mix keeps to its own tree
-      # when fusex is the root project (a parent project sets its own).
-      build_path: "_build/mix",
+      # when fusex is the root project (a parent project sets its own), one
+      # for each way of getting its optional deps (see deps/0).
+      build_path: "_build/mix" <> build_variant(),
       compilers: [:fusex_nif] ++ Mix.compilers(),
       erlc_paths: ["src"],
       erlc_options: [:debug_info],
@@ -56,15 +57,61 @@ defmodule Fusex.MixProject do
   defp elixirc_paths(:test), do: ["lib", "test/ex/support"]
   defp elixirc_paths(_), do: ["lib"]
 
-  # Nx is optional and never fetched by this project: fusex's Nx integration
-  # is resolved at run time (Code.ensure_loaded?(Nx)), so a user's project
-  # only needs {:nx, "~> 0.9"} in its own deps. For fusex's own tests with
-  # Nx, point FUSEX_NX_PATH at an Nx checkout (see docs/ELIXIR.md).
+  # Nx, EXLA and Axon are optional: fusex compiles and runs without them
+  # (its Nx paths check Code.ensure_loaded?/1 at run time, and the modules
+  # that need Nx.Defn, EXLA or Axon at compile time are compiled only where
+  # those are present). Declaring them optional makes Mix compile them
+  # before fusex in a project that depends on them.
+  #
+  # Where they come from (see docs/ELIXIR.md):
+  #   * FUSEX_KIT_SRC set (the offline kit, `source ../shared/elixir-kit/env.sh`):
+  #     path dependencies on the kit's sources, overriding hex requirements
+  #     (FUSEX_KIT_NX=nx-main takes the kit's Nx main instead of 0.13.1);
+  #   * FUSEX_NX=none: none at all (the Nx-free build and tests);
+  #   * otherwise hex. FUSEX_EXLA=0 leaves EXLA out (it downloads a
+  #     prebuilt XLA when compiled).
   defp deps do
-    case System.get_env("FUSEX_NX_PATH") do
-      nil -> []
-      "" -> []
-      path -> [{:nx, path: path, optional: true}]
+    cond do
+      System.get_env("FUSEX_NX") == "none" -> []
+      kit = non_empty_env("FUSEX_KIT_SRC") -> kit_deps(kit)
+      true -> hex_deps()
+    end
+  end
+
+  defp kit_deps(src) do
+    [
+      {:nx, path: Path.join(src, kit_nx()), override: true},
+      {:complex, path: Path.join(src, "complex"), override: true},
+      {:telemetry, path: Path.join(src, "telemetry"), override: true},
+      {:axon, path: Path.join(src, "axon"), override: true, optional: true},
+      {:polaris, path: Path.join(src, "polaris"), override: true, optional: true}
+    ]
+  end
+
+  # The kit's Nx: "nx" (0.13.1, the release) or "nx-main" (FUSEX_KIT_NX).
+  defp kit_nx, do: non_empty_env("FUSEX_KIT_NX") || "nx"
+
+  defp hex_deps do
+    exla = if System.get_env("FUSEX_EXLA") == "0", do: [], else: [{:exla, "~> 0.12", optional: true}]
+
+    # (Polaris, which the tests use, comes with Axon.)
+    [{:nx, "~> 0.12", optional: true}, {:axon, "~> 0.7", optional: true}] ++ exla
+  end
+
+  # Builds with different dependencies (or Elixirs) keep apart.
+  defp build_variant do
+    cond do
+      System.get_env("FUSEX_NX") == "none" -> "-nonx"
+      non_empty_env("FUSEX_KIT_SRC") -> "-kit-" <> kit_nx()
+      true -> ""
+    end
+  end
+
+  defp non_empty_env(name) do
+    case System.get_env(name) do
+      nil -> nil
+      "" -> nil
+      value -> value
     end
   end
 end

@@ -164,6 +164,12 @@ typedef struct fx_backend {
     /* fusex's own launch context of `dev`: its stream, and scratch from its
      * stream-ordered memory pool (host memory on the CPU). */
     int (*exec_default)(int dev, struct fx_exec *ex, fx_status *st);
+    /* Streams of a caller's own, for its launch contexts (a C program's,
+     * the tests'); NULL where the device has none (the CPU, whose work is
+     * synchronous). `stream_synchronize` waits for the work on one. */
+    int (*stream_create)(int dev, void **stream, fx_status *st);
+    void (*stream_destroy)(int dev, void *stream);
+    int (*stream_synchronize)(int dev, void *stream, fx_status *st);
     int (*copy)(const struct fx_exec *ex, void *dst, const void *src, size_t nbytes, fx_status *st);
     int (*fill_zero)(const struct fx_exec *ex, void *dst, size_t nbytes, fx_status *st);
     int (*synchronize)(int dev, fx_status *st);

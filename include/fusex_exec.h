@@ -42,10 +42,18 @@ typedef struct fx_scratch {
     void *ctx;
 } fx_scratch;
 
+/* Memory a backend keeps with one stream between the ops on it, for work
+ * that would otherwise have to clear fresh scratch at every launch (the
+ * scans' look-back statuses carry a launch's tag, so reused memory needs
+ * no clearing). Defined by the backend; owned by whoever owns the stream:
+ * fusex's own context carries its stream's, a caller's context none. */
+struct fx_stream_cache;
+
 typedef struct fx_exec {
     int device;         /* the backend's own device ordinal */
     void *stream;       /* the cudaStream_t work is enqueued on; NULL on the CPU */
     fx_scratch scratch;
+    struct fx_stream_cache *cache; /* the stream's cache, or NULL */
 } fx_exec;
 
 static inline int fx_scratch_alloc(const fx_exec *ex, size_t nbytes, void **ptr, fx_status *st)

@@ -39,9 +39,12 @@
 
 %% Selective scan (Mamba S6, see docs/SSM.md).
 -export([selective_scan/6, selective_scan_backward/2, selective_scan_backward/3,
-         selective_scan_step/7, selective_scan_saved_shape/3]).
+         selective_scan_step/7, selective_scan_saved_shape/3, selective_scan_save_every/3]).
 -export_type([selective_scan_opts/0, selective_scan_step_opts/0, selective_scan_ctx/0,
               selective_scan_grads/0]).
+
+%% XLA custom-call targets (see docs/XLA.md).
+-export([xla_register/0, xla_register/1]).
 
 -type tensor() :: reference().
 %% A handle to a tensor resident on a device.
@@ -328,8 +331,12 @@ copy_into(Src, Dst) -> ?NIF:copy_into(Src, Dst).
 %% master copies of 16-bit parameters (else `[]'). AdamW keeps `exp_avg',
 %% `exp_avg_sq' and, with amsgrad, `max_exp_avg_sq' (else `[]'); SGD keeps
 %% `momentum_buffer' (`[]' without momentum). All f32, one per parameter.
-%% `ref' is the state's device table; the map is the whole state: a step
-%% returns it unchanged (the tensors in it changed in place).
+%% `ref' is the state itself (its device table and its own references to
+%% every tensor above): steps and {@link optimizer_info/1} read the state
+%% through it alone, so the map's tensors are views for inspection, and a
+%% map whose tensors were replaced (or forged) reads and steps exactly as
+%% the original. A step returns the map unchanged (the tensors in it
+%% changed in place).
 
 -type adamw_hyper() :: #{lr => number(), beta1 => number(), beta2 => number(),
                          eps => number(), weight_decay => number(), maximize => boolean(),
@@ -425,17 +432,10 @@ sgd_step(State, Params, Grads, Hyper) -> optimizer_step(sgd, State, Params, Grad
 %% and whether it was skipped. Waits for the queued work on the state's
 %% device; a training loop that does not call it never waits.
 -spec optimizer_info(optimizer()) -> optimizer_info().
-optimizer_info(#{optimizer := _, step := Step, grad_norm := Norm, skipped := Skipped}) ->
-    <<Count:64/signed-native>> = to_binary(Step),
-    <<Flag:8>> = to_binary(Skipped),
-    #{step => Count, skipped => Flag =:= 1, grad_norm => norm_value(to_binary(Norm))};
+optimizer_info(#{optimizer := _, ref := Ref}) ->
+    ?NIF:optim_info(Ref);
 optimizer_info(Other) ->
     erlang:error({badarg, not_a_state(<<"adamw_init/2 or sgd_init/2">>, Other)}).
-
-norm_value(<<Norm:32/float-native>>) when Norm < 0 -> undefined;
-norm_value(<<Norm:32/float-native>>) -> Norm;
-norm_value(<<Bits:32/native>>) when Bits band 16#7FFFFF =:= 0 -> infinity;
-norm_value(_) -> nan.
 
 optimizer_init(Kind, Params, Opts) ->
     {Ref, Tensors} = ?NIF:optim_init(Kind, Params, Opts),
@@ -730,3 +730,45 @@ selective_scan_step(State, X, Dt, A, B, C, Opts) ->
           {non_neg_integer(), non_neg_integer(), non_neg_integer(), pos_integer()}.
 selective_scan_saved_shape(XShape, BShape, Type) ->
     ?NIF:selective_scan_saved_shape(XShape, BShape, Type).
+
+%% @doc `K', the steps between the states a forward saves, from the same
+%% arguments as {@link selective_scan_saved_shape/3}: the saved states are
+%% the states after steps `K - 1', `2K - 1', ... before the last chunk. It
+%% depends on `Dim', `Dstate', the groups and the type alone; a caller that
+%% computes the saved states itself takes every `K'-th state.
+-spec selective_scan_save_every(XShape :: shape(), BShape :: shape(), Type :: type()) -> pos_integer().
+selective_scan_save_every(XShape, BShape, Type) ->
+    ?NIF:selective_scan_save_every(XShape, BShape, Type).
+
+%% ---------------------------------------------------------------------
+%% XLA custom-call targets
+%% ---------------------------------------------------------------------
+
+%% @doc Registers fusex's XLA custom-call targets (`fusex_<op>_<fwd|bwd|step>',
+%% docs/XLA.md) for the platforms `Host' and `CUDA' with the XLA that EXLA
+%% loaded in this VM (`libxla_extension.so'), so that compiled programs
+%% (EXLA's `Nx.block' custom calls) can call fusex's kernels. Call it after
+%% EXLA is loaded and before the first compilation that uses a target.
+%% Registering again is `ok' and does nothing; safe from any process.
+%%
+%% Returns `{error, Reason}' where no XLA is loaded yet (EXLA not started),
+%% where `priv/fusex_xla.so' was not built (`make' says why), or where XLA
+%% refuses a target.
+-spec xla_register() -> ok | {error, Reason :: binary()}.
+xla_register() -> ?NIF:xla_register(undefined).
+
+%% @doc As {@link xla_register/0}, with the XLA in `Library': the path or
+%% soname of an XLA library already loaded in this VM (it is looked up,
+%% never loaded), which exports `XLA_FFI_GetApi' or
+%% `xla::ffi::GetXlaFfiApi()'.
+-spec xla_register(Library :: file:filename_all()) -> ok | {error, Reason :: binary()}.
+xla_register(Library) ->
+    Bin = try unicode:characters_to_binary(Library) catch error:_ -> error end,
+    case is_binary(Bin) andalso Bin =/= <<>> andalso binary:match(Bin, <<0>>) =:= nomatch of
+        true -> ?NIF:xla_register(Bin);
+        false -> erlang:error({badarg, bad_library(Library)})
+    end.
+
+bad_library(Library) ->
+    iolist_to_binary(io_lib:format("library: expected the path or soname of a loaded XLA library, got ~0tP",
+                                   [Library, 10])).

@@ -8,18 +8,25 @@
          convert/2, binary_op/3, scale/2, event_new/1, event_record/1,
          event_elapsed_us/2, busy_wait/2, priv_dir/0, to_pointer/3, from_pointer/6,
          copy_into/2]).
--export([optim_init/3, optim_step/5]).
+-export([optim_init/3, optim_step/5, optim_info/1]).
 -export([linear_scan/3, mingru/3, minlstm/4, liquid/4, linrec_backward/4,
          linear_scan_step/4, mingru_step/4, minlstm_step/5, liquid_step/5]).
 -export([selective_scan/6, selective_scan_backward/3, selective_scan_step/7,
-         selective_scan_saved_shape/3]).
+         selective_scan_saved_shape/3, selective_scan_save_every/3]).
+-export([xla_register/1]).
 
 -on_load(init/0).
 
 -define(NOT_LOADED, erlang:nif_error({not_loaded, ?MODULE})).
 
+%% FUSEX_PRIV_DIR names another directory holding fusex_nif.so (and
+%% fusex_cuda.so): how `make test-asan' runs the suites against the NIF it
+%% built with AddressSanitizer, beside the normal build.
 init() ->
-    Priv = priv_dir(),
+    Priv = case os:getenv("FUSEX_PRIV_DIR") of
+               Dir when Dir =/= false, Dir =/= "" -> Dir;
+               _ -> priv_dir()
+           end,
     erlang:load_nif(filename:join(Priv, "fusex_nif"), Priv).
 
 %% The application's priv directory, also when the beams were loaded from a
@@ -60,6 +67,7 @@ from_pointer(_Pointer, _Type, _Shape, _Device, _Sync, _Offset) -> ?NOT_LOADED.
 copy_into(_Src, _Dst) -> ?NOT_LOADED.
 optim_init(_Kind, _Params, _Opts) -> ?NOT_LOADED.
 optim_step(_Kind, _State, _Params, _Grads, _Hyper) -> ?NOT_LOADED.
+optim_info(_State) -> ?NOT_LOADED.
 linear_scan(_A, _B, _Opts) -> ?NOT_LOADED.
 mingru(_ZLogits, _Cand, _Opts) -> ?NOT_LOADED.
 minlstm(_FLogits, _ILogits, _Cand, _Opts) -> ?NOT_LOADED.
@@ -73,3 +81,5 @@ selective_scan(_X, _Dt, _A, _B, _C, _Opts) -> ?NOT_LOADED.
 selective_scan_backward(_Dy, _Ctx, _Opts) -> ?NOT_LOADED.
 selective_scan_step(_State, _X, _Dt, _A, _B, _C, _Opts) -> ?NOT_LOADED.
 selective_scan_saved_shape(_XShape, _BShape, _Type) -> ?NOT_LOADED.
+selective_scan_save_every(_XShape, _BShape, _Type) -> ?NOT_LOADED.
+xla_register(_Library) -> ?NOT_LOADED.

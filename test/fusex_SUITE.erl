@@ -8,9 +8,10 @@
 
 -export([all/0, init_per_suite/1, end_per_suite/1]).
 -export([create_free_gc_cycles/1, concurrent_processes/1, free_while_in_use/1,
-         device_out_of_memory/1]).
+         device_out_of_memory/1, host_out_of_memory/1]).
 
-all() -> [create_free_gc_cycles, concurrent_processes, free_while_in_use, device_out_of_memory].
+all() -> [create_free_gc_cycles, concurrent_processes, free_while_in_use, device_out_of_memory,
+          host_out_of_memory].
 
 init_per_suite(Config) ->
     fusex_test_util:seed(),
@@ -113,3 +114,32 @@ device_out_of_memory(Config) ->
             T = fusex_test_util:tensor({f, 32}, {2}, [1.0, 2.0], Device),
             ?assertEqual([2.0, 4.0], fusex_test_util:values(fusex:add(T, T)))
     end.
+
+%% A host allocation that fails raises {out_of_memory, Msg} and leaves the
+%% VM working, for the selective scan's scratch as for fusex:zeros/2 (it
+%% used to dereference the NULL). Run in a VM of its own whose address
+%% space is limited (ulimit -v), or, under AddressSanitizer (whose shadow
+%% memory needs a large address space), whose allocator returns NULL past
+%% 1 GiB.
+host_out_of_memory(_Config) ->
+    Ebin = filename:dirname(code:which(fusex)),
+    Expr = "Z = fun(S) -> fusex:zeros({bf,16}, S, #{device => cpu}) end, "
+           "Try = fun(F) -> try F() of _ -> returned catch error:{E, M} -> {E, M} end end, "
+           "Fwd = fun(N) -> fusex:selective_scan(Z({1,1,1}), Z({1,1,1}), Z({1,N}), Z({1,1,N}), Z({1,1,N}), "
+           "              #{save_for_backward => true}) end, "
+           "{Y, C} = Fwd(1 bsl 23), "
+           "R = [Try(fun() -> Fwd(1 bsl 25) end), Try(fun() -> fusex:selective_scan_backward(Y, C) end), "
+           "     fusex:to_binary(fusex:add(Z({2}), Z({2})))], "
+           "io:format(\"~n~w.~n\", [R]), halt().",
+    Limit = case os:getenv("FUSEX_ASAN") of
+                false -> "ulimit -v 3000000; ";
+                _ -> "ASAN_OPTIONS=\"$ASAN_OPTIONS:allocator_may_return_null=1:max_allocation_size_mb=1024\" "
+            end,
+    Cmd = Limit ++ "erl -noshell -pa '" ++ Ebin ++ "' -eval '" ++ Expr ++ "' 2>&1",
+    Out = os:cmd(Cmd),
+    ct:log("~s~n~s", [Cmd, Out]),
+    {ok, Tokens, _} = erl_scan:string(lists:last(string:split(string:trim(Out), "\n", all))),
+    {ok, Result} = erl_parse:parse_term(Tokens),
+    ?assertMatch([{out_of_memory, <<"out of host memory for ", _/binary>>},
+                  {out_of_memory, <<"out of host memory for ", _/binary>>},
+                  <<0:32>>], Result).

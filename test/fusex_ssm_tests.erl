@@ -391,6 +391,21 @@ saved_shape_test() ->
     ?assertEqual({3, 0, 8, 16}, Shape({3, 0, 8}, {3, 0, 16}, {f, 32})),
     ?assertEqual({3, 1, 8, 16}, Shape({3, 17, 8}, {3, 17, 16}, {f, 32})).
 
+save_every_test() ->
+    Every = fun fusex:selective_scan_save_every/3,
+    ?assertEqual(16, Every({2, 100, 64}, {2, 100, 16}, {f, 32})),
+    ?assertEqual(8, Every({2, 100, 64}, {2, 100, 64}, {f, 32})),
+    ?assertEqual(16, Every({2, 100, 64}, {2, 100, 128}, {bf, 16})),
+    ?assertEqual(8, Every({2, 100, 48}, {2, 100, 128}, {f, 32})),
+    %% consistent with the shape: NSaved = ceil(L / K) - 1
+    [begin
+         K = Every({1, L, 64}, {1, L, N}, {f, 32}),
+         {1, S, 64, N} = fusex:selective_scan_saved_shape({1, L, 64}, {1, L, N}, {f, 32}),
+         ?assertEqual(max((L + K - 1) div K - 1, 0), S)
+     end || L <- [1, 7, 8, 9, 16, 17, 100], N <- [4, 16, 48, 64, 100, 256]],
+    ?assertError({badarg, <<"type: expected a float type, got {u,8}">>},
+                 Every({2, 100, 64}, {2, 100, 16}, {u, 8})).
+
 saved_shape_bad_input_test() ->
     Shape = fun fusex:selective_scan_saved_shape/3,
     ?assertBadarg(<<"x: expected a shape of rank 3 [batch, seqlen, dim], got {2,100}">>,

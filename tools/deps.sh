@@ -7,13 +7,21 @@ set -euo pipefail
 packages="build-essential erlang-base erlang-dev erlang-eunit erlang-common-test erlang-tools
           erlang-syntax-tools erlang-runtime-tools erlang-crypto erlang-asn1 erlang-public-key
           erlang-ssl erlang-inets erlang-parsetools erlang-edoc erlang-xmerl elixir rebar3
-          check libsubunit-dev"
+          check libsubunit-dev python3 python3-venv python3-pip"
 
 missing=()
 for cmd in gcc make erl erlc rebar3 elixir mix; do
     command -v "$cmd" >/dev/null 2>&1 || missing+=("$cmd")
 done
 [ -f /usr/include/check.h ] || missing+=("check.h")
+# The XLA targets' headers come from PyPI through pip, and the JAX tests run
+# in a venv (docs/XLA.md).
+if command -v python3 >/dev/null 2>&1; then
+    python3 -m pip --version >/dev/null 2>&1 || missing+=("pip")
+    python3 -c "import venv, ensurepip" >/dev/null 2>&1 || missing+=("venv")
+else
+    missing+=("python3")
+fi
 if command -v erl >/dev/null 2>&1; then
     for app in eunit common_test edoc; do
         erl -noshell -eval "case code:lib_dir($app) of {error,_} -> halt(1); _ -> halt(0) end." \

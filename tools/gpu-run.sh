@@ -2,12 +2,15 @@
 # One call on the GPU machine does a whole pass: build, the test suites
 # forced onto CUDA, compute-sanitizer, benchmarks. Logs go under $OUT (at
 # most 8 files come back). Steps can be picked: tools/gpu-run.sh build test-c bench
+# Carry .gpu (the BEAM, the Elixir kit) and build/xla_ffi (the XLA FFI
+# headers: the GPU machine cannot fetch them); `setup` unpacks the BEAM.
 set -uo pipefail
 OUT=${OUT:-/tmp/fusex-out}
 mkdir -p "$OUT"
 export PATH=/usr/local/cuda/bin:/usr/lib/erlang/bin:$PATH
 export FUSEX_DEVICE=cuda FUSEX_REQUIRE_CUDA=1
-steps=${*:-build test-c test-erl test-ex sanitize bench}
+steps=${*:-setup build test-c test-erl test-ex test-xla sanitize bench jax-bench}
+export FUSEX_KIT_DIR=${FUSEX_KIT_DIR:-$PWD/.gpu}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,clocks.mem \
     --format=csv > "$OUT/gpu.txt" 2>&1
@@ -27,12 +30,16 @@ step() {
 
 for s in $steps; do
     case $s in
+    setup) step setup bash -c 'tar --keep-directory-symlink -C / -xJf .gpu/beam.txz &&
+                                 tar --keep-directory-symlink -C / -xJf .gpu/beam-extra.txz' ;;
     build) step build make -j16 all build/fusex_check ;;
     test-c) step test-c make test-c ;;
     test-erl) step test-erl make test-erl
               [ -f rebar3.crashdump ] && cp rebar3.crashdump "$OUT/rebar3.crashdump" ;;
     test-ex) step test-ex make test-ex ;;
+    test-xla) step test-xla make test-xla-c-gpu test-jax-gpu ;;
     sanitize) step sanitize make sanitize ;;
+    jax-bench) step jax-bench env PYTHONPATH=python python3 bench/jax_bench.py --out "$OUT/jax.md" ;;
     bench) step bench make bench BENCH_ARGS="--device cuda --out $OUT/bench.md ${BENCH_ARGS:-}" ;;
     *) echo "unknown step $s"; failed=1 ;;
     esac

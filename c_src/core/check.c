@@ -69,3 +69,22 @@ int fx_expect_op(fx_status *st, const fx_device *dev, const void *fn, const char
     return fx_fail(st, FX_EBADARG, "device: expected a device that implements %s, got %s", what,
                    dev->label);
 }
+
+bool fx_tensors_overlap(const fx_tensor *a, const fx_tensor *b)
+{
+    if (a->device != b->device || a->nbytes == 0 || b->nbytes == 0)
+        return false;
+    uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
+    return a0 < b0 + b->nbytes && b0 < a0 + a->nbytes;
+}
+
+int fx_expect_apart(fx_status *st, const char *arg, const fx_tensor *t, const char *other_arg,
+                    const fx_tensor *other)
+{
+    if (!other || !fx_tensors_overlap(t, other))
+        return FX_OK;
+    return fx_fail(st, FX_EBADARG,
+                   "%s: expected memory apart from %s's (it is written in place while %s is read), got "
+                   "an overlap of their bytes",
+                   arg, other_arg, other_arg);
+}

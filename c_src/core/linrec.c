@@ -1,5 +1,6 @@
 #include "core/linrec.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -115,6 +116,9 @@ static int check_problem(fx_linrec_problem *p, int frame, fx_status *st)
             return expect_like(st, "dt", p->dt, first, first_name, 2, dt_dims, "([batch, 1])");
         return expect_like(st, "dt", p->dt, first, first_name, 3, dt_dims, "([batch, seqlen, 1])");
     }
+    if (!(p->dt_value > 0) || !isfinite(p->dt_value))
+        return fx_fail(st, FX_EBADARG, "dt: expected a positive number or a tensor (%s), got %g",
+                       frame ? "[batch, 1]" : "[batch, seqlen, 1]", p->dt_value);
     return FX_OK;
 }
 
@@ -132,6 +136,11 @@ static int expect_impl(fx_status *st, const fx_device *dev, const void *fn, int 
     snprintf(what, sizeof what, "fusex:%s%s", fx_linrec_op_name(kind), suffix);
     return fx_expect_op(st, dev, fn, what);
 }
+
+/* No channel to scan (a zero batch or hidden): the outputs are empty. The
+ * test is on each dimension, not their product, which overflows for a
+ * zero-element sequence like {2^48, 0, 2^22}. */
+static bool no_channels(const fx_linrec_problem *p) { return p->batch == 0 || p->hidden == 0; }
 
 static int fill_zero(const fx_exec *ex, const fx_tensor *t, fx_status *st)
 {
@@ -177,7 +186,7 @@ int fx_op_linrec_forward_into(const fx_exec *ex, fx_linrec_problem *p, const fx_
         (state && expect_output(st, "state", state, dev, fx_linrec_state_dtype(p->dtype), 2,
                                 sdims, "([batch, hidden])")))
         return st->code;
-    if (p->batch * p->hidden == 0)
+    if (no_channels(p))
         return FX_OK;
     if (!(ex = fx_exec_resolve(dev, ex, &own, st)))
         return st->code;
@@ -241,12 +250,26 @@ int fx_linrec_grads_alloc(const fx_linrec_problem *p, const fx_tensor *h0, fx_li
 
 static const fx_tensor *present(const fx_tensor *t) { return t->buffer ? t : NULL; }
 
+fx_linrec_grad_outs fx_linrec_grad_outs_of(const fx_linrec_grads *g)
+{
+    fx_linrec_grad_outs out;
+    for (int i = 0; i < FX_LINREC_MAX_SEQ; i++)
+        out.seq[i] = present(&g->seq[i]);
+    out.tau = present(&g->tau);
+    out.lam = present(&g->lam);
+    out.dt = present(&g->dt);
+    out.h0 = present(&g->h0);
+    return out;
+}
+
 /* Each gradient the caller passed must be there exactly when its input is,
- * and look like it. */
-static int expect_grad(fx_status *st, const char *arg, const fx_tensor *grad,
+ * and look like it. Messages name it "d<input>". */
+static int expect_grad(fx_status *st, const char *input_name, const fx_tensor *grad,
                        const fx_tensor *input)
 {
-    if (!input != !present(grad))
+    char arg[40];
+    snprintf(arg, sizeof arg, "d%s", input_name);
+    if (!input != !grad)
         return fx_fail(st, FX_EBADARG, "%s: expected a gradient tensor %s", arg,
                        input ? "(its input was given)" : "only where its input was given");
     if (!input)
@@ -259,48 +282,58 @@ static int expect_grad(fx_status *st, const char *arg, const fx_tensor *grad,
 }
 
 static int expect_grads(fx_status *st, const fx_linrec_problem *p, const fx_tensor *h0,
-                        const fx_linrec_grads *g)
+                        const fx_linrec_grad_outs *g)
 {
     int liquid = p->kind == FX_LINREC_LIQUID;
     for (int i = 0; i < FX_LINREC_MAX_SEQ; i++)
-        if (expect_grad(st, i < p->nseq ? kinds[p->kind].seq[i] : "?", &g->seq[i],
+        if (expect_grad(st, i < p->nseq ? kinds[p->kind].seq[i] : "?", g->seq[i],
                         i < p->nseq ? p->seq[i] : NULL))
             return st->code;
-    if (expect_grad(st, "tau", &g->tau, liquid ? p->tau : NULL) ||
-        expect_grad(st, "a", &g->lam, liquid ? p->lam : NULL) ||
-        expect_grad(st, "dt", &g->dt, liquid ? p->dt : NULL) || expect_grad(st, "h0", &g->h0, h0))
+    if (expect_grad(st, "tau", g->tau, liquid ? p->tau : NULL) ||
+        expect_grad(st, "a", g->lam, liquid ? p->lam : NULL) ||
+        expect_grad(st, "dt", g->dt, liquid ? p->dt : NULL) || expect_grad(st, "h0", g->h0, h0))
         return st->code;
     return FX_OK;
 }
 
-int fx_op_linrec_backward_into(const fx_exec *ex, const fx_linrec_problem *p, const fx_tensor *h0,
+int fx_op_linrec_backward_into(const fx_exec *ex, const fx_linrec_problem *given, const fx_tensor *h0,
                                const fx_tensor *h, const fx_tensor *dh, const fx_tensor *dstate,
-                               int max_tile_steps, const fx_linrec_grads *g, fx_status *st)
+                               int max_tile_steps, const fx_linrec_grad_outs *g, fx_status *st)
 {
-    fx_device *dev = h->device;
+    /* The forward's inputs are checked again: a caller without a saved
+     * context (an XLA custom call) passes them anew. */
+    fx_linrec_problem checked = *given;
+    fx_linrec_problem *p = &checked;
+    if (check_problem(p, 0, st))
+        return st->code;
+    fx_device *dev = p->seq[0]->device;
     fx_exec own;
     const struct fx_linrec_ops *ops = device_ops(dev);
+    const char *first = kinds[p->kind].seq[0];
     int64_t hdims[3] = {p->batch, p->seqlen, p->hidden};
     if (expect_impl(st, dev, (const void *)(ops ? ops->backward : NULL), p->kind, "_backward") ||
+        (h0 && expect_state_tensor(st, "h0", h0, p, first)) ||
+        expect_output(st, "h", h, dev, p->dtype, 3, hdims, "([batch, seqlen, hidden], the forward's output)") ||
         fx_expect_same_device(st, "dh", dh, dev, "the saved context") ||
         fx_expect_dtype(st, "dh", dh, p->dtype) ||
         fx_expect_shape(st, "dh", dh, 3, hdims, "([batch, seqlen, hidden], as the forward's output)") ||
         (dstate && expect_state_tensor(st, "dstate", dstate, p, "the saved context")) ||
         expect_grads(st, p, h0, g) || !(ex = fx_exec_resolve(dev, ex, &own, st)))
         return st->code;
-    if (p->batch * p->hidden == 0 || p->seqlen == 0) {
-        /* Nothing was scanned: tau and a get zeros, h0 went straight to
-         * the state so dh0 is dstate. */
-        if (fill_zero(ex, &g->tau, st) || fill_zero(ex, &g->lam, st))
+    if (no_channels(p) || p->seqlen == 0) {
+        /* Nothing was scanned: tau, a and dt (a sum over the channels of
+         * each row, of which there may be none) get zeros, h0 went
+         * straight to the state so dh0 is dstate. */
+        if ((g->tau && fill_zero(ex, g->tau, st)) || (g->lam && fill_zero(ex, g->lam, st)) ||
+            (g->dt && fill_zero(ex, g->dt, st)))
             return st->code;
-        return h0 && p->batch * p->hidden > 0 ? convert_into(ex, dstate, &g->h0, st) : FX_OK;
+        return g->h0 && !no_channels(p) ? convert_into(ex, dstate, g->h0, st) : FX_OK;
     }
     fx_linrec_bwd_args args = {.p = *p, .h0 = h0, .h = h, .dh = dh, .dstate = dstate,
-                               .dtau = present(&g->tau), .dlam = present(&g->lam),
-                               .ddt = present(&g->dt), .dh0 = present(&g->h0),
+                               .dtau = g->tau, .dlam = g->lam, .ddt = g->dt, .dh0 = g->h0,
                                .max_tile_steps = max_tile_steps};
     for (int i = 0; i < p->nseq; i++)
-        args.dseq[i] = &g->seq[i];
+        args.dseq[i] = g->seq[i];
     return ops->backward(ex, &args, st);
 }
 
@@ -314,10 +347,20 @@ int fx_op_linrec_backward(const fx_linrec_problem *p, const fx_tensor *h0, const
     if (fx_expect_same_device(st, "dh", dh, dev, "the saved context") ||
         (dstate && fx_expect_same_device(st, "dstate", dstate, dev, "the saved context")))
         return st->code;
-    if (fx_linrec_grads_alloc(p, h0, g, st) ||
-        fx_op_linrec_backward_into(NULL, p, h0, h, dh, dstate, max_tile_steps, g, st))
+    if (fx_linrec_grads_alloc(p, h0, g, st) == FX_OK) {
+        fx_linrec_grad_outs outs = fx_linrec_grad_outs_of(g);
+        fx_op_linrec_backward_into(NULL, p, h0, h, dh, dstate, max_tile_steps, &outs, st);
+    }
+    if (st->code != FX_OK)
         fx_linrec_tensors_release(g);
     return st->code;
+}
+
+int fx_linrec_check_step(fx_linrec_problem *p, const fx_tensor *state, fx_status *st)
+{
+    if (check_problem(p, 1, st) || expect_state_tensor(st, "state", state, p, kinds[p->kind].seq[0]))
+        return st->code;
+    return FX_OK;
 }
 
 int fx_op_linrec_step_into(const fx_exec *ex, fx_linrec_problem *p, const fx_tensor *state, const fx_tensor *h,
@@ -333,7 +376,13 @@ int fx_op_linrec_step_into(const fx_exec *ex, fx_linrec_problem *p, const fx_ten
         expect_state_tensor(st, "state", state, p, kinds[p->kind].seq[0]) ||
         expect_output(st, "h", h, dev, p->dtype, 2, dims, "([batch, hidden])"))
         return st->code;
-    if (p->batch * p->hidden == 0)
+    for (int i = 0; i < p->nseq; i++)
+        if (fx_expect_apart(st, "state", state, kinds[p->kind].seq[i], p->seq[i]))
+            return st->code;
+    if (fx_expect_apart(st, "state", state, "tau", p->tau) ||
+        fx_expect_apart(st, "state", state, "a", p->lam) || fx_expect_apart(st, "state", state, "dt", p->dt))
+        return st->code;
+    if (no_channels(p))
         return FX_OK;
     if (!(ex = fx_exec_resolve(dev, ex, &own, st)))
         return st->code;

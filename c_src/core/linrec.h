@@ -50,18 +50,36 @@ typedef fx_linrec_tensors fx_linrec_grads;
 int fx_op_linrec_backward(const fx_linrec_problem *p, const fx_tensor *h0, const fx_tensor *h,
                           const fx_tensor *dh, const fx_tensor *dstate, int max_tile_steps,
                           fx_linrec_grads *grads, fx_status *st);
+/* Gradient outputs the caller allocated (fusex tensors or foreign memory,
+ * such as XLA's buffers): one per input given, NULL for the inputs that
+ * were not (h0, a dt tensor, tau and a outside liquid, sequences past the
+ * op's count). */
+typedef struct fx_linrec_grad_outs {
+    const fx_tensor *seq[FX_LINREC_MAX_SEQ];
+    const fx_tensor *tau, *lam, *dt, *h0;
+} fx_linrec_grad_outs;
+/* Points at the gradients `g` holds (an entry without a buffer: NULL). */
+fx_linrec_grad_outs fx_linrec_grad_outs_of(const fx_linrec_grads *g);
+
 /* The pieces of the above: allocate the gradient tensors for p and h0,
- * then run the backward into them. */
+ * then run the backward into them. The backward checks p's inputs (as the
+ * forward does), h0, h (the forward's output), dh, dstate and the
+ * gradient outputs before it runs. */
 int fx_linrec_grads_alloc(const fx_linrec_problem *p, const fx_tensor *h0, fx_linrec_grads *grads,
                           fx_status *st);
 int fx_op_linrec_backward_into(const fx_exec *ex, const fx_linrec_problem *p, const fx_tensor *h0,
                                const fx_tensor *h, const fx_tensor *dh, const fx_tensor *dstate,
-                               int max_tile_steps, const fx_linrec_grads *grads, fx_status *st);
+                               int max_tile_steps, const fx_linrec_grad_outs *grads, fx_status *st);
 
 /* One frame: p as for the forward, but the sequence inputs are
  * [batch, hidden] and a dt tensor [batch, 1]. Updates `state` in place and
  * returns the new h in `h` (p's dtype). */
 int fx_op_linrec_step(fx_linrec_problem *p, const fx_tensor *state, fx_tensor *h, fx_status *st);
+/* Checks a step's inputs (as fx_op_linrec_step does) and its state, and
+ * fills in p's dims and dtype, without running anything: for a caller
+ * that must prepare the state before the step (an XLA custom call copies
+ * it into its result first). */
+int fx_linrec_check_step(fx_linrec_problem *p, const fx_tensor *state, fx_status *st);
 /* The same into h [batch, hidden] (the inputs' dtype) the caller allocated. */
 int fx_op_linrec_step_into(const fx_exec *ex, fx_linrec_problem *p, const fx_tensor *state, const fx_tensor *h,
                            fx_status *st);

@@ -220,7 +220,17 @@ int fx_op_copy_into(const fx_tensor *src, const fx_tensor *dst, fx_status *st)
     fx_exec own;
     if (!fx_exec_resolve(dev, NULL, &own, st))
         return st->code;
-    return dev->backend->copy(&own, dst->data, src->data, src->nbytes, st);
+    if (!fx_tensors_overlap(src, dst))
+        return dev->backend->copy(&own, dst->data, src->data, src->nbytes, st);
+    /* Views of one memory at different offsets (from_pointer, reshape):
+     * a backend's copy, like memcpy, wants disjoint ranges, so the bytes
+     * go through a copy of src first (as memmove would). */
+    fx_tensor staged;
+    if (fx_op_copy_to(src, dev, &staged, st) != FX_OK)
+        return st->code;
+    dev->backend->copy(&own, dst->data, staged.data, src->nbytes, st);
+    fx_tensor_release(&staged);
+    return st->code;
 }
 
 int fx_op_synchronize(fx_device *dev, fx_status *st)

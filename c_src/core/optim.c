@@ -100,63 +100,153 @@ static int check_param_type(fx_status *st, const fx_tensor *p, bool master_weigh
                    fx_dtype_name(t));
 }
 
+/* The aliasing checks compare byte ranges, whatever made the tensors
+ * (reshape views, from_pointer views at any offset, the state's own
+ * tensors handed back as params or grads). A range's owner: a param, or
+ * one of the optimizer state's tensors. */
+enum { OWN_PARAM = 0, OWN_MASTER, OWN_BUF0, OWN_BUF1, OWN_BUF2, OWN_STEP, OWN_NORM, OWN_SKIPPED,
+       OWN_TABLE };
+
 typedef struct fx_ptr_index {
-    const void *ptr;
-    unsigned index;
+    uintptr_t begin, end; /* [begin, end): a non-empty tensor's bytes */
+    unsigned index;       /* which param, or which tensor of the state's lists */
+    unsigned owner;       /* OWN_* */
 } ptr_index;
 
 static int cmp_ptr_index(const void *a, const void *b)
 {
     const ptr_index *x = a, *y = b;
-    if (x->ptr != y->ptr)
-        return (uintptr_t)x->ptr < (uintptr_t)y->ptr ? -1 : 1;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    if (x->owner != y->owner)
+        return x->owner < y->owner ? -1 : 1;
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
-/* Params sorted by address into `sorted` (n long), for the aliasing checks. */
-static void sort_params(const fx_tensor *params, unsigned n, ptr_index *sorted)
+/* Appends t's range; empty tensors own no memory and cannot alias. */
+static void add_range(ptr_index *ranges, size_t *count, const fx_tensor *t, unsigned owner,
+                      unsigned index)
 {
-    for (unsigned i = 0; i < n; i++)
-        sorted[i] = (ptr_index){params[i].data, i};
-    qsort(sorted, n, sizeof *sorted, cmp_ptr_index);
+    if (!t->data || t->nbytes == 0)
+        return;
+    uintptr_t begin = (uintptr_t)t->data;
+    ranges[(*count)++] = (ptr_index){begin, begin + t->nbytes, index, owner};
 }
 
-/* Updating one memory twice in one step would race: every param must be
- * its own tensor (a reshape view shares its source's memory). Empty
- * tensors own no memory and cannot alias. */
-static int check_params_distinct(const ptr_index *sorted, unsigned n, fx_status *st)
+static void range_name(const fx_optim_state *s, const ptr_index *r, char *out, size_t len)
 {
-    for (unsigned i = 1; i < n; i++)
-        if (sorted[i].ptr && sorted[i].ptr == sorted[i - 1].ptr)
+    static const char *const lists[] = {[OWN_MASTER] = "master", [OWN_BUF1] = "exp_avg_sq",
+                                        [OWN_BUF2] = "max_exp_avg_sq"};
+    switch (r->owner) {
+    case OWN_PARAM: snprintf(out, len, "params[%u]", r->index); break;
+    case OWN_BUF0:
+        snprintf(out, len, "the state's %s[%u]",
+                 s && s->kind == FX_OPTIM_SGD ? "momentum_buffer" : "exp_avg", r->index);
+        break;
+    case OWN_MASTER:
+    case OWN_BUF1:
+    case OWN_BUF2: snprintf(out, len, "the state's %s[%u]", lists[r->owner], r->index); break;
+    case OWN_STEP: snprintf(out, len, "the state's step"); break;
+    case OWN_NORM: snprintf(out, len, "the state's grad_norm"); break;
+    case OWN_SKIPPED: snprintf(out, len, "the state's skipped"); break;
+    default: snprintf(out, len, "the state's device table"); break;
+    }
+}
+
+/* Updating one memory twice in one step would race, and a param that is
+ * one of the state's moments would be updated from itself: the params
+ * and the state's tensors (everything a step writes), sorted by address,
+ * must be pairwise apart. The state's own tensors are separate
+ * allocations, so any overlap involves a param. */
+static int check_written_apart(const fx_optim_state *s, const ptr_index *sorted, size_t n,
+                               fx_status *st)
+{
+    size_t reach = 0; /* the range reaching furthest so far */
+    for (size_t i = 1; i < n; i++) {
+        if (sorted[i].begin < sorted[reach].end) {
+            const ptr_index *a = &sorted[i], *b = &sorted[reach];
+            if (a->owner != OWN_PARAM && b->owner != OWN_PARAM)
+                return fx_fail(st, FX_EINTERNAL, "optimizer state: two of its own tensors overlap");
+            if (a->owner != OWN_PARAM) { /* name the param first */
+                const ptr_index *t = a;
+                a = b;
+                b = t;
+            }
+            char other[64];
+            range_name(s, b, other, sizeof other);
+            if (b->owner == OWN_PARAM)
+                return fx_fail(st, FX_EBADARG, "params[%u]: expected a tensor distinct from %s, got %s memory",
+                               a->index, other, a->begin == b->begin && a->end == b->end ? "the same" : "overlapping");
             return fx_fail(st, FX_EBADARG,
-                           "params[%u]: expected a tensor distinct from params[%u], got the same memory",
-                           sorted[i].index, sorted[i - 1].index);
+                           "params[%u]: expected a tensor distinct from the optimizer state's tensors, got the memory of %s",
+                           a->index, other);
+        }
+        if (sorted[i].end > sorted[reach].end)
+            reach = i;
+    }
     return FX_OK;
 }
 
-/* A gradient that is also a parameter would be read while it is written. */
-static int check_grads_apart(const ptr_index *sorted, unsigned n, const fx_tensor *grads,
-                             fx_status *st)
+/* A gradient that is also a parameter, or one of the state's tensors,
+ * would be read while it is written. `sorted` (n ranges) is apart, so
+ * its ends rise with its begins: the one range a gradient can meet first
+ * is the last that begins before the gradient ends. */
+static int check_grads_apart(const fx_optim_state *s, const ptr_index *sorted, size_t n,
+                             const fx_tensor *grads, unsigned ngrads, fx_status *st)
 {
-    for (unsigned i = 0; i < n; i++) {
-        ptr_index key = {grads[i].data, 0};
-        if (!key.ptr)
+    for (unsigned i = 0; i < ngrads; i++) {
+        if (!grads[i].data || grads[i].nbytes == 0)
             continue;
-        unsigned lo = 0, hi = n;
+        uintptr_t begin = (uintptr_t)grads[i].data, end = begin + grads[i].nbytes;
+        size_t lo = 0, hi = n; /* the first range beginning at or after `end` */
         while (lo < hi) {
-            unsigned mid = lo + (hi - lo) / 2;
-            if ((uintptr_t)sorted[mid].ptr < (uintptr_t)key.ptr)
+            size_t mid = lo + (hi - lo) / 2;
+            if (sorted[mid].begin < end)
                 lo = mid + 1;
             else
                 hi = mid;
         }
-        if (lo < n && sorted[lo].ptr == key.ptr)
+        if (lo > 0 && sorted[lo - 1].end > begin) {
+            char other[64];
+            range_name(s, &sorted[lo - 1], other, sizeof other);
+            if (sorted[lo - 1].owner == OWN_PARAM)
+                return fx_fail(st, FX_EBADARG,
+                               "grads[%u]: expected a tensor distinct from every param, got the memory of %s",
+                               i, other);
             return fx_fail(st, FX_EBADARG,
-                           "grads[%u]: expected a tensor distinct from every param, got the memory of params[%u]",
-                           i, sorted[lo].index);
+                           "grads[%u]: expected a tensor distinct from every param and the optimizer state's tensors, got the memory of %s",
+                           i, other);
+        }
     }
     return FX_OK;
 }
+
+/* The ranges a step writes: the params, then the state's tensors (none at
+ * init, before they exist), sorted. Returns how many. */
+static size_t written_ranges(const fx_optim_state *s, const fx_tensor *params, unsigned n,
+                             ptr_index *out)
+{
+    size_t count = 0;
+    for (unsigned i = 0; i < n; i++)
+        add_range(out, &count, &params[i], OWN_PARAM, i);
+    if (s) {
+        for (unsigned i = 0; i < s->n; i++) {
+            add_range(out, &count, &s->master_t[i], OWN_MASTER, i);
+            add_range(out, &count, &s->buf0[i], OWN_BUF0, i);
+            add_range(out, &count, &s->buf1[i], OWN_BUF1, i);
+            add_range(out, &count, &s->buf2[i], OWN_BUF2, i);
+        }
+        add_range(out, &count, &s->step, OWN_STEP, 0);
+        add_range(out, &count, &s->grad_norm, OWN_NORM, 0);
+        add_range(out, &count, &s->skipped, OWN_SKIPPED, 0);
+        add_range(out, &count, &s->table, OWN_TABLE, 0);
+    }
+    qsort(out, count, sizeof *out, cmp_ptr_index);
+    return count;
+}
+
+/* Room for written_ranges of a state of n params. */
+static size_t written_capacity(size_t n) { return 5 * n + 4; }
 
 static int check_init_params(const fx_tensor *params, unsigned n, bool master_weights,
                              fx_status *st)
@@ -177,8 +267,7 @@ static int check_init_params(const fx_tensor *params, unsigned n, bool master_we
     ptr_index *sorted = malloc(sizeof *sorted * n);
     if (!sorted)
         return fx_fail(st, FX_ENOMEM, "out of host memory checking %u params", n);
-    sort_params(params, n, sorted);
-    check_params_distinct(sorted, n, st);
+    check_written_apart(NULL, sorted, written_ranges(NULL, params, n, sorted), st);
     free(sorted);
     return st->code;
 }
@@ -254,7 +343,7 @@ void fx_optim_state_free(fx_optim_state *s)
     free(s->shapes);
     free(s->host_slots);
     free(s->next_slots);
-    free(s->sorted_params);
+    free(s->sorted_written);
     free(s->chunk_tensor);
     pthread_mutex_destroy(&s->lock);
     free(s);
@@ -270,9 +359,9 @@ static int alloc_arrays(fx_optim_state *s, fx_status *st)
     s->buf2 = calloc(n, sizeof *s->buf2);
     s->host_slots = calloc(n, sizeof *s->host_slots);
     s->next_slots = calloc(n, sizeof *s->next_slots);
-    s->sorted_params = calloc(n, sizeof *s->sorted_params);
+    s->sorted_written = calloc(written_capacity(n), sizeof *s->sorted_written);
     if (!s->shapes || !s->master_t || !s->buf0 || !s->buf1 || !s->buf2 || !s->host_slots ||
-        !s->next_slots || !s->sorted_params)
+        !s->next_slots || !s->sorted_written)
         return fx_fail(st, FX_ENOMEM, "out of host memory for an optimizer state of %u tensors", n);
     return FX_OK;
 }
@@ -491,8 +580,9 @@ static int upload_table(fx_optim_state *s, size_t bytes, bool nowait, bool *done
  * that changed is checked for aliasing first (an unchanged one passed).
  * *ready: the device holds the table (false only with `nowait`). */
 static int sync_table(fx_optim_state *s, const fx_tensor *params, const fx_tensor *grads,
-                      bool nowait, bool *ready, fx_status *st)
+                      bool nowait, bool *ready, bool *uploaded_now, fx_status *st)
 {
+    *uploaded_now = false;
     *ready = false;
     build_slots(s, params, grads);
     size_t bytes = sizeof(fx_optim_slot) * s->n;
@@ -501,12 +591,12 @@ static int sync_table(fx_optim_state *s, const fx_tensor *params, const fx_tenso
         return FX_OK;
     }
     if (!(s->slots_valid && same_params(s))) {
-        s->slots_valid = false; /* sorted_params no longer matches host_slots */
-        sort_params(params, s->n, s->sorted_params);
-        if (check_params_distinct(s->sorted_params, s->n, st) != FX_OK)
+        s->slots_valid = false; /* sorted_written no longer matches host_slots */
+        s->nwritten = written_ranges(s, params, s->n, s->sorted_written);
+        if (check_written_apart(s, s->sorted_written, s->nwritten, st) != FX_OK)
             return st->code;
     }
-    if (check_grads_apart(s->sorted_params, s->n, grads, st) != FX_OK)
+    if (check_grads_apart(s, s->sorted_written, s->nwritten, grads, s->n, st) != FX_OK)
         return st->code;
     bool uploaded;
     /* a failed upload may have written part of the device's table */
@@ -516,6 +606,7 @@ static int sync_table(fx_optim_state *s, const fx_tensor *params, const fx_tenso
     }
     if (!uploaded)
         return FX_OK;
+    *uploaded_now = true;
     fx_optim_slot *held = s->host_slots;
     s->host_slots = s->next_slots;
     s->next_slots = held;
@@ -551,7 +642,7 @@ static void fill_args(const fx_optim_state *s, const fx_optim_hyper *h, fx_dtype
     a->skipped = s->skipped.data;
 }
 
-static int optim_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
+static int optim_step(const fx_exec *ex, fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
                       unsigned nparams, const fx_tensor *grads, unsigned ngrads,
                       const fx_optim_hyper *h, bool nowait, bool *done, fx_status *st)
 {
@@ -569,13 +660,18 @@ static int optim_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *pa
         pthread_mutex_lock(&s->lock);
     else if (pthread_mutex_trylock(&s->lock) != 0)
         return FX_OK;
-    bool ready;
-    int rc = sync_table(s, params, grads, nowait, &ready, st);
+    bool ready, uploaded;
+    int rc = sync_table(s, params, grads, nowait, &ready, &uploaded, st);
+    /* The table goes up on fusex's own stream: a step on another waits for
+     * it (only when the parameters or gradients moved). */
+    if (rc == FX_OK && ready && uploaded && ex)
+        rc = s->device->backend->synchronize(s->device->ordinal, st);
     if (rc == FX_OK && ready) {
         fx_optim_args args;
         fx_exec own;
         fill_args(s, h, grads[0].dtype, &args);
-        rc = fx_exec_resolve(s->device, NULL, &own, st) ? ops->step(&own, &args, st) : st->code;
+        const fx_exec *on = fx_exec_resolve(s->device, ex, &own, st);
+        rc = on ? ops->step(on, &args, st) : st->code;
         *done = rc == FX_OK;
     }
     pthread_mutex_unlock(&s->lock);
@@ -587,12 +683,35 @@ int fx_op_optim_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *par
                      const fx_optim_hyper *h, fx_status *st)
 {
     bool done;
-    return optim_step(s, kind, params, nparams, grads, ngrads, h, false, &done, st);
+    return optim_step(NULL, s, kind, params, nparams, grads, ngrads, h, false, &done, st);
+}
+
+int fx_op_optim_step_on(const fx_exec *ex, fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
+                        unsigned nparams, const fx_tensor *grads, unsigned ngrads, const fx_optim_hyper *h,
+                        fx_status *st)
+{
+    bool done;
+    return optim_step(ex, s, kind, params, nparams, grads, ngrads, h, false, &done, st);
 }
 
 int fx_op_optim_try_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
                          unsigned nparams, const fx_tensor *grads, unsigned ngrads,
                          const fx_optim_hyper *h, bool *done, fx_status *st)
 {
-    return optim_step(s, kind, params, nparams, grads, ngrads, h, true, done, st);
+    return optim_step(NULL, s, kind, params, nparams, grads, ngrads, h, true, done, st);
+}
+
+/* Under the state's lock, so that a step running on the CPU in another
+ * thread is not read half-way. */
+int fx_op_optim_info(fx_optim_state *s, fx_optim_info *out, fx_status *st)
+{
+    uint8_t skipped = 0;
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&s->lock);
+    if (fx_op_to_host(&s->step, &out->step, st) == FX_OK &&
+        fx_op_to_host(&s->grad_norm, &out->grad_norm, st) == FX_OK)
+        fx_op_to_host(&s->skipped, &skipped, st);
+    pthread_mutex_unlock(&s->lock);
+    out->skipped = skipped != 0;
+    return st->code;
 }

@@ -45,10 +45,12 @@ typedef struct fx_optim_state {
     fx_optim_slot *host_slots; /* what the device table holds, when slots_valid */
     fx_optim_slot *next_slots; /* the step being built */
     bool slots_valid;
-    /* The params of host_slots sorted by address, for the aliasing checks
-     * of a table that changed: a training loop's new gradients every step
-     * do not re-sort unchanged params. Valid with slots_valid. */
-    struct fx_ptr_index *sorted_params;
+    /* The byte ranges a step writes (the params of host_slots and the
+     * state's own tensors) sorted by address, for the aliasing checks of a
+     * table that changed: a training loop's new gradients every step do
+     * not re-sort unchanged params. Valid with slots_valid. */
+    struct fx_ptr_index *sorted_written;
+    size_t nwritten;
     uint32_t *chunk_tensor; /* host copy of the work list */
 } fx_optim_state;
 
@@ -76,6 +78,14 @@ int fx_op_optim_init(fx_optim_kind kind, const fx_tensor *params, unsigned n,
 int fx_op_optim_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
                      unsigned nparams, const fx_tensor *grads, unsigned ngrads,
                      const fx_optim_hyper *h, fx_status *st);
+/* The same step's kernels on the launch context `ex` (a caller's stream).
+ * A state's steps must still follow one another: its sums and counters
+ * live in the state, so two streams must not step one state at once. A
+ * changed parameter table goes up on fusex's own stream, which the step
+ * then waits for. */
+int fx_op_optim_step_on(const fx_exec *ex, fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
+                        unsigned nparams, const fx_tensor *grads, unsigned ngrads, const fx_optim_hyper *h,
+                        fx_status *st);
 /* The same step for a caller that must not wait (a normal scheduler): with
  * the same checks and errors, but where the step would wait (the state in
  * use by another call, a changed table whose upload must wait for a
@@ -85,6 +95,16 @@ int fx_op_optim_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *par
 int fx_op_optim_try_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
                          unsigned nparams, const fx_tensor *grads, unsigned ngrads,
                          const fx_optim_hyper *h, bool *done, fx_status *st);
+
+/* What the last step left on the device, read from the state's own
+ * tensors (waits for the queued work). grad_norm is negative when the
+ * step computed none. */
+typedef struct fx_optim_info {
+    int64_t step;
+    float grad_norm;
+    bool skipped;
+} fx_optim_info;
+int fx_op_optim_info(fx_optim_state *s, fx_optim_info *out, fx_status *st);
 
 /* Drops the state's references (its memory goes when no handle shares it). */
 void fx_optim_state_free(fx_optim_state *s);

@@ -18,9 +18,9 @@ static const char *init_priv_dir;
 static const fx_backend *init_host;
 static fx_status init_status;
 
-static void add_device(const fx_backend *backend, fx_device_kind kind, int ordinal)
+void fx_device_init(fx_device *dev, fx_device_kind kind, int ordinal, const fx_backend *backend)
 {
-    fx_device *dev = &devices[device_total++];
+    memset(dev, 0, sizeof *dev);
     dev->kind = kind;
     dev->ordinal = ordinal;
     dev->backend = backend;
@@ -35,6 +35,11 @@ static void add_device(const fx_backend *backend, fx_device_kind kind, int ordin
     pthread_mutex_init(&dev->registry_lock, NULL);
     dev->registry_head = NULL;
     dev->freed_next = 0;
+}
+
+static void add_device(const fx_backend *backend, fx_device_kind kind, int ordinal)
+{
+    fx_device_init(&devices[device_total++], kind, ordinal, backend);
 }
 
 static int backend_compatible(const fx_backend *b)
@@ -177,26 +182,46 @@ void fx_format_shape(char *out, size_t outlen, int rank, const int64_t *dims)
         snprintf(out + used, outlen - used, "}");
 }
 
+/* The nonzero dimensions must multiply to at most 2^48 too, not only the
+ * element count: a zero-element shape like {2^48, 0, 2^22} is a valid
+ * tensor, and the ops form counts from some of its dimensions (batch *
+ * dim, a state's batch * dim * dstate). Bounding every partial product of
+ * a shape keeps each such count of one tensor within 2^48; products that
+ * combine several tensors are checked where they are formed (fx_size_mul
+ * and fx_size_add of fusex_exec.h saturate, so an allocation of what
+ * overflowed fails). */
 int fx_shape_numel(const char *arg, int rank, const int64_t *dims, int64_t *numel,
                    fx_status *st)
 {
     if (rank < 0 || rank > FX_MAX_RANK)
         return fx_fail(st, FX_EBADARG, "%s: expected a rank of at most %d, got %d", arg,
                        FX_MAX_RANK, rank);
-    int64_t n = 1;
+    int64_t nonzero = 1;
+    bool empty = false;
     for (int i = 0; i < rank; i++) {
         if (dims[i] < 0)
             return fx_fail(st, FX_EBADARG, "%s: expected non-negative dimensions, got %lld at axis %d",
                            arg, (long long)dims[i], i);
-        if (dims[i] != 0 && n > FX_MAX_BYTES / dims[i]) {
+        if (dims[i] == 0) {
+            empty = true;
+            continue;
+        }
+        if (nonzero > FX_MAX_BYTES / dims[i]) {
+            bool has_zero = empty;
+            for (int k = i + 1; k < rank; k++)
+                has_zero |= dims[k] == 0;
             char shape[160];
             fx_format_shape(shape, sizeof shape, rank, dims);
+            if (has_zero)
+                return fx_fail(st, FX_EBADARG,
+                               "%s: expected nonzero dimensions whose product is at most 2^48, got %s",
+                               arg, shape);
             return fx_fail(st, FX_EBADARG, "%s: expected a shape of at most 2^48 elements, got %s",
                            arg, shape);
         }
-        n *= dims[i];
+        nonzero *= dims[i];
     }
-    *numel = n;
+    *numel = empty ? 0 : nonzero;
     return FX_OK;
 }
 

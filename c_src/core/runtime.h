@@ -65,6 +65,11 @@ bool fx_device_enqueue_inline(fx_device *dev);
 /* Everything enqueued so far has finished (seen by a synchronize, a
  * download or an idle query). */
 void fx_device_note_idle(fx_device *dev);
+/* A device record over `backend`'s device `ordinal`, labelled "cpu" or
+ * "cuda:N", its accounting and registry empty: what the runtime keeps for
+ * each device, and what a second entry (the XLA handlers' library) keeps
+ * for its own. */
+void fx_device_init(fx_device *dev, fx_device_kind kind, int ordinal, const fx_backend *backend);
 fx_device *fx_device_at(int index);
 fx_device *fx_device_find(fx_device_kind kind, int ordinal);
 fx_device *fx_cpu_device(void);

@@ -170,7 +170,14 @@ int fx_ssm_check_step(const fx_tensor *state, const fx_ssm_inputs *in, fx_ssm_di
     if (state->dtype != FX_F32 && !(on_cpu(state) && state->dtype == FX_F64))
         return fx_fail(st, FX_EBADARG, "state: expected type {f,32}%s, got %s",
                        on_cpu(state) ? " or {f,64}" : "", fx_dtype_name(state->dtype));
-    return fx_expect_shape(st, "state", state, 3, state_dims, LAYOUT_STATE);
+    if (fx_expect_shape(st, "state", state, 3, state_dims, LAYOUT_STATE))
+        return st->code;
+    const char *names[] = {"x", "dt", "a", "b", "c", "d", "z", "dt_bias"};
+    const fx_tensor *read[] = {in->x, in->dt, in->a, in->b, in->c, in->d, in->z, in->dt_bias};
+    for (size_t i = 0; i < sizeof read / sizeof read[0]; i++)
+        if (fx_expect_apart(st, "state", state, names[i], read[i]))
+            return st->code;
+    return FX_OK;
 }
 
 /* Outputs the caller allocated: on x's device, with the layout the op
@@ -208,6 +215,29 @@ int fx_ssm_saved_shape(const fx_ssm_dims *n, fx_dtype x_type, int64_t dims[4])
     return 4;
 }
 
+/* Nothing to scan: a zero batch, sequence or dim. No backend is handed such
+ * a problem, so none loops over rows of nothing (a batch of 2^40 empty
+ * sequences is a valid zero-element tensor, and was hours of loop). */
+static bool nothing_to_scan(const fx_ssm_dims *n)
+{
+    return n->batch == 0 || n->seqlen == 0 || n->dim == 0;
+}
+
+static int fill_zero(const fx_exec *ex, const fx_tensor *t, fx_status *st)
+{
+    if (!t || !t->buffer || t->nbytes == 0)
+        return FX_OK;
+    return t->device->backend->fill_zero(ex, t->data, t->nbytes, st);
+}
+
+/* dst = src in dst's type (same shape), or zeros without src. */
+static int copy_or_zero(const fx_exec *ex, const fx_tensor *src, const fx_tensor *dst, fx_status *st)
+{
+    if (!src || dst->numel == 0)
+        return fill_zero(ex, dst, st);
+    return dst->device->backend->cast(ex, src, dst, st);
+}
+
 /* ---- forward ---- */
 
 int fx_op_ssm_forward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx_tensor *y, const fx_tensor *state,
@@ -227,6 +257,8 @@ int fx_op_ssm_forward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx_
     fx_exec own;
     if (!(ex = fx_exec_resolve(dev, ex, &own, st)))
         return st->code;
+    if (nothing_to_scan(&n)) /* y and the saved states are empty; the final state is h0 */
+        return state ? copy_or_zero(ex, in->h0, state, st) : FX_OK;
     fx_ssm_fwd_args args = {
         .n = n, .x = x, .dt = in->dt, .a = in->a, .b = in->b, .c = in->c,
         .d = in->d, .z = in->z, .dt_bias = in->dt_bias, .h0 = in->h0,
@@ -405,7 +437,7 @@ int fx_op_ssm_backward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx
     if (expect_ssm(st, dev, "selective_scan_backward") || expect_like_x(st, "dy", dy, x, 3, x->dims, LAYOUT_X) ||
         (dstate && expect_param(st, "dstate", dstate, x, 3, state_dims, LAYOUT_STATE)))
         return st->code;
-    if (!saved && ssm_ops(dev)->reads_saved)
+    if (!saved && ssm_ops(dev)->reads_saved && fx_ssm_nsaved(&n, x->dtype) > 0)
         return fx_fail(st, FX_EBADARG, "saved: expected the states the forward saved (save_for_backward) on %s, "
                        "got none", dev->label);
     if ((saved && expect_saved(st, saved, x, &n)) || expect_grads(st, in, g))
@@ -413,6 +445,16 @@ int fx_op_ssm_backward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx
     fx_exec own;
     if (!(ex = fx_exec_resolve(dev, ex, &own, st)))
         return st->code;
+    if (nothing_to_scan(&n)) {
+        /* No step ran: every gradient is zero (db and dc too, whose groups
+         * may have no channels when dim is 0), except that h0 went straight
+         * to the final state. */
+        const fx_tensor *zeros[] = {g->x, g->dt, g->a, g->b, g->c, g->d, g->z, g->dt_bias};
+        for (size_t i = 0; i < sizeof zeros / sizeof zeros[0]; i++)
+            if (fill_zero(ex, zeros[i], st))
+                return st->code;
+        return g->h0 ? copy_or_zero(ex, dstate, g->h0, st) : FX_OK;
+    }
     fx_ssm_bwd_args args = {
         .fwd = {.n = n, .x = x, .dt = in->dt, .a = in->a, .b = in->b, .c = in->c, .d = in->d, .z = in->z,
                 .dt_bias = in->dt_bias, .h0 = in->h0, .dt_softplus = in->dt_softplus, .saved = saved,
@@ -462,6 +504,8 @@ int fx_op_ssm_step_into(const fx_exec *ex, const fx_tensor *state, const fx_ssm_
     fx_exec own;
     if (!(ex = fx_exec_resolve(dev, ex, &own, st)))
         return st->code;
+    if (n.batch == 0 || n.dim == 0) /* y and the state are empty */
+        return FX_OK;
     fx_ssm_step_args args = {
         .n = n, .state = state, .x = in->x, .dt = in->dt, .a = in->a, .b = in->b, .c = in->c,
         .d = in->d, .z = in->z, .dt_bias = in->dt_bias, .dt_softplus = in->dt_softplus, .y = y,

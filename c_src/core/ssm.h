@@ -55,7 +55,8 @@ int fx_ssm_saved_shape(const fx_ssm_dims *n, fx_dtype x_type, int64_t dims[4]);
  * of the state type), saved (NULL, or fx_ssm_saved_shape: filled for a
  * backward). backward: the forward's inputs and saved states (NULL where
  * the backend's backward does not read them), dy, dstate (or NULL), and
- * the gradients. step: y [batch, dim] of x's type; state in place. */
+ * the gradients (saved may be NULL where there are none: a single chunk).
+ * step: y [batch, dim] of x's type; state in place. */
 int fx_op_ssm_forward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx_tensor *y, const fx_tensor *state,
                            const fx_tensor *saved, fx_status *st);
 int fx_op_ssm_backward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx_tensor *saved,

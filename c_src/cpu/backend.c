@@ -81,7 +81,11 @@ static int heap_scratch_alloc(void *ctx, size_t nbytes, void **ptr, fx_status *s
 {
     (void)ctx;
     size_t rounded = fx_scratch_piece(nbytes);
-    *ptr = rounded == SIZE_MAX ? NULL : aligned_alloc(FX_SCRATCH_ALIGN, rounded);
+    if (rounded == SIZE_MAX) { /* fx_size_mul/fx_size_add saturated: a count overflowed */
+        *ptr = NULL;
+        return fx_fail(st, FX_ENOMEM, "out of host memory: the op's scratch does not fit in the address space");
+    }
+    *ptr = aligned_alloc(FX_SCRATCH_ALIGN, rounded);
     if (!*ptr)
         return fx_fail(st, FX_ENOMEM, "out of host memory for %zu bytes of scratch", nbytes);
     return FX_OK;
@@ -101,6 +105,7 @@ static int cpu_exec_default(int dev, fx_exec *ex, fx_status *st)
     ex->scratch.alloc = heap_scratch_alloc;
     ex->scratch.release = heap_scratch_release;
     ex->scratch.ctx = NULL;
+    ex->cache = NULL;
     return FX_OK;
 }
 

@@ -3,6 +3,10 @@
 #ifndef FX_CPU_H
 #define FX_CPU_H
 
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
 #include "fusex.h"
 #include "fusex_cpu.h"
 
@@ -20,5 +24,38 @@ extern const struct fx_linrec_ops fx_cpu_linrec_ops;
 extern const struct fx_optim_ops fx_cpu_optim_ops;
 
 int fx_cpu_threads(void);
+
+/* The test fx_cpu_watch_caller named, as one op sees it. */
+typedef struct fx_watch {
+    fx_alive_fn alive; /* NULL: nothing to watch */
+    void *arg;
+    pthread_t owner;   /* the thread that named it: the only one alive() may run on */
+    atomic_bool gone;
+    unsigned polls;    /* the owner's, since its last look at the clock */
+    int64_t next_ns;   /* the owner's: when alive() may run next */
+} fx_watch;
+
+/* At the start of an op, on the thread that runs it: takes that thread's
+ * test (the threads the op starts, OpenMP's, poll the same watch). */
+void fx_watch_begin(fx_watch *w);
+/* Whether the caller is gone; cheap enough for every step of a loop, from
+ * any thread: an atomic load, and on the owner now and then (at most every
+ * 10 ms) the test itself. */
+bool fx_watch_gone(fx_watch *w);
+/* FX_OK, or the cancellation of `op` in st when the caller went. */
+int fx_watch_end(fx_watch *w, const char *op, fx_status *st);
+
+/* The tasks of a watched parallel loop run in pieces of this many, the
+ * watch looked at between them: an OpenMP loop cannot be left early, and
+ * skipping the tasks still left (`continue`) would cost a scheduling step
+ * each, hours for a loop of 2^40. So a killed caller's work stops within
+ * one piece. Large enough that a piece's fork-join costs nothing. */
+#define FX_WATCH_PIECE ((int64_t)1 << 14)
+
+/* [lo, hi) of the piece starting at lo of `tasks`. */
+static inline int64_t fx_piece_end(int64_t lo, int64_t tasks)
+{
+    return tasks - lo < FX_WATCH_PIECE ? tasks : lo + FX_WATCH_PIECE;
+}
 
 #endif

@@ -161,7 +161,7 @@ static task task_at(const fx_linrec_problem *p, int64_t block, int64_t i)
 
 /* ---- forward ---- */
 
-static void forward_task(const fx_linrec_fwd_args *a, task tk)
+static void forward_task(const fx_linrec_fwd_args *a, task tk, fx_watch *w)
 {
     const fx_linrec_problem *p = &a->p;
     double state[HBLOCK];
@@ -169,6 +169,8 @@ static void forward_task(const fx_linrec_fwd_args *a, task tk)
     for (int64_t j = 0; j < width; j++)
         state[j] = a->h0 ? at(a->h0, tk.b * p->hidden + tk.h_lo + j) : 0.0;
     for (int64_t s = 0; s < p->seqlen; s++) {
+        if (fx_watch_gone(w))
+            return;
         int64_t row = row_of(p, s);
         for (int64_t j = 0; j < width; j++) {
             step_in in;
@@ -186,14 +188,19 @@ static void forward_task(const fx_linrec_fwd_args *a, task tk)
 static int cpu_forward(const fx_exec *ex, const fx_linrec_fwd_args *a, fx_status *st)
 {
     (void)ex;
-    (void)st;
     const fx_linrec_problem *p = &a->p;
     int64_t n = task_count(p, HBLOCK);
     int64_t work = p->batch * p->seqlen * p->hidden;
+    fx_watch w;
+    fx_watch_begin(&w);
+    for (int64_t lo = 0; lo < n && !fx_watch_gone(&w); lo = fx_piece_end(lo, n)) {
+        const int64_t hi = fx_piece_end(lo, n);
 #pragma omp parallel for schedule(dynamic) if (work > FX_CPU_PARALLEL_MIN)
-    for (int64_t i = 0; i < n; i++)
-        forward_task(a, task_at(p, HBLOCK, i));
-    return FX_OK;
+        for (int64_t i = lo; i < hi; i++)
+            if (!fx_watch_gone(&w))
+                forward_task(a, task_at(p, HBLOCK, i), &w);
+    }
+    return fx_watch_end(&w, "a linrec forward", st);
 }
 
 /* ---- backward ----
@@ -207,7 +214,7 @@ typedef struct bwd_sums {
     double *ddt;         /* [batch][seqlen], each batch row summed by one thread */
 } bwd_sums;
 
-static void backward_task(const fx_linrec_bwd_args *a, task tk, bwd_sums *sums)
+static void backward_task(const fx_linrec_bwd_args *a, task tk, bwd_sums *sums, fx_watch *w)
 {
     const fx_linrec_problem *p = &a->p;
     double u[HBLOCK];
@@ -217,6 +224,8 @@ static void backward_task(const fx_linrec_bwd_args *a, task tk, bwd_sums *sums)
     double *dtau = sums->dtau ? sums->dtau + tk.b * H : NULL;
     double *dlam = sums->dlam ? sums->dlam + tk.b * H : NULL;
     for (int64_t s = L - 1; s >= 0; s--) {
+        if (fx_watch_gone(w))
+            return;
         int64_t row = row_of(p, s), prev_row = s > 0 ? row_of(p, s - 1) : -1;
         double ddt = 0;
         for (int64_t j = 0; j < width; j++) {
@@ -288,16 +297,30 @@ static int cpu_backward(const fx_exec *ex, const fx_linrec_bwd_args *a, fx_statu
      * takes all of a batch row's channel blocks, so no two threads share a
      * sum. */
     int64_t work = B * L * H;
+    fx_watch w;
+    fx_watch_begin(&w);
     if (a->ddt) {
+        for (int64_t b0 = 0; b0 < B && !fx_watch_gone(&w); b0 = fx_piece_end(b0, B)) {
+            const int64_t b1 = fx_piece_end(b0, B);
 #pragma omp parallel for schedule(dynamic) if (work > FX_CPU_PARALLEL_MIN)
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t lo = 0; lo < H; lo += HBLOCK)
-                backward_task(a, (task){b, lo, lo + HBLOCK < H ? lo + HBLOCK : H}, &sums);
+            for (int64_t b = b0; b < b1; b++)
+                for (int64_t lo = 0; lo < H && !fx_watch_gone(&w); lo += HBLOCK)
+                    backward_task(a, (task){b, lo, lo + HBLOCK < H ? lo + HBLOCK : H}, &sums, &w);
+        }
     } else {
         int64_t n = task_count(p, HBLOCK);
+        for (int64_t lo = 0; lo < n && !fx_watch_gone(&w); lo = fx_piece_end(lo, n)) {
+            const int64_t hi = fx_piece_end(lo, n);
 #pragma omp parallel for schedule(dynamic) if (work > FX_CPU_PARALLEL_MIN)
-        for (int64_t i = 0; i < n; i++)
-            backward_task(a, task_at(p, HBLOCK, i), &sums);
+            for (int64_t i = lo; i < hi; i++)
+                if (!fx_watch_gone(&w))
+                    backward_task(a, task_at(p, HBLOCK, i), &sums, &w);
+        }
+    }
+    if (fx_watch_end(&w, "a linrec backward", st)) {
+        if (liquid)
+            fx_scratch_release(ex, sums.dtau);
+        return st->code;
     }
     if (liquid) {
         for (int64_t h = 0; h < H; h++) {

@@ -45,34 +45,32 @@ static bool worth_threads(const fx_optim_args *a)
 
 /* ---- the norm pass: sum of squares and the non-finite check ---- */
 
-/* Per-chunk partial sums added in chunk order, so the norm does not depend
- * on the thread count. */
-static int norm_pass(const fx_exec *ex, const fx_optim_args *a, double *sumsq, bool *bad, fx_status *st)
+/* Per-block partial sums (block k takes chunks k, k + blocks, ...), added
+ * in block order into the state's partial sums, so the norm does not
+ * depend on the thread count and the step needs no scratch. */
+static void norm_pass(const fx_optim_args *a, double *sumsq, bool *bad)
 {
-    int64_t n = a->nchunks;
-    double *partial;
-    if (fx_scratch_alloc(ex, fx_size_mul(n, sizeof(double)), (void **)&partial, st))
-        return st->code;
+    int64_t blocks = a->blocks, n = a->nchunks;
     int any_bad = 0;
 #pragma omp parallel for schedule(dynamic, 1) reduction(| : any_bad) if (worth_threads(a))
-    for (int64_t k = 0; k < n; k++) {
-        int64_t begin, end;
-        const fx_optim_slot *slot = chunk_range(a, k, &begin, &end);
+    for (int64_t k = 0; k < blocks; k++) {
         double sum = 0;
-        for (int64_t i = begin; i < end; i++) {
-            double g = load_float(slot->grad, a->grad_dtype, i);
-            any_bad |= !isfinite(g);
-            sum += g * g;
+        for (int64_t chunk = k; chunk < n; chunk += blocks) {
+            int64_t begin, end;
+            const fx_optim_slot *slot = chunk_range(a, chunk, &begin, &end);
+            for (int64_t i = begin; i < end; i++) {
+                double g = load_float(slot->grad, a->grad_dtype, i);
+                any_bad |= !isfinite(g);
+                sum += g * g;
+            }
         }
-        partial[k] = sum;
+        a->partial_sq[k] = sum;
     }
     double total = 0;
-    for (int64_t k = 0; k < n; k++)
-        total += partial[k];
-    fx_scratch_release(ex, partial);
+    for (int64_t k = 0; k < blocks; k++)
+        total += a->partial_sq[k];
     *sumsq = total;
     *bad = any_bad != 0;
-    return FX_OK;
 }
 
 /* torch.nn.utils.clip_grad_norm_: min(1, max_norm / (norm + 1e-6)), where
@@ -173,14 +171,16 @@ static void update_chunk(const fx_optim_args *a, int64_t chunk, double clip,
     }
 }
 
+/* Needs no scratch: its partial sums live in the state. */
 static int cpu_optim_step(const fx_exec *ex, const fx_optim_args *a, fx_status *st)
 {
+    (void)ex;
+    (void)st;
     double clip = 1.0;
     if (a->prepass) {
         double sumsq = 0;
         bool bad = false;
-        if (norm_pass(ex, a, &sumsq, &bad, st))
-            return st->code;
+        norm_pass(a, &sumsq, &bad);
         double norm = sqrt(sumsq);
         bool skip = bad && a->hyper.skip_nonfinite;
         *a->grad_norm = (float)norm;

@@ -132,7 +132,8 @@ static int team_size(bool parallel) { return parallel ? fx_cpu_threads() : 1; }
 #if defined(__x86_64__) && defined(__GLIBC__)
 __attribute__((target_clones("avx2", "default")))
 #endif
-static void forward_block(const fx_ssm_fwd_args *a, int64_t b, int64_t d0, int64_t d1, double *h)
+static void forward_block(const fx_ssm_fwd_args *a, int64_t b, int64_t d0, int64_t d1, double *h,
+                          fx_watch *w)
 {
     const fx_ssm_dims *n = &a->n;
     int64_t N = n->dstate, G = n->groups, cpg = n->dim / G, nch = d1 - d0;
@@ -148,6 +149,8 @@ static void forward_block(const fx_ssm_fwd_args *a, int64_t b, int64_t d0, int64
         }
     }
     for (int64_t t = 0; t < n->seqlen; t++) {
+        if (fx_watch_gone(w))
+            return;
         load_run(a->b, at_btg(n, b, t, 0), G * N, brow);
         load_run(a->c, at_btg(n, b, t, 0), G * N, crow);
         int64_t i0 = at_btd(n, b, t, d0);
@@ -193,9 +196,16 @@ static void forward_block(const fx_ssm_fwd_args *a, int64_t b, int64_t d0, int64
         store_states(a->state, (b * n->dim + d0) * N, nch * N, h);
 }
 
+/* State-steps of the scan: x's elements (a shape, so within 2^48) times
+ * dstate (a's), which may pass 2^63; saturated (it only picks a team). */
+static size_t state_steps(const fx_ssm_dims *n)
+{
+    return fx_size_mul(n->batch * n->seqlen * n->dim, n->dstate);
+}
+
 static bool forward_parallel(const fx_ssm_dims *n)
 {
-    return n->batch * n->seqlen * n->dim * n->dstate > FORWARD_PARALLEL_MIN;
+    return state_steps(n) > (size_t)FORWARD_PARALLEL_MIN;
 }
 
 /* One workspace of forward_block_doubles a thread. */
@@ -203,7 +213,8 @@ static size_t cpu_ssm_forward_scratch(const fx_exec *ex, const fx_ssm_fwd_args *
 {
     (void)ex;
     size_t per_task = fx_size_mul((int64_t)forward_block_doubles(&a->n), sizeof(double));
-    return fx_size_mul(team_size(forward_parallel(&a->n)), (int64_t)fx_scratch_piece(per_task));
+    return fx_size_add(FX_SCRATCH_ALIGN,
+                       fx_size_mul(team_size(forward_parallel(&a->n)), (int64_t)fx_scratch_piece(per_task)));
 }
 
 static int cpu_ssm_forward(const fx_exec *ex, const fx_ssm_fwd_args *a, fx_status *st)
@@ -217,14 +228,21 @@ static int cpu_ssm_forward(const fx_exec *ex, const fx_ssm_fwd_args *a, fx_statu
     char *work;
     if (fx_scratch_alloc(ex, fx_size_mul(threads, (int64_t)per_task), (void **)&work, st))
         return st->code;
+    fx_watch w;
+    fx_watch_begin(&w);
+    for (int64_t lo = 0; lo < tasks && !fx_watch_gone(&w); lo = fx_piece_end(lo, tasks)) {
+        const int64_t hi = fx_piece_end(lo, tasks);
 #pragma omp parallel for schedule(dynamic) num_threads(threads)
-    for (int64_t task = 0; task < tasks; task++) {
-        int64_t b = task / blocks, d0 = (task % blocks) * CHANNEL_BLOCK;
-        int64_t d1 = d0 + CHANNEL_BLOCK < n->dim ? d0 + CHANNEL_BLOCK : n->dim;
-        forward_block(a, b, d0, d1, (double *)(work + (size_t)omp_get_thread_num() * per_task));
+        for (int64_t task = lo; task < hi; task++) {
+            if (fx_watch_gone(&w))
+                continue;
+            int64_t b = task / blocks, d0 = (task % blocks) * CHANNEL_BLOCK;
+            int64_t d1 = d0 + CHANNEL_BLOCK < n->dim ? d0 + CHANNEL_BLOCK : n->dim;
+            forward_block(a, b, d0, d1, (double *)(work + (size_t)omp_get_thread_num() * per_task), &w);
+        }
     }
     fx_scratch_release(ex, work);
-    return FX_OK;
+    return fx_watch_end(&w, "selective_scan", st);
 }
 
 /* ---- backward ---- */
@@ -243,7 +261,7 @@ typedef struct partial_sums {
  * dstate, g: dstate. */
 static void backward_channel(const fx_ssm_bwd_args *a, int64_t b, int64_t d, const double *bl,
                              const double *cl, double *dbl, double *dcl, double *ckpt, double *hs,
-                             double *gs, const partial_sums *ps)
+                             double *gs, const partial_sums *ps, fx_watch *w)
 {
     const fx_ssm_fwd_args *f = &a->fwd;
     const fx_ssm_dims *n = &f->n;
@@ -258,6 +276,8 @@ static void backward_channel(const fx_ssm_bwd_args *a, int64_t b, int64_t d, con
     /* The state entering every chunk. */
     int64_t chunks = (L + CHECKPOINT - 1) / CHECKPOINT;
     for (int64_t t = 0; t < L; t++) {
+        if (fx_watch_gone(w))
+            return;
         int64_t c = t / CHECKPOINT;
         double *from = ckpt + c * N, *to = ckpt + (c + 1) * N;
         if (t % CHECKPOINT == 0)
@@ -268,6 +288,8 @@ static void backward_channel(const fx_ssm_bwd_args *a, int64_t b, int64_t d, con
     }
     double dd_sum = 0.0, dbias_sum = 0.0;
     for (int64_t c = chunks - 1; c >= 0; c--) {
+        if (fx_watch_gone(w))
+            return;
         int64_t t0 = c * CHECKPOINT, t1 = t0 + CHECKPOINT < L ? t0 + CHECKPOINT : L;
         /* hs[s] = the state after step t0 + s - 1 (hs[0] enters the chunk). */
         memcpy(hs, ckpt + c * N, sizeof(double) * (size_t)N);
@@ -318,7 +340,7 @@ static void backward_channel(const fx_ssm_bwd_args *a, int64_t b, int64_t d, con
 
 /* Batch b, group g: owns the rows of db and dc of (b, g). */
 static void backward_group(const fx_ssm_bwd_args *a, int64_t b, int64_t g, const partial_sums *ps,
-                           double *bl)
+                           double *bl, fx_watch *w)
 {
     const fx_ssm_fwd_args *f = &a->fwd;
     const fx_ssm_dims *n = &f->n;
@@ -333,8 +355,8 @@ static void backward_group(const fx_ssm_bwd_args *a, int64_t b, int64_t g, const
             bl[t * N + k] = load(f->b, at_btg(n, b, t, g) + k);
             cl[t * N + k] = load(f->c, at_btg(n, b, t, g) + k);
         }
-    for (int64_t d = g * cpg; d < (g + 1) * cpg; d++)
-        backward_channel(a, b, d, bl, cl, dbl, dcl, ckpt, hs, gs, ps);
+    for (int64_t d = g * cpg; d < (g + 1) * cpg && !fx_watch_gone(w); d++)
+        backward_channel(a, b, d, bl, cl, dbl, dcl, ckpt, hs, gs, ps, w);
     for (int64_t t = 0; t < L; t++)
         for (int64_t k = 0; k < N; k++) {
             store(a->db, at_btg(n, b, t, g) + k, dbl[t * N + k]);
@@ -351,7 +373,7 @@ static size_t backward_group_doubles(const fx_ssm_dims *n)
 
 static bool backward_parallel(const fx_ssm_dims *n)
 {
-    return n->batch * n->seqlen * n->dim * n->dstate > FX_CPU_PARALLEL_MIN;
+    return state_steps(n) > (size_t)FX_CPU_PARALLEL_MIN;
 }
 
 /* The per-batch sums, then one workspace of backward_group_doubles a
@@ -389,10 +411,21 @@ static int cpu_ssm_backward(const fx_exec *ex, const fx_ssm_bwd_args *a, fx_stat
     memset(ps.da, 0, sums_bytes);
     ps.dd = ps.da + B * D * N;
     ps.ddt_bias = ps.dd + B * D;
+    fx_watch w;
+    fx_watch_begin(&w);
+    for (int64_t lo = 0; lo < tasks && !fx_watch_gone(&w); lo = fx_piece_end(lo, tasks)) {
+        const int64_t hi = fx_piece_end(lo, tasks);
 #pragma omp parallel for schedule(dynamic) num_threads(threads)
-    for (int64_t task = 0; task < tasks; task++)
-        backward_group(a, task / n->groups, task % n->groups, &ps,
-                       (double *)(work + (size_t)omp_get_thread_num() * per_task));
+        for (int64_t task = lo; task < hi; task++)
+            if (!fx_watch_gone(&w))
+                backward_group(a, task / n->groups, task % n->groups, &ps,
+                               (double *)(work + (size_t)omp_get_thread_num() * per_task), &w);
+    }
+    if (fx_watch_end(&w, "selective_scan_backward", st)) {
+        fx_scratch_release(ex, work);
+        fx_scratch_release(ex, ps.da);
+        return st->code;
+    }
     for (int64_t i = 0; i < D * N; i++) {
         double sum = 0.0;
         for (int64_t b = 0; b < B; b++)

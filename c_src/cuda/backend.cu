@@ -10,7 +10,9 @@
 #include "cuda/common.cuh"
 #include "cuda/families.h"
 
-static fx_cuda_device devices[FX_CUDA_MAX_DEVICES];
+namespace fx::cuda {
+
+static Device devices[FX_CUDA_MAX_DEVICES];
 static int device_total;
 
 // ---- errors ----
@@ -33,7 +35,7 @@ static int is_sticky(cudaError_t err)
     }
 }
 
-int fx_cuda_fail(fx_cuda_device *d, cudaError_t err, const char *what, fx_status *st)
+int fail(Device *d, cudaError_t err, const char *what, fx_status *st)
 {
     if (st->code == FX_OK)
         st->detail = (int)err;
@@ -52,13 +54,13 @@ int fx_cuda_fail(fx_cuda_device *d, cudaError_t err, const char *what, fx_status
 // The device current on this thread, so the hot path skips cudaSetDevice.
 static __thread int thread_device = -1;
 
-fx_cuda_device *fx_cuda_enter(int dev, fx_status *st)
+Device *enter(int dev, fx_status *st)
 {
     if (dev < 0 || dev >= device_total) {
         fx_fail(st, FX_EINTERNAL, "no CUDA device %d", dev);
         return NULL;
     }
-    fx_cuda_device *d = &devices[dev];
+    Device *d = &devices[dev];
     if (d->lost) {
         st->detail = (int)cudaErrorIllegalAddress;
         fx_fail(st, FX_ECUDA, "cuda:%d is unusable after an earlier fault (%s)", dev, d->lost_reason);
@@ -67,7 +69,7 @@ fx_cuda_device *fx_cuda_enter(int dev, fx_status *st)
     if (thread_device != d->ordinal) {
         cudaError_t err = cudaSetDevice(d->ordinal);
         if (err != cudaSuccess) {
-            fx_cuda_fail(d, err, "cudaSetDevice", st);
+            fail(d, err, "cudaSetDevice", st);
             return NULL;
         }
         thread_device = d->ordinal;
@@ -76,10 +78,10 @@ fx_cuda_device *fx_cuda_enter(int dev, fx_status *st)
 }
 
 // A stream of fusex's own is only ever used with its device made current by
-// fx_cuda_enter. A caller's stream comes from a thread whose current device
+// enter. A caller's stream comes from a thread whose current device
 // someone else sets (XLA switches contexts on its threads), so the cached
 // device of this thread cannot be trusted: ask the runtime.
-int fx_cuda_enter_exec(const fx_exec *ex, fx_cuda_run *run, fx_status *st)
+int enter(const fx_exec *ex, Run *run, fx_status *st)
 {
     const int dev = ex->device;
     if (dev >= 0 && dev < device_total && ex->stream != (void *)devices[dev].stream) {
@@ -90,7 +92,7 @@ int fx_cuda_enter_exec(const fx_exec *ex, fx_cuda_run *run, fx_status *st)
         }
         thread_device = current;
     }
-    run->d = fx_cuda_enter(dev, st);
+    run->d = enter(dev, st);
     run->stream = (cudaStream_t)ex->stream;
     run->ex = ex;
     return run->d ? FX_OK : st->code;
@@ -109,7 +111,7 @@ int fx_cuda_enter_exec(const fx_exec *ex, fx_cuda_run *run, fx_status *st)
 #define PARALLEL_COPY_PIECE ((size_t)128 << 10)
 #define PARALLEL_COPY_THREADS 8
 
-struct staging {
+struct Staging {
     pthread_mutex_t lock;
     int ready;
     unsigned next;
@@ -117,7 +119,7 @@ struct staging {
     cudaEvent_t done[STAGE_SLOTS];
 };
 
-static staging stages[FX_CUDA_MAX_DEVICES];
+static Staging stages[FX_CUDA_MAX_DEVICES];
 
 static void host_copy(char *dst, const char *src, size_t n)
 {
@@ -135,7 +137,7 @@ static void host_copy(char *dst, const char *src, size_t n)
     }
 }
 
-static int staging_ready(fx_cuda_device *d, staging *s, fx_status *st)
+static int staging_ready(Device *d, Staging *s, fx_status *st)
 {
     if (s->ready)
         return FX_OK;
@@ -149,7 +151,7 @@ static int staging_ready(fx_cuda_device *d, staging *s, fx_status *st)
     return FX_OK;
 }
 
-static int upload_chunks(fx_cuda_device *d, staging *s, char *dst, const char *src, size_t n,
+static int upload_chunks(Device *d, Staging *s, char *dst, const char *src, size_t n,
                          fx_status *st)
 {
     for (size_t off = 0; off < n; off += STAGE_CHUNK) {
@@ -164,7 +166,7 @@ static int upload_chunks(fx_cuda_device *d, staging *s, char *dst, const char *s
     return FX_OK;
 }
 
-static int issue_download(fx_cuda_device *d, staging *s, unsigned slot, const char *src,
+static int issue_download(Device *d, Staging *s, unsigned slot, const char *src,
                           size_t len, fx_status *st)
 {
     FX_CUDA_TRY(d, cudaMemcpyAsync(s->host[slot], src, len, cudaMemcpyDeviceToHost, d->stream),
@@ -175,7 +177,7 @@ static int issue_download(fx_cuda_device *d, staging *s, unsigned slot, const ch
 
 // Keeps up to STAGE_SLOTS chunks in flight: while the host copies chunk i
 // out of its slot, the DMA engine fills the slots of the chunks after it.
-static int download_chunks(fx_cuda_device *d, staging *s, char *dst, const char *src, size_t n,
+static int download_chunks(Device *d, Staging *s, char *dst, const char *src, size_t n,
                            fx_status *st)
 {
     size_t chunks = (n + STAGE_CHUNK - 1) / STAGE_CHUNK;
@@ -203,15 +205,15 @@ static int download_chunks(fx_cuda_device *d, staging *s, char *dst, const char 
     return FX_OK;
 }
 
-typedef int (*transfer_fn)(fx_cuda_device *, staging *, char *, const char *, size_t, fx_status *);
+typedef int (*transfer_fn)(Device *, Staging *, char *, const char *, size_t, fx_status *);
 
 static int staged_transfer(int dev, transfer_fn fn, void *dst, const void *src, size_t n,
                            fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    Device *d = enter(dev, st);
     if (!d)
         return st->code;
-    staging *s = &stages[dev];
+    Staging *s = &stages[dev];
     pthread_mutex_lock(&s->lock);
     int rc = staging_ready(d, s, st);
     if (rc == FX_OK)
@@ -225,7 +227,7 @@ static int staged_transfer(int dev, transfer_fn fn, void *dst, const void *src, 
 // finished their last copies, so that nothing below waits.
 #define TRY_UPLOAD_MAX PARALLEL_COPY_MIN
 
-static bool slots_free(staging *s, size_t chunks)
+static bool slots_free(Staging *s, size_t chunks)
 {
     for (size_t i = 0; i < chunks; i++) {
         cudaError_t err = cudaEventQuery(s->done[(s->next + i) % STAGE_SLOTS]);
@@ -241,10 +243,10 @@ static bool slots_free(staging *s, size_t chunks)
 static int cuda_try_upload(int dev, void *dst, const void *src, size_t n, bool *done, fx_status *st)
 {
     *done = false;
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    Device *d = enter(dev, st);
     if (!d)
         return st->code;
-    staging *s = &stages[dev];
+    Staging *s = &stages[dev];
     if (n >= TRY_UPLOAD_MAX || pthread_mutex_trylock(&s->lock) != 0)
         return FX_OK;
     int rc = FX_OK;
@@ -265,7 +267,7 @@ static int cuda_try_download(int dev, void *dst, const void *src, size_t n, bool
                              fx_status *st)
 {
     *done = false;
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    Device *d = enter(dev, st);
     if (!d)
         return st->code;
     if (n > FX_TRY_DOWNLOAD_MAX)
@@ -276,7 +278,7 @@ static int cuda_try_download(int dev, void *dst, const void *src, size_t n, bool
         return FX_OK;
     }
     if (err != cudaSuccess)
-        return fx_cuda_fail(d, err, "cudaStreamQuery", st);
+        return fail(d, err, "cudaStreamQuery", st);
     FX_CUDA_TRY(d, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, d->copy_stream),
                 "cudaMemcpyAsync (small download)", st);
     FX_CUDA_TRY(d, cudaStreamSynchronize(d->copy_stream), "cudaStreamSynchronize (small download)", st);
@@ -298,7 +300,7 @@ static int init_devices(fx_status *st)
     if (count > FX_CUDA_MAX_DEVICES)
         count = FX_CUDA_MAX_DEVICES;
     for (int i = 0; i < count; i++) {
-        fx_cuda_device *d = &devices[i];
+        Device *d = &devices[i];
         d->ordinal = i;
         cudaDeviceProp prop;
         FX_CUDA_TRY(d, cudaSetDevice(i), "cudaSetDevice", st);
@@ -317,6 +319,7 @@ static int init_devices(fx_status *st)
         FX_CUDA_TRY(d, cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
                     "cudaMemPoolSetAttribute", st);
         pthread_mutex_init(&stages[i].lock, NULL);
+        pthread_mutex_init(&d->cache.lock, NULL);
         device_total = i + 1;
     }
     return FX_OK;
@@ -348,12 +351,18 @@ static void cuda_shutdown(void)
     for (int i = 0; i < device_total; i++) {
         fx_status st;
         fx_status_clear(&st);
-        fx_cuda_device *d = fx_cuda_enter(i, &st);
+        Device *d = enter(i, &st);
         if (!d)
             continue;
         (void)cudaStreamSynchronize(d->stream);
         (void)cudaStreamSynchronize(d->copy_stream);
-        staging *s = &stages[i];
+        pthread_mutex_lock(&d->cache.lock);
+        if (d->cache.statuses)
+            (void)cudaFree(d->cache.statuses);
+        d->cache.statuses = NULL;
+        d->cache.bytes = 0;
+        pthread_mutex_unlock(&d->cache.lock);
+        Staging *s = &stages[i];
         pthread_mutex_lock(&s->lock);
         if (s->ready) {
             for (int k = 0; k < STAGE_SLOTS; k++) {
@@ -370,7 +379,7 @@ static int cuda_device_count(void) { return device_total; }
 
 static int cuda_device_info(int dev, fx_device_info *info, fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    Device *d = enter(dev, st);
     if (!d)
         return st->code;
     cudaDeviceProp prop;
@@ -388,7 +397,7 @@ static int cuda_device_info(int dev, fx_device_info *info, fx_status *st)
 
 static int cuda_alloc(int dev, size_t nbytes, void **ptr, fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    Device *d = enter(dev, st);
     if (!d)
         return st->code;
     FX_CUDA_TRY(d, cudaMallocAsync(ptr, nbytes, d->stream), "cudaMallocAsync", st);
@@ -399,7 +408,7 @@ static void cuda_release(int dev, void *ptr)
 {
     fx_status st;
     fx_status_clear(&st);
-    fx_cuda_device *d = fx_cuda_enter(dev, &st);
+    Device *d = enter(dev, &st);
     if (d && cudaFreeAsync(ptr, d->stream) != cudaSuccess)
         (void)cudaGetLastError(); // nothing to report to: a destructor has no caller
 }
@@ -416,8 +425,8 @@ static int cuda_download(int dev, void *dst, const void *src, size_t n, fx_statu
 
 static int cuda_copy(const fx_exec *ex, void *dst, const void *src, size_t n, fx_status *st)
 {
-    fx_cuda_run r;
-    if (fx_cuda_enter_exec(ex, &r, st))
+    Run r;
+    if (enter(ex, &r, st))
         return st->code;
     FX_CUDA_TRY(r.d, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, r.stream),
                 "cudaMemcpyAsync (device to device)", st);
@@ -426,8 +435,8 @@ static int cuda_copy(const fx_exec *ex, void *dst, const void *src, size_t n, fx
 
 static int cuda_fill_zero(const fx_exec *ex, void *dst, size_t n, fx_status *st)
 {
-    fx_cuda_run r;
-    if (fx_cuda_enter_exec(ex, &r, st))
+    Run r;
+    if (enter(ex, &r, st))
         return st->code;
     FX_CUDA_TRY(r.d, cudaMemsetAsync(dst, 0, n, r.stream), "cudaMemsetAsync", st);
     return FX_OK;
@@ -436,21 +445,47 @@ static int cuda_fill_zero(const fx_exec *ex, void *dst, size_t n, fx_status *st)
 // fusex's own scratch: the device's stream-ordered pool, on its stream.
 static int pool_scratch_alloc(void *ctx, size_t nbytes, void **ptr, fx_status *st)
 {
-    fx_cuda_device *d = static_cast<fx_cuda_device *>(ctx);
+    Device *d = static_cast<Device *>(ctx);
     FX_CUDA_TRY(d, cudaMallocAsync(ptr, nbytes, d->stream), "cudaMallocAsync", st);
     return FX_OK;
 }
 
 static void pool_scratch_release(void *ctx, void *ptr)
 {
-    fx_cuda_device *d = static_cast<fx_cuda_device *>(ctx);
+    Device *d = static_cast<Device *>(ctx);
     if (cudaFreeAsync(ptr, d->stream) != cudaSuccess)
         (void)cudaGetLastError(); // a sticky error has already been reported by the work
 }
 
+static int cuda_stream_create(int dev, void **stream, fx_status *st)
+{
+    Device *d = enter(dev, st);
+    if (!d)
+        return st->code;
+    FX_CUDA_TRY(d, cudaStreamCreateWithFlags((cudaStream_t *)stream, cudaStreamNonBlocking), "cudaStreamCreate", st);
+    return FX_OK;
+}
+
+static void cuda_stream_destroy(int dev, void *stream)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    if (enter(dev, &st) && cudaStreamDestroy((cudaStream_t)stream) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
+static int cuda_stream_synchronize(int dev, void *stream, fx_status *st)
+{
+    Device *d = enter(dev, st);
+    if (!d)
+        return st->code;
+    FX_CUDA_TRY(d, cudaStreamSynchronize((cudaStream_t)stream), "cudaStreamSynchronize", st);
+    return FX_OK;
+}
+
 static int cuda_exec_default(int dev, fx_exec *ex, fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    Device *d = enter(dev, st);
     if (!d)
         return st->code;
     ex->device = dev;
@@ -458,12 +493,13 @@ static int cuda_exec_default(int dev, fx_exec *ex, fx_status *st)
     ex->scratch.alloc = pool_scratch_alloc;
     ex->scratch.release = pool_scratch_release;
     ex->scratch.ctx = d;
+    ex->cache = &d->cache;
     return FX_OK;
 }
 
 static int cuda_synchronize(int dev, fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    Device *d = enter(dev, st);
     if (!d)
         return st->code;
     FX_CUDA_TRY(d, cudaStreamSynchronize(d->stream), "cudaStreamSynchronize", st);
@@ -472,7 +508,7 @@ static int cuda_synchronize(int dev, fx_status *st)
 
 static int cuda_is_idle(int dev, int *idle, fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    Device *d = enter(dev, st);
     if (!d)
         return st->code;
     cudaError_t err = cudaStreamQuery(d->stream);
@@ -482,12 +518,12 @@ static int cuda_is_idle(int dev, int *idle, fx_status *st)
             (void)cudaGetLastError();
         return FX_OK;
     }
-    return fx_cuda_fail(d, err, "cudaStreamQuery", st);
+    return fail(d, err, "cudaStreamQuery", st);
 }
 
 static int cuda_event_create(int dev, void **event, fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    Device *d = enter(dev, st);
     if (!d)
         return st->code;
     FX_CUDA_TRY(d, cudaEventCreate((cudaEvent_t *)event), "cudaEventCreate", st);
@@ -498,13 +534,13 @@ static void cuda_event_destroy(int dev, void *event)
 {
     fx_status st;
     fx_status_clear(&st);
-    if (fx_cuda_enter(dev, &st))
+    if (enter(dev, &st))
         (void)cudaEventDestroy((cudaEvent_t)event);
 }
 
 static int cuda_event_record(int dev, void *event, fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    Device *d = enter(dev, st);
     if (!d)
         return st->code;
     FX_CUDA_TRY(d, cudaEventRecord((cudaEvent_t)event, d->stream), "cudaEventRecord", st);
@@ -513,7 +549,7 @@ static int cuda_event_record(int dev, void *event, fx_status *st)
 
 static int cuda_event_elapsed_us(int dev, void *start, void *stop, double *us, fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    Device *d = enter(dev, st);
     if (!d)
         return st->code;
     float ms = 0;
@@ -535,11 +571,11 @@ __global__ void busy_wait_kernel(unsigned long long ns)
 
 static int cuda_busy_wait(int dev, double us, fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    Device *d = enter(dev, st);
     if (!d)
         return st->code;
     busy_wait_kernel<<<1, 1, 0, d->stream>>>((unsigned long long)(us * 1000.0));
-    return fx_cuda_launched(d, "busy_wait kernel", st);
+    return check_launch(d, "busy_wait kernel", st);
 }
 
 static const fx_backend cuda_backend = {
@@ -555,6 +591,9 @@ static const fx_backend cuda_backend = {
     .upload = cuda_upload,
     .download = cuda_download,
     .exec_default = cuda_exec_default,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_synchronize = cuda_stream_synchronize,
     .copy = cuda_copy,
     .fill_zero = cuda_fill_zero,
     .synchronize = cuda_synchronize,
@@ -564,24 +603,26 @@ static const fx_backend cuda_backend = {
     .event_record = cuda_event_record,
     .event_elapsed_us = cuda_event_elapsed_us,
     .busy_wait = cuda_busy_wait,
-    .cast = fx_cuda_cast,
-    .binary = fx_cuda_binary,
-    .scale = fx_cuda_scale,
-    .ssm = &fx_cuda_ssm_ops,
-    .linrec = &fx_cuda_linrec_ops,
-    .optim = &fx_cuda_optim_ops,
-    .alloc_exportable = fx_cuda_alloc_exportable,
-    .release_exportable = fx_cuda_release_exportable,
-    .ipc_export = fx_cuda_ipc_export,
-    .ipc_open = fx_cuda_ipc_open,
-    .ipc_close = fx_cuda_ipc_close,
-    .device_synchronize = fx_cuda_device_synchronize,
-    .pointer_check = fx_cuda_pointer_check,
+    .cast = cast,
+    .binary = binary,
+    .scale = scale,
+    .ssm = &ssm_ops,
+    .linrec = &linrec_ops,
+    .optim = &optim_ops,
+    .alloc_exportable = alloc_exportable,
+    .release_exportable = release_exportable,
+    .ipc_export = ipc_export,
+    .ipc_open = ipc_open,
+    .ipc_close = ipc_close,
+    .device_synchronize = device_synchronize,
+    .pointer_check = pointer_check,
     .try_upload = cuda_try_upload,
     .try_download = cuda_try_download,
 };
 
+} // namespace fx::cuda
+
 extern "C" __attribute__((visibility("default"))) const fx_backend *fusex_cuda_backend(void)
 {
-    return &cuda_backend;
+    return &fx::cuda::cuda_backend;
 }

@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "fusex.h"
@@ -14,9 +15,24 @@
 
 #define FX_CUDA_MAX_DEVICES 16
 
-struct fx_cuda_device {
+// What fusex keeps with its own stream of a device between launches
+// (fx_exec.cache): look-back statuses, grown on demand, tagged by an epoch
+// that every launch advances, so they are cleared only when they grow or
+// the epoch wraps. Launches on the stream take the lock from preparing the
+// statuses to enqueueing the kernel that uses them.
+struct fx_stream_cache {
+    pthread_mutex_t lock;
+    void *statuses;
+    size_t bytes;
+    uint32_t epoch;
+};
+
+namespace fx::cuda {
+
+struct Device {
     int ordinal;
     cudaStream_t stream;
+    fx_stream_cache cache; // fusex's own stream's (fx_exec.cache)
     cudaStream_t copy_stream; // small downloads once `stream` is idle (try_download)
     int sm_count;
     int max_threads_per_sm;
@@ -27,42 +43,42 @@ struct fx_cuda_device {
 
 // Device state for `dev`, made current on the calling thread; NULL (and st
 // filled) if the device is unknown or its context was lost.
-fx_cuda_device *fx_cuda_enter(int dev, fx_status *st);
+Device *enter(int dev, fx_status *st);
 
 // A launch context as a CUDA launcher uses it: the device's record (its
 // properties, whether it is lost), the caller's stream, and the context
 // itself for scratch (launch.cuh).
-struct fx_cuda_run {
-    fx_cuda_device *d;
+struct Run {
+    Device *d;
     cudaStream_t stream;
     const fx_exec *ex;
 };
 
 // Makes ex's device current on the calling thread and fills *run; the
 // error in st when the device is unknown or lost.
-int fx_cuda_enter_exec(const fx_exec *ex, fx_cuda_run *run, fx_status *st);
+int enter(const fx_exec *ex, Run *run, fx_status *st);
 
 // Turns a CUDA error into FX_ECUDA with the code and a message naming what
 // failed; marks the device lost if the error is sticky. Returns the status.
-int fx_cuda_fail(fx_cuda_device *d, cudaError_t err, const char *what, fx_status *st);
+int fail(Device *d, cudaError_t err, const char *what, fx_status *st);
 
 #define FX_CUDA_TRY(d, call, what, st)                                   \
     do {                                                                 \
         cudaError_t fx_err_ = (call);                                    \
-        if (fx_err_ != cudaSuccess) return fx_cuda_fail(d, fx_err_, what, st); \
+        if (fx_err_ != cudaSuccess) return fx::cuda::fail(d, fx_err_, what, st); \
     } while (0)
 
 // After a launch: a launch error (bad configuration, or an earlier
 // asynchronous fault surfacing) becomes the op's status.
-static inline int fx_cuda_launched(fx_cuda_device *d, const char *what, fx_status *st)
+static inline int check_launch(Device *d, const char *what, fx_status *st)
 {
     cudaError_t err = cudaGetLastError();
-    return err == cudaSuccess ? FX_OK : fx_cuda_fail(d, err, what, st);
+    return err == cudaSuccess ? FX_OK : fail(d, err, what, st);
 }
 
 // A grid for `n` independent items at `threads` per block, capped so that a
 // grid-stride loop covers the rest without oversubscribing the chip.
-static inline unsigned fx_cuda_grid(const fx_cuda_device *d, int64_t n, int threads)
+static inline unsigned grid_for(const Device *d, int64_t n, int threads)
 {
     int64_t blocks = (n + threads - 1) / threads;
     int64_t cap = (int64_t)d->sm_count * (d->max_threads_per_sm / threads) * 4;
@@ -72,17 +88,17 @@ static inline unsigned fx_cuda_grid(const fx_cuda_device *d, int64_t n, int thre
 
 // ---- element traits: every storage type loads to and stores from its
 // arithmetic type (float for the 16-bit floats) ----
-template <typename T> struct fx_elem {
+template <typename T> struct Elem {
     typedef T math;
     __device__ __forceinline__ static T load(T v) { return v; }
     __device__ __forceinline__ static T store(T v) { return v; }
 };
-template <> struct fx_elem<__nv_bfloat16> {
+template <> struct Elem<__nv_bfloat16> {
     typedef float math;
     __device__ __forceinline__ static float load(__nv_bfloat16 v) { return __bfloat162float(v); }
     __device__ __forceinline__ static __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
 };
-template <> struct fx_elem<__half> {
+template <> struct Elem<__half> {
     typedef float math;
     __device__ __forceinline__ static float load(__half v) { return __half2float(v); }
     __device__ __forceinline__ static __half store(float v) { return __float2half_rn(v); }
@@ -91,7 +107,7 @@ template <> struct fx_elem<__half> {
 // Parameters, states and reduced gradients come in any float type; each
 // is read or written a few times per thread, so a switch on the type is
 // cheaper than more kernels.
-__device__ __forceinline__ float fx_load_any(const void *p, int type, int64_t i)
+__device__ __forceinline__ float load_any(const void *p, int type, int64_t i)
 {
     switch (type) {
     case FX_BF16: return __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i]);
@@ -100,7 +116,7 @@ __device__ __forceinline__ float fx_load_any(const void *p, int type, int64_t i)
     }
 }
 
-__device__ __forceinline__ void fx_store_any(void *p, int type, int64_t i, float v)
+__device__ __forceinline__ void store_any(void *p, int type, int64_t i, float v)
 {
     switch (type) {
     case FX_BF16: static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(v); break;
@@ -112,7 +128,7 @@ __device__ __forceinline__ void fx_store_any(void *p, int type, int64_t i, float
 // Calls `body.template operator()<T>()` with T the storage type of `dtype`.
 // Lets a host launcher instantiate one kernel per dtype without a switch in
 // every family.
-template <typename F> static inline int fx_dispatch_dtype(fx_dtype dtype, F &&body)
+template <typename F> static inline int with_dtype(fx_dtype dtype, F &&body)
 {
     switch (dtype) {
     case FX_F32: return body((float *)0);
@@ -127,7 +143,7 @@ template <typename F> static inline int fx_dispatch_dtype(fx_dtype dtype, F &&bo
 }
 
 // Same, for the float types a kernel family computes in f32 (f32, bf16, f16).
-template <typename F> static inline int fx_dispatch_float(fx_dtype dtype, F &&body)
+template <typename F> static inline int with_float(fx_dtype dtype, F &&body)
 {
     switch (dtype) {
     case FX_F32: return body((float *)0);
@@ -136,5 +152,7 @@ template <typename F> static inline int fx_dispatch_float(fx_dtype dtype, F &&bo
     default: return FX_EINTERNAL;
     }
 }
+
+} // namespace fx::cuda
 
 #endif

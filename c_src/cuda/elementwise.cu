@@ -5,6 +5,8 @@
 #include "cuda/families.h"
 #include "cuda/launch.cuh"
 
+namespace fx::cuda {
+
 // Casts go through f64 with the CPU backend's rules (integers saturate,
 // NaN becomes 0; 16-bit floats round from f32), so both give identical bits.
 template <typename T> __device__ __forceinline__ double to_f64(T v) { return (double)v; }
@@ -46,17 +48,17 @@ __global__ void cast_kernel(const S *__restrict__ src, D *__restrict__ dst, int6
 
 #define FX_THREADS 256
 
-int fx_cuda_cast(const fx_exec *ex, const fx_tensor *src, const fx_tensor *dst, fx_status *st)
+int cast(const fx_exec *ex, const fx_tensor *src, const fx_tensor *dst, fx_status *st)
 {
-    fx_cuda_run r;
-    if (fx_cuda_enter_exec(ex, &r, st))
+    Run r;
+    if (enter(ex, &r, st))
         return st->code;
-    const unsigned grid = fx_cuda_grid(r.d, src->numel, FX_THREADS);
-    return fx_dispatch_dtype(src->dtype, [&](auto *s_tag) {
+    const unsigned grid = grid_for(r.d, src->numel, FX_THREADS);
+    return with_dtype(src->dtype, [&](auto *s_tag) {
         typedef typename std::remove_pointer<decltype(s_tag)>::type S;
-        return fx_dispatch_dtype(dst->dtype, [&](auto *d_tag) {
+        return with_dtype(dst->dtype, [&](auto *d_tag) {
             typedef typename std::remove_pointer<decltype(d_tag)>::type D;
-            return fx_cuda_launch<cast_kernel<S, D>>(r, grid, FX_THREADS, "cast kernel", st,
+            return launch<cast_kernel<S, D>>(r, grid, FX_THREADS, "cast kernel", st,
                                                      (const S *)src->data, (D *)dst->data, src->numel);
         });
     });
@@ -64,23 +66,23 @@ int fx_cuda_cast(const fx_exec *ex, const fx_tensor *src, const fx_tensor *dst, 
 
 // Arithmetic type per storage type: float for the 16-bit floats, the type
 // itself for f32/f64, wrapping 64-bit unsigned maths for the integers.
-template <typename T> struct arith { typedef T type; };
-template <> struct arith<__nv_bfloat16> { typedef float type; };
-template <> struct arith<__half> { typedef float type; };
-template <> struct arith<int32_t> { typedef uint64_t type; };
-template <> struct arith<int64_t> { typedef uint64_t type; };
-template <> struct arith<uint8_t> { typedef uint64_t type; };
+template <typename T> struct Arith { typedef T type; };
+template <> struct Arith<__nv_bfloat16> { typedef float type; };
+template <> struct Arith<__half> { typedef float type; };
+template <> struct Arith<int32_t> { typedef uint64_t type; };
+template <> struct Arith<int64_t> { typedef uint64_t type; };
+template <> struct Arith<uint8_t> { typedef uint64_t type; };
 
-template <typename T> __device__ __forceinline__ typename arith<T>::type up(T v)
+template <typename T> __device__ __forceinline__ typename Arith<T>::type up(T v)
 {
-    return (typename arith<T>::type)v;
+    return (typename Arith<T>::type)v;
 }
 template <> __device__ __forceinline__ float up(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <> __device__ __forceinline__ float up(__half v) { return __half2float(v); }
 template <> __device__ __forceinline__ uint64_t up(int32_t v) { return (uint64_t)(int64_t)v; }
 template <> __device__ __forceinline__ uint64_t up(int64_t v) { return (uint64_t)v; }
 
-template <typename T> __device__ __forceinline__ T down(typename arith<T>::type v) { return (T)v; }
+template <typename T> __device__ __forceinline__ T down(typename Arith<T>::type v) { return (T)v; }
 template <> __device__ __forceinline__ __nv_bfloat16 down(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half down(float v) { return __float2half_rn(v); }
 
@@ -90,21 +92,21 @@ __global__ void binary_kernel(int op, const T *__restrict__ a, const T *__restri
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        typename arith<T>::type x = up(a[i]), y = up(b[i]);
+        typename Arith<T>::type x = up(a[i]), y = up(b[i]);
         out[i] = down<T>(op == FX_ADD ? x + y : op == FX_SUB ? x - y : x * y);
     }
 }
 
-int fx_cuda_binary(const fx_exec *ex, fx_binop op, const fx_tensor *a, const fx_tensor *b,
+int binary(const fx_exec *ex, fx_binop op, const fx_tensor *a, const fx_tensor *b,
                    const fx_tensor *out, fx_status *st)
 {
-    fx_cuda_run r;
-    if (fx_cuda_enter_exec(ex, &r, st))
+    Run r;
+    if (enter(ex, &r, st))
         return st->code;
-    const unsigned grid = fx_cuda_grid(r.d, a->numel, FX_THREADS);
-    return fx_dispatch_dtype(a->dtype, [&](auto *tag) {
+    const unsigned grid = grid_for(r.d, a->numel, FX_THREADS);
+    return with_dtype(a->dtype, [&](auto *tag) {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
-        return fx_cuda_launch<binary_kernel<T>>(r, grid, FX_THREADS, "binary kernel", st, (int)op,
+        return launch<binary_kernel<T>>(r, grid, FX_THREADS, "binary kernel", st, (int)op,
                                                 (const T *)a->data, (const T *)b->data, (T *)out->data,
                                                 a->numel);
     });
@@ -115,24 +117,26 @@ __global__ void scale_kernel(const T *__restrict__ src, M factor, T *__restrict_
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        dst[i] = fx_elem<T>::store(fx_elem<T>::load(src[i]) * factor);
+        dst[i] = Elem<T>::store(Elem<T>::load(src[i]) * factor);
 }
 
-int fx_cuda_scale(const fx_exec *ex, const fx_tensor *src, double factor, const fx_tensor *dst,
+int scale(const fx_exec *ex, const fx_tensor *src, double factor, const fx_tensor *dst,
                   fx_status *st)
 {
-    fx_cuda_run r;
-    if (fx_cuda_enter_exec(ex, &r, st))
+    Run r;
+    if (enter(ex, &r, st))
         return st->code;
-    const unsigned grid = fx_cuda_grid(r.d, src->numel, FX_THREADS);
+    const unsigned grid = grid_for(r.d, src->numel, FX_THREADS);
     if (src->dtype == FX_F64)
-        return fx_cuda_launch<scale_kernel<double, double>>(r, grid, FX_THREADS, "scale kernel", st,
+        return launch<scale_kernel<double, double>>(r, grid, FX_THREADS, "scale kernel", st,
                                                             (const double *)src->data, factor,
                                                             (double *)dst->data, src->numel);
-    return fx_dispatch_float(src->dtype, [&](auto *tag) {
+    return with_float(src->dtype, [&](auto *tag) {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
-        return fx_cuda_launch<scale_kernel<T, float>>(r, grid, FX_THREADS, "scale kernel", st,
+        return launch<scale_kernel<T, float>>(r, grid, FX_THREADS, "scale kernel", st,
                                                       (const T *)src->data, (float)factor, (T *)dst->data,
                                                       src->numel);
     });
 }
+
+} // namespace fx::cuda

@@ -9,26 +9,28 @@
 #include "cuda/common.cuh"
 #include "cuda/families.h"
 
+namespace fx::cuda {
+
 // ---- exportable memory: the stream-ordered pool's blocks have no legacy
 // IPC handle, so a tensor meant for another process gets its own cudaMalloc
 // allocation (its handle then maps exactly this tensor, at offset 0) ----
 
-int fx_cuda_alloc_exportable(int dev, size_t nbytes, void **ptr, fx_status *st)
+int alloc_exportable(int dev, size_t nbytes, void **ptr, fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    Device *d = enter(dev, st);
     if (!d)
         return st->code;
     FX_CUDA_TRY(d, cudaMalloc(ptr, nbytes), "cudaMalloc (ipc => true)", st);
     return FX_OK;
 }
 
-void fx_cuda_release_exportable(int dev, void *ptr)
+void release_exportable(int dev, void *ptr)
 {
     fx_status st;
     fx_status_clear(&st);
     // Work on any stream (fusex's, or a reader's in this process) may still
     // use it: cudaFree is not stream-ordered, so wait for the device first.
-    if (fx_cuda_enter(dev, &st)) {
+    if (enter(dev, &st)) {
         if (cudaDeviceSynchronize() != cudaSuccess || cudaFree(ptr) != cudaSuccess)
             (void)cudaGetLastError(); // a destructor has no caller to tell
     }
@@ -36,11 +38,11 @@ void fx_cuda_release_exportable(int dev, void *ptr)
 
 // ---- IPC handles ----
 
-int fx_cuda_ipc_export(int dev, void *ptr, unsigned char handle[FX_IPC_HANDLE_SIZE],
+int ipc_export(int dev, void *ptr, unsigned char handle[FX_IPC_HANDLE_SIZE],
                        fx_status *st)
 {
     static_assert(sizeof(cudaIpcMemHandle_t) == FX_IPC_HANDLE_SIZE, "IPC handle size");
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    Device *d = enter(dev, st);
     if (!d)
         return st->code;
     cudaIpcMemHandle_t h;
@@ -83,17 +85,17 @@ static bool allocation_of(const void *ptr, uintptr_t *base, size_t *size)
     return true;
 }
 
-int fx_cuda_ipc_open(int dev, const unsigned char handle[FX_IPC_HANDLE_SIZE], void **ptr,
+int ipc_open(int dev, const unsigned char handle[FX_IPC_HANDLE_SIZE], void **ptr,
                      size_t *nbytes, fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    Device *d = enter(dev, st);
     if (!d)
         return st->code;
     cudaIpcMemHandle_t h;
     memcpy(&h, handle, FX_IPC_HANDLE_SIZE);
     cudaError_t err = cudaIpcOpenMemHandle(ptr, h, cudaIpcMemLazyEnablePeerAccess);
     if (err != cudaSuccess) {
-        fx_cuda_fail(d, err, "cudaIpcOpenMemHandle", st);
+        fail(d, err, "cudaIpcOpenMemHandle", st);
         // The usual causes, which the driver's message does not name.
         size_t used = strlen(st->msg);
         snprintf(st->msg + used, sizeof st->msg - used,
@@ -107,11 +109,11 @@ int fx_cuda_ipc_open(int dev, const unsigned char handle[FX_IPC_HANDLE_SIZE], vo
     return FX_OK;
 }
 
-void fx_cuda_ipc_close(int dev, void *ptr)
+void ipc_close(int dev, void *ptr)
 {
     fx_status st;
     fx_status_clear(&st);
-    if (fx_cuda_enter(dev, &st)) {
+    if (enter(dev, &st)) {
         // Work fusex queued on the mapping must finish before it goes.
         if (cudaDeviceSynchronize() != cudaSuccess || cudaIpcCloseMemHandle(ptr) != cudaSuccess)
             (void)cudaGetLastError();
@@ -120,9 +122,9 @@ void fx_cuda_ipc_close(int dev, void *ptr)
 
 // ---- ordering and checks ----
 
-int fx_cuda_device_synchronize(int dev, fx_status *st)
+int device_synchronize(int dev, fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    Device *d = enter(dev, st);
     if (!d)
         return st->code;
     FX_CUDA_TRY(d, cudaDeviceSynchronize(), "cudaDeviceSynchronize", st);
@@ -138,9 +140,9 @@ static const char *memory_kind(cudaMemoryType t)
     }
 }
 
-int fx_cuda_pointer_check(int dev, const void *ptr, size_t nbytes, fx_status *st)
+int pointer_check(int dev, const void *ptr, size_t nbytes, fx_status *st)
 {
-    fx_cuda_device *d = fx_cuda_enter(dev, st);
+    Device *d = enter(dev, st);
     if (!d)
         return st->code;
     cudaPointerAttributes attr;
@@ -169,3 +171,5 @@ int fx_cuda_pointer_check(int dev, const void *ptr, size_t nbytes, fx_status *st
     }
     return FX_OK;
 }
+
+} // namespace fx::cuda

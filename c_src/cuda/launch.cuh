@@ -14,6 +14,8 @@
 
 #include "cuda/common.cuh"
 
+namespace fx::cuda {
+
 // A block whose static and dynamic shared memory exceed 48 KB needs its
 // kernel's opt-in for the dynamic bytes, per device and kernel; any launch
 // with dynamic bytes opts in (the static part counts against the 48 KB
@@ -22,7 +24,7 @@
 // no driver call: one per device and kernel for kernels of a fixed size,
 // one per new maximum for those sized per launch (linrec's staging).
 // `name` says which kernel in errors.
-template <auto KERNEL> int fx_cuda_opt_in_smem(fx_cuda_device *d, size_t bytes, const char *name, fx_status *st)
+template <auto KERNEL> int opt_in_smem(Device *d, size_t bytes, const char *name, fx_status *st)
 {
     static std::atomic<size_t> opted[FX_CUDA_MAX_DEVICES];
     static std::mutex raising;
@@ -35,7 +37,7 @@ template <auto KERNEL> int fx_cuda_opt_in_smem(fx_cuda_device *d, size_t bytes, 
     if (err != cudaSuccess) {
         char what[96];
         snprintf(what, sizeof what, "cudaFuncSetAttribute (%s)", name);
-        return fx_cuda_fail(d, err, what, st);
+        return fail(d, err, what, st);
     }
     opted[d->ordinal].store(bytes, std::memory_order_release);
     return FX_OK;
@@ -44,28 +46,28 @@ template <auto KERNEL> int fx_cuda_opt_in_smem(fx_cuda_device *d, size_t bytes, 
 // KERNEL<<<grid, threads, smem>>>(params...) on the context's stream, opted
 // in for its `smem` bytes first; `name` says which in errors.
 template <auto KERNEL, class... P>
-int fx_cuda_launch_opted(const fx_cuda_run &r, int64_t grid, int threads, size_t smem, const char *name,
+int launch_opted(const Run &r, int64_t grid, int threads, size_t smem, const char *name,
                          fx_status *st, const P &...params)
 {
-    if (fx_cuda_opt_in_smem<KERNEL>(r.d, smem, name, st))
+    if (opt_in_smem<KERNEL>(r.d, smem, name, st))
         return st->code;
     KERNEL<<<(unsigned)grid, threads, smem, r.stream>>>(params...);
-    return fx_cuda_launched(r.d, name, st);
+    return check_launch(r.d, name, st);
 }
 
 // KERNEL<<<grid, threads>>>(params...) on the context's stream.
 template <auto KERNEL, class... P>
-int fx_cuda_launch(const fx_cuda_run &r, int64_t grid, int threads, const char *name, fx_status *st,
+int launch(const Run &r, int64_t grid, int threads, const char *name, fx_status *st,
                    const P &...params)
 {
     KERNEL<<<(unsigned)grid, threads, 0, r.stream>>>(params...);
-    return fx_cuda_launched(r.d, name, st);
+    return check_launch(r.d, name, st);
 }
 
 // `bytes` of scratch from the context at *out (nullptr for none); `what`
-// names it in errors. Give it back with fx_cuda_release once the work that
+// names it in errors. Give it back with give_back once the work that
 // uses it is enqueued.
-static inline int fx_cuda_scratch(const fx_cuda_run &r, size_t bytes, const char *what, void **out, fx_status *st)
+static inline int take_scratch(const Run &r, size_t bytes, const char *what, void **out, fx_status *st)
 {
     if (fx_scratch_alloc(r.ex, bytes, out, st) == FX_OK)
         return FX_OK;
@@ -74,10 +76,10 @@ static inline int fx_cuda_scratch(const fx_cuda_run &r, size_t bytes, const char
     return st->code;
 }
 
-static inline void fx_cuda_release(const fx_cuda_run &r, void *ptr) { fx_scratch_release(r.ex, ptr); }
+static inline void give_back(const Run &r, void *ptr) { fx_scratch_release(r.ex, ptr); }
 
 // `bytes` of zeros at dst, stream-ordered.
-static inline int fx_cuda_zero(const fx_cuda_run &r, void *dst, size_t bytes, const char *what, fx_status *st)
+static inline int fill_zero(const Run &r, void *dst, size_t bytes, const char *what, fx_status *st)
 {
     if (bytes == 0)
         return FX_OK;
@@ -86,7 +88,7 @@ static inline int fx_cuda_zero(const fx_cuda_run &r, void *dst, size_t bytes, co
 }
 
 // `bytes` from src to dst, both device memory, stream-ordered.
-static inline int fx_cuda_copy(const fx_cuda_run &r, void *dst, const void *src, size_t bytes, const char *what,
+static inline int copy_device(const Run &r, void *dst, const void *src, size_t bytes, const char *what,
                                fx_status *st)
 {
     if (bytes == 0)
@@ -96,17 +98,50 @@ static inline int fx_cuda_copy(const fx_cuda_run &r, void *dst, const void *src,
 }
 
 // Scratch of `bytes` zeroed, at *out; released on failure.
-static inline int fx_cuda_zeroed_scratch(const fx_cuda_run &r, size_t bytes, const char *what, void **out,
+static inline int take_zeroed_scratch(const Run &r, size_t bytes, const char *what, void **out,
                                          fx_status *st)
 {
-    if (fx_cuda_scratch(r, bytes, what, out, st) != FX_OK)
+    if (take_scratch(r, bytes, what, out, st) != FX_OK)
         return st->code;
-    if (fx_cuda_zero(r, *out, bytes, what, st) != FX_OK) {
-        fx_cuda_release(r, *out);
+    if (fill_zero(r, *out, bytes, what, st) != FX_OK) {
+        give_back(r, *out);
         *out = nullptr;
         return st->code;
     }
     return FX_OK;
 }
+
+// With the stream's cache locked (fx_stream_cache): at least `bytes` of
+// look-back statuses at *base that hold no status tagged *epoch, which this
+// launch then uses. The memory grows on the stream (stream-ordered: a
+// launch still reading the old one finishes first) and is cleared when it
+// grows or the epoch wraps.
+static inline int cached_statuses(const Run &r, fx_stream_cache *cache, size_t bytes, void **base,
+                                          uint32_t *epoch, fx_status *st)
+{
+    bool clear = false;
+    if (bytes > cache->bytes) {
+        const size_t grown = fx_size_add(bytes, bytes / 2); // saturates: never less than bytes
+        if (cache->statuses)
+            FX_CUDA_TRY(r.d, cudaFreeAsync(cache->statuses, r.stream), "cudaFreeAsync (look-back statuses)", st);
+        cache->statuses = nullptr;
+        cache->bytes = 0;
+        FX_CUDA_TRY(r.d, cudaMallocAsync(&cache->statuses, grown, r.stream), "cudaMallocAsync (look-back statuses)",
+                    st);
+        cache->bytes = grown;
+        clear = true;
+    }
+    if (++cache->epoch >= (1u << 30)) { // wrapped: old tags could match again
+        cache->epoch = 1;
+        clear = true;
+    }
+    if (clear && fill_zero(r, cache->statuses, cache->bytes, "cudaMemsetAsync (look-back statuses)", st))
+        return st->code;
+    *base = cache->statuses;
+    *epoch = cache->epoch;
+    return FX_OK;
+}
+
+} // namespace fx::cuda
 
 #endif

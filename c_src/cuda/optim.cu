@@ -21,6 +21,9 @@
 #include "cuda/families.h"
 #include "fusex_optim.h"
 
+namespace fx::cuda::optim {
+namespace {
+
 #define OPTIM_THREADS 512
 #define OPTIM_WARPS (OPTIM_THREADS / 32)
 
@@ -94,15 +97,15 @@ template <typename T> __device__ __forceinline__ bool vec_aligned(const T *p)
 
 // ---- the work list ----
 
-struct span {
+struct Span {
     const fx_optim_slot *slot;
     int64_t begin; // first element of the chunk in its tensor
     int64_t len;   // 1..FX_OPTIM_CHUNK
 };
 
-__device__ __forceinline__ span chunk_span(const fx_optim_args &a, int64_t chunk)
+__device__ __forceinline__ Span chunk_span(const fx_optim_args &a, int64_t chunk)
 {
-    span s;
+    Span s;
     s.slot = &a.dev_slots[a.dev_chunk_tensor[chunk]];
     s.begin = (chunk - s.slot->chunk_begin) * FX_OPTIM_CHUNK;
     int64_t left = s.slot->numel - s.begin;
@@ -175,7 +178,7 @@ __device__ __forceinline__ void sum_squares(const G *g, int64_t len, double &sum
         }
     }
     for (int64_t i = (nvec << 2) + threadIdx.x; i < len; i += blockDim.x) {
-        float x = fx_elem<G>::load(g[i]);
+        float x = Elem<G>::load(g[i]);
         bad |= not_finite(x);
         sum += (double)x * (double)x;
     }
@@ -197,7 +200,7 @@ template <typename G> __global__ void __launch_bounds__(OPTIM_THREADS) norm_kern
     // list's first chunks, which the update pass reads first, while they
     // are still in L2.
     for (int64_t k = blockIdx.x; k < a.nchunks; k += gridDim.x) {
-        span s = chunk_span(a, a.nchunks - 1 - k);
+        Span s = chunk_span(a, a.nchunks - 1 - k);
         sum_squares(static_cast<const G *>(s.slot->grad) + s.begin, s.len, sum, bad);
     }
     sum = block_sum(sum);
@@ -232,7 +235,7 @@ template <typename G> __global__ void __launch_bounds__(OPTIM_THREADS) norm_kern
 // What one step applies to every element, derived once per block from the
 // device step count (f64, then rounded: bias corrections like 1 - 0.999^t
 // lose digits in f32).
-struct step_coeffs {
+struct StepCoeffs {
     int64_t t;
     float scale; // clip factor, negated to maximize
     // AdamW
@@ -246,10 +249,10 @@ struct step_coeffs {
     bool amsgrad, has_momentum, nesterov, first;
 };
 
-__device__ step_coeffs coeffs_for(const fx_optim_args &a, int64_t t)
+__device__ StepCoeffs coeffs_for(const fx_optim_args &a, int64_t t)
 {
     const fx_optim_hyper &h = a.hyper;
-    step_coeffs k;
+    StepCoeffs k;
     k.t = t;
     double clip = a.prepass ? (double)a.sync->clip_factor : 1.0;
     k.scale = (float)(h.maximize ? -clip : clip);
@@ -275,7 +278,7 @@ __device__ step_coeffs coeffs_for(const fx_optim_args &a, int64_t t)
 // One element. w: the f32 weight (param or master); b0..b2: AdamW m, v,
 // vmax / SGD momentum buffer.
 template <fx_optim_kind KIND>
-__device__ __forceinline__ void apply(const step_coeffs &k, float g, float &w, float &b0, float &b1,
+__device__ __forceinline__ void apply(const StepCoeffs &k, float g, float &w, float &b0, float &b1,
                                       float &b2)
 {
     if (KIND == FX_OPTIM_ADAMW) {
@@ -300,7 +303,7 @@ __device__ __forceinline__ void apply(const step_coeffs &k, float g, float &w, f
 }
 
 template <fx_optim_kind KIND, typename P, typename G>
-__device__ void update_span(const step_coeffs &k, const span &s)
+__device__ void update_span(const StepCoeffs &k, const Span &s)
 {
     constexpr bool MASTER = !std::is_same<P, float>::value;
     const fx_optim_slot &slot = *s.slot;
@@ -339,10 +342,10 @@ __device__ void update_span(const step_coeffs &k, const span &s)
     }
     for (int64_t i = (nvec << 2) + threadIdx.x; i < s.len; i += blockDim.x) {
         float x0 = b0 ? b0[i] : 0, x1 = b1 ? b1[i] : 0, x2 = b2 ? b2[i] : 0, wi = w[i];
-        apply<KIND>(k, fx_elem<G>::load(g[i]) * k.scale, wi, x0, x1, x2);
+        apply<KIND>(k, Elem<G>::load(g[i]) * k.scale, wi, x0, x1, x2);
         w[i] = wi;
         if (MASTER)
-            param[i] = fx_elem<P>::store(wi);
+            param[i] = Elem<P>::store(wi);
         if (b0)
             b0[i] = x0;
         if (b1)
@@ -359,11 +362,11 @@ __global__ void __launch_bounds__(OPTIM_THREADS) update_kernel(fx_optim_args a)
     // nothing (not even the step count) changes.
     if (a.prepass && a.sync->skip)
         return;
-    __shared__ step_coeffs shared_k;
+    __shared__ StepCoeffs shared_k;
     if (threadIdx.x == 0)
         shared_k = coeffs_for(a, *a.step + 1);
     __syncthreads();
-    const step_coeffs k = shared_k;
+    const StepCoeffs k = shared_k;
     for (int64_t chunk = blockIdx.x; chunk < a.nchunks; chunk += gridDim.x)
         update_span<KIND, P, G>(k, chunk_span(a, chunk));
     // Every block read the old count above; only the last one to finish
@@ -381,17 +384,17 @@ __global__ void __launch_bounds__(OPTIM_THREADS) update_kernel(fx_optim_args a)
 // ---- launch ----
 
 template <typename P, typename G>
-static int launch_update(const fx_cuda_run &r, fx_optim_kind kind, unsigned blocks, const fx_optim_args &a,
+static int launch_update(const Run &r, fx_optim_kind kind, unsigned blocks, const fx_optim_args &a,
                          fx_status *st)
 {
     if (kind == FX_OPTIM_ADAMW)
-        return fx_cuda_launch<update_kernel<FX_OPTIM_ADAMW, P, G>>(r, blocks, OPTIM_THREADS,
+        return launch<update_kernel<FX_OPTIM_ADAMW, P, G>>(r, blocks, OPTIM_THREADS,
                                                                   "optimizer update kernel", st, a);
-    return fx_cuda_launch<update_kernel<FX_OPTIM_SGD, P, G>>(r, blocks, OPTIM_THREADS, "optimizer update kernel",
+    return launch<update_kernel<FX_OPTIM_SGD, P, G>>(r, blocks, OPTIM_THREADS, "optimizer update kernel",
                                                             st, a);
 }
 
-// fx_dispatch_float answers FX_EINTERNAL, with no message, for a type it
+// with_float answers FX_EINTERNAL, with no message, for a type it
 // has no kernel for (the op layer never lets one through).
 static int no_kernel(fx_status *st, const fx_optim_args *a)
 {
@@ -399,22 +402,22 @@ static int no_kernel(fx_status *st, const fx_optim_args *a)
                    (int)a->param_dtype, (int)a->grad_dtype);
 }
 
-static int cuda_optim_step(const fx_exec *ex, const fx_optim_args *a, fx_status *st)
+static int op_step(const fx_exec *ex, const fx_optim_args *a, fx_status *st)
 {
-    fx_cuda_run r;
-    if (fx_cuda_enter_exec(ex, &r, st))
+    Run r;
+    if (enter(ex, &r, st))
         return st->code;
     const unsigned blocks = (unsigned)a->blocks;
     int rc = FX_OK;
     if (a->prepass)
-        rc = fx_dispatch_float(a->grad_dtype, [&](auto *g_tag) {
+        rc = with_float(a->grad_dtype, [&](auto *g_tag) {
             typedef typename std::remove_pointer<decltype(g_tag)>::type G;
-            return fx_cuda_launch<norm_kernel<G>>(r, blocks, OPTIM_THREADS, "optimizer norm kernel", st, *a);
+            return launch<norm_kernel<G>>(r, blocks, OPTIM_THREADS, "optimizer norm kernel", st, *a);
         });
     if (rc == FX_OK)
-        rc = fx_dispatch_float(a->param_dtype, [&](auto *p_tag) {
+        rc = with_float(a->param_dtype, [&](auto *p_tag) {
             typedef typename std::remove_pointer<decltype(p_tag)>::type P;
-            return fx_dispatch_float(a->grad_dtype, [&](auto *g_tag) {
+            return with_float(a->grad_dtype, [&](auto *g_tag) {
                 typedef typename std::remove_pointer<decltype(g_tag)>::type G;
                 return launch_update<P, G>(r, a->kind, blocks, *a, st);
             });
@@ -424,6 +427,13 @@ static int cuda_optim_step(const fx_exec *ex, const fx_optim_args *a, fx_status 
     return rc;
 }
 
-const struct fx_optim_ops fx_cuda_optim_ops = {
-    .step = cuda_optim_step,
+} // namespace
+} // namespace fx::cuda::optim
+
+namespace fx::cuda {
+
+const struct fx_optim_ops optim_ops = {
+    .step = optim::op_step,
 };
+
+} // namespace fx::cuda

@@ -2,7 +2,7 @@
 // sequence, for [batch, seqlen, hidden] tensors scanned along seqlen,
 // independently per (batch, hidden) channel. Written once, used by every op
 // whose step is "compute (a, b) elementwise from the inputs, then scan"
-// (c_src/cuda/linrec_kernels.cuh: the four forwards, and their backwards, whose
+// (c_src/cuda/linrec/: the four forwards, and their backwards, whose
 // adjoint is again such a scan run from the other end).
 //
 // Tiling. A block owns one tile: W = G * V consecutive channels of one batch
@@ -33,7 +33,9 @@
 // aggregate is the pair {a, b} tagged epoch << 1; an inclusive state is the
 // second word tagged epoch << 1 | 1. Every word carries its own tag, so no
 // fence has to order values before a flag: a reader takes a word when its
-// tag is this launch's, and nothing is cleared between launches.
+// tag is this launch's, so memory reused from launch to launch with a new
+// epoch each time (fusex's own stream) needs no clearing, and zeroed memory
+// (a caller's scratch) holds no tag of epoch 1.
 //
 // Everything is f32: 16-bit inputs are widened on load.
 #ifndef FX_CUDA_SCAN_CUH
@@ -48,33 +50,33 @@
 #define FXSCAN_STAGE(name) extern __shared__ __align__(16) unsigned char name[]
 #endif
 
-namespace fxscan {
+namespace fx::cuda::scan {
 
 // Warps per block (blocks of up to 256 threads).
 constexpr int kMaxWarps = 8;
 constexpr int kBlockThreads = 32 * kMaxWarps;
 
 // h -> a * h + b
-struct affine {
+struct Affine {
     float a, b;
 };
 
-__device__ __forceinline__ affine identity() { return {1.f, 0.f}; }
+__device__ __forceinline__ Affine identity() { return {1.f, 0.f}; }
 
 // `first`, then `then`.
-__device__ __forceinline__ affine compose(affine first, affine then)
+__device__ __forceinline__ Affine compose(Affine first, Affine then)
 {
     return {then.a * first.a, fmaf(then.a, first.b, then.b)};
 }
 
-__device__ __forceinline__ float apply(affine m, float h) { return fmaf(m.a, h, m.b); }
+__device__ __forceinline__ float apply(Affine m, float h) { return fmaf(m.a, h, m.b); }
 
 // ---- look-back statistics (a diagnostic build: -DFXLR_STATS) ----
 // [0] chained tiles, [1] found by the peek, [2] look-back rounds,
 // [3] rounds that found nothing new (waiting on a predecessor).
 #ifdef FXLR_STATS
-__device__ unsigned long long stats[4];
-#define FXSCAN_STAT(i) (threadIdx.x == 0 ? (void)atomicAdd(&fxscan::stats[i], 1ull) : (void)0)
+static __device__ unsigned long long stats[4]; // one per unit: a diagnostic
+#define FXSCAN_STAT(i) (threadIdx.x == 0 ? (void)atomicAdd(&fx::cuda::scan::stats[i], 1ull) : (void)0)
 #else
 #define FXSCAN_STAT(i) ((void)0)
 #endif
@@ -83,14 +85,14 @@ __device__ unsigned long long stats[4];
 
 enum : int { kEmpty = 0, kAggregate = 1, kInclusive = 2 };
 
-typedef unsigned long long word;
+typedef unsigned long long Word;
 
-struct lookback {
-    word *status;   // [tiles][W channels][2]
+struct Lookback {
+    Word *status;   // [tiles][W channels][2]
     uint32_t epoch; // 1 .. 2^30 - 1, new for every launch
 };
 
-struct tiling {
+struct Tiling {
     int64_t batch, seqlen, hidden;
     int htiles;     // channel tiles per batch row
     int ctiles;     // batch * htiles (tiles in all: < 2^31)
@@ -98,21 +100,21 @@ struct tiling {
     int segs;       // time segments per tile (one per group of G lanes)
     int steps;      // steps per segment (<= the kernel's register capacity)
     int flip;       // step p of the scan reads time row seqlen - 1 - p
-    lookback lb;    // when ttiles > 1
+    Lookback lb;    // when ttiles > 1
 };
 
-__device__ __forceinline__ word pack_word(float v, uint32_t tag)
+__device__ __forceinline__ Word pack_word(float v, uint32_t tag)
 {
-    return (word)tag << 32 | __float_as_uint(v);
+    return (Word)tag << 32 | __float_as_uint(v);
 }
 
-__device__ __forceinline__ uint32_t word_tag(word w) { return (uint32_t)(w >> 32); }
-__device__ __forceinline__ float word_value(word w) { return __uint_as_float((uint32_t)w); }
+__device__ __forceinline__ uint32_t word_tag(Word w) { return (uint32_t)(w >> 32); }
+__device__ __forceinline__ float word_value(Word w) { return __uint_as_float((uint32_t)w); }
 
 // Relaxed (strong, L1-bypassing) accesses at GPU scope: statuses are written
 // and read by different blocks while the kernel runs. A two-word access is
 // two single-copy-atomic words; each is validated by its own tag.
-__device__ __forceinline__ void store_relaxed(word *p, word x)
+__device__ __forceinline__ void store_relaxed(Word *p, Word x)
 {
 #ifdef FX_CUDA_EMULATION
     __atomic_store_n(p, x, __ATOMIC_RELAXED);
@@ -121,7 +123,7 @@ __device__ __forceinline__ void store_relaxed(word *p, word x)
 #endif
 }
 
-__device__ __forceinline__ void store_relaxed2(word *p, word x, word y)
+__device__ __forceinline__ void store_relaxed2(Word *p, Word x, Word y)
 {
 #ifdef FX_CUDA_EMULATION
     __atomic_store_n(p, x, __ATOMIC_RELAXED);
@@ -131,18 +133,18 @@ __device__ __forceinline__ void store_relaxed2(word *p, word x, word y)
 #endif
 }
 
-__device__ __forceinline__ word load_relaxed(const word *p)
+__device__ __forceinline__ Word load_relaxed(const Word *p)
 {
 #ifdef FX_CUDA_EMULATION
     return __atomic_load_n(p, __ATOMIC_RELAXED);
 #else
-    word x;
+    Word x;
     asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(x) : "l"(p) : "memory");
     return x;
 #endif
 }
 
-__device__ __forceinline__ void load_relaxed2(const word *p, word &x, word &y)
+__device__ __forceinline__ void load_relaxed2(const Word *p, Word &x, Word &y)
 {
 #ifdef FX_CUDA_EMULATION
     x = __atomic_load_n(p, __ATOMIC_RELAXED);
@@ -152,12 +154,12 @@ __device__ __forceinline__ void load_relaxed2(const word *p, word &x, word &y)
 #endif
 }
 
-__device__ __forceinline__ uint32_t aggregate_tag(const lookback &lb) { return lb.epoch << 1; }
-__device__ __forceinline__ uint32_t inclusive_tag(const lookback &lb) { return lb.epoch << 1 | 1u; }
+__device__ __forceinline__ uint32_t aggregate_tag(const Lookback &lb) { return lb.epoch << 1; }
+__device__ __forceinline__ uint32_t inclusive_tag(const Lookback &lb) { return lb.epoch << 1 | 1u; }
 
 // ---- where a thread is ----
 
-struct place {
+struct Place {
     int64_t tt, ct, b, h; // time tile, channel tile, batch row, first channel
     int64_t p0;           // first step of the thread's segment
     int lane, warp, seg, q; // q: lane within the segment's group
@@ -167,9 +169,9 @@ struct place {
 // Block i scans tile i. (32-bit divisions: 64-bit ones are a long
 // software sequence, and every thread of every block runs this.)
 template <int G, int V, bool CHAINED>
-__device__ __forceinline__ place locate(const tiling &t)
+__device__ __forceinline__ Place locate(const Tiling &t)
 {
-    place at;
+    Place at;
     at.lane = threadIdx.x & 31;
     at.warp = threadIdx.x >> 5;
     at.seg = threadIdx.x / G;
@@ -222,7 +224,7 @@ template <int G> __device__ __forceinline__ float segment_sum(float v)
 
 // ---- the block's shared memory ----
 
-template <int W, int SEGW> struct smem {
+template <int W, int SEGW> struct Smem {
     float ta[kMaxWarps][W], tb[kMaxWarps][W];                 // each warp's total map
     float wa[kMaxWarps * SEGW][W], wb[kMaxWarps * SEGW][W]; // look-back window
     float carry[W];                                          // the tile's carry-in
@@ -231,12 +233,12 @@ template <int W, int SEGW> struct smem {
     int used, found;
 };
 
-template <int G, int V> using tile_smem = smem<G * V, 32 / G>;
+template <int G, int V> using TileSmem = Smem<G * V, 32 / G>;
 
 // The status words ([V channels][aggregate, inclusive]) of this segment's
 // channels in time tile `tt` of its channel tile.
 template <int G, int V>
-__device__ __forceinline__ word *status_of(const tiling &t, const place &at, int64_t tt)
+__device__ __forceinline__ Word *status_of(const Tiling &t, const Place &at, int64_t tt)
 {
     return t.lb.status + (((int64_t)at.ct * t.ttiles + tt) * (G * V) + at.q * V) * 2;
 }
@@ -247,16 +249,16 @@ __device__ __forceinline__ word *status_of(const tiling &t, const place &at, int
 // run side by side), the look-back costs nothing more. Other warps, the
 // first time tile and single-tile launches get false.
 template <int G, int V, bool CHAINED>
-__device__ __forceinline__ bool peek(const tiling &t, const place &at, float (&h)[V])
+__device__ __forceinline__ bool peek(const Tiling &t, const Place &at, float (&h)[V])
 {
     if (!CHAINED || at.tt == 0 || at.warp != 0)
         return false;
-    const word *rec = status_of<G, V>(t, at, at.tt - 1);
+    const Word *rec = status_of<G, V>(t, at, at.tt - 1);
     const uint32_t want = inclusive_tag(t.lb);
     bool ok = true;
 #pragma unroll
     for (int v = 0; v < V; v++) {
-        word w = load_relaxed(rec + 2 * v + 1);
+        Word w = load_relaxed(rec + 2 * v + 1);
         ok = ok && word_tag(w) == want;
         h[v] = word_value(w);
     }
@@ -265,9 +267,9 @@ __device__ __forceinline__ bool peek(const tiling &t, const place &at, float (&h
 
 // Warp 0, group 0 (the G lanes of segment 0) publishes the tile's status.
 template <int G, int V>
-__device__ __forceinline__ void publish_aggregate(const tiling &t, const place &at, const affine (&m)[V])
+__device__ __forceinline__ void publish_aggregate(const Tiling &t, const Place &at, const Affine (&m)[V])
 {
-    word *rec = status_of<G, V>(t, at, at.tt);
+    Word *rec = status_of<G, V>(t, at, at.tt);
     const uint32_t tag = aggregate_tag(t.lb);
 #pragma unroll
     for (int v = 0; v < V; v++)
@@ -275,9 +277,9 @@ __device__ __forceinline__ void publish_aggregate(const tiling &t, const place &
 }
 
 template <int G, int V>
-__device__ __forceinline__ void publish_inclusive(const tiling &t, const place &at, const float (&h)[V])
+__device__ __forceinline__ void publish_inclusive(const Tiling &t, const Place &at, const float (&h)[V])
 {
-    word *rec = status_of<G, V>(t, at, at.tt);
+    Word *rec = status_of<G, V>(t, at, at.tt);
     const uint32_t tag = inclusive_tag(t.lb);
 #pragma unroll
     for (int v = 0; v < V; v++)
@@ -288,19 +290,19 @@ __device__ __forceinline__ void publish_inclusive(const tiling &t, const place &
 // next - 1 - (w * 32/G + k) into window entry e; the group agrees on its
 // kind (a status half written reads as empty and is read again).
 template <int G, int V>
-__device__ __forceinline__ void read_window(const tiling &t, const place &at, int64_t next,
-                                            tile_smem<G, V> &sm)
+__device__ __forceinline__ void read_window(const Tiling &t, const Place &at, int64_t next,
+                                            TileSmem<G, V> &sm)
 {
     const int e = at.warp * (32 / G) + at.lane / G;
     const int64_t j = next - 1 - e;
     int lo = kEmpty, hi = kEmpty;
     if (j >= 0) {
-        const word *rec = status_of<G, V>(t, at, j);
+        const Word *rec = status_of<G, V>(t, at, j);
         const uint32_t agg = aggregate_tag(t.lb), incl = inclusive_tag(t.lb);
         lo = kInclusive;
 #pragma unroll
         for (int v = 0; v < V; v++) {
-            word x, y;
+            Word x, y;
             load_relaxed2(rec + 2 * v, x, y);
             int kind = word_tag(y) == incl                              ? kInclusive
                        : word_tag(x) == agg && word_tag(y) == agg ? kAggregate
@@ -323,9 +325,9 @@ __device__ __forceinline__ void read_window(const tiling &t, const place &at, in
 // state before the thread's first step. CHAINED: the launch has more than
 // one time tile (a single-tile launch has none of the look-back code).
 template <int G, int V, bool CHAINED>
-__device__ __forceinline__ void scan_tile(const tiling &t, const place &at, const affine (&mine)[V],
+__device__ __forceinline__ void scan_tile(const Tiling &t, const Place &at, const Affine (&mine)[V],
                                           const float (&init)[V], bool peeked, const float (&peek_h)[V],
-                                          tile_smem<G, V> &sm, float (&hin)[V])
+                                          TileSmem<G, V> &sm, float (&hin)[V])
 {
     constexpr int SEGW = 32 / G;
     const int k = at.lane / G, warps = (int)(blockDim.x >> 5);
@@ -333,7 +335,7 @@ __device__ __forceinline__ void scan_tile(const tiling &t, const place &at, cons
 
     // The segments of this warp: an inclusive scan by shuffles, then the
     // map of the segments before this one.
-    affine inc[V], pre[V];
+    Affine inc[V], pre[V];
 #pragma unroll
     for (int v = 0; v < V; v++)
         inc[v] = mine[v];
@@ -341,7 +343,7 @@ __device__ __forceinline__ void scan_tile(const tiling &t, const place &at, cons
     for (int d = 1; d < SEGW; d <<= 1) {
 #pragma unroll
         for (int v = 0; v < V; v++) {
-            affine o = {__shfl_up_sync(0xffffffffu, inc[v].a, d * G),
+            Affine o = {__shfl_up_sync(0xffffffffu, inc[v].a, d * G),
                         __shfl_up_sync(0xffffffffu, inc[v].b, d * G)};
             if (k >= d)
                 inc[v] = compose(o, inc[v]);
@@ -351,7 +353,7 @@ __device__ __forceinline__ void scan_tile(const tiling &t, const place &at, cons
     for (int v = 0; v < V; v++) {
         pre[v] = identity();
         if (SEGW > 1) {
-            affine o = {__shfl_up_sync(0xffffffffu, inc[v].a, G), __shfl_up_sync(0xffffffffu, inc[v].b, G)};
+            Affine o = {__shfl_up_sync(0xffffffffu, inc[v].a, G), __shfl_up_sync(0xffffffffu, inc[v].b, G)};
             if (k > 0)
                 pre[v] = o;
         }
@@ -376,7 +378,7 @@ __device__ __forceinline__ void scan_tile(const tiling &t, const place &at, cons
     for (int w = at.warp - 1; w >= 0; w--)
 #pragma unroll
         for (int v = 0; v < V; v++)
-            pre[v] = compose(affine{sm.ta[w][c0 + v], sm.tb[w][c0 + v]}, pre[v]);
+            pre[v] = compose(Affine{sm.ta[w][c0 + v], sm.tb[w][c0 + v]}, pre[v]);
 
     if (!CHAINED) {
 #pragma unroll
@@ -394,14 +396,14 @@ __device__ __forceinline__ void scan_tile(const tiling &t, const place &at, cons
             FXSCAN_STAT(1);
     }
     if (at.warp == 0) {
-        affine total[V];
+        Affine total[V];
 #pragma unroll
         for (int v = 0; v < V; v++)
             total[v] = identity();
         for (int w = 0; w < warps; w++)
 #pragma unroll
             for (int v = 0; v < V; v++)
-                total[v] = compose(total[v], affine{sm.ta[w][c0 + v], sm.tb[w][c0 + v]});
+                total[v] = compose(total[v], Affine{sm.ta[w][c0 + v], sm.tb[w][c0 + v]});
         if (found) { // the carry is init or the peeked state: publish the inclusive state now
             float incl[V];
 #pragma unroll
@@ -426,7 +428,7 @@ __device__ __forceinline__ void scan_tile(const tiling &t, const place &at, cons
     }
 
     if (!found) {
-        affine running[V]; // warp 0: the tiles read so far, oldest first
+        Affine running[V]; // warp 0: the tiles read so far, oldest first
 #pragma unroll
         for (int v = 0; v < V; v++)
             running[v] = identity();
@@ -448,7 +450,7 @@ __device__ __forceinline__ void scan_tile(const tiling &t, const place &at, cons
                     } else if (kind == kAggregate) {
 #pragma unroll
                         for (int v = 0; v < V; v++)
-                            running[v] = compose(affine{sm.wa[e][c0 + v], sm.wb[e][c0 + v]}, running[v]);
+                            running[v] = compose(Affine{sm.wa[e][c0 + v], sm.wb[e][c0 + v]}, running[v]);
                     } else {
                         break; // not published yet: read it again next round
                     }
@@ -475,7 +477,7 @@ __device__ __forceinline__ void scan_tile(const tiling &t, const place &at, cons
             float incl[V];
 #pragma unroll
             for (int v = 0; v < V; v++)
-                incl[v] = apply(affine{sm.xa[c0 + v], sm.xb[c0 + v]}, sm.carry[c0 + v]);
+                incl[v] = apply(Affine{sm.xa[c0 + v], sm.xb[c0 + v]}, sm.carry[c0 + v]);
             publish_inclusive<G, V>(t, at, incl);
         }
     }
@@ -486,14 +488,14 @@ __device__ __forceinline__ void scan_tile(const tiling &t, const place &at, cons
 
 // Where a thread's steps of a tile are: the offset of its first step's
 // channels, the stride to the next step's, and how many of its steps exist.
-struct rows {
+struct Rows {
     int64_t row0, off0, stride;
     int count;
 };
 
-__device__ __forceinline__ rows rows_of(const tiling &t, const place &at)
+__device__ __forceinline__ Rows rows_of(const Tiling &t, const Place &at)
 {
-    rows r;
+    Rows r;
     const int64_t L = t.seqlen, H = t.hidden;
     r.row0 = t.flip ? L - 1 - at.p0 : at.p0;
     r.off0 = (at.b * L + r.row0) * H + at.h;
@@ -505,45 +507,45 @@ __device__ __forceinline__ rows rows_of(const tiling &t, const place &at)
 
 // ---- loads and stores of V consecutive elements, widened to f32 ----
 
-template <int BYTES> struct raw;
-template <> struct raw<2> { typedef unsigned short type; };
-template <> struct raw<4> { typedef unsigned int type; };
-template <> struct raw<8> { typedef uint2 type; };
-template <> struct raw<16> { typedef uint4 type; };
+template <int BYTES> struct Raw;
+template <> struct Raw<2> { typedef unsigned short type; };
+template <> struct Raw<4> { typedef unsigned int type; };
+template <> struct Raw<8> { typedef uint2 type; };
+template <> struct Raw<16> { typedef uint4 type; };
 
 // V elements of T as loaded: one access of V * sizeof(T) bytes.
-template <typename T, int V> struct pack {
-    typedef typename raw<sizeof(T) * V>::type R;
+template <typename T, int V> struct Pack {
+    typedef typename Raw<sizeof(T) * V>::type R;
     R r;
     __device__ __forceinline__ float get(int v) const
     {
-        return fx_elem<T>::load(reinterpret_cast<const T *>(&r)[v]);
+        return Elem<T>::load(reinterpret_cast<const T *>(&r)[v]);
     }
 };
 
 // Streaming (evict-first) loads: sequence inputs are read exactly once.
-template <typename T, int V> __device__ __forceinline__ pack<T, V> load_stream(const T *p)
+template <typename T, int V> __device__ __forceinline__ Pack<T, V> load_stream(const T *p)
 {
-    pack<T, V> x;
-    x.r = __ldcs(reinterpret_cast<const typename pack<T, V>::R *>(p));
+    Pack<T, V> x;
+    x.r = __ldcs(reinterpret_cast<const typename Pack<T, V>::R *>(p));
     return x;
 }
 
-template <typename T, int V> __device__ __forceinline__ pack<T, V> zero_pack()
+template <typename T, int V> __device__ __forceinline__ Pack<T, V> zero_pack()
 {
-    pack<T, V> x = {};
+    Pack<T, V> x = {};
     return x;
 }
 
 template <typename T, int V>
 __device__ __forceinline__ void store_stream(T *p, const float (&in)[V])
 {
-    typedef typename raw<sizeof(T) * V>::type R;
+    typedef typename Raw<sizeof(T) * V>::type R;
     R r;
     T *e = reinterpret_cast<T *>(&r);
 #pragma unroll
     for (int v = 0; v < V; v++)
-        e[v] = fx_elem<T>::store(in[v]);
+        e[v] = Elem<T>::store(in[v]);
 #ifdef FXSCAN_PLAIN_STORES // tools/linrec_variants: the same kernels with default-policy stores
     *reinterpret_cast<R *>(p) = r;
 #else
@@ -556,7 +558,7 @@ __device__ __forceinline__ void store_stream(T *p, const float (&in)[V])
 template <typename T>
 __device__ __forceinline__ float load_state(const void *p, int is_f32, int64_t i)
 {
-    return is_f32 ? static_cast<const float *>(p)[i] : fx_elem<T>::load(static_cast<const T *>(p)[i]);
+    return is_f32 ? static_cast<const float *>(p)[i] : Elem<T>::load(static_cast<const T *>(p)[i]);
 }
 
 template <typename T>
@@ -565,9 +567,9 @@ __device__ __forceinline__ void store_state(void *p, int is_f32, int64_t i, floa
     if (is_f32)
         static_cast<float *>(p)[i] = v;
     else
-        static_cast<T *>(p)[i] = fx_elem<T>::store(v);
+        static_cast<T *>(p)[i] = Elem<T>::store(v);
 }
 
-} // namespace fxscan
+} // namespace fx::cuda::scan
 
 #endif

@@ -1,6 +1,6 @@
 // One special-function-unit instruction each, in its flush-to-zero form,
-// for every kernel family: the linrec gates (cuda/linrec_kernels.cuh) and
-// the selective scan (cuda/ssm_kernels.cuh). Compiled for
+// for every kernel family: the linrec gates (cuda/linrec/ops.cuh) and
+// the selective scan (cuda/ssm/). Compiled for
 // the CPU (the emulator, test/emu: no __CUDA_ARCH__), libm stands in.
 //
 // The ftz forms are one MUFU op; __frcp_rn is a dozen instructions, and
@@ -18,31 +18,35 @@
 
 #include "cuda/common.cuh"
 
-enum fx_sfu_op { FX_SFU_RCP, FX_SFU_EX2, FX_SFU_LG2 };
+namespace fx::cuda {
+
+enum SfuOp { kSfuRcp, kSfuEx2, kSfuLg2 };
 
 // 1/x to within an ulp, 2^x (~2 ulp), log2(x); denormals to 0.
-template <fx_sfu_op OP> __device__ __forceinline__ float fx_sfu(float x)
+template <SfuOp OP> __device__ __forceinline__ float sfu(float x)
 {
 #ifdef __CUDA_ARCH__
     float r;
-    if constexpr (OP == FX_SFU_RCP)
+    if constexpr (OP == kSfuRcp)
         asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-    else if constexpr (OP == FX_SFU_EX2)
+    else if constexpr (OP == kSfuEx2)
         asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
     else
         asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
     return r;
 #else
-    return OP == FX_SFU_RCP ? 1.f / x : OP == FX_SFU_EX2 ? exp2f(x) : log2f(x);
+    return OP == kSfuRcp ? 1.f / x : OP == kSfuEx2 ? exp2f(x) : log2f(x);
 #endif
 }
 
-constexpr float fx_log2e = 1.4426950408889634f;
-constexpr float fx_ln2 = 0.6931471805599453f;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
-__device__ __forceinline__ float fx_fast_rcp(float x) { return fx_sfu<FX_SFU_RCP>(x); }
-__device__ __forceinline__ float fx_fast_exp2(float x) { return fx_sfu<FX_SFU_EX2>(x); }
-__device__ __forceinline__ float fx_fast_exp(float x) { return fx_sfu<FX_SFU_EX2>(x * fx_log2e); }
-__device__ __forceinline__ float fx_fast_log(float x) { return fx_sfu<FX_SFU_LG2>(x) * fx_ln2; }
+__device__ __forceinline__ float fast_rcp(float x) { return sfu<kSfuRcp>(x); }
+__device__ __forceinline__ float fast_exp2(float x) { return sfu<kSfuEx2>(x); }
+__device__ __forceinline__ float fast_exp(float x) { return sfu<kSfuEx2>(x * kLog2e); }
+__device__ __forceinline__ float fast_log(float x) { return sfu<kSfuLg2>(x) * kLn2; }
+
+} // namespace fx::cuda
 
 #endif

@@ -1,152 +1,48 @@
-// The selective scan's launchers and the family's ops table (the kernels
-// and their design notes are in ssm_kernels.cuh). Every launch goes to the
-// caller's launch context: its stream, and scratch from its allocator.
+// The selective scan's entry points and ops table: the launch context
+// entered, the dimensions checked, the call handed to the launchers of the
+// input type (ssm/launchers.cuh, compiled per type by ssm_f32.cu,
+// ssm_bf16.cu, ssm_f16.cu), and the scratch each asks for at most.
 #include "cuda/families.h"
-#include "cuda/launch.cuh"
-#include "cuda/ssm_kernels.cuh"
+#include "cuda/ssm/launchers.cuh"
 
-namespace fx_ssm {
+namespace fx::cuda::ssm {
 namespace {
 
-// ---- tensors a sliced kernel needs on 16 bytes ----
-
-// The sliced kernels read and write rows 16 bytes at a time. Where one is
-// required (its chunk is the saved states' interval) and a tensor does not
-// start on 16 bytes (a view made with from_pointer), the tensor is copied
-// into aligned scratch first, and an output is written to aligned scratch
-// and copied back after the kernels.
-struct Realigned {
-    static constexpr int kMax = 10;
-    struct Piece {
-        void *scratch;
-        void *out; // where an output goes back to, or nullptr for an input
-        size_t bytes;
-    };
-    Piece pieces[kMax];
-    int count = 0;
-};
-
-inline bool on16(const void *p) { return (uintptr_t)p % 16 == 0; }
-
-int realign_input(const fx_cuda_run &r, Realigned &ra, const void *&ptr, size_t bytes, fx_status *st)
+int op_forward(const fx_exec *ex, const fx_ssm_fwd_args *a, fx_status *st)
 {
-    if (!ptr || on16(ptr))
-        return FX_OK;
-    void *copy = nullptr;
-    if (fx_cuda_scratch(r, bytes, "an aligned copy of an input view", &copy, st))
+    Run r;
+    if (enter(ex, &r, st) || check_dims(a->n, "selective_scan", st))
         return st->code;
-    if (fx_cuda_copy(r, copy, ptr, bytes, "cudaMemcpyAsync (an aligned copy of an input view)", st)) {
-        fx_cuda_release(r, copy);
-        return st->code;
-    }
-    ra.pieces[ra.count++] = {copy, nullptr, bytes};
-    ptr = copy;
-    return FX_OK;
-}
-
-int realign_output(const fx_cuda_run &r, Realigned &ra, void *&ptr, size_t bytes, fx_status *st)
-{
-    if (!ptr || on16(ptr))
-        return FX_OK;
-    void *stand_in = nullptr;
-    if (fx_cuda_scratch(r, bytes, "an aligned stand-in for an output view", &stand_in, st))
-        return st->code;
-    ra.pieces[ra.count++] = {stand_in, ptr, bytes};
-    ptr = stand_in;
-    return FX_OK;
-}
-
-// Outputs copied back (when the kernels ran: rc FX_OK), then every piece
-// released, ordered after the work that used it.
-int realign_finish(const fx_cuda_run &r, Realigned &ra, int rc, fx_status *st)
-{
-    for (int i = 0; i < ra.count; i++) {
-        const Realigned::Piece &piece = ra.pieces[i];
-        if (rc == FX_OK && piece.out)
-            rc = fx_cuda_copy(r, piece.out, piece.scratch, piece.bytes,
-                              "cudaMemcpyAsync (an output view from its aligned stand-in)", st);
-        fx_cuda_release(r, piece.scratch);
-    }
-    ra.count = 0;
-    return rc;
-}
-
-size_t bytes_of(const fx_tensor *t) { return t ? t->nbytes : 0; }
-
-// The f32 outputs the kernels write 16 bytes at a time: the final state
-// and the saved states. fusex and XLA allocate them so; a C caller must.
-int expect_states_aligned(const fx_tensor *state, const fx_tensor *saved, const char *op, fx_status *st)
-{
-    if (state && !on16(state->data))
-        return fx_fail(st, FX_EBADARG, "%s: state: expected an address on 16 bytes, got %p", op, state->data);
-    if (saved && !on16(saved->data))
-        return fx_fail(st, FX_EBADARG, "%s: saved: expected an address on 16 bytes, got %p", op, saved->data);
-    return FX_OK;
-}
-
-// ---- forward ----
-
-template <typename T, class C> int launch_forward(const fx_cuda_run &r, const FwdLaunch &l, fx_status *st)
-{
-    return with_fwd_kernel<T, C>(l, [&](auto kernel) {
-        return fx_cuda_launch_opted<decltype(kernel)::value>(r, l.grid, 32 * l.warps, l.smem,
-                                                             "selective_scan forward kernel", st, l.p);
+    return with_float(a->x->dtype, [&](auto *tag) {
+        return forward<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
     });
 }
 
-// The sliced forward: its slices add their parts of y into zeroed f32 sums,
-// then a second kernel writes y from them.
-template <typename T, class C>
-int launch_sliced_forward(const fx_cuda_run &r, const fx_ssm_fwd_args *a, FwdLaunch l, fx_status *st)
+int op_backward(const fx_exec *ex, const fx_ssm_bwd_args *a, fx_status *st)
 {
-    Realigned ra;
-    if (l.realign &&
-        (realign_input(r, ra, l.p.x, bytes_of(a->x), st) || realign_input(r, ra, l.p.dt, bytes_of(a->dt), st) ||
-         realign_input(r, ra, l.p.z, bytes_of(a->z), st) || realign_input(r, ra, l.p.b, bytes_of(a->b), st) ||
-         realign_input(r, ra, l.p.c, bytes_of(a->c), st) || realign_output(r, ra, l.p.y, bytes_of(a->y), st)))
-        return realign_finish(r, ra, st->code, st);
-    void *ysum = nullptr;
-    int rc = fx_cuda_zeroed_scratch(r, sizeof(float) * (size_t)ysum_floats(l.p), "selective_scan sums of y",
-                                    &ysum, st);
-    l.p.ysum = static_cast<float *>(ysum);
-    if (rc == FX_OK)
-        rc = launch_forward<T, C>(r, l, st);
-    if (rc == FX_OK)
-        rc = with_finish_kernel<T>(l.p, [&](auto kernel) {
-            return fx_cuda_launch_opted<decltype(kernel)::value>(r, finish_grid(l.p, r.d->sm_count), kFinishThreads,
-                                                                 0, "selective_scan forward's y kernel", st, l.p);
-        });
-    fx_cuda_release(r, ysum);
-    return realign_finish(r, ra, rc, st);
+    Run r;
+    if (enter(ex, &r, st) || check_dims(a->fwd.n, "selective_scan_backward", st))
+        return st->code;
+    return with_float(a->fwd.x->dtype, [&](auto *tag) {
+        return backward<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
+    });
 }
 
-int cuda_ssm_forward(const fx_exec *ex, const fx_ssm_fwd_args *a, fx_status *st)
+int op_step(const fx_exec *ex, const fx_ssm_step_args *a, fx_status *st)
 {
-    fx_cuda_run r;
-    if (fx_cuda_enter_exec(ex, &r, st) || check_dims(a->n, "selective_scan", st) ||
-        expect_states_aligned(a->state, a->saved, "selective_scan", st))
+    Run r;
+    if (enter(ex, &r, st) || check_dims(a->n, "selective_scan_step", st))
         return st->code;
-    return fx_dispatch_float(a->x->dtype, [&](auto *tag) {
-        typedef typename std::remove_pointer<decltype(tag)>::type T;
-        return with_cfg(a->n.dstate, [&](auto cfg) {
-            typedef decltype(cfg) C;
-            FwdLaunch l{};
-            if (fwd_launch<T, C>(a, r.d->sm_count, &l, st))
-                return st->code;
-            if (l.p.units == 0)
-                return (int)FX_OK;
-            if (l.kernel == FwdKernel::WS_SLICED)
-                return launch_sliced_forward<T, C>(r, a, l, st);
-            return launch_forward<T, C>(r, l, st);
-        });
+    return with_float(a->x->dtype, [&](auto *tag) {
+        return step<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
     });
 }
 
 // The forward's scratch at most: where the shape may run sliced, the sums
 // of y and aligned copies of every row tensor.
-size_t cuda_ssm_forward_scratch(const fx_exec *, const fx_ssm_fwd_args *a)
+size_t op_forward_scratch(const fx_exec *, const fx_ssm_fwd_args *a)
 {
-    return fx_dispatch_float(a->x->dtype, [&](auto *tag) -> size_t {
+    return with_float(a->x->dtype, [&](auto *tag) -> size_t {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         if (!ws_sliced_shape<T>(scan_params(a, kWsChannels)))
             return 0;
@@ -154,116 +50,41 @@ size_t cuda_ssm_forward_scratch(const fx_exec *, const fx_ssm_fwd_args *a)
         total = fx_size_add(total, fx_scratch_piece(fx_size_mul(ysum_floats(scan_params(a, kWsChannels)), 4)));
         const fx_tensor *rows[] = {a->x, a->dt, a->z, a->b, a->c, a->y};
         for (const fx_tensor *t : rows)
-            total = fx_size_add(total, fx_scratch_piece(bytes_of(t)));
+            total = fx_size_add(total, fx_scratch_piece(detail::bytes_of(t)));
         return total;
-    });
-}
-
-// ---- step ----
-
-int cuda_ssm_step(const fx_exec *ex, const fx_ssm_step_args *a, fx_status *st)
-{
-    fx_cuda_run r;
-    if (fx_cuda_enter_exec(ex, &r, st) || check_dims(a->n, "selective_scan_step", st))
-        return st->code;
-    return fx_dispatch_float(a->x->dtype, [&](auto *tag) {
-        typedef typename std::remove_pointer<decltype(tag)>::type T;
-        return with_cfg(a->n.dstate, [&](auto cfg) {
-            typedef decltype(cfg) C;
-            const StepParams p = step_params(a);
-            const int64_t grid = step_grid<C>(p);
-            if (grid == 0)
-                return (int)FX_OK;
-            return fx_cuda_launch<ssm_step_kernel<T, C>>(r, grid, kThreads, "selective_scan_step kernel", st, p);
-        });
-    });
-}
-
-// ---- backward ----
-
-// The sliced backward's tensors on 16 bytes (Realigned).
-int realign_backward(const fx_cuda_run &r, const fx_ssm_bwd_args *a, BwdParams &bp, Realigned &ra, fx_status *st)
-{
-    if (realign_input(r, ra, bp.f.x, bytes_of(a->fwd.x), st) || realign_input(r, ra, bp.f.dt, bytes_of(a->fwd.dt), st) ||
-        realign_input(r, ra, bp.f.z, bytes_of(a->fwd.z), st) || realign_input(r, ra, bp.f.b, bytes_of(a->fwd.b), st) ||
-        realign_input(r, ra, bp.f.c, bytes_of(a->fwd.c), st) || realign_input(r, ra, bp.dy, bytes_of(a->dy), st) ||
-        realign_output(r, ra, bp.dx, bytes_of(a->dx), st) || realign_output(r, ra, bp.ddt, bytes_of(a->ddt), st) ||
-        realign_output(r, ra, bp.dz, bytes_of(a->dz), st))
-        return st->code;
-    return FX_OK;
-}
-
-// The backward with configuration C (SL: the sliced kernel, C = Cfg<4, 4>):
-// its zeroed f32 sums, the kernel, for SL the per-channel gradients from
-// the slices' sums, the sums written out.
-template <typename T, class C, bool SL>
-int launch_backward(const fx_cuda_run &r, const fx_ssm_bwd_args *a, fx_status *st)
-{
-    const BwdScratch sz(a->fwd.n, SL);
-    void *scratch = nullptr;
-    if (fx_cuda_zeroed_scratch(r, sizeof(float) * (size_t)sz.total, "selective_scan_backward sums", &scratch, st))
-        return st->code;
-    BwdParams bp = bwd_params<C>(a, static_cast<float *>(scratch), sz);
-    Realigned ra;
-    int rc = SL ? realign_backward(r, a, bp, ra, st) : FX_OK;
-    if (rc == FX_OK && grid_of(bp.f) > 0) {
-        rc = with_bwd_kernel<T, C, SL>(bp, [&](auto kernel, size_t smem) {
-            return fx_cuda_launch_opted<decltype(kernel)::value>(r, bwd_grid<SL>(bp), C::BW * 32, smem,
-                                                                 "selective_scan_backward kernel", st, bp);
-        });
-        if (rc == FX_OK && SL)
-            rc = fx_cuda_launch<ssm_bwd_finish_kernel<T>>(r, bwd_finish_grid(bp.f, r.d->sm_count), kFinishThreads,
-                                                          "selective_scan_backward's per-channel kernel", st, bp);
-    }
-    rc = realign_finish(r, ra, rc, st);
-    if (rc == FX_OK)
-        rc = fx_launch_sums(r, bwd_sums(a, bp, sz), "selective_scan_backward sums kernel", st);
-    fx_cuda_release(r, scratch);
-    return rc;
-}
-
-int cuda_ssm_backward(const fx_exec *ex, const fx_ssm_bwd_args *a, fx_status *st)
-{
-    fx_cuda_run r;
-    if (fx_cuda_enter_exec(ex, &r, st) || check_dims(a->fwd.n, "selective_scan_backward", st) ||
-        expect_states_aligned(nullptr, a->fwd.saved, "selective_scan_backward", st))
-        return st->code;
-    return fx_dispatch_float(a->fwd.x->dtype, [&](auto *tag) {
-        typedef typename std::remove_pointer<decltype(tag)>::type T;
-        return with_bwd_config<T>(a, st, [&](auto cfg, auto sl) {
-            return launch_backward<T, decltype(cfg), decltype(sl)::value>(r, a, st);
-        });
     });
 }
 
 // The backward's scratch at most: its sums and, sliced, aligned copies of
 // every row tensor it reads or writes.
-size_t cuda_ssm_backward_scratch(const fx_exec *, const fx_ssm_bwd_args *a)
+size_t op_backward_scratch(const fx_exec *, const fx_ssm_bwd_args *a)
 {
-    return fx_dispatch_float(a->fwd.x->dtype, [&](auto *tag) -> size_t {
+    return with_float(a->fwd.x->dtype, [&](auto *tag) -> size_t {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         const bool sliced = bwd_sliced_shape<T>(scan_params(&a->fwd, kWsChannels));
         size_t total = fx_size_add(FX_SCRATCH_ALIGN, fx_scratch_piece(fx_size_mul(BwdScratch(a->fwd.n, sliced).total, 4)));
         if (sliced) {
             const fx_tensor *rows[] = {a->fwd.x, a->fwd.dt, a->fwd.z, a->fwd.b, a->fwd.c, a->dy, a->dx, a->ddt, a->dz};
             for (const fx_tensor *t : rows)
-                total = fx_size_add(total, fx_scratch_piece(bytes_of(t)));
+                total = fx_size_add(total, fx_scratch_piece(detail::bytes_of(t)));
         }
         return total;
     });
 }
 
 } // namespace
-} // namespace fx_ssm
+} // namespace fx::cuda::ssm
 
-using namespace fx_ssm;
+namespace fx::cuda {
 
-const struct fx_ssm_ops fx_cuda_ssm_ops = {
-    .forward = cuda_ssm_forward,
-    .backward = cuda_ssm_backward,
-    .step = cuda_ssm_step,
-    .forward_scratch = cuda_ssm_forward_scratch,
-    .backward_scratch = cuda_ssm_backward_scratch,
+const struct fx_ssm_ops ssm_ops = {
+    .forward = ssm::op_forward,
+    .backward = ssm::op_backward,
+    .step = ssm::op_step,
+    .forward_scratch = ssm::op_forward_scratch,
+    .backward_scratch = ssm::op_backward_scratch,
     .reads_saved = true,
-    .max_dstate = kMaxDstate,
+    .max_dstate = ssm::kMaxDstate,
 };
+
+} // namespace fx::cuda

@@ -8,9 +8,12 @@
 #define FX_CUDA_SUMS_CUH
 
 #include "cuda/common.cuh"
+#include "cuda/launch.cuh"
+
+namespace fx::cuda {
 
 // dst[i] = the sum of the `parts` rows of n floats of src at i, i < n.
-struct fx_sum_region {
+struct SumRegion {
     const float *src;
     void *dst;
     int64_t n;
@@ -18,9 +21,9 @@ struct fx_sum_region {
     int type; // dst's fx_dtype
 };
 
-struct fx_sum_regions {
+struct SumRegions {
     static constexpr int kMax = 5;
-    fx_sum_region r[kMax];
+    SumRegion r[kMax];
     int count;
     int64_t total; // elements over all regions
 
@@ -29,7 +32,7 @@ struct fx_sum_regions {
     {
         if (!dst || n == 0)
             return;
-        r[count++] = fx_sum_region{src, dst->data, n, parts, (int)dst->dtype};
+        r[count++] = SumRegion{src, dst->data, n, parts, (int)dst->dtype};
         total += n;
     }
 };
@@ -38,19 +41,19 @@ struct fx_sum_regions {
 // index is found by a walk over at most kMax (unrolled, so the parameters
 // are read at constant offsets). A template only so that every file that
 // launches it may hold a copy (a __global__ function cannot be inline).
-template <int = 0> __global__ void fx_write_sums(const fx_sum_regions s)
+template <int = 0> __global__ void write_sums(const SumRegions s)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < s.total;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t j = i;
 #pragma unroll
-        for (int k = 0; k < fx_sum_regions::kMax; k++) {
+        for (int k = 0; k < SumRegions::kMax; k++) {
             if (k < s.count && j < s.r[k].n) {
-                const fx_sum_region &r = s.r[k];
+                const SumRegion &r = s.r[k];
                 float sum = 0.f;
                 for (int q = 0; q < r.parts; q++)
                     sum += r.src[q * r.n + j];
-                fx_store_any(r.dst, r.type, j, sum);
+                store_any(r.dst, r.type, j, sum);
                 break;
             }
             j -= s.r[k].n;
@@ -58,13 +61,13 @@ template <int = 0> __global__ void fx_write_sums(const fx_sum_regions s)
     }
 }
 
-#include "cuda/launch.cuh"
-
-static inline int fx_launch_sums(const fx_cuda_run &r, const fx_sum_regions &s, const char *what, fx_status *st)
+static inline int launch_sums(const Run &r, const SumRegions &s, const char *what, fx_status *st)
 {
     if (s.total == 0)
         return FX_OK;
-    return fx_cuda_launch<fx_write_sums<>>(r, fx_cuda_grid(r.d, s.total, 256), 256, what, st, s);
+    return launch<write_sums<>>(r, grid_for(r.d, s.total, 256), 256, what, st, s);
 }
+
+} // namespace fx::cuda
 
 #endif

@@ -10,7 +10,7 @@
 
 #include "cuda/common.cuh"
 
-namespace fx_warp {
+namespace fx::cuda::warp {
 
 // One round for the lane bit M, COUNT values still held, then the rounds of
 // the lower bits down to LOM. Every count is a compile-time constant, so
@@ -49,6 +49,6 @@ template <int V, int LO> __device__ __forceinline__ int transpose_sum(float (&v)
     return index;
 }
 
-} // namespace fx_warp
+} // namespace fx::cuda::warp
 
 #endif

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "fusex_dtype.h"
+#include "fusex_cpu.h"
 #include "nif/nif.h"
 
 typedef struct fx_ctx {
@@ -111,6 +112,18 @@ void fx_call_init(fx_call *c, ErlNifEnv *env)
     c->nheld = 0;
     c->cap = (int)(sizeof c->inline_held / sizeof c->inline_held[0]);
     c->nallocs = 0;
+    c->watching = false;
+}
+
+static bool caller_alive(void *env) { return enif_is_current_process_alive((ErlNifEnv *)env); }
+
+void fx_call_watch_caller(fx_call *c)
+{
+    int type = enif_thread_type();
+    if (type != ERL_NIF_THR_DIRTY_CPU_SCHEDULER && type != ERL_NIF_THR_DIRTY_IO_SCHEDULER)
+        return;
+    fx_cpu_watch_caller(caller_alive, c->env);
+    c->watching = true;
 }
 
 /* Room for `more` held tensors (a list's worth at once, not by doubling). */
@@ -180,6 +193,10 @@ void *fx_call_alloc(fx_call *c, size_t nbytes)
 
 ERL_NIF_TERM fx_call_finish(fx_call *c, ERL_NIF_TERM result)
 {
+    if (c->watching) {
+        fx_cpu_unwatch_caller();
+        c->watching = false;
+    }
     for (int i = 0; i < c->nheld; i++)
         fx_tensor_release(c->held[i]);
     for (int i = 0; i < c->nallocs; i++)
@@ -192,6 +209,14 @@ ERL_NIF_TERM fx_call_finish(fx_call *c, ERL_NIF_TERM result)
     if (c->st.code != FX_OK)
         return enif_raise_exception(c->env, status_reason(c->env, &c->st));
     return result;
+}
+
+/* An integer that does not fit 64 bits (the messages then say the limit:
+ * "expected a number" would be wrong for one). */
+static bool is_big_integer(ErlNifEnv *env, ERL_NIF_TERM term)
+{
+    ErlNifSInt64 v;
+    return enif_term_type(env, term) == ERL_NIF_TERM_TYPE_INTEGER && !enif_get_int64(env, term, &v);
 }
 
 static int bad(fx_call *c, const char *name, const char *expected, ERL_NIF_TERM got)
@@ -307,7 +332,12 @@ int fx_arg_shape(fx_call *c, ERL_NIF_TERM term, const char *name, int *rank, int
                        FX_MAX_RANK, *rank);
     for (int i = 0; i < *rank; i++) {
         ErlNifSInt64 dim;
-        if (!enif_get_int64(c->env, elems[i], &dim) || dim < 0)
+        if (!enif_get_int64(c->env, elems[i], &dim)) {
+            if (is_big_integer(c->env, elems[i]) && enif_compare(elems[i], enif_make_int(c->env, 0)) > 0)
+                return bad(c, name, "a tuple of non-negative integers, each at most 2^48", term);
+            return bad(c, name, "a tuple of non-negative integers", term);
+        }
+        if (dim < 0)
             return bad(c, name, "a tuple of non-negative integers", term);
         dims[i] = dim;
     }
@@ -365,6 +395,8 @@ int fx_arg_double(fx_call *c, ERL_NIF_TERM term, const char *name, double *out)
         *out = (double)i;
         return FX_OK;
     }
+    if (is_big_integer(c->env, term))
+        return bad(c, name, "a float or an integer from -2^63 to 2^63-1", term);
     return bad(c, name, "a number", term);
 }
 
@@ -383,7 +415,8 @@ int fx_arg_int64(fx_call *c, ERL_NIF_TERM term, const char *name, int64_t *out)
 {
     ErlNifSInt64 v;
     if (!enif_get_int64(c->env, term, &v))
-        return bad(c, name, "an integer", term);
+        return bad(c, name, is_big_integer(c->env, term) ? "an integer from -2^63 to 2^63-1" : "an integer",
+                   term);
     *out = v;
     return FX_OK;
 }
@@ -453,7 +486,15 @@ int fx_opt_double(fx_call *c, ERL_NIF_TERM opts, const char *key, double dflt, d
     return fx_opt_term(c, opts, key, &v) ? fx_arg_double(c, v, key, out) : FX_OK;
 }
 
-/* ---- contexts ---- */
+/* ---- resource types: tensors and saved contexts ---- */
+
+ErlNifResourceType *fx_tensor_type;
+
+static void tensor_destructor(ErlNifEnv *env, void *obj)
+{
+    (void)env;
+    fx_handle_free((fx_handle *)obj);
+}
 
 static void ctx_destructor(ErlNifEnv *env, void *obj)
 {
@@ -463,11 +504,12 @@ static void ctx_destructor(ErlNifEnv *env, void *obj)
         ctx->destroy(ctx->data);
 }
 
-int fx_ctx_type_open(ErlNifEnv *env)
+int fx_nif_open_types(ErlNifEnv *env)
 {
-    fx_ctx_type = enif_open_resource_type(env, NULL, "fusex_ctx", ctx_destructor,
-                                          ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER, NULL);
-    return fx_ctx_type != NULL;
+    const ErlNifResourceFlags flags = ERL_NIF_RT_CREATE | ERL_NIF_RT_TAKEOVER;
+    fx_tensor_type = enif_open_resource_type(env, NULL, "fusex_tensor", tensor_destructor, flags, NULL);
+    fx_ctx_type = enif_open_resource_type(env, NULL, "fusex_ctx", ctx_destructor, flags, NULL);
+    return fx_tensor_type && fx_ctx_type;
 }
 
 ERL_NIF_TERM fx_make_ctx(fx_call *c, const char *kind, void *data, void (*destroy)(void *))

@@ -178,6 +178,7 @@ static ERL_NIF_TERM forward(ErlNifEnv *env, int kind, const ERL_NIF_TERM *inputs
     bool has_h0, want_state, save, reverse;
     fx_linrec_problem p = {0};
     fx_call_init(&c, env);
+    fx_call_watch_caller(&c);
     if (arg_inputs(&c, kind, inputs, seq, &tau, &lam, &p) || check_opts(&c, opts, forward_opts(kind)) ||
         fx_opt_tensor(&c, opts, "h0", &h0, &has_h0) ||
         fx_opt_bool(&c, opts, "return_state", false, &want_state) ||
@@ -261,6 +262,7 @@ static ERL_NIF_TERM nif_linrec_backward(ErlNifEnv *env, int argc, const ERL_NIF_
     bool has_dstate;
     fx_linrec_grads g;
     fx_call_init(&c, env);
+    fx_call_watch_caller(&c);
     memset(&g, 0, sizeof g);
     if (arg_kind(&c, argv[0], &kind) || fx_arg_tensor(&c, argv[1], "dh", &dh))
         return fx_call_finish(&c, 0);

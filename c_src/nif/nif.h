@@ -13,6 +13,8 @@
 typedef ERL_NIF_TERM fx_nif_fn(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]);
 
 extern ErlNifResourceType *fx_tensor_type;
+/* Opens the tensor and context resource types (at load and upgrade). */
+int fx_nif_open_types(ErlNifEnv *env);
 
 /* A call's scope: a status, and every tensor whose buffer reference the call
  * holds (arguments it acquired, outputs not yet handed to Erlang). All are
@@ -27,9 +29,15 @@ typedef struct fx_call {
     fx_tensor *inline_held[24];
     void *allocs[FX_CALL_MAX_ALLOCS];
     int nallocs;
+    bool watching; /* fx_call_watch_caller named a test for this thread */
 } fx_call;
 
 void fx_call_init(fx_call *c, ErlNifEnv *env);
+/* For an op that can run long on a dirty scheduler (the scans): until the
+ * call finishes, the CPU backend's loops may ask whether the calling
+ * process is alive and give up once it was killed (fusex_cpu.h). Does
+ * nothing on a normal scheduler, where calls are short. */
+void fx_call_watch_caller(fx_call *c);
 /* Registers a tensor to release at the end of the call. */
 int fx_call_hold(fx_call *c, fx_tensor *t);
 /* Zeroed scratch memory freed at the end of the call; NULL (st set) when
@@ -62,6 +70,10 @@ int fx_opt_bool(fx_call *c, ERL_NIF_TERM opts, const char *key, bool dflt, bool 
 int fx_opt_double(fx_call *c, ERL_NIF_TERM opts, const char *key, double dflt, double *out);
 /* The raw value, for options with their own syntax; false when absent. */
 bool fx_opt_term(fx_call *c, ERL_NIF_TERM opts, const char *key, ERL_NIF_TERM *value);
+
+/* The directory the NIF was loaded from (fusex's priv), where
+ * fusex_cuda.so and fusex_xla.so lie. */
+const char *fx_nif_priv_dir(void);
 
 /* ---- results ---- */
 ERL_NIF_TERM fx_atom(ErlNifEnv *env, const char *name);

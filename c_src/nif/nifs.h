@@ -7,6 +7,7 @@
 #include "nif/nif.h"
 
 /* tensor_nif.c */
+int fx_event_type_open(ErlNifEnv *env); /* the timing events' resource type */
 ERL_NIF_TERM nif_devices(ErlNifEnv *, int, const ERL_NIF_TERM[]);
 ERL_NIF_TERM nif_shape(ErlNifEnv *, int, const ERL_NIF_TERM[]);
 ERL_NIF_TERM nif_type(ErlNifEnv *, int, const ERL_NIF_TERM[]);
@@ -66,10 +67,12 @@ FX_ENTRY(nif_copy_into);
 /* optim_nif.c */
 FX_ENTRY(nif_optim_init);
 FX_ENTRY(nif_optim_step);
+FX_ENTRY(nif_optim_info);
 
 #define FX_OPTIM_NIFS                                                \
     {"optim_init", 3, nif_optim_init_entry, 0},                      \
-    {"optim_step", 5, nif_optim_step_entry, 0}
+    {"optim_step", 5, nif_optim_step_entry, 0},                      \
+    {"optim_info", 1, nif_optim_info_entry, 0}
 
 /* linrec_nif.c */
 FX_ENTRY(nif_linear_scan);
@@ -98,11 +101,19 @@ FX_ENTRY(nif_selective_scan);
 FX_ENTRY(nif_selective_scan_backward);
 FX_ENTRY(nif_selective_scan_step);
 ERL_NIF_TERM nif_selective_scan_saved_shape(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+ERL_NIF_TERM nif_selective_scan_save_every(ErlNifEnv *, int, const ERL_NIF_TERM[]);
 
 #define FX_SSM_NIFS                                                          \
     {"selective_scan", 6, nif_selective_scan_entry, 0},                      \
     {"selective_scan_backward", 3, nif_selective_scan_backward_entry, 0},    \
     {"selective_scan_step", 7, nif_selective_scan_step_entry, 0},            \
-    {"selective_scan_saved_shape", 3, nif_selective_scan_saved_shape, 0}
+    {"selective_scan_saved_shape", 3, nif_selective_scan_saved_shape, 0},    \
+    {"selective_scan_save_every", 3, nif_selective_scan_save_every, 0}
+
+/* xla_nif.c: registration of the XLA custom-call targets (docs/XLA.md);
+ * dirty IO: it may load a library. */
+ERL_NIF_TERM nif_xla_register(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+
+#define FX_XLA_NIFS {"xla_register", 1, nif_xla_register, ERL_NIF_DIRTY_JOB_IO_BOUND}
 
 #endif

@@ -1,5 +1,6 @@
 /* Glue for the optimizers: option maps to fx_optim_hyper, the state as a
  * context resource plus handles to the tensors it keeps. */
+#include <math.h>
 #include <string.h>
 
 #include "core/optim.h"
@@ -196,3 +197,47 @@ static ERL_NIF_TERM optim_step(ErlNifEnv *env, const ERL_NIF_TERM argv[], bool *
  * the calling scheduler, saving the hop to a dirty one and the wake-up of
  * one that slept. */
 FX_TRY_NIF(nif_optim_step, optim_step)
+
+/* optim_info(Ref) -> #{step, skipped, grad_norm}: read through the state
+ * resource, never from the tensors of the state map, which a caller can
+ * replace (a forged `step' of another type read as garbage). */
+static ERL_NIF_TERM nif_optim_info(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    void *data;
+    fx_optim_info info;
+    fx_call_init(&c, env);
+    if (fx_arg_ctx(&c, argv[0], "state", OPTIM_CTX, &data) ||
+        fx_op_optim_info(data, &info, &c.st))
+        return fx_call_finish(&c, 0);
+    ERL_NIF_TERM norm;
+    if (isnan(info.grad_norm))
+        norm = fx_atom(env, "nan");
+    else if (isinf(info.grad_norm))
+        norm = fx_atom(env, "infinity");
+    else if (info.grad_norm < 0)
+        norm = fx_atom(env, "undefined");
+    else
+        norm = enif_make_double(env, info.grad_norm);
+    ERL_NIF_TERM m = enif_make_new_map(env);
+    m = put(env, m, "step", enif_make_int64(env, info.step));
+    m = put(env, m, "skipped", fx_atom(env, info.skipped ? "true" : "false"));
+    m = put(env, m, "grad_norm", norm);
+    return fx_call_finish(&c, m);
+}
+
+/* The read waits for the state's device: dirty IO on a GPU, dirty CPU on
+ * the CPU (the state resource, not a tensor argument, says which). */
+ERL_NIF_TERM nif_optim_info_entry(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    fx_call c;
+    void *data;
+    fx_call_init(&c, env);
+    if (fx_arg_ctx(&c, argv[0], "state", OPTIM_CTX, &data))
+        return fx_call_finish(&c, 0);
+    bool gpu = ((fx_optim_state *)data)->device->kind == FX_DEVICE_CUDA;
+    fx_call_finish(&c, 0);
+    return enif_schedule_nif(env, "optim_info", gpu ? ERL_NIF_DIRTY_JOB_IO_BOUND : ERL_NIF_DIRTY_JOB_CPU_BOUND,
+                             nif_optim_info, argc, argv);
+}

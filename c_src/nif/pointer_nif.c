@@ -30,6 +30,20 @@ static int bad_pointer(fx_call *c, ERL_NIF_TERM term)
                    text);
 }
 
+/* An address or byte size: an integer from 0 to 2^64 - 1 (the message
+ * says so for an integer outside it). */
+static int arg_u64(fx_call *c, ERL_NIF_TERM pointer, ERL_NIF_TERM term, const char *what,
+                   ErlNifUInt64 *out)
+{
+    if (enif_get_uint64(c->env, term, out))
+        return FX_OK;
+    if (enif_term_type(c->env, term) != ERL_NIF_TERM_TYPE_INTEGER)
+        return bad_pointer(c, pointer);
+    char text[96];
+    fx_format_term(text, sizeof text, term);
+    return fx_fail(&c->st, FX_EBADARG, "pointer: expected %s from 0 to 2^64-1, got %s", what, text);
+}
+
 /* {local, Address[, Size]} | {ipc, Handle[, Size]} */
 static int arg_pointer(fx_call *c, ERL_NIF_TERM term, fx_pointer *p)
 {
@@ -40,7 +54,9 @@ static int arg_pointer(fx_call *c, ERL_NIF_TERM term, fx_pointer *p)
         return bad_pointer(c, term);
     if (enif_is_identical(elems[0], fx_atom(c->env, "local"))) {
         ErlNifUInt64 addr;
-        if (!enif_get_uint64(c->env, elems[1], &addr) || addr > UINTPTR_MAX)
+        if (arg_u64(c, term, elems[1], "an address", &addr))
+            return c->st.code;
+        if (addr > UINTPTR_MAX)
             return bad_pointer(c, term);
         p->kind = FX_PTR_LOCAL;
         p->address = (uintptr_t)addr;
@@ -59,8 +75,8 @@ static int arg_pointer(fx_call *c, ERL_NIF_TERM term, fx_pointer *p)
     }
     if (arity == 3) {
         ErlNifUInt64 size;
-        if (!enif_get_uint64(c->env, elems[2], &size))
-            return bad_pointer(c, term);
+        if (arg_u64(c, term, elems[2], "a byte size", &size))
+            return c->st.code;
         p->size = (size_t)size;
         p->size_known = true;
     }

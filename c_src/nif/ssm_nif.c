@@ -60,6 +60,7 @@ static ERL_NIF_TERM nif_selective_scan(ErlNifEnv *env, int argc, const ERL_NIF_T
     fx_tensor y = {0}, state = {0};
     fx_ssm_ctx *ctx = NULL;
     fx_call_init(&c, env);
+    fx_call_watch_caller(&c);
     if (fx_arg_opts(&c, argv[5], scan_opts) || arg_inputs(&c, argv, argv[5], true, &t) ||
         fx_opt_bool(&c, argv[5], "return_state", false, &return_state) ||
         fx_opt_bool(&c, argv[5], "save_for_backward", false, &save) ||
@@ -101,6 +102,7 @@ static ERL_NIF_TERM nif_selective_scan_backward(ErlNifEnv *env, int argc, const 
     fx_ssm_grads g;
     memset(&g, 0, sizeof g);
     fx_call_init(&c, env);
+    fx_call_watch_caller(&c);
     if (fx_arg_tensor(&c, argv[0], "dy", &dy) || fx_arg_ctx(&c, argv[1], "ctx", CTX_KIND, &ctx) ||
         fx_arg_opts(&c, argv[2], backward_opts) ||
         fx_opt_tensor(&c, argv[2], "dstate", &dstate, &has_dstate) ||
@@ -176,8 +178,8 @@ ERL_NIF_TERM nif_selective_scan_saved_shape(ErlNifEnv *env, int argc, const ERL_
 {
     (void)argc;
     fx_call c;
-    fx_ssm_dims n;
-    fx_dtype type;
+    fx_ssm_dims n = {0};
+    fx_dtype type = FX_F32;
     fx_call_init(&c, env);
     if (saved_shape_dims(&c, argv, &n, &type))
         return fx_call_finish(&c, 0);
@@ -187,4 +189,19 @@ ERL_NIF_TERM nif_selective_scan_saved_shape(ErlNifEnv *env, int argc, const ERL_
     for (int i = 0; i < 4; i++)
         items[i] = enif_make_int64(env, dims[i]);
     return fx_call_finish(&c, enif_make_tuple_from_array(env, items, 4));
+}
+
+/* The steps between the saved states, K (fx_ssm_save_every), from the same
+ * arguments: a caller that computes the saved states itself (a plain-Nx
+ * forward) takes every K-th state. */
+ERL_NIF_TERM nif_selective_scan_save_every(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    fx_ssm_dims n = {0};
+    fx_dtype type = FX_F32;
+    fx_call_init(&c, env);
+    if (saved_shape_dims(&c, argv, &n, &type))
+        return fx_call_finish(&c, 0);
+    return fx_call_finish(&c, enif_make_int64(env, fx_ssm_save_every(&n, type)));
 }

@@ -12,6 +12,7 @@
 #include "fusex_dtype.h"
 #include "core/linrec.h"
 #include "core/ops.h"
+#include "fusex_cpu.h"
 #include "testutil.h"
 
 /* ---- a test case: what to run and on what ---- */
@@ -231,8 +232,9 @@ static void run_backward(fx_device *dev, const lr_case *c, const lr_host *x, con
     poison(&g.lam);
     poison(&g.dt);
     poison(&g.h0);
+    fx_linrec_grad_outs outs = fx_linrec_grad_outs_of(&g);
     fx_op_linrec_backward_into(NULL, &d.p, c->h0 ? &d.in.h0 : NULL, &h, &tdh, c->dstate ? &tds : NULL,
-                               c->max_tile, &g, &st);
+                               c->max_tile, &outs, &st);
     ck_assert_msg(st.code == FX_OK, "%s: %s", describe(c), st.msg);
     for (int k = 0; k < FX_LINREC_MAX_SEQ; k++)
         out->seq[k] = read_if(&g.seq[k]);
@@ -1128,6 +1130,13 @@ START_TEST(validation_messages)
                   "dt: expected shape {2,3,1} ([batch, seqlen, 1]), got {2,1}");
     EXPECT_BADARG(fx_op_linrec_step(LIQ(r2, r1, r1, t3), r2, o1, &st_),
                   "dt: expected shape {2,1} ([batch, 1]), got {2,3,1}");
+    /* a scalar dt that is not a positive number (the NIF refuses it first;
+     * an XLA custom call passes it as an attribute) */
+    p = (fx_linrec_problem){.kind = FX_LINREC_LIQUID, .seq = {x}, .tau = r1, .lam = r1, .dt_value = -0.5};
+    EXPECT_BADARG(fx_op_linrec_forward(&p, NULL, false, 0, o1, o2, &st_),
+                  "dt: expected a positive number or a tensor ([batch, seqlen, 1]), got -0.5");
+    p = (fx_linrec_problem){.kind = FX_LINREC_LIQUID, .seq = {r2}, .tau = r1, .lam = r1, .dt_value = NAN};
+    EXPECT_BADARG(fx_op_linrec_step(&p, r2, o1, &st_), "dt: expected a positive number or a tensor ([batch, 1]), got nan");
     EXPECT_BADARG(fx_op_linrec_step(GRU(r2, r2), r2b, o1, &st_),
                   "state: expected shape {2,4} ([batch, hidden]), got {2,5}");
     EXPECT_BADARG(fx_op_linrec_step(GRU(x, x), r2, o1, &st_),
@@ -1150,6 +1159,26 @@ START_TEST(validation_messages)
                   "dh: expected type {f,32}, got {f,16}");
     EXPECT_BADARG(fx_op_linrec_backward(&saved, NULL, &vm.h, y, r2b, 0, &vm.g, &st_),
                   "dstate: expected shape {2,4} ([batch, hidden]), got {2,5}");
+    /* the backward into the caller's outputs checks the forward's inputs,
+     * its output and the gradients' presence */
+    {
+        fx_linrec_grads g;
+        fx_status_clear(&st);
+        ck_assert_int_eq(fx_linrec_grads_alloc(&saved, NULL, &g, &st), FX_OK);
+        fx_linrec_grad_outs outs = fx_linrec_grad_outs_of(&g);
+        EXPECT_BADARG(fx_op_linrec_backward_into(NULL, &saved, NULL, wrong_shape, y, NULL, 0, &outs, &st_),
+                      "h: expected shape {2,3,4} ([batch, seqlen, hidden], the forward's output), got {2,3,5}");
+        EXPECT_BADARG(fx_op_linrec_backward_into(NULL, GRU(x, f16), NULL, &vm.h, y, NULL, 0, &outs, &st_),
+                      "cand: expected type {f,32}, got {f,16}");
+        outs.seq[1] = NULL;
+        EXPECT_BADARG(fx_op_linrec_backward_into(NULL, &saved, NULL, &vm.h, y, NULL, 0, &outs, &st_),
+                      "dcand: expected a gradient tensor (its input was given)");
+        outs = fx_linrec_grad_outs_of(&g);
+        outs.h0 = y;
+        EXPECT_BADARG(fx_op_linrec_backward_into(NULL, &saved, NULL, &vm.h, y, NULL, 0, &outs, &st_),
+                      "dh0: expected a gradient tensor only where its input was given");
+        fx_linrec_tensors_release(&g);
+    }
 
     if (dev->kind != FX_DEVICE_CPU) {
         fx_test_tensor(fx_cpu_device(), FX_F32, 3, d3, v, &vm.host);
@@ -1215,17 +1244,68 @@ START_TEST(empty_shapes)
         lr_fwd f;
         lr_bwd g;
 
+        /* Liquid's tau, a and dt gradients are sums over what was not
+         * scanned: zeros, whatever their tensors held before (they are
+         * poisoned), dt's of hidden 0 too. */
         const shape3 empties[] = {{0, 4, 3}, {2, 4, 0}};
         for (int e = 0; e < 2; e++) {
-            lr_case ce = {kind, empties[e].B, empties[e].L, empties[e].H, t, 0, 0, 1, 1, 0, 1.0, 0};
+            lr_case ce = {kind, empties[e].B, empties[e].L, empties[e].H, t, 0, 0, 1, 1,
+                          kind == FX_LINREC_LIQUID, 1.0, 0};
             host_random(&ce, &x);
             run_forward(dev, &ce, &x, &f);
             run_backward(dev, &ce, &x, NULL, NULL, &g);
+            double zeros[8] = {0};
+            if (kind == FX_LINREC_LIQUID) {
+                expect_close("empty dtau", &ce, g.tau, zeros, ce.H, 0);
+                expect_close("empty da", &ce, g.lam, zeros, ce.H, 0);
+                expect_close("empty ddt", &ce, g.dt, zeros, ce.B * ce.L, 0);
+            }
             bwd_free(&g);
             fwd_free(&f);
             host_free(&x);
         }
     }
+}
+END_TEST
+
+static bool caller_gone(void *arg)
+{
+    (*(int *)arg)++;
+    return false;
+}
+
+/* A caller that is gone stops the CPU scans early, forward and backward. */
+START_TEST(cpu_scan_stops_when_its_caller_is_gone)
+{
+    fx_device *cpu = fx_cpu_device();
+    int64_t dims[3] = {1, 8192, 2};
+    double *v = calloc(8192 * 2, sizeof(double));
+    fx_tensor a, b, h, state, dh;
+    fx_test_tensor(cpu, FX_F32, 3, dims, v, &a);
+    fx_test_tensor(cpu, FX_F32, 3, dims, v, &b);
+    fx_test_tensor(cpu, FX_F32, 3, dims, v, &dh);
+    fx_linrec_problem p = {.kind = FX_LINREC_SCAN, .seq = {&a, &b}};
+    fx_status st;
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_op_linrec_forward(&p, NULL, false, 0, &h, &state, &st), FX_OK);
+    int calls = 0;
+    fx_cpu_watch_caller(caller_gone, &calls);
+    fx_tensor h2, state2;
+    ck_assert_int_eq(fx_op_linrec_forward(&p, NULL, false, 0, &h2, &state2, &st), FX_EINTERNAL);
+    ck_assert_str_eq(st.msg, "cancelled: the process that called a linrec forward exited before it finished");
+    ck_assert_int_ge(calls, 1);
+    fx_linrec_grads g;
+    fx_status_clear(&st);
+    calls = 0;
+    ck_assert_int_eq(fx_op_linrec_backward(&p, NULL, &h, &dh, NULL, 0, &g, &st), FX_EINTERNAL);
+    ck_assert_str_eq(st.msg, "cancelled: the process that called a linrec backward exited before it finished");
+    ck_assert_int_ge(calls, 1);
+    fx_cpu_unwatch_caller();
+    fx_tensor_release(&a);
+    fx_tensor_release(&b);
+    fx_tensor_release(&dh);
+    fx_tensor_release(&h);
+    free(v);
 }
 END_TEST
 
@@ -1246,6 +1326,7 @@ Suite *fx_suite_linrec(void)
     tcase_add_test(tc, cuda_matches_cpu_auto_tiling);
     tcase_add_test(tc, validation_messages);
     tcase_add_test(tc, empty_shapes);
+    tcase_add_test(tc, cpu_scan_stops_when_its_caller_is_gone);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -273,6 +273,41 @@ START_TEST(validation_messages)
 }
 END_TEST
 
+/* copy_into between views of one buffer at different offsets is a
+ * memmove, either way round, on the device under test. */
+START_TEST(copy_into_overlapping_views)
+{
+    fx_device *dev = fx_test_device();
+    enum { N = 4099 };
+    int64_t dims[1] = {N};
+    double *v = malloc(sizeof(double) * N);
+    for (int i = 0; i < N; i++)
+        v[i] = i + 1;
+    for (int shift = -3; shift <= 3; shift += 6) {
+        fx_tensor t;
+        fx_test_tensor(dev, FX_F32, 1, dims, v, &t);
+        int len = N - 3, src_at = shift > 0 ? 0 : 3, dst_at = shift > 0 ? 3 : 0;
+        fx_tensor src = t, dst = t;
+        src.data = (float *)t.data + src_at;
+        dst.data = (float *)t.data + dst_at;
+        src.dims[0] = dst.dims[0] = src.numel = dst.numel = len;
+        src.nbytes = dst.nbytes = sizeof(float) * (size_t)len;
+        fx_status st;
+        fx_status_clear(&st);
+        fx_op_copy_into(&src, &dst, &st);
+        FX_CK_OK(st);
+        double *got = fx_test_read(&t);
+        for (int i = 0; i < N; i++) {
+            double want = i >= dst_at && i < dst_at + len ? v[i - dst_at + src_at] : v[i];
+            ck_assert_msg(got[i] == want, "shift %d: [%d] = %g, want %g", shift, i, got[i], want);
+        }
+        free(got);
+        fx_tensor_release(&t);
+    }
+    free(v);
+}
+END_TEST
+
 START_TEST(empty_tensors)
 {
     fx_device *dev = fx_test_device();
@@ -306,6 +341,7 @@ Suite *fx_suite_ops(void)
     tcase_add_test(tc, scale_matches_reference);
     tcase_add_test(tc, validation_messages);
     tcase_add_test(tc, empty_tensors);
+    tcase_add_test(tc, copy_into_overlapping_views);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1162,6 +1162,13 @@ START_TEST(init_validation)
     fx_tensor twice[3] = {f32a, f32b, view};
     expect_init_error(FX_OPTIM_ADAMW, twice, 3, &cfg,
                       "params[2]: expected a tensor distinct from params[0], got the same memory");
+    fx_tensor shifted = f32b; /* f32b's last two elements, as a view at an offset */
+    shifted.data = (float *)f32b.data + 1;
+    shifted.dims[0] = shifted.numel = 2;
+    shifted.nbytes = 2 * sizeof(float);
+    fx_tensor overlapping[2] = {shifted, f32b};
+    expect_init_error(FX_OPTIM_ADAMW, overlapping, 2, &cfg,
+                      "params[0]: expected a tensor distinct from params[1], got overlapping memory");
     if (dev->kind != FX_DEVICE_CPU) {
         fx_tensor host;
         fx_test_tensor(fx_cpu_device(), FX_F32, 1, d3, v, &host);

@@ -32,6 +32,18 @@ START_TEST(shape_numel_and_overflow)
     ck_assert_int_eq(fx_shape_numel("x", 3, huge, &numel, &st), FX_EBADARG);
     ck_assert_ptr_nonnull(strstr(st.msg, "at most 2^48 elements"));
 
+    /* A zero dimension makes no elements, but the others still multiply
+     * into the counts ops form (batch * dim * dstate): bounded too. */
+    int64_t hollow[3] = {(int64_t)1 << 48, 0, (int64_t)1 << 22};
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_shape_numel("x", 3, hollow, &numel, &st), FX_EBADARG);
+    ck_assert_str_eq(st.msg, "x: expected nonzero dimensions whose product is at most 2^48, got "
+                             "{281474976710656,0,4194304}");
+    int64_t wide[3] = {(int64_t)1 << 40, 0, 64};
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_shape_numel("x", 3, wide, &numel, &st), FX_OK);
+    ck_assert_int_eq(numel, 0);
+
     int64_t big[2] = {1 << 24, 1 << 23}; /* 2^47 elements fit, 2^50 bytes do not */
     fx_status_clear(&st);
     ck_assert_int_eq(fx_shape_nbytes("x", FX_S64, 2, big, &numel, &nbytes, &st), FX_EBADARG);

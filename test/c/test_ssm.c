@@ -15,6 +15,8 @@
 #include "fusex_dtype.h"
 #include "core/ops.h"
 #include "core/ssm.h"
+#include "cpu/cpu.h"
+#include "fusex_ssm.h"
 #include "testutil.h"
 
 enum {
@@ -1172,6 +1174,107 @@ START_TEST(empty_shapes)
 }
 END_TEST
 
+/* The CPU backend's scratch counts combine dimensions of several tensors
+ * (batch of x, dim * dstate of a), which no one shape bounds: where they
+ * overflow, or the scratch cannot be had, the op fails with FX_ENOMEM and
+ * touches no memory (the tensors here have none). */
+START_TEST(cpu_scratch_overflow_is_out_of_memory)
+{
+    fx_device *cpu = fx_cpu_device();
+    fx_exec ex;
+    fx_status st;
+    fx_status_clear(&st);
+    ck_assert_int_eq(cpu->backend->exec_default(cpu->ordinal, &ex, &st), FX_OK);
+    fx_tensor none;
+    memset(&none, 0, sizeof none);
+    fx_ssm_bwd_args bwd;
+    memset(&bwd, 0, sizeof bwd);
+    bwd.fwd.n = (fx_ssm_dims){(int64_t)1 << 40, 1, (int64_t)1 << 8, (int64_t)1 << 40, 1};
+    ck_assert_int_eq(fx_cpu_ssm_ops.backward(&ex, &bwd, &st), FX_ENOMEM);
+    ck_assert_str_eq(st.msg, "out of host memory: the op's scratch does not fit in the address space");
+    /* one channel whose states do not fit in memory */
+    fx_ssm_fwd_args fwd;
+    memset(&fwd, 0, sizeof fwd);
+    fwd.n = (fx_ssm_dims){1, 1, 1, (int64_t)1 << 48, 1};
+    fwd.x = fwd.dt = fwd.a = fwd.b = fwd.c = fwd.y = &none;
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_cpu_ssm_ops.forward(&ex, &fwd, &st), FX_ENOMEM);
+    ck_assert_ptr_nonnull(strstr(st.msg, "out of host memory for "));
+    ck_assert_ptr_nonnull(strstr(st.msg, " bytes of scratch"));
+}
+END_TEST
+
+static int alive_calls;
+static bool caller_gone(void *arg)
+{
+    (void)arg;
+    alive_calls++;
+    return false;
+}
+static bool caller_here(void *arg)
+{
+    (void)arg;
+    alive_calls++;
+    return true;
+}
+
+/* A caller that is gone stops the CPU scans early (forward and backward),
+ * failing them; one that is still there sees them through. */
+START_TEST(cpu_scan_stops_when_its_caller_is_gone)
+{
+    fx_device *cpu = fx_cpu_device();
+    int64_t xd[3] = {1, 4096, 2}, ad[2] = {2, 4}, bd[3] = {1, 4096, 4};
+    double *v = calloc(4096 * 4, sizeof(double));
+    fx_tensor x, a, b;
+    fx_test_tensor(cpu, FX_F32, 3, xd, v, &x);
+    fx_test_tensor(cpu, FX_F32, 2, ad, v, &a);
+    fx_test_tensor(cpu, FX_F32, 3, bd, v, &b);
+    fx_ssm_inputs in = {.x = &x, .dt = &x, .a = &a, .b = &b, .c = &b};
+    for (int gone = 1; gone >= 0; gone--) {
+        alive_calls = 0;
+        fx_cpu_watch_caller(gone ? caller_gone : caller_here, NULL);
+        fx_status st;
+        fx_status_clear(&st);
+        fx_tensor y, state, dy;
+        fx_ssm_ctx *ctx = NULL;
+        int rc = fx_op_ssm_forward(&in, false, &y, &state, &ctx, &st);
+        ck_assert_int_ge(alive_calls, 1);
+        if (gone) {
+            ck_assert_int_eq(rc, FX_EINTERNAL);
+            ck_assert_str_eq(st.msg, "cancelled: the process that called selective_scan exited before it finished");
+            /* the context of an earlier, complete forward */
+            fx_cpu_unwatch_caller();
+            fx_status_clear(&st);
+            ck_assert_int_eq(fx_op_ssm_forward(&in, false, &y, &state, &ctx, &st), FX_OK);
+            fx_cpu_watch_caller(caller_gone, NULL);
+        } else {
+            FX_CK_OK(st);
+        }
+        fx_test_tensor(cpu, FX_F32, 3, xd, v, &dy);
+        fx_ssm_grads g;
+        alive_calls = 0;
+        rc = fx_op_ssm_backward(ctx, &dy, NULL, &g, &st);
+        ck_assert_int_ge(alive_calls, 1);
+        if (gone) {
+            ck_assert_int_eq(rc, FX_EINTERNAL);
+            ck_assert_str_eq(st.msg,
+                             "cancelled: the process that called selective_scan_backward exited before it finished");
+        } else {
+            FX_CK_OK(st);
+            fx_ssm_grads_release(&g);
+        }
+        fx_cpu_unwatch_caller();
+        fx_tensor_release(&dy);
+        fx_tensor_release(&y);
+        fx_ssm_ctx_free(ctx);
+    }
+    fx_tensor_release(&x);
+    fx_tensor_release(&a);
+    fx_tensor_release(&b);
+    free(v);
+}
+END_TEST
+
 /* Runs the forward on modified inputs and expects `msg`. */
 static void expect_fwd_error(const fx_ssm_inputs *in, const char *msg)
 {
@@ -1325,6 +1428,8 @@ Suite *fx_suite_ssm(void)
     tcase_add_test(tc, backward_matches_cpu);
     tcase_add_test(tc, context_holds_inputs_and_saved_states);
     tcase_add_test(tc, empty_shapes);
+    tcase_add_test(tc, cpu_scratch_overflow_is_out_of_memory);
+    tcase_add_test(tc, cpu_scan_stops_when_its_caller_is_gone);
     tcase_add_test(tc, validation_messages);
     suite_add_tcase(s, tc);
     return s;

@@ -3,6 +3,7 @@
 // memory ops, the synchronous stream) with the CUDA launchers' families
 // and elementwise ops; new allocations and scratch read as NaN, as memory
 // a GPU hands out holds whatever was there.
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,7 @@ namespace {
 
 // One device, small: the launchers size grids and tiles by its SMs, so a
 // few keep the grids of test shapes short and still several blocks wide.
-fx_cuda_device device;
+fx::cuda::Device device;
 fx_backend table;
 
 int emu_init(fx_status *st)
@@ -30,6 +31,7 @@ int emu_init(fx_status *st)
     device.sm_count = sms && atoi(sms) > 0 ? atoi(sms) : 4;
     device.max_threads_per_sm = 2048;
     device.shared_per_block_optin = 227 * 1024;
+    pthread_mutex_init(&device.cache.lock, nullptr);
     fprintf(stderr, "fusex CUDA emulator: cuda:0 is the real launchers on the CPU (%d SMs; %s)\n", device.sm_count,
             fx_emu::describe().c_str());
     return FX_OK;
@@ -38,6 +40,9 @@ int emu_init(fx_status *st)
 void emu_shutdown(void)
 {
     fx_emu::release_all();
+    free(device.cache.statuses);
+    device.cache.statuses = nullptr;
+    device.cache.bytes = 0;
     fx_cpu_backend.shutdown();
 }
 
@@ -75,21 +80,39 @@ int poisoned_scratch(void *, size_t nbytes, void **ptr, fx_status *st)
 
 void release_scratch(void *, void *ptr) { free(ptr); }
 
-int emu_exec_default(int dev, fx_exec *ex, fx_status *)
+// fusex's own stream: scratch from the heap, the stream's look-back cache.
+int emu_exec_default(int dev, fx_exec *ex, fx_status *st)
 {
+    if (!fx::cuda::enter(dev, st))
+        return st->code;
     ex->device = dev;
     ex->stream = nullptr;
     ex->scratch.alloc = poisoned_scratch;
     ex->scratch.release = release_scratch;
     ex->scratch.ctx = nullptr;
+    ex->cache = &device.cache;
     return FX_OK;
 }
+
+// A caller's stream (test_exec.c's lanes): a token, since all work is done
+// by the time a launch returns.
+int emu_stream_create(int, void **stream, fx_status *st)
+{
+    *stream = malloc(1);
+    return *stream ? FX_OK : fx_fail(st, FX_ENOMEM, "out of host memory for a stream");
+}
+
+void emu_stream_destroy(int, void *stream) { free(stream); }
+
+int emu_stream_synchronize(int, void *, fx_status *) { return FX_OK; }
 
 } // namespace
 
 // ---- what backend.cu gives the launchers (cuda/common.cuh) ----
 
-fx_cuda_device *fx_cuda_enter(int dev, fx_status *st)
+namespace fx::cuda {
+
+Device *enter(int dev, fx_status *st)
 {
     if (dev != 0) {
         fx_fail(st, FX_EINTERNAL, "no CUDA device %d", dev);
@@ -98,20 +121,22 @@ fx_cuda_device *fx_cuda_enter(int dev, fx_status *st)
     return &device;
 }
 
-int fx_cuda_enter_exec(const fx_exec *ex, fx_cuda_run *run, fx_status *st)
+int enter(const fx_exec *ex, Run *run, fx_status *st)
 {
-    run->d = fx_cuda_enter(ex->device, st);
+    run->d = enter(ex->device, st);
     run->stream = (cudaStream_t)ex->stream;
     run->ex = ex;
     return run->d ? FX_OK : st->code;
 }
 
-int fx_cuda_fail(fx_cuda_device *, cudaError_t err, const char *what, fx_status *st)
+int fail(Device *, cudaError_t err, const char *what, fx_status *st)
 {
     if (st->code == FX_OK)
         st->detail = (int)err;
     return fx_fail(st, FX_ECUDA, "%s failed: %s (%s)", what, cudaGetErrorString(err), cudaGetErrorName(err));
 }
+
+} // namespace fx::cuda
 
 // ---- the CUDA runtime entry points the launchers reach ----
 
@@ -150,12 +175,15 @@ __attribute__((visibility("default"))) const fx_backend *fusex_cuda_backend(void
     table.device_info = emu_device_info;
     table.alloc = emu_alloc;
     table.exec_default = emu_exec_default;
-    table.cast = fx_cuda_cast;
-    table.binary = fx_cuda_binary;
-    table.scale = fx_cuda_scale;
-    table.ssm = &fx_cuda_ssm_ops;
-    table.linrec = &fx_cuda_linrec_ops;
-    table.optim = &fx_cuda_optim_ops;
+    table.stream_create = emu_stream_create;
+    table.stream_destroy = emu_stream_destroy;
+    table.stream_synchronize = emu_stream_synchronize;
+    table.cast = fx::cuda::cast;
+    table.binary = fx::cuda::binary;
+    table.scale = fx::cuda::scale;
+    table.ssm = &fx::cuda::ssm_ops;
+    table.linrec = &fx::cuda::linrec_ops;
+    table.optim = &fx::cuda::optim_ops;
     return &table;
 }
 

@@ -8,8 +8,10 @@
 // ops are the real launchers (every c_src/cuda/*.cu but backend.cu and
 // interop.cu, compiled with g++ as C++) on the real kernels; its memory is
 // host memory (the CPU backend's memory ops; new allocations and scratch
-// read as NaN). Each launcher goes through its launch context as on a GPU;
-// only the way work is enqueued differs:
+// read as NaN). Each launcher goes through its launch context as on a GPU
+// (fusex's own stream with its look-back status cache, or a caller's with
+// scratch from an arena: test_exec.c); only the way work is enqueued
+// differs:
 //
 //   test/emu/emu.h          (this file) force-included before every
 //                           emulator translation unit: FX_CUDA_EMULATION,
@@ -19,8 +21,9 @@
 //                           order): a launch runs the grid at once, on the
 //                           calling thread; fills and copies are memset/memcpy
 //   test/emu/backend.cc     the backend table, the device record (4 SMs by
-//                           default), fx_cuda_enter/_exec/_fail, the few CUDA
-//                           runtime entry points the launchers reach
+//                           default, FUSEX_EMU_SMS), fx::cuda::enter and
+//                           fail, the few CUDA runtime entry points the
+//                           launchers reach (cudaGetLastError & co.)
 //   test/emu/emu.cc         the scheduler
 //   test/emu/shared.ld      gathers the kernels' `__shared__` variables
 //

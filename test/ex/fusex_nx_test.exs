@@ -3,7 +3,7 @@ defmodule FusexNxTest do
   # Runs where Nx is present; listed as skipped elsewhere.
   use ExUnit.Case, async: false
   @moduletag :nx
-  @compile {:no_warn_undefined, [Nx, Nx.BinaryBackend]}
+  @compile {:no_warn_undefined, [Nx, Nx.BinaryBackend, Nx.Random]}
 
   alias Fusex.Tensor, as: FT
 

@@ -1,13 +1,18 @@
-# Nx is optional. Where it is absent (the CI machine: Elixir 1.14, no hex),
-# the tests tagged :nx are excluded and listed by name as skipped; where it
-# is present, the :no_nx tests (what fusex does without Nx) are.
+# Nx is optional. Where it is absent (Debian's Elixir 1.14 with no hex and
+# no kit; see tools/test_ex.sh), the tests tagged :nx are excluded and listed
+# by name as skipped; where it is present, the :no_nx tests (what fusex does
+# without Nx) are. The :axon tests need Axon (and Polaris) as well.
 nx? = Code.ensure_loaded?(Nx)
+axon? = nx? and Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Polaris)
 
 {exclude, note} =
   if nx?,
     do: {[:no_nx], "Nx #{Application.spec(:nx, :vsn)} present: running the Nx tests"},
     else: {[:nx], "Nx absent: the tests tagged :nx are skipped (listed below)"}
 
-IO.puts("fusex ExUnit on #{inspect(Fusex.default_device())}; #{note}")
+exclude = if axon?, do: exclude, else: [:axon | exclude]
+
+IO.puts("fusex ExUnit on #{inspect(Fusex.default_device())}; #{note}" <>
+          if(nx? and not axon?, do: "; Axon absent: the :axon tests are skipped (listed below)", else: ""))
 
 ExUnit.start(exclude: exclude, formatters: [ExUnit.CLIFormatter, Fusex.SkipReporter])

@@ -1,0 +1,191 @@
+if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(Nx, :block, 4) do
+  defmodule Fusex.Axon do
+    @moduledoc """
+    Axon layers whose recurrences are fusex's (`Fusex.Defn`): under EXLA
+    with fusex's XLA targets they run as fused kernels inside the compiled
+    model, forward and backward; elsewhere as their default Nx
+    implementations.
+
+    Every layer takes a sequence `[batch, seqlen, features]` and returns a
+    sequence `[batch, seqlen, units]` (the selective scan keeps its width).
+
+        model =
+          Axon.input("x", shape: {nil, 32, 4})
+          |> Fusex.Axon.min_gru(16)
+          |> Axon.dense(1)
+
+    Layers and their parameters (kernels `[features, units]`, biases
+    `[units]`):
+
+      * `selective_scan/2` - Mamba's S6 core on `x` itself: `x_proj`
+        (to dt's low rank, B, C), `dt_proj`, `dt_bias`, `a_log`, `d`;
+      * `min_gru/3` - `z_kernel`, `z_bias`, `h_kernel`, `h_bias`;
+      * `min_lstm/3` - `f_kernel`, `f_bias`, `i_kernel`, `i_bias`,
+        `h_kernel`, `h_bias`;
+      * `liquid/3` - `kernel`, `bias` (the gate's logits), `log_tau`
+        (tau = exp(log_tau), so that it stays positive), `a`.
+
+    Kernels take `:kernel_initializer` (default `:glorot_uniform`), biases
+    `:bias_initializer` (default `:zeros`).
+    """
+
+    @doc """
+    Mamba's selective scan (S6) over `x` `[batch, seqlen, dim]`:
+    `dt = softplus(x_dt dt_proj + dt_bias)`, `B`, `C` projected from `x`,
+    `A = -exp(a_log)`, skip `D`, as in Mamba's `selective_scan_fn` with
+    `delta_softplus`.
+
+    Options: `:name`, `:state_size` (`dstate`, default 16), `:dt_rank`
+    (default `ceil(dim / 16)`), `:dt_min`, `:dt_max` (the range of the
+    initial step, default 0.001 and 0.1), `:kernel_initializer`.
+    Parameters are initialized as in Mamba: `a_log[d, n] = log(n + 1)`,
+    `d = 1`, `dt_bias` the inverse softplus of a log-uniform step.
+    """
+    def selective_scan(%Axon{} = x, opts \\ []) do
+      opts =
+        Keyword.validate!(opts, [:name, :dt_rank, state_size: 16, dt_min: 0.001, dt_max: 0.1,
+          kernel_initializer: :glorot_uniform])
+
+      n = opts[:state_size]
+      rank = fn dim -> opts[:dt_rank] || div(dim + 15, 16) end
+      dim = fn shape -> elem(shape, tuple_size(shape) - 1) end
+
+      x_proj = Axon.param("x_proj", fn s -> {dim.(s), rank.(dim.(s)) + 2 * n} end, initializer: opts[:kernel_initializer])
+      dt_proj = Axon.param("dt_proj", fn s -> {rank.(dim.(s)), dim.(s)} end, initializer: opts[:kernel_initializer])
+      dt_bias = Axon.param("dt_bias", fn s -> {dim.(s)} end, initializer: dt_bias_initializer(opts[:dt_min], opts[:dt_max]))
+      a_log = Axon.param("a_log", fn s -> {dim.(s), n} end, initializer: &a_log_init/2)
+      d = Axon.param("d", fn s -> {dim.(s)} end, initializer: :ones)
+
+      Axon.layer(&selective_scan_layer/7, [x, x_proj, dt_proj, dt_bias, a_log, d],
+        name: opts[:name],
+        op_name: :fusex_selective_scan,
+        state_size: n
+      )
+    end
+
+    @doc false
+    def selective_scan_layer(x, x_proj, dt_proj, dt_bias, a_log, d, opts) do
+      n = opts[:state_size]
+      rank = elem(dt_proj.shape, 0)
+      proj = Nx.dot(x, [2], x_proj, [0])
+      # dt, b, c in x's type (the op's rule), whatever the parameters' type
+      dt = proj |> Nx.slice_along_axis(0, rank, axis: 2) |> Nx.dot([2], dt_proj, [0]) |> Nx.as_type(x.type)
+      b = proj |> Nx.slice_along_axis(rank, n, axis: 2) |> Nx.as_type(x.type)
+      c = proj |> Nx.slice_along_axis(rank + n, n, axis: 2) |> Nx.as_type(x.type)
+      a = Nx.negate(Nx.exp(a_log))
+      Fusex.Defn.selective_scan(x, dt, a, b, c, %{d: d, dt_bias: dt_bias}, dt_softplus: true)
+    end
+
+    # a_log[d, n] = log(n + 1): A = -(1, 2, ..., dstate) on every channel
+    # (S4D-real, Mamba's initialization).
+    defp a_log_init({dim, n}, type) do
+      Nx.iota({dim, n}, axis: 1, type: type) |> Nx.add(1) |> Nx.log()
+    end
+
+    # dt_bias = softplus^-1(dt), dt log-uniform in [dt_min, dt_max].
+    defp dt_bias_initializer(dt_min, dt_max) do
+      fn {dim}, type, key ->
+        {u, _key} = Nx.Random.uniform(key, shape: {dim}, type: type)
+        dt = Nx.exp(Nx.add(Nx.multiply(u, :math.log(dt_max) - :math.log(dt_min)), :math.log(dt_min)))
+        # softplus^-1(dt) = dt + log(-expm1(-dt))
+        Nx.add(dt, Nx.log(Nx.negate(Nx.expm1(Nx.negate(dt)))))
+      end
+    end
+
+    @doc """
+    MinGRU: `z = sigmoid(x W_z + b_z)`, `h_t = (1 - z) h_{t-1} + z c(x W_h +
+    b_h)` (`Fusex.Defn.mingru/4`). Options: `:name`, `:reverse`,
+    `:candidate_activation` (`:identity` or `:g`), initializers.
+    """
+    def min_gru(%Axon{} = x, units, opts \\ []) when is_integer(units) and units > 0 do
+      opts = validate_gated(opts)
+      params = projections(["z", "h"], units, opts)
+
+      Axon.layer(&min_gru_layer/6, [x | params],
+        name: opts[:name],
+        op_name: :fusex_min_gru,
+        reverse: opts[:reverse],
+        candidate_activation: opts[:candidate_activation]
+      )
+    end
+
+    @doc false
+    def min_gru_layer(x, zk, zb, hk, hb, opts) do
+      Fusex.Defn.mingru(dense(x, zk, zb), dense(x, hk, hb), %{}, gated_opts(opts))
+    end
+
+    @doc """
+    MinLSTM: forget and input gates from `x`, normalised (`Fusex.Defn.minlstm/5`).
+    Options as `min_gru/3`.
+    """
+    def min_lstm(%Axon{} = x, units, opts \\ []) when is_integer(units) and units > 0 do
+      opts = validate_gated(opts)
+      params = projections(["f", "i", "h"], units, opts)
+
+      Axon.layer(&min_lstm_layer/8, [x | params],
+        name: opts[:name],
+        op_name: :fusex_min_lstm,
+        reverse: opts[:reverse],
+        candidate_activation: opts[:candidate_activation]
+      )
+    end
+
+    @doc false
+    def min_lstm_layer(x, fk, fb, ik, ib, hk, hb, opts) do
+      Fusex.Defn.minlstm(dense(x, fk, fb), dense(x, ik, ib), dense(x, hk, hb), %{}, gated_opts(opts))
+    end
+
+    @doc """
+    Liquid (LTC) cells: `h_t = (h_{t-1} + dt f A) / (1 + dt (1/tau + f))`,
+    `f = sigmoid(x W + b)` (`Fusex.Defn.liquid/5`). Options: `:name`,
+    `:reverse`, `:dt` (a positive number, default 1.0), initializers,
+    `:a_initializer` (default `:ones`).
+    """
+    def liquid(%Axon{} = x, units, opts \\ []) when is_integer(units) and units > 0 do
+      opts =
+        Keyword.validate!(opts, [:name, reverse: false, dt: 1.0, kernel_initializer: :glorot_uniform,
+          bias_initializer: :zeros, a_initializer: :ones])
+
+      [kernel, bias] = projections([""], units, opts)
+      log_tau = Axon.param("log_tau", {units}, initializer: :zeros)
+      a = Axon.param("a", {units}, initializer: opts[:a_initializer])
+
+      Axon.layer(&liquid_layer/6, [x, kernel, bias, log_tau, a],
+        name: opts[:name],
+        op_name: :fusex_liquid,
+        reverse: opts[:reverse],
+        dt: opts[:dt]
+      )
+    end
+
+    @doc false
+    def liquid_layer(x, kernel, bias, log_tau, a, opts) do
+      Fusex.Defn.liquid(dense(x, kernel, bias), Nx.exp(log_tau), a, %{}, reverse: opts[:reverse], dt: opts[:dt])
+    end
+
+    # ---- shared ----
+
+    defp validate_gated(opts) do
+      Keyword.validate!(opts, [:name, reverse: false, candidate_activation: :identity,
+        kernel_initializer: :glorot_uniform, bias_initializer: :zeros])
+    end
+
+    defp gated_opts(opts), do: [reverse: opts[:reverse], candidate_activation: opts[:candidate_activation]]
+
+    # A kernel [features, units] and a bias [units] for each prefix.
+    defp projections(prefixes, units, opts) do
+      Enum.flat_map(prefixes, fn prefix ->
+        name = fn part -> if prefix == "", do: part, else: "#{prefix}_#{part}" end
+
+        [
+          Axon.param(name.("kernel"), fn s -> {elem(s, tuple_size(s) - 1), units} end,
+            initializer: opts[:kernel_initializer]
+          ),
+          Axon.param(name.("bias"), {units}, initializer: opts[:bias_initializer])
+        ]
+      end)
+    end
+
+    defp dense(x, kernel, bias), do: x |> Nx.dot([Nx.rank(x) - 1], kernel, [0]) |> Nx.add(bias)
+  end
+end

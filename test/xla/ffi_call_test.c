@@ -1,0 +1,819 @@
+/*
+ * fusex's XLA handlers called the way XLA calls them, without XLA: call
+ * frames built by hand (operands, results, attributes sorted by name)
+ * against a stand-in FFI API (fake_xla_api.c: errors, the execution
+ * context's stream, device ordinal and scratch allocator, and registration
+ * with its metadata query).
+ *
+ *   ffi_call_test        (linked against priv/fusex_xla.so)
+ *
+ * Host: every target with seeded inputs and NaN-poisoned results (each
+ * result must be written whole), a scan against exact values, attributes
+ * of other integer and float widths, a step whose new_state aliases its
+ * state, registration (30 handlers, FFI API 0.2, no traits; again a no-op),
+ * the loader, and errors (code and message).
+ *
+ * Built with -DFX_XLA_TEST_CUDA (make test-xla-c-gpu, linked with the CUDA
+ * runtime) it also runs every target's CUDA handler on a stream of its own
+ * (a foreign stream, as XLA's), with scratch from an arena on the device,
+ * and compares each result with the Host handler's on the same inputs:
+ * rel-L2 f32 <= 1e-5 (sums of n f32 terms: * max(1, sqrt(n) / 4)), bf16
+ * <= 1e-2, NaN never passes. Run under compute-sanitizer by make sanitize.
+ * FUSEX_SEED fixes the seed (printed).
+ */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fake_xla_api.h"
+#include "fusex.h"
+#include "fusex_dtype.h"
+#include "fusex_xla.h"
+
+#ifdef FX_XLA_TEST_CUDA
+#include <cuda_runtime.h>
+#endif
+
+static int failures, checks;
+static uint64_t rng_state;
+
+#define MAX_BUF 16
+#define MAX_ATTR 12
+
+static void fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "  FAIL ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    failures++;
+}
+
+/* ---- random values (xorshift64*, Box-Muller) ---- */
+
+static double uniform01(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (double)((rng_state * 2685821657736338717ULL) >> 11) / 9007199254740992.0;
+}
+
+static double normal(void)
+{
+    double u = uniform01(), v = uniform01();
+    return sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v);
+}
+
+/* ---- buffers and call frames ---- */
+
+typedef struct buffer {
+    const char *name;
+    fx_dtype type;
+    int rank;
+    int64_t dims[FX_MAX_RANK];
+    int64_t numel;
+    size_t nbytes;
+    void *host;   /* the values (operands) or the Host handler's result */
+    void *device; /* CUDA copy; NULL on Host runs */
+    int terms;    /* results: f32 terms each element sums on CUDA */
+} buffer;
+
+typedef struct attr {
+    const char *name;
+    char type; /* 'l' i64, 'i' i32, 'd' f64, 'f' f32, 's' string */
+    int64_t i64;
+    int32_t i32;
+    double f64;
+    float f32;
+} attr;
+
+typedef struct call {
+    const char *target;
+    buffer args[MAX_BUF], rets[MAX_BUF];
+    int nargs, nrets;
+    attr attrs[MAX_ATTR];
+    int nattrs;
+} call;
+
+static int xla_type(fx_dtype t)
+{
+    switch (t) {
+    case FX_F32: return XLA_FFI_DataType_F32;
+    case FX_F64: return XLA_FFI_DataType_F64;
+    case FX_BF16: return XLA_FFI_DataType_BF16;
+    case FX_F16: return XLA_FFI_DataType_F16;
+    case FX_S32: return XLA_FFI_DataType_S32;
+    default: return XLA_FFI_DataType_INVALID;
+    }
+}
+
+static double load(const buffer *b, int64_t i)
+{
+    switch (b->type) {
+    case FX_F32: return ((const float *)b->host)[i];
+    case FX_BF16: return fx_bf16_to_f32(((const uint16_t *)b->host)[i]);
+    case FX_F16: return fx_f16_to_f32(((const uint16_t *)b->host)[i]);
+    case FX_F64: return ((const double *)b->host)[i];
+    default: return NAN;
+    }
+}
+
+static void store(buffer *b, int64_t i, double v)
+{
+    switch (b->type) {
+    case FX_F32: ((float *)b->host)[i] = (float)v; break;
+    case FX_BF16: ((uint16_t *)b->host)[i] = fx_f32_to_bf16((float)v); break;
+    case FX_F16: ((uint16_t *)b->host)[i] = fx_f32_to_f16((float)v); break;
+    case FX_F64: ((double *)b->host)[i] = v; break;
+    default: break;
+    }
+}
+
+static buffer *add(buffer *list, int *n, const char *name, fx_dtype type, int rank, const int64_t *dims)
+{
+    buffer *b = &list[(*n)++];
+    memset(b, 0, sizeof *b);
+    b->name = name;
+    b->type = type;
+    b->rank = rank;
+    b->numel = 1;
+    for (int i = 0; i < rank; i++) {
+        b->dims[i] = dims[i];
+        b->numel *= dims[i];
+    }
+    b->nbytes = (size_t)b->numel * fx_dtype_size(type);
+    b->host = calloc(1, b->nbytes ? b->nbytes : 1);
+    if (!b->host) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    b->terms = 1;
+    return b;
+}
+
+#define DIMS(...) ((const int64_t[]){__VA_ARGS__}), (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
+
+/* An operand with values of `kind`: 'n' normal, 'a' -exp(normal / 2) (a
+ * selective scan's a), 'p' in [0.5, 1] (a positive scale, a decay), 'q' in
+ * [0.1, 1] (dt), 'h' |normal| / 2 (a selective scan's dt). */
+static buffer *arg(call *c, const char *name, char kind, fx_dtype type, const int64_t *dims, int rank)
+{
+    buffer *b = add(c->args, &c->nargs, name, type, rank, dims);
+    for (int64_t i = 0; i < b->numel; i++) {
+        double v = kind == 'a'   ? -exp(normal() * 0.5)
+                   : kind == 'p' ? 0.5 + 0.5 * uniform01()
+                   : kind == 'q' ? 0.1 + 0.9 * uniform01()
+                   : kind == 'h' ? fabs(normal()) * 0.5
+                                 : normal();
+        store(b, i, v);
+    }
+    return b;
+}
+
+static buffer *ret(call *c, const char *name, fx_dtype type, const int64_t *dims, int rank, int terms)
+{
+    buffer *b = add(c->rets, &c->nrets, name, type, rank, dims);
+    b->terms = terms;
+    return b;
+}
+
+/* An operand (or result) shaped and typed like another buffer. */
+static buffer *like(buffer *list, int *n, const char *name, const buffer *src)
+{
+    buffer *b = add(list, n, name, src->type, src->rank, src->dims);
+    memcpy(b->host, src->host, src->nbytes);
+    return b;
+}
+
+static void flag(call *c, const char *name, int64_t v)
+{
+    c->attrs[c->nattrs++] = (attr){.name = name, .type = 'l', .i64 = v};
+}
+
+static void free_call(call *c)
+{
+    for (int i = 0; i < c->nargs; i++)
+        free(c->args[i].host);
+    for (int i = 0; i < c->nrets; i++)
+        free(c->rets[i].host);
+    c->nargs = c->nrets = 0;
+}
+
+static int by_name(const void *a, const void *b) { return strcmp(((const attr *)a)->name, ((const attr *)b)->name); }
+
+/* Calls `handler` on the buffers' host (or device) memory; returns XLA's
+ * error (NULL on success). */
+static XLA_FFI_Error *invoke(XLA_FFI_Handler *handler, call *c, XLA_FFI_ExecutionContext *ctx, int on_device)
+{
+    XLA_FFI_Buffer args[MAX_BUF], rets[MAX_BUF];
+    XLA_FFI_ArgType arg_types[MAX_BUF];
+    XLA_FFI_RetType ret_types[MAX_BUF];
+    void *arg_ptrs[MAX_BUF], *ret_ptrs[MAX_BUF];
+    for (int i = 0; i < c->nargs; i++) {
+        buffer *b = &c->args[i];
+        args[i] = (XLA_FFI_Buffer){.struct_size = XLA_FFI_Buffer_STRUCT_SIZE, .dtype = xla_type(b->type),
+                                   .data = on_device ? b->device : b->host, .rank = b->rank, .dims = b->dims};
+        arg_types[i] = XLA_FFI_ArgType_BUFFER;
+        arg_ptrs[i] = &args[i];
+    }
+    for (int i = 0; i < c->nrets; i++) {
+        buffer *b = &c->rets[i];
+        rets[i] = (XLA_FFI_Buffer){.struct_size = XLA_FFI_Buffer_STRUCT_SIZE, .dtype = xla_type(b->type),
+                                   .data = on_device ? b->device : b->host, .rank = b->rank, .dims = b->dims};
+        ret_types[i] = XLA_FFI_RetType_BUFFER;
+        ret_ptrs[i] = &rets[i];
+    }
+    /* XLA passes attributes sorted by name. */
+    attr sorted[MAX_ATTR];
+    memcpy(sorted, c->attrs, sizeof(attr) * (size_t)c->nattrs);
+    qsort(sorted, (size_t)c->nattrs, sizeof(attr), by_name);
+    XLA_FFI_ByteSpan names[MAX_ATTR], *name_ptrs[MAX_ATTR], strings[MAX_ATTR];
+    XLA_FFI_Scalar scalars[MAX_ATTR];
+    XLA_FFI_AttrType attr_types[MAX_ATTR];
+    void *attr_ptrs[MAX_ATTR];
+    for (int i = 0; i < c->nattrs; i++) {
+        attr *a = &sorted[i];
+        names[i] = (XLA_FFI_ByteSpan){a->name, strlen(a->name)};
+        name_ptrs[i] = &names[i];
+        attr_types[i] = XLA_FFI_AttrType_SCALAR;
+        switch (a->type) {
+        case 'l': scalars[i] = (XLA_FFI_Scalar){XLA_FFI_DataType_S64, &a->i64}; break;
+        case 'i': scalars[i] = (XLA_FFI_Scalar){XLA_FFI_DataType_S32, &a->i32}; break;
+        case 'd': scalars[i] = (XLA_FFI_Scalar){XLA_FFI_DataType_F64, &a->f64}; break;
+        case 'f': scalars[i] = (XLA_FFI_Scalar){XLA_FFI_DataType_F32, &a->f32}; break;
+        default:
+            strings[i] = (XLA_FFI_ByteSpan){"yes", 3};
+            attr_types[i] = XLA_FFI_AttrType_STRING;
+        }
+        attr_ptrs[i] = attr_types[i] == XLA_FFI_AttrType_STRING ? (void *)&strings[i] : (void *)&scalars[i];
+    }
+    XLA_FFI_CallFrame frame;
+    memset(&frame, 0, sizeof frame);
+    frame.struct_size = XLA_FFI_CallFrame_STRUCT_SIZE;
+    frame.api = fake_xla_api();
+    frame.ctx = ctx;
+    frame.stage = XLA_FFI_ExecutionStage_EXECUTE;
+    frame.args = (XLA_FFI_Args){XLA_FFI_Args_STRUCT_SIZE, NULL, c->nargs, arg_types, arg_ptrs};
+    frame.rets = (XLA_FFI_Rets){XLA_FFI_Rets_STRUCT_SIZE, NULL, c->nrets, ret_types, ret_ptrs};
+    frame.attrs = (XLA_FFI_Attrs){XLA_FFI_Attrs_STRUCT_SIZE, NULL, c->nattrs, attr_types, name_ptrs, attr_ptrs};
+    return handler(&frame);
+}
+
+static XLA_FFI_Handler *handler(const char *target, const char *platform)
+{
+    char sym[96];
+    snprintf(sym, sizeof sym, "%s_%s", target, platform);
+    XLA_FFI_Handler *h = (XLA_FFI_Handler *)dlsym(RTLD_DEFAULT, sym);
+    if (!h) {
+        fprintf(stderr, "%s not exported by fusex_xla.so\n", sym);
+        exit(2);
+    }
+    return h;
+}
+
+/* Host scratch is the CPU backend's own: no XLA allocator on Host. */
+static XLA_FFI_ExecutionContext host_ctx;
+
+/* Runs the Host handler; poisons the results first (every element must be
+ * written). Returns 0 on success. */
+static int run_host(call *c)
+{
+    for (int i = 0; i < c->nrets; i++)
+        for (int64_t k = 0; k < c->rets[i].numel; k++)
+            store(&c->rets[i], k, NAN);
+    XLA_FFI_Error *err = invoke(handler(c->target, "host"), c, &host_ctx, 0);
+    checks++;
+    if (err) {
+        fail("%s (Host): %s", c->target, fake_xla_error_message(err));
+        fake_xla_error_free(err);
+        return -1;
+    }
+    for (int i = 0; i < c->nrets; i++)
+        for (int64_t k = 0; k < c->rets[i].numel; k++)
+            if (isnan(load(&c->rets[i], k))) {
+                fail("%s (Host): result %s element %lld not written", c->target, c->rets[i].name, (long long)k);
+                return -1;
+            }
+    return 0;
+}
+
+/* ---- CUDA: the same call on a foreign stream, against the Host's ---- */
+
+#ifdef FX_XLA_TEST_CUDA
+
+#define CUDA_OK(call)                                                                              \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(2);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static cudaStream_t stream;
+
+/* The scratch arena: XLA's allocator is stream-ordered, so what a call
+ * took is free again once the stream has run past it. */
+typedef struct arena {
+    char *base;
+    size_t size, used;
+} arena;
+static arena scratch;
+
+static void *arena_alloc(void *user, size_t size, size_t align)
+{
+    arena *a = user;
+    size_t start = (a->used + align - 1) / align * align;
+    if (align == 0 || start + size > a->size)
+        return NULL;
+    a->used = start + size;
+    return a->base + start;
+}
+
+static double rel_l2(const buffer *got, const buffer *want)
+{
+    double diff = 0, ref = 0;
+    for (int64_t i = 0; i < got->numel; i++) {
+        double g = load(got, i), w = load(want, i);
+        if (isnan(g) || isnan(w))
+            return INFINITY;
+        diff += (g - w) * (g - w);
+        ref += w * w;
+    }
+    return ref == 0 ? (diff == 0 ? 0 : INFINITY) : sqrt(diff / ref);
+}
+
+static void run_cuda_against_host(call *c)
+{
+    for (int i = 0; i < c->nargs; i++) {
+        buffer *b = &c->args[i];
+        CUDA_OK(cudaMalloc(&b->device, b->nbytes ? b->nbytes : 1));
+        CUDA_OK(cudaMemcpy(b->device, b->host, b->nbytes, cudaMemcpyHostToDevice));
+    }
+    for (int i = 0; i < c->nrets; i++) {
+        CUDA_OK(cudaMalloc(&c->rets[i].device, c->rets[i].nbytes ? c->rets[i].nbytes : 1));
+        CUDA_OK(cudaMemset(c->rets[i].device, 0xff, c->rets[i].nbytes)); /* NaN in every float type */
+    }
+    XLA_FFI_ExecutionContext ctx = {.stream = stream, .device = 0, .alloc = arena_alloc, .user = &scratch};
+    scratch.used = 0;
+    XLA_FFI_Error *err = invoke(handler(c->target, "cuda"), c, &ctx, 1);
+    checks++;
+    if (err) {
+        fail("%s (CUDA): %s", c->target, fake_xla_error_message(err));
+        fake_xla_error_free(err);
+    } else {
+        CUDA_OK(cudaStreamSynchronize(stream));
+        if (ctx.frees != ctx.allocations)
+            fail("%s (CUDA): %d scratch allocations, %d given back", c->target, ctx.allocations, ctx.frees);
+        for (int i = 0; i < c->nrets; i++) {
+            buffer *want = &c->rets[i];
+            buffer got = *want;
+            got.host = malloc(got.nbytes ? got.nbytes : 1);
+            CUDA_OK(cudaMemcpy(got.host, want->device, got.nbytes, cudaMemcpyDeviceToHost));
+            double tol = want->type == FX_F32 ? 1e-5 : 1e-2;
+            tol *= fmax(1.0, sqrt((double)want->terms) / 4);
+            double e = rel_l2(&got, want);
+            checks++;
+            if (!(e <= tol))
+                fail("%s: %s on CUDA vs Host: rel-L2 %.3g > %.3g", c->target, want->name, e, tol);
+            free(got.host);
+        }
+    }
+    for (int i = 0; i < c->nargs; i++)
+        CUDA_OK(cudaFree(c->args[i].device));
+    for (int i = 0; i < c->nrets; i++)
+        CUDA_OK(cudaFree(c->rets[i].device));
+}
+#endif
+
+/* Host, and on CUDA builds CUDA against it; frees the call. */
+static void run(call *c)
+{
+    if (run_host(c) == 0) {
+#ifdef FX_XLA_TEST_CUDA
+        run_cuda_against_host(c);
+#endif
+    }
+    free_call(c);
+}
+
+/* ---- the targets' calls ---- */
+
+static void saved_shape(int64_t b, int64_t l, int64_t d, int64_t n, int64_t g, fx_dtype t, int64_t out[4])
+{
+    char msg[256];
+    if (fusex_xla_ssm_saved_shape(b, l, d, n, g, fx_dtype_name(t), out, msg, sizeof msg)) {
+        fprintf(stderr, "fusex_xla_ssm_saved_shape: %s\n", msg);
+        exit(2);
+    }
+}
+
+/* The selective scan's forward and, from its saved states, its backward;
+ * then a step. Options on: d, z, dt_bias, softplus, h0, the final state. */
+static void selective_scan(int64_t B, int64_t L, int64_t D, int64_t N, int64_t G, fx_dtype t)
+{
+    int64_t saved[4];
+    saved_shape(B, L, D, N, G, t, saved);
+    call f = {.target = "fusex_selective_scan_fwd"};
+    int bc_rank = G > 1 ? 4 : 3;
+    const int64_t bc[4] = {B, L, G > 1 ? G : N, N};
+    arg(&f, "x", 'n', t, DIMS(B, L, D));
+    arg(&f, "dt", 'n', t, DIMS(B, L, D));
+    arg(&f, "a", 'a', FX_F32, DIMS(D, N));
+    arg(&f, "b", 'n', t, bc, bc_rank);
+    arg(&f, "c", 'n', t, bc, bc_rank);
+    arg(&f, "d", 'n', FX_F32, DIMS(D));
+    arg(&f, "z", 'n', t, DIMS(B, L, D));
+    arg(&f, "dt_bias", 'n', FX_F32, DIMS(D));
+    arg(&f, "h0", 'n', FX_F32, DIMS(B, D, N));
+    ret(&f, "y", t, DIMS(B, L, D), 1);
+    ret(&f, "state", FX_F32, DIMS(B, D, N), 1);
+    int has_saved = saved[1] > 0; /* one chunk: no saved states (docs/XLA.md) */
+    if (has_saved)
+        ret(&f, "saved", FX_F32, saved, 4, 1);
+    const char *flags[] = {"dt_softplus", "has_d", "has_z", "has_dt_bias", "has_h0", "return_state", "save"};
+    for (int i = 0; i < 7; i++)
+        flag(&f, flags[i], 1);
+    if (run_host(&f) != 0) {
+        free_call(&f);
+        return;
+    }
+    /* The backward, on the forward's inputs and saved states. */
+    call bw = {.target = "fusex_selective_scan_bwd"};
+    for (int i = 0; i < f.nargs; i++)
+        like(bw.args, &bw.nargs, f.args[i].name, &f.args[i]);
+    if (has_saved)
+        like(bw.args, &bw.nargs, "saved", &f.rets[2]);
+    arg(&bw, "dy", 'n', t, DIMS(B, L, D));
+    arg(&bw, "dstate", 'n', FX_F32, DIMS(B, D, N));
+    int terms[9] = {1, 1, (int)(B * L), (int)(D / G), (int)(D / G), (int)(B * L), 1, (int)(B * L), 1};
+    static const char *const grads[] = {"dx", "ddt", "da", "db", "dc", "dd", "dz", "ddt_bias", "dh0"};
+    for (int i = 0; i < 9; i++)
+        like(bw.rets, &bw.nrets, grads[i], &f.args[i])->terms = terms[i];
+    for (int i = 0; i < 5; i++)
+        flag(&bw, flags[i], 1);
+    flag(&bw, "has_dstate", 1);
+#ifdef FX_XLA_TEST_CUDA
+    run_cuda_against_host(&f); /* the forward too, now that its saved states are taken */
+#endif
+    free_call(&f);
+    run(&bw);
+
+    call s = {.target = "fusex_selective_scan_step"};
+    arg(&s, "state", 'n', FX_F32, DIMS(B, D, N));
+    arg(&s, "x", 'n', t, DIMS(B, D));
+    arg(&s, "dt", 'h', t, DIMS(B, D));
+    arg(&s, "a", 'a', FX_F32, DIMS(D, N));
+    const int64_t bcs[3] = {B, G > 1 ? G : N, N};
+    arg(&s, "b", 'n', t, bcs, bc_rank - 1);
+    arg(&s, "c", 'n', t, bcs, bc_rank - 1);
+    arg(&s, "d", 'n', FX_F32, DIMS(D));
+    ret(&s, "y", t, DIMS(B, D), 1);
+    ret(&s, "new_state", FX_F32, DIMS(B, D, N), 1);
+    flag(&s, "dt_softplus", 0);
+    flag(&s, "has_d", 1);
+    flag(&s, "has_z", 0);
+    flag(&s, "has_dt_bias", 0);
+    run(&s);
+}
+
+static const char *const seq_names[4][3] = {
+    {"a", "b"}, {"z_logits", "cand"}, {"f_logits", "i_logits", "cand"}, {"f_logits"}};
+static const int nseqs[4] = {2, 2, 3, 1};
+static const char *const ops[4] = {"linear_scan", "mingru", "minlstm", "liquid"};
+
+/* "dcand" for "cand": the backward's results are named after the inputs. */
+static const char *grad_name(const char *input)
+{
+    static const char *const names[][2] = {
+        {"a", "da"},       {"b", "db"},           {"z_logits", "dz_logits"}, {"cand", "dcand"}, {"f_logits", "df_logits"},
+        {"i_logits", "di_logits"}, {"tau", "dtau"}, {"dt", "ddt"},           {"h0", "dh0"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(names[i][0], input) == 0)
+            return names[i][1];
+    return "?";
+}
+
+static void op_attrs(call *c, int op, int candidate_g, int has_dt)
+{
+    flag(c, "reverse", 1);
+    if (op == 1 || op == 2)
+        flag(c, "candidate_g", candidate_g);
+    if (op == 3) {
+        flag(c, "has_dt", has_dt);
+        c->attrs[c->nattrs++] = (attr){.name = "dt", .type = 'd', .f64 = 0.75};
+    }
+}
+
+/* A linear recurrence's forward, its backward (on the forward's output)
+ * and its step; h0, the final state, dstate, reverse, liquid's dt tensor. */
+static void linrec(int op, int64_t B, int64_t L, int64_t H, fx_dtype t)
+{
+    char target[64];
+    snprintf(target, sizeof target, "fusex_%s_fwd", ops[op]);
+    call f = {.target = target};
+    for (int i = 0; i < nseqs[op]; i++)
+        arg(&f, seq_names[op][i], op == 0 && i == 0 ? 'p' : 'n', t, DIMS(B, L, H));
+    if (op == 3) {
+        arg(&f, "tau", 'p', t, DIMS(H));
+        arg(&f, "a", 'n', t, DIMS(H));
+        arg(&f, "dt", 'q', t, DIMS(B, L, 1));
+    }
+    arg(&f, "h0", 'n', FX_F32, DIMS(B, H));
+    ret(&f, "h", t, DIMS(B, L, H), 1);
+    ret(&f, "state", FX_F32, DIMS(B, H), 1);
+    op_attrs(&f, op, 1, 1);
+    flag(&f, "has_h0", 1);
+    flag(&f, "return_state", 1);
+    if (run_host(&f) != 0) {
+        free_call(&f);
+        return;
+    }
+    char btarget[64];
+    snprintf(btarget, sizeof btarget, "fusex_%s_bwd", ops[op]);
+    call bw = {.target = btarget};
+    for (int i = 0; i < f.nargs; i++)
+        like(bw.args, &bw.nargs, f.args[i].name, &f.args[i]);
+    like(bw.args, &bw.nargs, "h", &f.rets[0]);
+    arg(&bw, "dh", 'n', t, DIMS(B, L, H));
+    arg(&bw, "dstate", 'n', FX_F32, DIMS(B, H));
+    for (int i = 0; i < f.nargs; i++) {
+        buffer *g = like(bw.rets, &bw.nrets, grad_name(f.args[i].name), &f.args[i]);
+        /* liquid's tau and a sum over batch and time, dt over hidden */
+        g->terms = op == 3 && (i == 1 || i == 2) ? (int)(B * L) : op == 3 && i == 3 ? (int)H : 1;
+    }
+    op_attrs(&bw, op, 1, 1);
+    flag(&bw, "has_h0", 1);
+    flag(&bw, "has_dstate", 1);
+#ifdef FX_XLA_TEST_CUDA
+    run_cuda_against_host(&f);
+#endif
+    free_call(&f);
+    run(&bw);
+
+    char starget[64];
+    snprintf(starget, sizeof starget, "fusex_%s_step", ops[op]);
+    call s = {.target = starget};
+    arg(&s, "state", 'n', FX_F32, DIMS(B, H));
+    for (int i = 0; i < nseqs[op]; i++)
+        arg(&s, seq_names[op][i], op == 0 && i == 0 ? 'p' : 'n', t, DIMS(B, H));
+    if (op == 3) {
+        arg(&s, "tau", 'p', t, DIMS(H));
+        arg(&s, "a", 'n', t, DIMS(H));
+    }
+    ret(&s, "h", t, DIMS(B, H), 1);
+    ret(&s, "new_state", FX_F32, DIMS(B, H), 1);
+    op_attrs(&s, op, 0, 0);
+    run(&s);
+}
+
+/* ---- Host-only checks of the plumbing ---- */
+
+/* h = cumulative sum of b where a = 1, forward and reverse: exact. */
+static void exact_scan(void)
+{
+    for (int reverse = 0; reverse < 2; reverse++) {
+        call c = {.target = "fusex_linear_scan_fwd"};
+        buffer *a = arg(&c, "a", 'n', FX_F32, DIMS(2, 5, 3));
+        buffer *b = arg(&c, "b", 'n', FX_F32, DIMS(2, 5, 3));
+        for (int64_t i = 0; i < a->numel; i++) {
+            store(a, i, 1.0);
+            store(b, i, (double)(i % 7));
+        }
+        ret(&c, "h", FX_F32, DIMS(2, 5, 3), 1);
+        ret(&c, "state", FX_F32, DIMS(2, 3), 1);
+        flag(&c, "reverse", reverse);
+        flag(&c, "has_h0", 0);
+        flag(&c, "return_state", 1);
+        if (run_host(&c) == 0) {
+            for (int bt = 0; bt < 2; bt++)
+                for (int ch = 0; ch < 3; ch++) {
+                    double sum = 0;
+                    for (int s = 0; s < 5; s++) {
+                        int t = reverse ? 4 - s : s;
+                        int64_t i = (bt * 5 + t) * 3 + ch;
+                        sum += load(b, i);
+                        checks++;
+                        if (load(&c.rets[0], i) != sum)
+                            fail("linear_scan%s: h[%d,%d,%d] %g, expected %g", reverse ? " reverse" : "", bt, t, ch,
+                                 load(&c.rets[0], i), sum);
+                    }
+                    checks++;
+                    if (load(&c.rets[1], bt * 3 + ch) != sum)
+                        fail("linear_scan: state[%d,%d] %g, expected %g", bt, ch, load(&c.rets[1], bt * 3 + ch), sum);
+                }
+        }
+        free_call(&c);
+    }
+}
+
+/* liquid with its flags as i32 and dt as f32 equals the i64 / f64 call. */
+static void attribute_widths(void)
+{
+    call c[2];
+    uint64_t seed = rng_state;
+    for (int k = 0; k < 2; k++) {
+        rng_state = seed; /* the same inputs twice */
+        c[k] = (call){.target = "fusex_liquid_fwd"};
+        arg(&c[k], "f_logits", 'n', FX_F32, DIMS(2, 9, 4));
+        arg(&c[k], "tau", 'p', FX_F32, DIMS(4));
+        arg(&c[k], "a", 'n', FX_F32, DIMS(4));
+        ret(&c[k], "h", FX_F32, DIMS(2, 9, 4), 1);
+        if (k == 0) {
+            flag(&c[k], "reverse", 0);
+            flag(&c[k], "has_dt", 0);
+            flag(&c[k], "has_h0", 0);
+            flag(&c[k], "return_state", 0);
+            c[k].attrs[c[k].nattrs++] = (attr){.name = "dt", .type = 'd', .f64 = 0.5};
+        } else {
+            const char *names[] = {"reverse", "has_dt", "has_h0", "return_state"};
+            for (int i = 0; i < 4; i++)
+                c[k].attrs[c[k].nattrs++] = (attr){.name = names[i], .type = 'i', .i32 = 0};
+            c[k].attrs[c[k].nattrs++] = (attr){.name = "dt", .type = 'f', .f32 = 0.5f};
+        }
+        run_host(&c[k]);
+    }
+    checks++;
+    if (memcmp(c[0].rets[0].host, c[1].rets[0].host, c[0].rets[0].nbytes) != 0)
+        fail("liquid: i32 flags and an f32 dt give another result than i64 and f64");
+    free_call(&c[0]);
+    free_call(&c[1]);
+}
+
+/* A step whose new_state is its state (XLA aliased them) equals one that
+ * copies. */
+static void aliased_step(void)
+{
+    call c = {.target = "fusex_mingru_step"};
+    arg(&c, "state", 'n', FX_F32, DIMS(3, 5));
+    arg(&c, "z_logits", 'n', FX_F32, DIMS(3, 5));
+    arg(&c, "cand", 'n', FX_F32, DIMS(3, 5));
+    ret(&c, "h", FX_F32, DIMS(3, 5), 1);
+    ret(&c, "new_state", FX_F32, DIMS(3, 5), 1);
+    flag(&c, "reverse", 0);
+    flag(&c, "candidate_g", 0);
+    if (run_host(&c) == 0) {
+        float state_before[15];
+        memcpy(state_before, c.args[0].host, sizeof state_before);
+        void *separate = c.rets[1].host;
+        c.rets[1].host = c.args[0].host; /* aliased */
+        float h[15];
+        memcpy(h, c.rets[0].host, sizeof h);
+        XLA_FFI_Error *err = invoke(handler(c.target, "host"), &c, &host_ctx, 0);
+        checks++;
+        if (err) {
+            fail("aliased step: %s", fake_xla_error_message(err));
+            fake_xla_error_free(err);
+        } else if (memcmp(c.args[0].host, separate, sizeof h) != 0 || memcmp(c.rets[0].host, h, sizeof h) != 0 ||
+                   memcmp(state_before, separate, sizeof h) == 0) {
+            fail("aliased step: the state updated in place differs from the copy's");
+        }
+        c.rets[1].host = separate;
+    }
+    free_call(&c);
+}
+
+static void expect_error(call *c, const char *platform, XLA_FFI_Error_Code code, const char *message)
+{
+    XLA_FFI_ExecutionContext ctx = host_ctx;
+    XLA_FFI_Error *err = invoke(handler(c->target, platform), c, &ctx, 0);
+    checks++;
+    if (!err) {
+        fail("expected the error \"%s\", got none", message);
+        return;
+    }
+    if (fake_xla_error_code(err) != code || strcmp(fake_xla_error_message(err), message) != 0)
+        fail("expected error %d \"%s\", got %d \"%s\"", code, message, fake_xla_error_code(err),
+             fake_xla_error_message(err));
+    fake_xla_error_free(err);
+}
+
+static void errors(void)
+{
+    call c = {.target = "fusex_mingru_fwd"};
+    arg(&c, "z_logits", 'n', FX_F32, DIMS(2, 3, 4));
+    arg(&c, "cand", 'n', FX_F16, DIMS(2, 3, 4));
+    ret(&c, "h", FX_F32, DIMS(2, 3, 4), 1);
+    flag(&c, "reverse", 0);
+    flag(&c, "candidate_g", 0);
+    flag(&c, "has_h0", 0);
+    flag(&c, "return_state", 0);
+    expect_error(&c, "host", XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                 "fusex_mingru_fwd: cand: expected type {f,32}, got {f,16}");
+    c.attrs[1].i64 = 3;
+    expect_error(&c, "host", XLA_FFI_Error_Code_INVALID_ARGUMENT, "fusex_mingru_fwd: candidate_g: expected 0 or 1, got 3");
+    c.attrs[1].type = 's';
+    expect_error(&c, "host", XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                 "fusex_mingru_fwd: candidate_g: expected an integer attribute 0 or 1 (i64), got a string");
+    c.nattrs = 3;
+    c.attrs[1] = (attr){.name = "return_state", .type = 'l'};
+    expect_error(&c, "host", XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                 "fusex_mingru_fwd: candidate_g: expected an attribute 0 or 1 (i64), got none");
+    c.nargs = 1;
+    c.attrs[1] = (attr){.name = "candidate_g", .type = 'l'};
+    c.nattrs = 4;
+    c.attrs[3] = (attr){.name = "return_state", .type = 'l'};
+    expect_error(&c, "host", XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                 "fusex_mingru_fwd: operands: expected 2 (z_logits, cand), got 1");
+    c.nargs = 2;
+    free_call(&c);
+#ifndef FX_XLA_TEST_CUDA
+    /* Without a loadable CUDA backend a CUDA call says why, nothing more. */
+    const char *why = fusex_xla_cuda_unavailable_reason();
+    checks++;
+    if (!why) {
+        printf("  (fusex_cuda.so loads here: the CUDA handlers are checked by the CUDA build)\n");
+    } else {
+        call d = {.target = "fusex_linear_scan_fwd"};
+        arg(&d, "a", 'n', FX_F32, DIMS(1, 2, 3));
+        arg(&d, "b", 'n', FX_F32, DIMS(1, 2, 3));
+        ret(&d, "h", FX_F32, DIMS(1, 2, 3), 1);
+        flag(&d, "reverse", 0);
+        flag(&d, "has_h0", 0);
+        flag(&d, "return_state", 0);
+        char want[1200];
+        snprintf(want, sizeof want,
+                 "fusex_linear_scan_fwd: device: expected fusex's CUDA backend for XLA's CUDA platform, got none: %s",
+                 why);
+        want[FX_MSG_LEN - 1] = '\0'; /* fx_status's length */
+        expect_error(&d, "cuda", XLA_FFI_Error_Code_INVALID_ARGUMENT, want);
+        free_call(&d);
+    }
+#endif
+}
+
+static void registration(void)
+{
+    char msg[512];
+    checks++;
+    if (fusex_xla_register_loaded("libfusex_no_such_xla.so", msg, sizeof msg) == 0 ||
+        strcmp(msg, "libfusex_no_such_xla.so is not loaded in this process (load EXLA, whose NIF loads it, first)"))
+        fail("the loader with no XLA loaded: \"%s\"", msg);
+    for (int round = 0; round < 2; round++) {
+        checks++;
+        if (fusex_xla_register(fake_xla_api(), msg, sizeof msg) != 0)
+            fail("fusex_xla_register: %s", msg);
+        fake_registration regs[64];
+        int n = fake_xla_registrations(regs, 64);
+        checks++;
+        if (n != 30)
+            fail("registrations: %d, expected 30", n);
+        for (int i = 0; i < n && i < 64; i++)
+            if (regs[i].major != 0 || regs[i].minor != 2 || regs[i].traits != 0 ||
+                regs[i].execute != handler(regs[i].name, strcmp(regs[i].platform, "Host") == 0 ? "host" : "cuda"))
+                fail("registration of %s for %s: API %d.%d, traits %u", regs[i].name, regs[i].platform,
+                     regs[i].major, regs[i].minor, regs[i].traits);
+    }
+}
+
+int main(void)
+{
+    const char *seed_env = getenv("FUSEX_SEED");
+    uint64_t seed = seed_env && *seed_env ? strtoull(seed_env, NULL, 10) : (uint64_t)time(NULL);
+    rng_state = seed * 2654435761u + 1;
+    Dl_info info;
+    const char *path = dladdr((void *)fusex_xla_register, &info) && info.dli_fname ? info.dli_fname : "fusex_xla.so";
+#ifdef FX_XLA_TEST_CUDA
+    const char *why = fusex_xla_cuda_unavailable_reason();
+    if (why) {
+        fprintf(stderr, "FAIL: fusex's CUDA handlers cannot run: %s\n", why);
+        return 1;
+    }
+    CUDA_OK(cudaSetDevice(0));
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    scratch.size = (size_t)256 << 20;
+    CUDA_OK(cudaMalloc((void **)&scratch.base, scratch.size));
+    printf("fusex XLA handlers, Host and CUDA (a foreign stream), %s, FUSEX_SEED=%llu\n", path,
+           (unsigned long long)seed);
+#else
+    printf("fusex XLA handlers, Host, %s, FUSEX_SEED=%llu\n", path, (unsigned long long)seed);
+#endif
+    registration();
+    exact_scan();
+    attribute_widths();
+    aliased_step();
+    errors();
+    selective_scan(2, 67, 64, 16, 2, FX_F32);
+    selective_scan(1, 33, 64, 48, 2, FX_F32);
+    selective_scan(2, 19, 32, 16, 1, FX_BF16);
+    selective_scan(3, 9, 8, 4, 1, FX_F32); /* one chunk: nothing saved */
+    for (int op = 0; op < 4; op++) {
+        linrec(op, 3, 129, 96, FX_F32);
+        linrec(op, 2, 17, 16, FX_BF16);
+    }
+#ifdef FX_XLA_TEST_CUDA
+    CUDA_OK(cudaFree(scratch.base));
+    CUDA_OK(cudaStreamDestroy(stream));
+#endif
+    printf("fusex XLA handlers: %d checks, %d failures (FUSEX_SEED=%llu)\n", checks, failures,
+           (unsigned long long)seed);
+    return failures ? 1 : 0;
+}
