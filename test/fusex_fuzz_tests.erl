@@ -231,6 +231,8 @@ enc({f, 16}, ninf) -> <<16#FC00:16/native>>;
 enc(Type, V) -> fusex_test_util:encode(Type, [V]).
 
 dev() -> get(fuzz_device).
+%% The float types the device computes in ({f,64} on the CPU only).
+floats() -> case dev() of cpu -> ?FLOATS; _ -> ?FLOATS -- [{f, 64}] end.
 t(Type, Shape, Vs) -> fusex:tensor(encode(Type, Vs), Type, Shape, #{device => dev()}).
 tr(Shape, Vs) -> t({f, 64}, Shape, Vs). % f64, for the references
 vals(T) -> fusex_test_util:values(T).
@@ -575,7 +577,7 @@ tol({f, 32}) -> 1.0e-5;
 tol(_) -> 1.0e-2.
 
 linrec_forward() ->
-    Type = pick(case dev() of cpu -> ?FLOATS; _ -> ?FLOATS -- [{f, 64}] end),
+    Type = pick(floats()),
     P = linrec_rounded(linrec_problem(Type)),
     #{op := Op, dims := {B, L, H}, opts := Opts0} = P,
     Run = fun() ->
@@ -676,7 +678,7 @@ axpy(E, V, X) -> [Xi + E * Vi || {Xi, Vi} <- lists:zip(X, V)].
 
 %% One frame against the reference's first step from the given state.
 linrec_step() ->
-    Type = pick(case dev() of cpu -> ?FLOATS; _ -> ?FLOATS -- [{f, 64}] end),
+    Type = pick(floats()),
     P0 = linrec_rounded(linrec_problem(Type, 1)),
     #{op := Op, dims := {B, _, H}, opts := Opts0} = P0,
     Frame = fun(Vs) -> lists:sublist(Vs, B * H) end,
@@ -782,7 +784,7 @@ ssm_ref(In = #{dims := {Bt, L, D, N, G}}) ->
     {Ys, State}.
 
 ssm_forward() ->
-    Type = pick(case dev() of cpu -> ?FLOATS; _ -> ?FLOATS -- [{f, 64}] end),
+    Type = pick(floats()),
     In = ssm_problem(Type),
     #{dims := {B, L, D, N, _} = Dims, opts := Opts} = In,
     WantState = chance(0.5),
@@ -845,7 +847,7 @@ ssm_backward() ->
 
 %% One step against a one-step scan from the same state.
 ssm_step() ->
-    Type = pick(case dev() of cpu -> ?FLOATS; _ -> ?FLOATS -- [{f, 64}] end),
+    Type = pick(floats()),
     In0 = ssm_problem(Type, 1),
     #{dims := {B, _, D, N, G}} = In0,
     In = (maps:map(fun(K, V) when K =:= x; K =:= dt; K =:= z -> lists:sublist(V, B * D);
@@ -1127,7 +1129,7 @@ nonfinite_scan() ->
     Spoil = fun(Vs) -> [case chance(0.2) of true -> pick([nan, inf, ninf]); false -> V end || V <- Vs] end,
     case chance(0.5) of
         true ->
-            In0 = ssm_problem(pick([{f, 32}, {f, 64}])),
+            In0 = ssm_problem(pick(floats())),
             In = maps:map(fun(K, V) when K =:= x; K =:= dt; K =:= a; K =:= b; K =:= c; K =:= h0 -> Spoil(V);
                              (_, V) -> V end, In0),
             #{dims := {B, L, D, _, _} = Dims} = In,
@@ -1138,7 +1140,7 @@ nonfinite_scan() ->
             #{kind => nonfinite_scan, desc => {selective_scan, Dims}, run => Run, expect => valid,
               check => fun({S, _}) when S =:= {B, L, D} -> ok; (Got) -> {fail, {got, Got}} end};
         false ->
-            P0 = linrec_problem(pick([{f, 32}, {f, 64}])),
+            P0 = linrec_problem(pick(floats())),
             P = P0#{seq := [Spoil(S) || S <- maps:get(seq, P0)], h0 := Spoil(maps:get(h0, P0)),
                     opts := maps:remove(return_state, maps:get(opts, P0))},
             #{op := Op, dims := Dims} = P,
