@@ -6,7 +6,7 @@
 // median of `reps`. On the GPU machine (dev/floor_bench/run.sh also runs
 // the library's kernels on the same shapes and ncu):
 //
-//   make build/floor_bench && build/floor_bench [reps]
+//   make -f dev/Makefile build/floor_bench && build/floor_bench [reps]
 //
 // Rows:
 //   ftz check      sigmoid and softplus from ftz exps against __expf /
@@ -422,7 +422,7 @@ __global__ void ftz_check(float lo, float step, int64_t n, unsigned long long *d
         float sig, neg;
         fx::cuda::linrec::sigmoid2(x, sig, neg);
         const float sp = fx::cuda::linrec::softplus(x);
-        const float sig_ref = fast_rcp(1.f + __expf(-x));
+        const float sig_ref = fx::cuda::fast_rcp(1.f + __expf(-x));
         const float sp_ref = fmaxf(x, 0.f) + __logf(1.f + __expf(-fabsf(x)));
         if (__float_as_uint(sig) != __float_as_uint(sig_ref) || __float_as_uint(sp) != __float_as_uint(sp_ref))
             atomicAdd(diffs, 1ull);

@@ -207,13 +207,18 @@ static void case_call(void *ctx)
     run_once(x->c, x->r);
 }
 
-/* The library's add of a forward case's two input sequences into its output. */
+/* The library's add of a forward case's two input sequences into its output
+ * (h: their shape and type). The backend's op, as trivial_call's scale:
+ * fx_op_binary allocates a fresh output every call. */
 static void add_call(void *ctx)
 {
     case_ctx *x = ctx;
+    fx_device *dev = x->r->h.device;
     fx_status st;
     fx_status_clear(&st);
-    if (fx_op_binary(FX_ADD, &x->r->in.seq[0], &x->r->in.seq[1], &x->r->h, &st))
+    fx_exec own;
+    const fx_exec *ex = fx_exec_resolve(dev, NULL, &own, &st);
+    if (!ex || dev->backend->binary(ex, FX_ADD, &x->r->in.seq[0], &x->r->in.seq[1], &x->r->h, &st))
         die("add", &st);
 }
 
@@ -263,13 +268,18 @@ static double copy_bandwidth(fx_device *dev)
     fx_status_clear(&st);
     if (fx_tensor_alloc(dev, FX_U8, 1, dims, &a, &st) || fx_tensor_alloc(dev, FX_U8, 1, dims, &b, &st))
         die("alloc", &st);
+    /* the device's own stream, the one its events record on */
+    fx_exec own;
+    const fx_exec *ex = fx_exec_resolve(dev, NULL, &own, &st);
+    if (!ex)
+        die("launch context", &st);
     void *e0, *e1;
     be->event_create(dev->ordinal, &e0, &st);
     be->event_create(dev->ordinal, &e1, &st);
     double t[20];
     for (int i = 0; i < 20; i++) {
         be->event_record(dev->ordinal, e0, &st);
-        be->copy(dev->ordinal, b.data, a.data, a.nbytes, &st);
+        be->copy(ex, b.data, a.data, a.nbytes, &st);
         be->event_record(dev->ordinal, e1, &st);
         be->synchronize(dev->ordinal, &st);
         be->event_elapsed_us(dev->ordinal, e0, e1, &t[i], &st);

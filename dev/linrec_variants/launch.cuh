@@ -1,6 +1,7 @@
 // Launchers for the kernel files of dev/linrec_variants: each builds the
-// plan and tiling as c_src/cuda/linrec.cu does and launches one kernel
-// (chained launches only: every case of the driver has several time tiles).
+// plan and tiling as the library's forward_with (c_src/cuda/linrec/
+// launchers.cuh) does and launches one kernel (chained launches only:
+// every case of the driver has several time tiles).
 #ifndef LV_LAUNCH_CUH
 #define LV_LAUNCH_CUH
 
@@ -69,7 +70,7 @@ inline cudaError_t launch_with(K kernel, const lv_args &a, const Plan &pl, fx::c
 
 inline Plan plan_for(const lv_args &a, const fx_linrec_problem &p, int V, int G, int S)
 {
-    Device d = {};
+    fx::cuda::Device d = {};
     d.sm_count = a.sm_count;
     return make_plan(&d, &p, V, G, S, 0);
 }

@@ -6,7 +6,7 @@
 // file. Also: where h is written (pool, cudaMalloc, compressible memory)
 // against time, for the L2 compression question.
 //
-//   make build/linrec_variants     (GPU machine; links the CUDA driver)
+//   make -f dev/Makefile build/linrec_variants   (GPU machine; links the CUDA driver)
 //   build/linrec_variants [--reps N] [--cases 0,3]   timings
 //   build/linrec_variants --ncu            one launch of each kernel worth profiling
 //   build/linrec_variants --ncu-compress   one launch each of h written into pool,
