@@ -546,7 +546,7 @@ __device__ __forceinline__ void store_stream(T *p, const float (&in)[V])
 #pragma unroll
     for (int v = 0; v < V; v++)
         e[v] = Elem<T>::store(in[v]);
-#ifdef FXSCAN_PLAIN_STORES // tools/linrec_variants: the same kernels with default-policy stores
+#ifdef FXSCAN_PLAIN_STORES // dev/linrec_variants: the same kernels with default-policy stores
     *reinterpret_cast<R *>(p) = r;
 #else
     __stcs(reinterpret_cast<R *>(p), r);

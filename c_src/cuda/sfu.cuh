@@ -8,7 +8,7 @@
 // ~3 more instructions to get denormal results right. The gates never need
 // them (e^x is added to 1, the log's argument is in [1, 2]): sigmoid and
 // softplus come out in the same bits as with __expf / __logf (checked on all
-// of 2^30 inputs in [-200, 200) by tools/floor_bench), and the streaming
+// of 2^30 inputs in [-200, 200) by dev/floor_bench), and the streaming
 // MinGRU / MinLSTM forwards lose 6 / 12 % of their instructions
 // (bench/RESULTS.md).
 #ifndef FX_CUDA_SFU_CUH

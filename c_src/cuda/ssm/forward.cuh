@@ -33,7 +33,7 @@ namespace fx::cuda::ssm {
 //            one store. It shares a phase (no barrier between) with the next
 //            chunk's commit.
 
-// Knobs of the forward kernel (tools/ssm_bench times other values): LOOK,
+// Knobs of the forward kernel (dev/ssm_bench times other values): LOOK,
 // the steps between a decay's exp and the FMA that uses it; FENCE, a
 // scheduling fence after every FENCE steps of the scan (0: none), without
 // which ptxas sinks each exp to just above its first use; TF, the steps
