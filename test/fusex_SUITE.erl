@@ -120,11 +120,14 @@ device_out_of_memory(Config) ->
 %% used to dereference the NULL). Run in a VM of its own whose address
 %% space is limited (ulimit -v), or, under AddressSanitizer (whose shadow
 %% memory needs a large address space), whose allocator returns NULL past
-%% 1 GiB. That VM loads no CUDA backend: a CUDA driver reserves a share of
-%% the limited address space that depends on the machine, and the budget
-%% is for the host allocations alone.
+%% 1 GiB. The limit is the peak address space of the same VM after a small
+%% scan (what the VM and fusex map on this machine: from 2.1 GB on 2 cores
+%% to more on larger hosts) plus 1.5 GiB: the forward of dstate 2^23 needs
+%% ~0.7 GB, its backward 9.8 GB of scratch, the forward of 2^25 2.7 GB. The
+%% VMs load no CUDA backend, whose driver reserves far more address space.
 host_out_of_memory(_Config) ->
     Ebin = filename:dirname(code:which(fusex)),
+    Erl = "FUSEX_DISABLE_CUDA=1 erl -noshell -pa '" ++ Ebin ++ "' -eval ",
     Expr = "Z = fun(S) -> fusex:zeros({bf,16}, S, #{device => cpu}) end, "
            "Try = fun(F) -> try F() of _ -> returned catch error:{E, M} -> {E, M} end end, "
            "Fwd = fun(N) -> fusex:selective_scan(Z({1,1,1}), Z({1,1,1}), Z({1,N}), Z({1,1,N}), Z({1,1,N}), "
@@ -134,10 +137,10 @@ host_out_of_memory(_Config) ->
            "     fusex:to_binary(fusex:add(Z({2}), Z({2})))], "
            "io:format(\"~n~w.~n\", [R]), halt().",
     Limit = case os:getenv("FUSEX_ASAN") of
-                false -> "ulimit -v 3000000; ";
+                false -> "ulimit -v " ++ integer_to_list(vm_peak_kb(Erl) + 1536 * 1024) ++ "; ";
                 _ -> "ASAN_OPTIONS=\"$ASAN_OPTIONS:allocator_may_return_null=1:max_allocation_size_mb=1024\" "
             end,
-    Cmd = "FUSEX_DISABLE_CUDA=1 " ++ Limit ++ "erl -noshell -pa '" ++ Ebin ++ "' -eval '" ++ Expr ++ "' 2>&1",
+    Cmd = Limit ++ Erl ++ "'" ++ Expr ++ "' 2>&1",
     Out = os:cmd(Cmd),
     ct:log("~s~n~s", [Cmd, Out]),
     Result = case erl_scan:string(lists:last(string:split(string:trim(Out), "\n", all))) of
@@ -151,3 +154,18 @@ host_out_of_memory(_Config) ->
     ?assertMatch([{out_of_memory, <<"out of host memory for ", _/binary>>},
                   {out_of_memory, <<"out of host memory for ", _/binary>>},
                   <<0:32>>], Result).
+
+%% The peak address space, in KiB, of a VM started by Erl after a small CPU
+%% scan.
+vm_peak_kb(Erl) ->
+    Expr = "Z = fun(S) -> fusex:zeros({bf,16}, S, #{device => cpu}) end, "
+           "fusex:selective_scan(Z({1,4,64}), Z({1,4,64}), Z({64,16}), Z({1,4,16}), Z({1,4,16}), #{}), "
+           "{ok, S} = file:read_file(\"/proc/self/status\"), "
+           "[Kb | _] = string:lexemes(hd(tl(string:split(S, <<\"VmPeak:\">>))), \" \\t\"), "
+           "io:format(\"~nvm_peak_kb ~s~n\", [Kb]), halt().",
+    Out = os:cmd(Erl ++ "'" ++ Expr ++ "' 2>&1"),
+    ct:log("the probe VM: ~s", [Out]),
+    case re:run(Out, "vm_peak_kb ([0-9]+)", [{capture, all_but_first, list}]) of
+        {match, [Kb]} -> list_to_integer(Kb);
+        nomatch -> ct:fail({no_vm_peak, Out})
+    end.
