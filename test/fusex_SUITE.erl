@@ -121,13 +121,15 @@ device_out_of_memory(Config) ->
 %% space is limited (ulimit -v), or, under AddressSanitizer (whose shadow
 %% memory needs a large address space), whose allocator returns NULL past
 %% 1 GiB. The limit is the peak address space of the same VM after a small
-%% scan (what the VM and fusex map on this machine: from 2.1 GB on 2 cores
-%% to more on larger hosts) plus 1.5 GiB: the forward of dstate 2^23 needs
-%% ~0.7 GB, its backward 9.8 GB of scratch, the forward of 2^25 2.7 GB. The
-%% VMs load no CUDA backend, whose driver reserves far more address space.
+%% scan (what the VM and fusex map: 2.1 GB on 2 cores, 4.1 GB on 16) plus
+%% 1.5 GiB. The CPU backend's scratch grows with its thread count, so the
+%% VMs run two OpenMP threads, as on the CI machine: the forward of dstate
+%% 2^23 then needs ~0.7 GB of scratch, its backward 9.8 GB, the forward of
+%% 2^25 2.7 GB. They load no CUDA backend, whose driver reserves far more
+%% address space.
 host_out_of_memory(_Config) ->
     Ebin = filename:dirname(code:which(fusex)),
-    Erl = "FUSEX_DISABLE_CUDA=1 erl -noshell -pa '" ++ Ebin ++ "' -eval ",
+    Erl = "FUSEX_DISABLE_CUDA=1 OMP_NUM_THREADS=2 erl -noshell -pa '" ++ Ebin ++ "' -eval ",
     Expr = "Z = fun(S) -> fusex:zeros({bf,16}, S, #{device => cpu}) end, "
            "Try = fun(F) -> try F() of _ -> returned catch error:{E, M} -> {E, M} end end, "
            "Fwd = fun(N) -> fusex:selective_scan(Z({1,1,1}), Z({1,1,1}), Z({1,N}), Z({1,1,N}), Z({1,1,N}), "
