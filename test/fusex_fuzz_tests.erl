@@ -26,6 +26,7 @@
 -include_lib("eunit/include/eunit.hrl").
 
 -export([run/2]).
+-import(fusex_test_util, [sig/1, softplus/1, cand/2]).
 
 -define(FLOATS, [{f, 32}, {f, 64}, {bf, 16}, {f, 16}]).
 -define(INTS, [{s, 32}, {s, 64}, {u, 8}]).
@@ -532,12 +533,6 @@ linrec_args(#{op := Op, dims := {B, L, H}, type := Type, seq := Seq, opts := Opt
                     end, Opts0),
     {Seqs ++ Params, Opts}.
 
-sig(X) when X >= 0 -> 1 / (1 + math:exp(-X));
-sig(X) -> E = math:exp(X), E / (1 + E).
-softplus(X) -> max(X, 0.0) + math:log(1 + math:exp(-abs(X))).
-cand(true, X) when X >= 0 -> X + 0.5;
-cand(true, X) -> sig(X);
-cand(false, X) -> X.
 
 %% {H, State} of the reference, f64, flat.
 linrec_ref(#{op := Op, dims := {B, L, H}, seq := Seq, opts := Opts} = P) ->
@@ -747,41 +742,7 @@ ssm_args(In = #{type := Type}, Extra) ->
     {[T(x), T(dt), T(a), T(b), T(c)], maps:merge(Opts, Extra)}.
 
 %% {Ys, State}, straight from the equations (include/fusex_ssm.h).
-ssm_ref(In = #{dims := {Bt, L, D, N, G}}) ->
-    Tup = maps:map(fun(_, V) when is_list(V) -> list_to_tuple(V); (_, V) -> V end, In),
-    At = fun(K, I) -> element(I + 1, maps:get(K, Tup)) end,
-    Opt = fun(K, I, Dflt) -> case ssm_has(K, In) of true -> At(K, I); false -> Dflt end end,
-    Cpg = case G of 0 -> 1; _ -> max(1, D div G) end,
-    Chan = fun(Bi, Ch) ->
-                   H0 = [Opt(h0, (Bi * D + Ch) * N + K, 0.0) || K <- lists:seq(0, N - 1)],
-                   lists:mapfoldl(
-                     fun(Ti, H) ->
-                             I = (Bi * L + Ti) * D + Ch,
-                             Row = ((Bi * L + Ti) * G + Ch div Cpg) * N,
-                             U = At(dt, I) + Opt(dt_bias, Ch, 0.0),
-                             Delta = case ssm_has(dt_softplus, In) of
-                                         true when U > 20 -> U;
-                                         true -> math:log(1 + math:exp(U));
-                                         false -> U
-                                     end,
-                             X = At(x, I),
-                             H1 = [math:exp(Delta * At(a, Ch * N + K)) * Hk + Delta * At(b, Row + K) * X
-                                   || {K, Hk} <- lists:zip(lists:seq(0, N - 1), H)],
-                             Y0 = lists:sum([At(c, Row + K) * Hk || {K, Hk} <- lists:zip(lists:seq(0, N - 1), H1)])
-                                  + Opt(d, Ch, 0.0) * X,
-                             Y = case ssm_has(z, In) of
-                                     true -> Z = At(z, I), Y0 * Z / (1 + math:exp(-Z));
-                                     false -> Y0
-                                 end,
-                             {Y, H1}
-                     end, H0, lists:seq(0, L - 1))
-           end,
-    Runs = maps:from_list([{{Bi, Ch}, Chan(Bi, Ch)} || Bi <- lists:seq(0, Bt - 1), Ch <- lists:seq(0, D - 1)]),
-    Ys = [lists:nth(Ti + 1, element(1, maps:get({Bi, Ch}, Runs)))
-          || Bi <- lists:seq(0, Bt - 1), Ti <- lists:seq(0, L - 1), Ch <- lists:seq(0, D - 1)],
-    State = lists:append([element(2, maps:get({Bi, Ch}, Runs))
-                          || Bi <- lists:seq(0, Bt - 1), Ch <- lists:seq(0, D - 1)]),
-    {Ys, State}.
+ssm_ref(In = #{dims := Dims, opts := Opts}) -> fusex_test_util:ssm_reference(Dims, In, Opts).
 
 ssm_forward() ->
     Type = pick(floats()),

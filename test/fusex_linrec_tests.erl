@@ -8,7 +8,7 @@
 
 -include_lib("eunit/include/eunit.hrl").
 
--import(fusex_test_util, [device/0, values/1]).
+-import(fusex_test_util, [device/0, values/1, sig/1, softplus/1, cand/2]).
 
 -define(OPS, [linear_scan, mingru, minlstm, liquid]).
 
@@ -73,15 +73,6 @@ tensors(Op, Type, {B, L, H} = Dims, In, Device) ->
     {Args, Held1}.
 
 call(Op, Args, Opts) -> apply(fusex, Op, Args ++ [Opts]).
-
-sig(X) when X >= 0 -> 1 / (1 + math:exp(-X));
-sig(X) -> E = math:exp(X), E / (1 + E).
-
-softplus(X) -> max(X, 0.0) + math:log(1 + math:exp(-abs(X))).
-
-cand(true, X) when X >= 0 -> X + 0.5;
-cand(true, X) -> sig(X);
-cand(false, X) -> X.
 
 %% (a, b) of one step; Xs are the step's sequence inputs.
 coeff(linear_scan, [A, B], _, _) -> {A, B};

@@ -66,43 +66,9 @@ scan(In, Type, Extra) ->
     fusex:selective_scan(X, Dt, A, B, C, Opts).
 
 %% {Ys, FinalState} as flat lists, straight from the equations.
-reference(In = #{shape := {Bt, L, D, N, G}}) ->
-    Tup = maps:map(fun(_, V) when is_list(V) -> list_to_tuple(V); (_, V) -> V end, In),
-    At = fun(K, I) -> element(I + 1, maps:get(K, Tup)) end,
-    Opt = fun(K, I, Default) -> case is_map_key(K, Tup) of true -> At(K, I); false -> Default end end,
-    Channel =
-        fun(B, Ch) ->
-                H0 = [Opt(h0, (B * D + Ch) * N + K, 0.0) || K <- lists:seq(0, N - 1)],
-                lists:mapfoldl(
-                  fun(T, H) ->
-                          I = (B * L + T) * D + Ch,
-                          Row = ((B * L + T) * G + Ch div (D div G)) * N,
-                          U = At(dt, I) + Opt(dt_bias, Ch, 0.0),
-                          Delta = case maps:get(dt_softplus, In) of
-                                      true when U > 20 -> U;
-                                      true -> math:log(1 + math:exp(U));
-                                      false -> U
-                                  end,
-                          X = At(x, I),
-                          H1 = [math:exp(Delta * At(a, Ch * N + K)) * Hk + Delta * At(b, Row + K) * X
-                                || {K, Hk} <- lists:zip(lists:seq(0, N - 1), H)],
-                          Y0 = lists:sum([At(c, Row + K) * Hk
-                                          || {K, Hk} <- lists:zip(lists:seq(0, N - 1), H1)])
-                               + Opt(d, Ch, 0.0) * X,
-                          Y = case is_map_key(z, Tup) of
-                                  true -> Z = At(z, I), Y0 * Z / (1 + math:exp(-Z));
-                                  false -> Y0
-                              end,
-                          {Y, H1}
-                  end, H0, lists:seq(0, L - 1))
-        end,
-    Runs = maps:from_list([{{B, Ch}, Channel(B, Ch)}
-                           || B <- lists:seq(0, Bt - 1), Ch <- lists:seq(0, D - 1)]),
-    Ys = [lists:nth(T + 1, element(1, maps:get({B, Ch}, Runs)))
-          || B <- lists:seq(0, Bt - 1), T <- lists:seq(0, L - 1), Ch <- lists:seq(0, D - 1)],
-    State = lists:append([element(2, maps:get({B, Ch}, Runs))
-                          || B <- lists:seq(0, Bt - 1), Ch <- lists:seq(0, D - 1)]),
-    {Ys, State}.
+reference(In = #{shape := Shape}) ->
+    Opts = [K || K <- [d, z, dt_bias, h0], is_map_key(K, In)] ++ [dt_softplus || maps:get(dt_softplus, In)],
+    fusex_test_util:ssm_reference(Shape, In, Opts).
 
 tolerance({f, 32}) -> 1.0e-5;
 tolerance({f, 64}) -> 1.0e-12;

@@ -3,7 +3,8 @@
 -module(fusex_test_util).
 
 -export([check_badarg/2, settled_memory/1, device/0, seed/0, uniform/3, normal/1, encode/2, decode/2, tensor/3, tensor/4,
-         values/1, rel_l2/2, assert_close/3, poisoned/2, poisoned/3]).
+         values/1, rel_l2/2, assert_close/3, poisoned/2, poisoned/3,
+         ssm_reference/3, sig/1, softplus/1, cand/2]).
 
 %% The device the suites run on: the default device (FUSEX_DEVICE), which
 %% must be CUDA when FUSEX_REQUIRE_CUDA=1 (make test-gpu).
@@ -123,3 +124,61 @@ badarg_matches({prefix, Prefix}, Msg) ->
     binary:longest_common_prefix([Msg, Prefix]) =:= byte_size(Prefix);
 badarg_matches(Whole, Msg) ->
     Whole =:= Msg.
+
+%% ---- references, straight from the equations ----
+
+%% The selective scan (include/fusex_ssm.h) of dims {Batch, Seqlen, Dim,
+%% Dstate, Groups}: {Ys, FinalState} as flat lists. Values holds the flat
+%% lists x, dt, a, b, c and, for the options in Opts (of d, z, dt_bias, h0,
+%% dt_softplus), d, z, dt_bias and h0.
+ssm_reference({Bt, L, D, N, G}, Values, Opts) ->
+    Has = fun(K) -> lists:member(K, Opts) end,
+    Tup = maps:map(fun(_, V) when is_list(V) -> list_to_tuple(V); (_, V) -> V end, Values),
+    At = fun(K, I) -> element(I + 1, maps:get(K, Tup)) end,
+    Opt = fun(K, I, Default) -> case Has(K) of true -> At(K, I); false -> Default end end,
+    Cpg = case G of 0 -> 1; _ -> max(1, D div G) end,
+    Channel =
+        fun(B, Ch) ->
+                H0 = [Opt(h0, (B * D + Ch) * N + K, 0.0) || K <- lists:seq(0, N - 1)],
+                lists:mapfoldl(
+                  fun(T, H) ->
+                          I = (B * L + T) * D + Ch,
+                          Row = ((B * L + T) * G + Ch div Cpg) * N,
+                          U = At(dt, I) + Opt(dt_bias, Ch, 0.0),
+                          Delta = case Has(dt_softplus) of
+                                      true when U > 20 -> U;
+                                      true -> math:log(1 + math:exp(U));
+                                      false -> U
+                                  end,
+                          X = At(x, I),
+                          H1 = [math:exp(Delta * At(a, Ch * N + K)) * Hk + Delta * At(b, Row + K) * X
+                                || {K, Hk} <- lists:zip(lists:seq(0, N - 1), H)],
+                          Y0 = lists:sum([At(c, Row + K) * Hk
+                                          || {K, Hk} <- lists:zip(lists:seq(0, N - 1), H1)])
+                               + Opt(d, Ch, 0.0) * X,
+                          Y = case Has(z) of
+                                  true -> Z = At(z, I), Y0 * Z / (1 + math:exp(-Z));
+                                  false -> Y0
+                              end,
+                          {Y, H1}
+                  end, H0, lists:seq(0, L - 1))
+        end,
+    Runs = maps:from_list([{{B, Ch}, Channel(B, Ch)}
+                           || B <- lists:seq(0, Bt - 1), Ch <- lists:seq(0, D - 1)]),
+    Ys = [lists:nth(T + 1, element(1, maps:get({B, Ch}, Runs)))
+          || B <- lists:seq(0, Bt - 1), T <- lists:seq(0, L - 1), Ch <- lists:seq(0, D - 1)],
+    State = lists:append([element(2, maps:get({B, Ch}, Runs))
+                          || B <- lists:seq(0, Bt - 1), Ch <- lists:seq(0, D - 1)]),
+    {Ys, State}.
+
+%% The gates of the linear recurrences (docs/LINREC.md): the sigmoid and
+%% softplus in forms that do not overflow, and the candidate activation
+%% (g when its flag is true).
+sig(X) when X >= 0 -> 1 / (1 + math:exp(-X));
+sig(X) -> E = math:exp(X), E / (1 + E).
+
+softplus(X) -> max(X, 0.0) + math:log(1 + math:exp(-abs(X))).
+
+cand(true, X) when X >= 0 -> X + 0.5;
+cand(true, X) -> sig(X);
+cand(false, X) -> X.

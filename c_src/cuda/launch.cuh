@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "cuda/common.cuh"
+#include "cuda/scratch.cuh"
 
 namespace fx::cuda {
 
@@ -64,20 +65,6 @@ int launch(const Run &r, int64_t grid, int threads, const char *name, fx_status 
     return check_launch(r.d, name, st);
 }
 
-// `bytes` of scratch from the context at *out (nullptr for none); `what`
-// names it in errors. Give it back with give_back once the work that
-// uses it is enqueued.
-static inline int take_scratch(const Run &r, size_t bytes, const char *what, void **out, fx_status *st)
-{
-    if (fx_scratch_alloc(r.ex, bytes, out, st) == FX_OK)
-        return FX_OK;
-    const size_t len = strlen(st->msg);
-    snprintf(st->msg + len, sizeof st->msg - len, " (scratch for %s)", what);
-    return st->code;
-}
-
-static inline void give_back(const Run &r, void *ptr) { fx_scratch_release(r.ex, ptr); }
-
 // `bytes` of zeros at dst, stream-ordered.
 static inline int fill_zero(const Run &r, void *dst, size_t bytes, const char *what, fx_status *st)
 {
@@ -94,20 +81,6 @@ static inline int copy_device(const Run &r, void *dst, const void *src, size_t b
     if (bytes == 0)
         return FX_OK;
     FX_CUDA_TRY(r.d, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, r.stream), what, st);
-    return FX_OK;
-}
-
-// Scratch of `bytes` zeroed, at *out; released on failure.
-static inline int take_zeroed_scratch(const Run &r, size_t bytes, const char *what, void **out,
-                                         fx_status *st)
-{
-    if (take_scratch(r, bytes, what, out, st) != FX_OK)
-        return st->code;
-    if (fill_zero(r, *out, bytes, what, st) != FX_OK) {
-        give_back(r, *out);
-        *out = nullptr;
-        return st->code;
-    }
     return FX_OK;
 }
 

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cuda/common.cuh"
+#include "cuda/scratch.cuh"
 #include "run.h"
 
 namespace fx::cuda {
@@ -60,17 +61,6 @@ int launch(const Run &r, int64_t grid, int threads, const char *name, fx_status 
     return emu_launch<KERNEL>(r, grid, threads, 0, name, st, params...);
 }
 
-static inline int take_scratch(const Run &r, size_t bytes, const char *what, void **out, fx_status *st)
-{
-    if (fx_scratch_alloc(r.ex, bytes, out, st) == FX_OK)
-        return FX_OK;
-    const size_t len = strlen(st->msg);
-    snprintf(st->msg + len, sizeof st->msg - len, " (scratch for %s)", what);
-    return st->code;
-}
-
-static inline void give_back(const Run &r, void *ptr) { fx_scratch_release(r.ex, ptr); }
-
 static inline int fill_zero(const Run &, void *dst, size_t bytes, const char *, fx_status *)
 {
     if (bytes)
@@ -83,13 +73,6 @@ static inline int copy_device(const Run &, void *dst, const void *src, size_t by
     if (bytes)
         memcpy(dst, src, bytes);
     return FX_OK;
-}
-
-static inline int take_zeroed_scratch(const Run &r, size_t bytes, const char *what, void **out, fx_status *st)
-{
-    if (take_scratch(r, bytes, what, out, st) != FX_OK)
-        return st->code;
-    return fill_zero(r, *out, bytes, what, st);
 }
 
 // As the real one: the statuses grow (new memory reads as NaN until
