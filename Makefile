@@ -225,6 +225,7 @@ ifneq ($(EMU_HAVE),)
 	done
 else
 	@echo "test-emu: SKIPPED: no CUDA headers (cuda_runtime.h under CUDA_INC='$(CUDA_INC)'; install the CUDA toolkit or set CUDA_INC)"
+	@test "$${FUSEX_REQUIRE_EMU:-}" != 1 || { echo "test-emu: FAILED: FUSEX_REQUIRE_EMU=1" >&2; exit 1; }
 endif
 
 test-erl: all xla-fixtures

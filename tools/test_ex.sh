@@ -8,7 +8,8 @@
 #     XLA when it compiles);
 #   * else the offline kit (Elixir 1.18.4, Nx 0.13.1, Axon, Polaris) where it
 #     is: $FUSEX_KIT_DIR, else ../shared/elixir-kit beside the repository;
-#   * else without Nx, saying why.
+#   * else without Nx, saying why; with FUSEX_REQUIRE_NX=1 (CI) that is a
+#     failure, so the Nx tests never go unrun unnoticed.
 #
 # Each way builds under its own _build/mix* tree (mix.exs), so switching
 # between them recompiles nothing needlessly.
@@ -40,6 +41,10 @@ fi
 
 case $mode in
     none)
+        if [ "${FUSEX_REQUIRE_NX:-}" = 1 ] && [ "${FUSEX_NX:-}" != none ]; then
+            echo "fusex ExUnit: FAILED: FUSEX_REQUIRE_NX=1 but no Nx: $why" >&2
+            exit 1
+        fi
         echo "fusex ExUnit: without Nx ($why): the Nx tests are skipped, listed below"
         export FUSEX_NX=none
         ;;

@@ -233,7 +233,8 @@ if Code.ensure_loaded?(Nx.Defn) do
         softplus_grad: if(flag?(block, :dt_softplus), do: softplus_thresholded_grad(u), else: ones(u.shape, s)),
         dskip: if(d = inputs[:d], do: Nx.as_type(d, s), else: zeros({n.dim}, s)),
         h0: initial_state(inputs, n, s),
-        # (a placeholder where there are none: a loop's state has no nil)
+        # Without saved states a one-element zero tensor stands in, never
+        # read (ctx.saved? is false): a while loop's state cannot hold nil.
         saved: saved || zeros({1, 1, 1, 1}, s)
       }
     end
