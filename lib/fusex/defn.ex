@@ -300,14 +300,14 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
 
     # ---- shared ----
 
-    # The options and the optional tensors as maps (a tensor given as nil
-    # is not given), their keys checked.
+    # The options and the optional tensors as maps, their keys checked; then
+    # a tensor given as nil is not given.
     defp maps!(tensors, opts, known_tensors, known_opts) do
       opts = Check.opts_map!(opts)
-      tensors = tensors |> Check.tensors_map!() |> Map.reject(fn {_k, v} -> is_nil(v) end)
+      tensors = Check.tensors_map!(tensors)
       Check.known_keys!(opts, known_opts, "opts")
       Check.known_keys!(tensors, known_tensors, "tensors")
-      {tensors, opts}
+      {Map.reject(tensors, fn {_k, v} -> is_nil(v) end), opts}
     end
 
     defp tensors!(args), do: Enum.map(args, fn {name, t} -> Check.tensor!(t, Atom.to_string(name)) end)

@@ -240,7 +240,12 @@ defmodule FusexDefnTest do
       check_ssm(dims, type, @ssm_optional, dt_softplus: true, return_state: true)
     end
 
-    # a large dstate saved every 16 steps (whole 32-channel groups)
+    # a large dstate saved every 16 steps (whole 32-channel groups), and
+    # dstate 40 every 8
+    i48 = ssm_inputs({1, 20, 32, 48, 1}, {:f, 32})
+    assert Fusex.Defn.saved_layout(i48.x, i48.b) == {16, 1}
+    i40 = ssm_inputs({2, 29, 4, 40, 1}, {:f, 32})
+    assert Fusex.Defn.saved_layout(i40.x, i40.b) == {8, 3}
     check_ssm({1, 20, 32, 48, 1}, {:f, 32}, @ssm_optional, dt_softplus: true, return_state: true)
 
     # each option alone and in pairs
@@ -482,6 +487,11 @@ defmodule FusexDefnTest do
 
     i = ssm_inputs({1, 20, 3, 2, 0}, {:f, 32})
     y = Fusex.Defn.selective_scan(i.x, i.dt, i.a, i.b, i.c, %{d: i.d, h0: nil})
+
+    # a misspelled key is refused even with nil
+    assert_raise ArgumentError, ~r/^tensors: expected only the tensors .*, got h_0$/, fn ->
+      Fusex.Defn.selective_scan(i.x, i.dt, i.a, i.b, i.c, %{h_0: nil})
+    end
     y_jit = Nx.Defn.jit(fn x, dt, a, b, c, d -> Fusex.Defn.selective_scan(x, dt, a, b, c, %{d: d}) end).(i.x, i.dt, i.a, i.b, i.c, i.d)
     assert Nx.to_binary(y) == Nx.to_binary(y_jit)
   end

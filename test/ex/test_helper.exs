@@ -12,6 +12,11 @@ axon? = nx? and Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Polaris)
 
 exclude = if axon?, do: exclude, else: [:axon | exclude]
 
+# CI (.ci/run) runs every test: none may be excluded for a missing library.
+if System.get_env("FUSEX_REQUIRE_NX") == "1" and not axon? do
+  raise "FUSEX_REQUIRE_NX=1 but Nx, Axon or Polaris does not load (Nx: #{nx?}, Axon and Polaris: #{axon?})"
+end
+
 IO.puts("fusex ExUnit on #{inspect(Fusex.default_device())}; #{note}" <>
           if(nx? and not axon?, do: "; Axon absent: the :axon tests are skipped (listed below)", else: ""))
 
