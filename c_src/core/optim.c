@@ -563,11 +563,18 @@ static bool same_params(const fx_optim_state *s)
 
 /* The upload of a changed table; with `nowait`, only when the backend can
  * do it without waiting (*done false, nothing enqueued, otherwise). */
-static int upload_table(fx_optim_state *s, size_t bytes, bool nowait, bool *done, fx_status *st)
+/* The table goes up on fusex's own stream, so after the steps enqueued on
+ * it; steps enqueued on a caller's stream (`ex`) may still be reading the
+ * old table there, so that stream is waited for first. */
+static int upload_table(const fx_exec *ex, fx_optim_state *s, size_t bytes, bool nowait, bool *done,
+                        fx_status *st)
 {
     const fx_backend *b = s->device->backend;
     *done = false;
     if (!nowait) {
+        if (ex && ex->stream && b->stream_synchronize &&
+            b->stream_synchronize(ex->device, ex->stream, st) != FX_OK)
+            return st->code;
         *done = b->upload(s->device->ordinal, s->table.data, s->next_slots, bytes, st) == FX_OK;
         return st->code;
     }
@@ -579,7 +586,7 @@ static int upload_table(fx_optim_state *s, size_t bytes, bool nowait, bool *done
 /* Uploads the slots when they differ from what the device holds. A table
  * that changed is checked for aliasing first (an unchanged one passed).
  * *ready: the device holds the table (false only with `nowait`). */
-static int sync_table(fx_optim_state *s, const fx_tensor *params, const fx_tensor *grads,
+static int sync_table(const fx_exec *ex, fx_optim_state *s, const fx_tensor *params, const fx_tensor *grads,
                       bool nowait, bool *ready, bool *uploaded_now, fx_status *st)
 {
     *uploaded_now = false;
@@ -600,7 +607,7 @@ static int sync_table(fx_optim_state *s, const fx_tensor *params, const fx_tenso
         return st->code;
     bool uploaded;
     /* a failed upload may have written part of the device's table */
-    if (upload_table(s, bytes, nowait, &uploaded, st) != FX_OK) {
+    if (upload_table(ex, s, bytes, nowait, &uploaded, st) != FX_OK) {
         s->slots_valid = false;
         return st->code;
     }
@@ -661,7 +668,7 @@ static int optim_step(const fx_exec *ex, fx_optim_state *s, fx_optim_kind kind, 
     else if (pthread_mutex_trylock(&s->lock) != 0)
         return FX_OK;
     bool ready, uploaded;
-    int rc = sync_table(s, params, grads, nowait, &ready, &uploaded, st);
+    int rc = sync_table(ex, s, params, grads, nowait, &ready, &uploaded, st);
     /* The table goes up on fusex's own stream: a step on another waits for
      * it (only when the parameters or gradients moved). */
     if (rc == FX_OK && ready && uploaded && ex)

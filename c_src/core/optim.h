@@ -80,9 +80,11 @@ int fx_op_optim_step(fx_optim_state *s, fx_optim_kind kind, const fx_tensor *par
                      const fx_optim_hyper *h, fx_status *st);
 /* The same step's kernels on the launch context `ex` (a caller's stream).
  * A state's steps must still follow one another: its sums and counters
- * live in the state, so two streams must not step one state at once. A
- * changed parameter table goes up on fusex's own stream, which the step
- * then waits for. */
+ * live in the state, so two streams must not step one state at once (after
+ * steps on another stream, the caller waits for it first). A changed
+ * parameter table (new parameter or gradient tensors) goes up on fusex's
+ * own stream once `ex`'s stream has finished the steps reading the old
+ * one, and the step waits for the upload. */
 int fx_op_optim_step_on(const fx_exec *ex, fx_optim_state *s, fx_optim_kind kind, const fx_tensor *params,
                         unsigned nparams, const fx_tensor *grads, unsigned ngrads, const fx_optim_hyper *h,
                         fx_status *st);

@@ -558,15 +558,18 @@ START_TEST(elementwise_and_optimizer_on_a_caller_stream)
     ck_assert_ptr_nonnull(fx_exec_resolve(fx_cpu_device(), NULL, &cpu_ex, &st));
 
     /* AdamW on two parameters, one step on fusex's stream (the table goes
-     * up), then three on the lane, against four on the CPU. */
+     * up), then three on the lane, against four on the CPU. The lane's
+     * steps alternate between two sets of gradients, so the table goes up
+     * again between steps still queued on the lane. */
     int64_t pdims[2][1] = {{1000}, {70000}};
-    pair p[2], g[2];
+    pair p[2], g[2], g2[2];
     for (int i = 0; i < 2; i++) {
         pair_make(dev, FX_F32, 1, pdims[i], -1, 1, &p[i]);
         pair_make(dev, FX_F32, 1, pdims[i], -1, 1, &g[i]);
+        pair_make(dev, FX_F32, 1, pdims[i], -1, 1, &g2[i]);
     }
-    fx_tensor dp[2] = {p[0].dut, p[1].dut}, dg[2] = {g[0].dut, g[1].dut};
-    fx_tensor cp[2] = {p[0].cpu, p[1].cpu}, cg[2] = {g[0].cpu, g[1].cpu};
+    fx_tensor dp[2] = {p[0].dut, p[1].dut}, dg[2] = {g[0].dut, g[1].dut}, dg2[2] = {g2[0].dut, g2[1].dut};
+    fx_tensor cp[2] = {p[0].cpu, p[1].cpu}, cg[2] = {g[0].cpu, g[1].cpu}, cg2[2] = {g2[0].cpu, g2[1].cpu};
     fx_optim_config cfg = {.defaults = fx_optim_default_hyper(FX_OPTIM_ADAMW)};
     fx_optim_hyper h = cfg.defaults;
     h.lr = 1e-2;
@@ -583,15 +586,17 @@ START_TEST(elementwise_and_optimizer_on_a_caller_stream)
     ck_assert_int_eq(k->scale(lane_exec(&l, 0), &a.dut, -1.75, &scaled.dut, &st), FX_OK);
     ck_assert_int_eq(k->cast(lane_exec(&l, 0), &b.dut, &half.dut, &st), FX_OK);
     for (int i = 0; i < 3; i++)
-        ck_assert_int_eq(fx_op_optim_step_on(lane_exec(&l, 0), sd, FX_OPTIM_ADAMW, dp, 2, dg, 2, &h, &st), FX_OK);
+        ck_assert_int_eq(fx_op_optim_step_on(lane_exec(&l, 0), sd, FX_OPTIM_ADAMW, dp, 2, i % 2 ? dg : dg2, 2, &h, &st),
+                         FX_OK);
     FX_CK_OK(st);
 
     const fx_backend *c = fx_cpu_device()->backend;
     c->binary(&cpu_ex, FX_ADD, &a.cpu, &b.cpu, &sum.cpu, &st);
     c->scale(&cpu_ex, &a.cpu, -1.75, &scaled.cpu, &st);
     c->cast(&cpu_ex, &b.cpu, &half.cpu, &st);
-    for (int i = 0; i < 4; i++)
-        fx_op_optim_step(sc, FX_OPTIM_ADAMW, cp, 2, cg, 2, &h, &st);
+    fx_op_optim_step(sc, FX_OPTIM_ADAMW, cp, 2, cg, 2, &h, &st);
+    for (int i = 0; i < 3; i++)
+        fx_op_optim_step(sc, FX_OPTIM_ADAMW, cp, 2, i % 2 ? cg : cg2, 2, &h, &st);
     FX_CK_OK(st);
     lane_wait(&l);
     pair_check("add", &sum, 1e-7);
@@ -601,7 +606,7 @@ START_TEST(elementwise_and_optimizer_on_a_caller_stream)
         pair_check("AdamW parameter", &p[i], 1e-5);
     fx_optim_state_free(sd);
     fx_optim_state_free(sc);
-    pair *all[] = {&a, &b, &sum, &scaled, &half, &p[0], &p[1], &g[0], &g[1]};
+    pair *all[] = {&a, &b, &sum, &scaled, &half, &p[0], &p[1], &g[0], &g[1], &g2[0], &g2[1]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         pair_free(all[i]);
     lane_close(&l);
