@@ -5,7 +5,7 @@
  * tensors the test allocated and poisoned. Every result must equal the CPU
  * backend's on the same inputs. Each op gets an arena of exactly the bytes
  * its scratch query names (a launcher that asks more fails), and an arena
- * one byte short of what it needs is refused with a clean error. */
+ * too small for the scratch it takes first is refused with a clean error. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
