@@ -72,7 +72,8 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
       operands = [x, dt, a, b, c | Enum.flat_map([:d, :z, :dt_bias, :h0], &List.wrap(given[&1]))]
       traced = traced?(operands)
       inputs = as_operands(operands, traced)
-      # {K, nsaved}: the states the backward starts from (only for a gradient)
+      # {K, nsaved}: the states the backward starts from, whenever traced (a
+      # compiled program cannot tell whether a gradient follows)
       saved = if traced, do: saved_layout(x, b), else: nil
       every = saved && elem(saved, 0)
 
