@@ -71,6 +71,9 @@
 %% false: the device's stream-ordered pool, which has no IPC handles).
 
 -define(NIF, fusex_nif).
+%% The longest XLA library name the NIF takes: its path buffer (c_src/nif/xla_nif.c),
+%% less the terminating NUL.
+-define(XLA_LIBRARY_MAX_BYTES, 4095).
 
 %% @doc The devices this node can use, CPU first. The CPU entry carries
 %% `cuda_unavailable => Reason' when no CUDA device could be used (no
@@ -760,11 +763,13 @@ xla_register() -> ?NIF:xla_register(undefined).
 %% @doc As {@link xla_register/0}, with the XLA in `Library': the path or
 %% soname of an XLA library already loaded in this VM (it is looked up,
 %% never loaded), which exports `XLA_FFI_GetApi' or
-%% `xla::ffi::GetXlaFfiApi()'.
+%% `xla::ffi::GetXlaFfiApi()'; at most 4095 bytes as UTF-8.
 -spec xla_register(Library :: file:filename_all()) -> ok | {error, Reason :: binary()}.
 xla_register(Library) ->
     Bin = try unicode:characters_to_binary(Library) catch error:_ -> error end,
     case is_binary(Bin) andalso Bin =/= <<>> andalso binary:match(Bin, <<0>>) =:= nomatch of
+        true when erlang:byte_size(Bin) > ?XLA_LIBRARY_MAX_BYTES ->
+            erlang:error({badarg, library_too_long(Bin)});
         true -> ?NIF:xla_register(Bin);
         false -> erlang:error({badarg, bad_library(Library)})
     end.
@@ -772,3 +777,7 @@ xla_register(Library) ->
 bad_library(Library) ->
     iolist_to_binary(io_lib:format("library: expected the path or soname of a loaded XLA library, got ~0tP",
                                    [Library, 10])).
+
+library_too_long(Bin) ->
+    iolist_to_binary(io_lib:format("library: expected a path or soname of at most ~B bytes, got one of ~B bytes",
+                                   [?XLA_LIBRARY_MAX_BYTES, erlang:byte_size(Bin)])).

@@ -126,10 +126,13 @@ device_out_of_memory(Config) ->
 %% VMs run two OpenMP threads, as on the CI machine: the forward of dstate
 %% 2^23 then needs ~0.7 GB of scratch, its backward 9.8 GB, the forward of
 %% 2^25 2.7 GB. They load no CUDA backend, whose driver reserves far more
-%% address space.
+%% address space. They are this VM's Erlang (its root's bin/erl), not
+%% whichever erl comes first on PATH, whose limit and beams could differ.
 host_out_of_memory(_Config) ->
     Ebin = filename:dirname(code:which(fusex)),
-    Erl = "FUSEX_DISABLE_CUDA=1 OMP_NUM_THREADS=2 erl -noshell -pa '" ++ Ebin ++ "' -eval ",
+    ErlBin = filename:join([code:root_dir(), "bin", "erl"]),
+    Erl = "FUSEX_DISABLE_CUDA=1 OMP_NUM_THREADS=2 " ++ sh_quote(ErlBin) ++ " -noshell -pa " ++ sh_quote(Ebin)
+          ++ " -eval ",
     Expr = "Z = fun(S) -> fusex:zeros({bf,16}, S, #{device => cpu}) end, "
            "Try = fun(F) -> try F() of _ -> returned catch error:{E, M} -> {E, M} end end, "
            "Fwd = fun(N) -> fusex:selective_scan(Z({1,1,1}), Z({1,1,1}), Z({1,N}), Z({1,1,N}), Z({1,1,N}), "
@@ -156,6 +159,10 @@ host_out_of_memory(_Config) ->
     ?assertMatch([{out_of_memory, <<"out of host memory for ", _/binary>>},
                   {out_of_memory, <<"out of host memory for ", _/binary>>},
                   <<0:32>>], Result).
+
+%% A word for sh: single-quoted, each ' in it closed, escaped and reopened.
+sh_quote(Word) ->
+    "'" ++ lists:flatten(string:replace(Word, "'", "'\\''", all)) ++ "'".
 
 %% The peak address space, in KiB, of a VM started by Erl after a small CPU
 %% scan.

@@ -26,7 +26,6 @@
 -include_lib("eunit/include/eunit.hrl").
 
 -export([run/2]).
--import(fusex_test_util, [sig/1, softplus/1, cand/2]).
 
 -define(FLOATS, [{f, 32}, {f, 64}, {bf, 16}, {f, 16}]).
 -define(INTS, [{s, 32}, {s, 64}, {u, 8}]).
@@ -535,37 +534,8 @@ linrec_args(#{op := Op, dims := {B, L, H}, type := Type, seq := Seq, opts := Opt
 
 
 %% {H, State} of the reference, f64, flat.
-linrec_ref(#{op := Op, dims := {B, L, H}, seq := Seq, opts := Opts} = P) ->
-    Seqt = [list_to_tuple(S) || S <- Seq],
-    Rows = case maps:get(reverse, Opts, false) of true -> lists:seq(L - 1, 0, -1); false -> lists:seq(0, L - 1) end,
-    G = maps:get(candidate_activation, Opts, identity) =:= g,
-    H0 = case maps:is_key(h0, Opts) of true -> list_to_tuple(maps:get(h0, P)); false -> erlang:make_tuple(B * H, 0.0) end,
-    Tau = list_to_tuple(maps:get(tau, P)), A = list_to_tuple(maps:get(a, P)),
-    DtL = list_to_tuple(maps:get(dt_list, P)),
-    Dt = fun(Bi, Row) -> case maps:get(dt, Opts, 1.0) of tensor -> element(Bi * L + Row + 1, DtL); V -> V end end,
-    Chan = fun(Bi, Hi) ->
-                   lists:mapfoldl(
-                     fun(Row, Hv) ->
-                             Xs = [element((Bi * L + Row) * H + Hi + 1, S) || S <- Seqt],
-                             {Ca, Cb} = case {Op, Xs} of
-                                            {linear_scan, [X1, X2]} -> {X1, X2};
-                                            {mingru, [Z, C]} -> S = sig(Z), {1 - S, S * cand(G, C)};
-                                            {minlstm, [F, I, C]} -> D = softplus(-I) - softplus(-F),
-                                                                    {sig(D), sig(-D) * cand(G, C)};
-                                            {liquid, [F]} ->
-                                                S = sig(F), Dv = Dt(Bi, Row), Tv = element(Hi + 1, Tau),
-                                                Den = 1 + Dv * (1 / Tv + S),
-                                                {1 / Den, Dv * S * element(Hi + 1, A) / Den}
-                                        end,
-                             New = Ca * Hv + Cb,
-                             {{Row, New}, New}
-                     end, element(Bi * H + Hi + 1, H0), Rows)
-           end,
-    Runs = maps:from_list([{{Bi, Hi}, Chan(Bi, Hi)} || Bi <- lists:seq(0, B - 1), Hi <- lists:seq(0, H - 1)]),
-    Hs = [proplists:get_value(Row, element(1, maps:get({Bi, Hi}, Runs)))
-          || Bi <- lists:seq(0, B - 1), Row <- lists:seq(0, L - 1), Hi <- lists:seq(0, H - 1)],
-    State = [element(2, maps:get({Bi, Hi}, Runs)) || Bi <- lists:seq(0, B - 1), Hi <- lists:seq(0, H - 1)],
-    {Hs, State}.
+linrec_ref(#{op := Op, dims := Dims, opts := Opts} = P) ->
+    fusex_test_util:linrec_reference(Op, Dims, maps:with([seq, tau, a, dt_list, h0], P), Opts).
 
 tol({f, 64}) -> 1.0e-10;
 tol({f, 32}) -> 1.0e-5;

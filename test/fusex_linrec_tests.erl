@@ -8,7 +8,7 @@
 
 -include_lib("eunit/include/eunit.hrl").
 
--import(fusex_test_util, [device/0, values/1, sig/1, softplus/1, cand/2]).
+-import(fusex_test_util, [device/0, values/1]).
 
 -define(OPS, [linear_scan, mingru, minlstm, liquid]).
 
@@ -74,54 +74,6 @@ tensors(Op, Type, {B, L, H} = Dims, In, Device) ->
 
 call(Op, Args, Opts) -> apply(fusex, Op, Args ++ [Opts]).
 
-%% (a, b) of one step; Xs are the step's sequence inputs.
-coeff(linear_scan, [A, B], _, _) -> {A, B};
-coeff(mingru, [Z, C], _, G) -> S = sig(Z), {1 - S, S * cand(G, C)};
-coeff(minlstm, [F, I, C], _, G) ->
-    D = softplus(-I) - softplus(-F),
-    {sig(D), sig(-D) * cand(G, C)};
-coeff(liquid, [F], {Tau, A, Dt}, _) ->
-    S = sig(F),
-    Den = 1 + Dt * (1 / Tau + S),
-    {1 / Den, Dt * S * A / Den}.
-
-%% The reference forward: {H, State} as flat lists.
-ref_forward(Op, {B, L, H}, In, Opts) ->
-    Seq = [list_to_tuple(S) || S <- maps:get(seq, In)],
-    Rows = case maps:get(reverse, Opts, false) of
-               true -> lists:seq(L - 1, 0, -1);
-               false -> lists:seq(0, L - 1)
-           end,
-    H0 = list_to_tuple(maps:get(h0, Opts, lists:duplicate(B * H, 0.0))),
-    G = maps:get(candidate_activation, Opts, identity) =:= g,
-    Dt = fun(Bi, Row) ->
-                 case maps:get(dt, Opts, 1.0) of
-                     tensor -> lists:nth(Bi * L + Row + 1, maps:get(dt_list, In));
-                     V -> V
-                 end
-         end,
-    Param = fun(Hi, Bi, Row) ->
-                    case Op of
-                        liquid -> {lists:nth(Hi + 1, maps:get(tau, In)),
-                                   lists:nth(Hi + 1, maps:get(a, In)), Dt(Bi, Row)};
-                        _ -> none
-                    end
-            end,
-    Chans = [{Bi, Hi} || Bi <- lists:seq(0, B - 1), Hi <- lists:seq(0, H - 1)],
-    Walk = fun({Bi, Hi}) ->
-                   lists:foldl(
-                     fun(Row, {Hv, Acc}) ->
-                             I = (Bi * L + Row) * H + Hi,
-                             Xs = [element(I + 1, S) || S <- Seq],
-                             {A, Bv} = coeff(Op, Xs, Param(Hi, Bi, Row), G),
-                             Hn = A * Hv + Bv,
-                             {Hn, [{I, Hn} | Acc]}
-                     end, {element(Bi * H + Hi + 1, H0), []}, Rows)
-           end,
-    Results = [Walk(C) || C <- Chans],
-    All = maps:from_list(lists:append([Acc || {_, Acc} <- Results])),
-    {[maps:get(I, All) || I <- lists:seq(0, B * L * H - 1)], [S || {S, _} <- Results]}.
-
 close(Got, Want, Tol) -> fusex_test_util:assert_close(Got, Want, Tol).
 
 %% ---- forward against the reference ----
@@ -137,28 +89,30 @@ forward_case(Op, Type, {B, _L, H} = Dims, Variant) ->
     In = inputs(Op, Dims),
     {Args, Held} = tensors(Op, Type, Dims, In, Device),
     H0 = fusex_test_util:uniform(B * H, -1.0, 1.0),
-    {Opts, RefOpts} =
+    %% the call's options, the reference's (its tensors by name) and the
+    %% values of those tensors
+    {Opts, RefOpts, Values} =
         case Variant of
-            plain -> {#{}, #{}};
+            plain -> {#{}, #{}, Held};
             h0_reverse ->
                 H0t = fusex_test_util:tensor(state_type(Type), {B, H}, H0, Device),
-                {#{h0 => H0t, reverse => true}, #{h0 => values(H0t), reverse => true}};
+                {#{h0 => H0t, reverse => true}, #{h0 => h0, reverse => true}, Held#{h0 => values(H0t)}};
             extra when Op =:= liquid ->
                 DtT = fusex_test_util:tensor(Type, {B, element(2, Dims), 1},
                                              maps:get(dt_list, In), Device),
-                {#{dt => DtT}, #{dt => tensor}};
-            extra when Op =:= linear_scan -> {#{reverse => true}, #{reverse => true}};
-            extra -> {#{candidate_activation => g}, #{candidate_activation => g}}
+                {#{dt => DtT}, #{dt => tensor}, Held};
+            extra when Op =:= linear_scan -> {#{reverse => true}, #{reverse => true}, Held};
+            extra -> {#{candidate_activation => g}, #{candidate_activation => g}, Held}
         end,
     {Hs, State} = call(Op, Args, Opts#{return_state => true}),
-    {WantH, WantState} = ref_forward(Op, Dims, Held, RefOpts),
+    {WantH, WantState} = fusex_test_util:linrec_reference(Op, Dims, Values, RefOpts),
     close(values(Hs), WantH, tol(Type)),
     ?assertEqual(state_type(Type), fusex:type(State)),
     close(values(State), WantState, tol(Type)),
     case Op of
         liquid -> %% a scalar dt
             {Hs2, _} = call(Op, Args, Opts#{return_state => true, dt => 0.25}),
-            {WantH2, _} = ref_forward(Op, Dims, Held, RefOpts#{dt => 0.25}),
+            {WantH2, _} = fusex_test_util:linrec_reference(Op, Dims, Values, RefOpts#{dt => 0.25}),
             close(values(Hs2), WantH2, tol(Type));
         _ -> ok
     end.

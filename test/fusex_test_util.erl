@@ -1,10 +1,11 @@
 %% @doc Shared by the Erlang suites: the device under test, seeded random
-%% data, encoding values of every type, and rel-L2 comparison.
+%% data, encoding values of every type, rel-L2 comparison, and the f64
+%% references of the selective scan and the linear recurrences.
 -module(fusex_test_util).
 
 -export([check_badarg/2, settled_memory/1, device/0, seed/0, uniform/3, normal/1, encode/2, decode/2, tensor/3, tensor/4,
          values/1, rel_l2/2, assert_close/3, poisoned/2, poisoned/3,
-         ssm_reference/3, sig/1, softplus/1, cand/2]).
+         ssm_reference/3, linrec_reference/4, sig/1, softplus/1, cand/2]).
 
 %% The device the suites run on: the default device (FUSEX_DEVICE), which
 %% must be CUDA when FUSEX_REQUIRE_CUDA=1 (make test-gpu).
@@ -170,6 +171,60 @@ ssm_reference({Bt, L, D, N, G}, Values, Opts) ->
     State = lists:append([element(2, maps:get({B, Ch}, Runs))
                           || B <- lists:seq(0, Bt - 1), Ch <- lists:seq(0, D - 1)]),
     {Ys, State}.
+
+%% The linear recurrences (docs/LINREC.md), h[t] = a[t] * h[t-1] + b[t] with
+%% each op's (a, b), over dims {Batch, Seqlen, Hidden}: {Hs, FinalState} as
+%% flat lists. Values holds seq (the flat lists of the op's sequence inputs,
+%% in argument order), for liquid tau and a, and the values of the tensors
+%% that Opts names. Opts is the op's options map: reverse,
+%% candidate_activation, h0 (any value: Values' h0, Batch * Hidden of them)
+%% and dt (a number, or tensor: Values' dt_list, Batch * Seqlen of them).
+linrec_reference(Op, {B, L, H}, Values, Opts) ->
+    Seq = [list_to_tuple(S) || S <- maps:get(seq, Values)],
+    Rows = case maps:get(reverse, Opts, false) of
+               true -> lists:seq(L - 1, 0, -1);
+               false -> lists:seq(0, L - 1)
+           end,
+    G = maps:get(candidate_activation, Opts, identity) =:= g,
+    H0 = case maps:is_key(h0, Opts) of
+             true -> list_to_tuple(maps:get(h0, Values));
+             false -> erlang:make_tuple(B * H, 0.0)
+         end,
+    Param = fun(K) -> list_to_tuple(maps:get(K, Values, [])) end,
+    {Tau, A, DtList} = {Param(tau), Param(a), Param(dt_list)},
+    Dt = fun(Bi, Row) ->
+                 case maps:get(dt, Opts, 1.0) of
+                     tensor -> element(Bi * L + Row + 1, DtList);
+                     V -> V
+                 end
+         end,
+    Coeff = fun(Xs, Bi, Hi, Row) ->
+                    case {Op, Xs} of
+                        {linear_scan, [Ca, Cb]} -> {Ca, Cb};
+                        {mingru, [Z, C]} -> S = sig(Z), {1 - S, S * cand(G, C)};
+                        {minlstm, [F, I, C]} ->
+                            D = softplus(-I) - softplus(-F),
+                            {sig(D), sig(-D) * cand(G, C)};
+                        {liquid, [F]} ->
+                            S = sig(F), Dv = Dt(Bi, Row),
+                            Den = 1 + Dv * (1 / element(Hi + 1, Tau) + S),
+                            {1 / Den, Dv * S * element(Hi + 1, A) / Den}
+                    end
+            end,
+    Channel = fun(Bi, Hi) ->
+                      lists:mapfoldl(
+                        fun(Row, Hv) ->
+                                Xs = [element((Bi * L + Row) * H + Hi + 1, S) || S <- Seq],
+                                {Ca, Cb} = Coeff(Xs, Bi, Hi, Row),
+                                New = Ca * Hv + Cb,
+                                {{Row, New}, New}
+                        end, element(Bi * H + Hi + 1, H0), Rows)
+              end,
+    Runs = maps:from_list([{{Bi, Hi}, Channel(Bi, Hi)} || Bi <- lists:seq(0, B - 1), Hi <- lists:seq(0, H - 1)]),
+    Hs = [proplists:get_value(Row, element(1, maps:get({Bi, Hi}, Runs)))
+          || Bi <- lists:seq(0, B - 1), Row <- lists:seq(0, L - 1), Hi <- lists:seq(0, H - 1)],
+    State = [element(2, maps:get({Bi, Hi}, Runs)) || Bi <- lists:seq(0, B - 1), Hi <- lists:seq(0, H - 1)],
+    {Hs, State}.
 
 %% The gates of the linear recurrences (docs/LINREC.md): the sigmoid and
 %% softplus in forms that do not overflow, and the candidate activation

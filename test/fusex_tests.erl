@@ -223,6 +223,28 @@ bad_input_test_() ->
     [{lists:flatten(io_lib:format("~p", [Expected])), fun() -> fusex_test_util:check_badarg(Expected, F) end}
      || {Expected, F} <- Cases].
 
+%% xla_register/1's library name fills a 4096-byte path buffer in the NIF
+%% with its NUL: one byte more is refused by name and size, by fusex and by
+%% the NIF itself for a caller that skips fusex's checks; the longest that
+%% fits is looked up (and, never loaded here, not found).
+xla_register_library_length_test() ->
+    TooLong = binary:copy(<<"a">>, 4096),
+    Message = <<"library: expected a path or soname of at most 4095 bytes, got one of 4096 bytes">>,
+    ?assertBadarg(Message, fusex:xla_register(TooLong)),
+    ?assertBadarg(Message, fusex:xla_register(binary_to_list(TooLong))),
+    ?assertBadarg(Message, fusex_nif:xla_register(TooLong)),
+    ?assertBadarg(<<"library: expected a path or soname of at most 4095 bytes, got one of 8192 bytes">>,
+                  fusex:xla_register(binary:copy(<<"é"/utf8>>, 4096))),
+    Longest = binary:copy(<<"a">>, 4095),
+    ?assertMatch({error, Why} when is_binary(Why), fusex:xla_register(Longest)),
+    %% fusex refuses these before the NIF (fusex_xla_SUITE:bad_library);
+    %% the NIF says the same
+    ?assertBadarg(<<"library: expected the path or soname of a loaded XLA library, got <<>>">>,
+                  fusex_nif:xla_register(<<>>)),
+    ?assertBadarg(<<"library: expected the path or soname of a loaded XLA library, got <<97,0,98>>">>,
+                  fusex_nif:xla_register(<<"a", 0, "b">>)),
+    ?assertBadarg(<<"library: expected the path or soname of a loaded XLA library, got 42">>,
+                  fusex_nif:xla_register(42)).
 
 device_mismatch_test() ->
     case device() of

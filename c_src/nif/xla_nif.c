@@ -20,8 +20,9 @@ static ERL_NIF_TERM error(ErlNifEnv *env, const char *msg)
     return enif_make_tuple2(env, fx_atom(env, "error"), fx_make_string(env, msg));
 }
 
-/* Loads priv/fusex_xla.so once (never unloaded: XLA keeps pointers to its
- * handlers). Called under xla_lock. */
+/* Loads priv/fusex_xla.so once (never unloaded once its registration
+ * function is found: XLA keeps pointers to its handlers). Called under
+ * xla_lock. */
 static fusex_xla_register_loaded_fn load_library(char *msg, size_t msglen)
 {
     if (register_loaded)
@@ -34,10 +35,39 @@ static fusex_xla_register_loaded_fn load_library(char *msg, size_t msglen)
                  "found; see docs/XLA.md)", dlerror());
         return NULL;
     }
+    dlerror(); /* clears an earlier failure, so the one read below is dlsym's */
     register_loaded = (fusex_xla_register_loaded_fn)dlsym(lib, FUSEX_XLA_REGISTER_LOADED_SYMBOL);
-    if (!register_loaded)
-        snprintf(msg, msglen, "%.900s does not export %s", path, FUSEX_XLA_REGISTER_LOADED_SYMBOL);
+    if (!register_loaded) {
+        const char *why = dlerror(); /* names the library and the symbol */
+        if (why)
+            snprintf(msg, msglen, "cannot use fusex's XLA targets: %.900s", why);
+        else
+            snprintf(msg, msglen, "cannot use fusex's XLA targets: %.800s exports %s as NULL", path,
+                     FUSEX_XLA_REGISTER_LOADED_SYMBOL);
+        /* Nothing of it is used, so it goes; a later call loads it again. */
+        dlclose(lib);
+    }
     return register_loaded;
+}
+
+/* Raises {badarg, Message} as fusex:xla_register/1 does, for a caller of the
+ * NIF that skipped its checks. */
+static ERL_NIF_TERM bad_library(ErlNifEnv *env, ERL_NIF_TERM library)
+{
+    char got[256], msg[400];
+    fx_format_term(got, sizeof got, library);
+    snprintf(msg, sizeof msg, "library: expected the path or soname of a loaded XLA library, got %s", got);
+    return enif_raise_exception(env, enif_make_tuple2(env, fx_atom(env, "badarg"), fx_make_string(env, msg)));
+}
+
+/* The name must fit `library` below with its NUL: the same limit and message
+ * as fusex:xla_register/1's. */
+static ERL_NIF_TERM library_too_long(ErlNifEnv *env, size_t nbytes, size_t max_bytes)
+{
+    char msg[200];
+    snprintf(msg, sizeof msg, "library: expected a path or soname of at most %zu bytes, got one of %zu bytes",
+             max_bytes, nbytes);
+    return enif_raise_exception(env, enif_make_tuple2(env, fx_atom(env, "badarg"), fx_make_string(env, msg)));
 }
 
 /* xla_register(undefined | Library :: binary()) -> ok | {error, Reason}. */
@@ -47,12 +77,14 @@ ERL_NIF_TERM nif_xla_register(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     char library[4096] = "";
     ErlNifBinary bin;
     if (enif_inspect_binary(env, argv[0], &bin)) {
-        if (bin.size == 0 || bin.size >= sizeof library || memchr(bin.data, 0, bin.size))
-            return enif_make_badarg(env);
+        if (bin.size == 0 || memchr(bin.data, 0, bin.size))
+            return bad_library(env, argv[0]);
+        if (bin.size >= sizeof library)
+            return library_too_long(env, bin.size, sizeof library - 1);
         memcpy(library, bin.data, bin.size);
         library[bin.size] = '\0';
     } else if (!enif_is_identical(argv[0], fx_atom(env, "undefined"))) {
-        return enif_make_badarg(env);
+        return bad_library(env, argv[0]);
     }
     char msg[1024] = "";
     pthread_mutex_lock(&xla_lock);
