@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/check.h"
+#include "core/ops.h"
 #include "fusex_dtype.h"
 
 #define LAYOUT_X "[batch, seqlen, dim]"
@@ -223,21 +224,6 @@ static bool nothing_to_scan(const fx_ssm_dims *n)
     return n->batch == 0 || n->seqlen == 0 || n->dim == 0;
 }
 
-static int fill_zero(const fx_exec *ex, const fx_tensor *t, fx_status *st)
-{
-    if (!t || !t->buffer || t->nbytes == 0)
-        return FX_OK;
-    return t->device->backend->fill_zero(ex, t->data, t->nbytes, st);
-}
-
-/* dst = src in dst's type (same shape), or zeros without src. */
-static int copy_or_zero(const fx_exec *ex, const fx_tensor *src, const fx_tensor *dst, fx_status *st)
-{
-    if (!src || dst->numel == 0)
-        return fill_zero(ex, dst, st);
-    return dst->device->backend->cast(ex, src, dst, st);
-}
-
 /* ---- forward ---- */
 
 int fx_op_ssm_forward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx_tensor *y, const fx_tensor *state,
@@ -258,7 +244,7 @@ int fx_op_ssm_forward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx_
     if (!(ex = fx_exec_resolve(dev, ex, &own, st)))
         return st->code;
     if (nothing_to_scan(&n)) /* y and the saved states are empty; the final state is h0 */
-        return state ? copy_or_zero(ex, in->h0, state, st) : FX_OK;
+        return state ? fx_op_cast_or_zero(ex, in->h0, state, st) : FX_OK;
     fx_ssm_fwd_args args = {
         .n = n, .x = x, .dt = in->dt, .a = in->a, .b = in->b, .c = in->c,
         .d = in->d, .z = in->z, .dt_bias = in->dt_bias, .h0 = in->h0,
@@ -451,9 +437,9 @@ int fx_op_ssm_backward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx
          * to the final state. */
         const fx_tensor *zeros[] = {g->x, g->dt, g->a, g->b, g->c, g->d, g->z, g->dt_bias};
         for (size_t i = 0; i < sizeof zeros / sizeof zeros[0]; i++)
-            if (fill_zero(ex, zeros[i], st))
+            if (fx_op_fill_zero(ex, zeros[i], st))
                 return st->code;
-        return g->h0 ? copy_or_zero(ex, dstate, g->h0, st) : FX_OK;
+        return g->h0 ? fx_op_cast_or_zero(ex, dstate, g->h0, st) : FX_OK;
     }
     fx_ssm_bwd_args args = {
         .fwd = {.n = n, .x = x, .dt = in->dt, .a = in->a, .b = in->b, .c = in->c, .d = in->d, .z = in->z,
