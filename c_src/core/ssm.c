@@ -216,6 +216,29 @@ int fx_ssm_saved_shape(const fx_ssm_dims *n, fx_dtype x_type, int64_t dims[4])
     return 4;
 }
 
+int fx_ssm_check_dims(const fx_ssm_dims *n, fx_dtype x_type, fx_status *st)
+{
+    const int64_t x[3] = {n->batch, n->seqlen, n->dim};
+    int64_t numel;
+    if (fx_shape_numel("x", 3, x, &numel, st))
+        return st->code;
+    /* b as a caller holding only these sizes knows it: with a groups axis
+     * unless there is one group. */
+    const int b_rank = n->groups == 1 ? 3 : 4;
+    const int64_t b[4] = {n->batch, n->seqlen, b_rank == 3 ? n->dstate : n->groups, n->dstate};
+    char got[160];
+    fx_format_shape(got, sizeof got, b_rank, b);
+    if (n->dstate < 1 || n->groups < 1 || n->dim % n->groups != 0)
+        return fx_fail(st, FX_EBADARG, "b: expected dstate >= 1 and a number of groups that divides dim %lld, got %s",
+                       (long long)n->dim, got);
+    /* Every size the saved states' shape is formed from is within bounds. */
+    int64_t saved[4];
+    saved_dims(n, x_type, saved);
+    if (fx_shape_numel("b", b_rank, b, &numel, st) || fx_shape_numel("saved", 4, saved, &numel, st))
+        return st->code;
+    return FX_OK;
+}
+
 /* Nothing to scan: a zero batch, sequence or dim. No backend is handed such
  * a problem, so none loops over rows of nothing (a batch of 2^40 empty
  * sequences is a valid zero-element tensor, and was hours of loop). */

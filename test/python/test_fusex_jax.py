@@ -376,6 +376,25 @@ def saved_shapes():
             raise AssertionError(f"saved shape of x {xs} a {as_} b {bs}: {got}, expected {want}")
 
 
+@case("selective_scan_saved_shape: sizes no scan has are refused")
+def saved_shapes_refused():
+    div = "b: expected dstate >= 1 and a number of groups that divides dim"
+    expect = [
+        (((2, 40, 8), (8, 16), (2, 40, 3, 16)), f"{div} 8, got {{2,40,3,16}}"),
+        (((2, 40, 8), (8, 16), (2, 40, 0, 16)), f"{div} 8, got {{2,40,0,16}}"),
+        (((2, 40, 8), (8, 0), (2, 40, 0)), f"{div} 8, got {{2,40,0}}"),
+        (((2, -1, 8), (8, 4), (2, -1, 4)), "x: expected non-negative dimensions, got -1 at axis 1"),
+    ]
+    for (xs, as_, bs), want in expect:
+        try:
+            got = fj.selective_scan_saved_shape(xs, as_, bs, F32)
+        except TypeError as e:
+            if str(e) != want:
+                raise AssertionError(f"saved shape of x {xs} a {as_} b {bs}: {e!r}, expected {want!r}") from None
+            continue
+        raise AssertionError(f"saved shape of x {xs} a {as_} b {bs}: {got}, expected the error {want!r}")
+
+
 def expect_equal(what, got, want):
     """Exactly `want` (NaN never passes), shape and all."""
     check(what, got, want, 0.0)

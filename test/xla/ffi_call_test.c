@@ -13,7 +13,8 @@
  * state, registration (30 handlers, FFI API 0.2, no traits; again a no-op),
  * problems with nothing to scan (batch or seqlen 0) whose final state and
  * summed gradients are still results, written as zeros or h0 / dstate,
- * the loader, and errors (code and message).
+ * the loader, errors (code and message), and the saved states' shape for
+ * sizes no scan has.
  *
  * Built with -DFX_XLA_TEST_CUDA (make test-xla-c-gpu, linked with the CUDA
  * runtime) it also runs every target's CUDA handler on a stream of its own
@@ -895,6 +896,52 @@ static void errors(void)
 #endif
 }
 
+/* fusex_xla_ssm_saved_shape with sizes no scan has: -1, the reason, `out`
+ * untouched. */
+static void saved_shape_errors(void)
+{
+    static const struct {
+        int64_t batch, seqlen, dim, dstate, groups;
+        const char *dtype, *message;
+    } bad[] = {
+        {2, 100, 64, 16, 3, "float32", "b: expected dstate >= 1 and a number of groups that divides dim 64, got {2,100,3,16}"},
+        {2, 100, 64, 16, 0, "float32", "b: expected dstate >= 1 and a number of groups that divides dim 64, got {2,100,0,16}"},
+        {2, 100, 64, 16, -2, "float32", "b: expected dstate >= 1 and a number of groups that divides dim 64, got {2,100,-2,16}"},
+        {2, 100, 64, 0, 1, "float32", "b: expected dstate >= 1 and a number of groups that divides dim 64, got {2,100,0}"},
+        {2, 100, 64, -4, 2, "bfloat16", "b: expected dstate >= 1 and a number of groups that divides dim 64, got {2,100,2,-4}"},
+        {-1, 100, 64, 16, 1, "float32", "x: expected non-negative dimensions, got -1 at axis 0"},
+        {2, -100, 64, 16, 1, "float32", "x: expected non-negative dimensions, got -100 at axis 1"},
+        {2, 100, -64, 16, 1, "float32", "x: expected non-negative dimensions, got -64 at axis 2"},
+        {(int64_t)1 << 30, (int64_t)1 << 30, 64, 16, 1, "float32",
+         "x: expected a shape of at most 2^48 elements, got {1073741824,1073741824,64}"},
+        {1, 4, 64, (int64_t)1 << 47, 1, "float32",
+         "b: expected a shape of at most 2^48 elements, got {1,4,140737488355328}"},
+        {1, (int64_t)1 << 24, (int64_t)1 << 20, (int64_t)1 << 20, 1, "float32",
+         "saved: expected a shape of at most 2^48 elements, got {1,1048575,1048576,1048576}"},
+        {2, 100, 64, 16, 1, "int32", "x: expected type float32, bfloat16, float16 or float64, got int32"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int64_t out[4] = {7, 7, 7, 7};
+        char msg[256] = "";
+        int rc = fusex_xla_ssm_saved_shape(bad[i].batch, bad[i].seqlen, bad[i].dim, bad[i].dstate, bad[i].groups,
+                                           bad[i].dtype, out, msg, sizeof msg);
+        checks++;
+        if (rc != -1 || strcmp(msg, bad[i].message) != 0 || out[0] != 7 || out[1] != 7 || out[2] != 7 || out[3] != 7)
+            fail("fusex_xla_ssm_saved_shape(%lld, %lld, %lld, %lld, %lld, %s): %d \"%s\" {%lld,%lld,%lld,%lld}, "
+                 "expected -1 \"%s\", out untouched",
+                 (long long)bad[i].batch, (long long)bad[i].seqlen, (long long)bad[i].dim, (long long)bad[i].dstate,
+                 (long long)bad[i].groups, bad[i].dtype, rc, msg, (long long)out[0], (long long)out[1],
+                 (long long)out[2], (long long)out[3], bad[i].message);
+    }
+    /* Empty problems are problems: nothing saved. */
+    int64_t out[4];
+    char msg[256] = "";
+    checks++;
+    if (fusex_xla_ssm_saved_shape(0, 0, 0, 16, 1, "float32", out, msg, sizeof msg) != 0 || out[0] != 0 ||
+        out[1] != 0 || out[2] != 0 || out[3] != 16)
+        fail("fusex_xla_ssm_saved_shape(0, 0, 0, 16, 1): \"%s\"", msg);
+}
+
 static void registration(void)
 {
     char msg[512];
@@ -946,6 +993,7 @@ int main(void)
     attribute_widths();
     aliased_step();
     errors();
+    saved_shape_errors();
     selective_scan(2, 67, 64, 16, 2, FX_F32);
     selective_scan(1, 33, 64, 48, 2, FX_F32);
     selective_scan(2, 19, 32, 16, 1, FX_BF16);
