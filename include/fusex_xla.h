@@ -33,7 +33,10 @@ int fusex_xla_register_loaded(const char *library, char *msg, size_t msglen);
 
 /* The selective scan's saved states, [batch, nsaved, dim, dstate]
  * (fx_ssm_saved_shape: the one rule), for inputs of type `dtype` ("float32",
- * "bfloat16", "float16", "float64", or Nx's "{f,32}", ...). */
+ * "bfloat16", "float16", "float64", or Nx's "{f,32}", ...). Returns 0, or
+ * -1 with the reason in `msg` for an unknown type or sizes no scan has
+ * (fx_ssm_check_dims: a negative size, dstate 0, groups 0 or not dividing
+ * dim, counts past 2^48), where `out` is left as it was. */
 int fusex_xla_ssm_saved_shape(int64_t batch, int64_t seqlen, int64_t dim, int64_t dstate, int64_t groups,
                               const char *dtype, int64_t out[4], char *msg, size_t msglen);
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/check.h"
+#include "core/ops.h"
 #include "fusex_dtype.h"
 
 static const struct {
@@ -142,24 +143,6 @@ static int expect_impl(fx_status *st, const fx_device *dev, const void *fn, int 
  * zero-element sequence like {2^48, 0, 2^22}. */
 static bool no_channels(const fx_linrec_problem *p) { return p->batch == 0 || p->hidden == 0; }
 
-static int fill_zero(const fx_exec *ex, const fx_tensor *t, fx_status *st)
-{
-    if (!t->data || t->nbytes == 0)
-        return FX_OK;
-    return t->device->backend->fill_zero(ex, t->data, t->nbytes, st);
-}
-
-/* dst = src converted to dst's dtype (same shape), or zeros if src is NULL. */
-static int convert_into(const fx_exec *ex, const fx_tensor *src, const fx_tensor *dst, fx_status *st)
-{
-    if (!src)
-        return fill_zero(ex, dst, st);
-    if (dst->numel == 0)
-        return FX_OK;
-    fx_device *dev = dst->device;
-    return dev->backend->cast(ex, src, dst, st);
-}
-
 /* Outputs the caller allocated: on the inputs' device, with the layout
  * the op writes. */
 static int expect_output(fx_status *st, const char *arg, const fx_tensor *t, const fx_device *dev,
@@ -191,7 +174,7 @@ int fx_op_linrec_forward_into(const fx_exec *ex, fx_linrec_problem *p, const fx_
     if (!(ex = fx_exec_resolve(dev, ex, &own, st)))
         return st->code;
     if (p->seqlen == 0) /* nothing to scan: the state is h0 */
-        return state ? convert_into(ex, h0, state, st) : FX_OK;
+        return state ? fx_op_cast_or_zero(ex, h0, state, st) : FX_OK;
     fx_linrec_fwd_args args = {.p = *p, .h0 = h0, .h = h, .state = state,
                                .max_tile_steps = max_tile_steps};
     return ops->forward(ex, &args, st);
@@ -324,10 +307,10 @@ int fx_op_linrec_backward_into(const fx_exec *ex, const fx_linrec_problem *given
         /* Nothing was scanned: tau, a and dt (a sum over the channels of
          * each row, of which there may be none) get zeros, h0 went
          * straight to the state so dh0 is dstate. */
-        if ((g->tau && fill_zero(ex, g->tau, st)) || (g->lam && fill_zero(ex, g->lam, st)) ||
-            (g->dt && fill_zero(ex, g->dt, st)))
+        if (fx_op_fill_zero(ex, g->tau, st) || fx_op_fill_zero(ex, g->lam, st) ||
+            fx_op_fill_zero(ex, g->dt, st))
             return st->code;
-        return g->h0 && !no_channels(p) ? convert_into(ex, dstate, g->h0, st) : FX_OK;
+        return g->h0 && !no_channels(p) ? fx_op_cast_or_zero(ex, dstate, g->h0, st) : FX_OK;
     }
     fx_linrec_bwd_args args = {.p = *p, .h0 = h0, .h = h, .dh = dh, .dstate = dstate,
                                .dtau = g->tau, .dlam = g->lam, .ddt = g->dt, .dh0 = g->h0,

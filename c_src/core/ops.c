@@ -83,6 +83,20 @@ int fx_op_zeros_flags(fx_device *dev, fx_dtype dtype, int rank, const int64_t *d
     return FX_OK;
 }
 
+int fx_op_fill_zero(const fx_exec *ex, const fx_tensor *t, fx_status *st)
+{
+    if (!t || !t->data || t->nbytes == 0)
+        return FX_OK;
+    return t->device->backend->fill_zero(ex, t->data, t->nbytes, st);
+}
+
+int fx_op_cast_or_zero(const fx_exec *ex, const fx_tensor *src, const fx_tensor *dst, fx_status *st)
+{
+    if (!src || dst->numel == 0)
+        return fx_op_fill_zero(ex, dst, st);
+    return dst->device->backend->cast(ex, src, dst, st);
+}
+
 /* Larger downloads go through the pinned staging ring on a dirty
  * scheduler. */
 bool fx_op_try_to_host_eligible(const fx_tensor *t)

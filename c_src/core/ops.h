@@ -34,6 +34,15 @@ int fx_op_synchronize(fx_device *dev, fx_status *st);
  * how a result reaches memory fusex does not own (a from_pointer view). */
 int fx_op_copy_into(const fx_tensor *src, const fx_tensor *dst, fx_status *st);
 
+/* For the ops that write outputs the caller allocated, on the stream `ex`.
+ * They test `data`, never `buffer`: a caller's memory (an XLA buffer, a
+ * from_pointer view) has data and no fusex buffer, and must be written.
+ * fx_op_fill_zero: t's bytes are zeros (nothing for a NULL or empty t).
+ * fx_op_cast_or_zero: dst is src in dst's type (same shape), or zeros
+ * without src. */
+int fx_op_fill_zero(const fx_exec *ex, const fx_tensor *t, fx_status *st);
+int fx_op_cast_or_zero(const fx_exec *ex, const fx_tensor *src, const fx_tensor *dst, fx_status *st);
+
 /* The same creation ops with allocation flags (FX_ALLOC_IPC: memory with a
  * CUDA IPC handle; see runtime.h). */
 int fx_op_from_host_flags(fx_device *dev, fx_dtype dtype, int rank, const int64_t *dims,

@@ -47,43 +47,54 @@ static int backend_compatible(const fx_backend *b)
     return b->abi_version == FX_ABI_VERSION && b->struct_size == sizeof(fx_backend);
 }
 
-static void load_cuda(const char *priv_dir)
+int fx_cuda_backend_open(const char *path, const fx_backend **out, char *why, size_t len)
 {
+    *out = NULL;
     const char *disable = getenv("FUSEX_DISABLE_CUDA");
     if (disable && *disable && strcmp(disable, "0") != 0) {
-        snprintf(cuda_reason, sizeof cuda_reason, "disabled by FUSEX_DISABLE_CUDA=%s", disable);
-        return;
+        snprintf(why, len, "disabled by FUSEX_DISABLE_CUDA=%.100s", disable);
+        return 0;
     }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/fusex_cuda.so", priv_dir ? priv_dir : "priv");
+    /* Where the library is loaded already (the NIF's and the XLA
+     * handlers' in one BEAM), dlopen hands back that copy, whose init has
+     * run: init is once per process, and a second call is a no-op. */
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
-        snprintf(cuda_reason, sizeof cuda_reason,
-                 "no CUDA backend: %.700s (built only where nvcc is found)", dlerror());
-        return;
+        snprintf(why, len, "no CUDA backend: %.900s (built only where nvcc is found)", dlerror());
+        return 0;
     }
     fx_backend_entry_fn entry = (fx_backend_entry_fn)dlsym(lib, FX_CUDA_BACKEND_SYMBOL);
     const fx_backend *backend = entry ? entry() : NULL;
     if (!backend || !backend_compatible(backend)) {
-        snprintf(cuda_reason, sizeof cuda_reason, "%.600s is not a compatible fusex backend (ABI %d)",
-                 path, FX_ABI_VERSION);
+        snprintf(why, len, "%.800s is not a compatible fusex CUDA backend (ABI %d)", path, FX_ABI_VERSION);
         dlclose(lib);
-        return;
+        return 0;
     }
     fx_status st;
     fx_status_clear(&st);
     if (backend->init(&st) != FX_OK) {
-        snprintf(cuda_reason, sizeof cuda_reason, "%s", st.msg);
-        return; /* keep the library mapped: cudart may hold state */
+        snprintf(why, len, "the CUDA backend did not start: %s", st.msg);
+        return 0; /* keep the library mapped: cudart may hold state */
     }
     int count = backend->device_count();
     if (count <= 0) {
-        snprintf(cuda_reason, sizeof cuda_reason, "no CUDA device found");
-        return;
+        snprintf(why, len, "no CUDA device found");
+        return 0;
     }
+    if (len > 0)
+        why[0] = '\0';
+    *out = backend;
+    return count;
+}
+
+static void load_cuda(const char *priv_dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/fusex_cuda.so", priv_dir ? priv_dir : "priv");
+    const fx_backend *backend;
+    int count = fx_cuda_backend_open(path, &backend, cuda_reason, sizeof cuda_reason);
     for (int i = 0; i < count && device_total < FX_MAX_DEVICES; i++)
         add_device(backend, FX_DEVICE_CUDA, i);
-    cuda_reason[0] = '\0';
 }
 
 static void init_all(void)

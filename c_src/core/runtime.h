@@ -49,6 +49,14 @@ typedef struct fx_device {
  * error: fx_cuda_unavailable_reason() says why. FUSEX_DISABLE_CUDA=1 in
  * the environment skips CUDA. */
 int fx_runtime_init(const char *priv_dir, const fx_backend *host, fx_status *st);
+/* Loads and starts the CUDA backend at `path` (fusex_cuda.so), for the
+ * runtime and for the XLA handlers' library, which keeps its own device
+ * records: FUSEX_DISABLE_CUDA, dlopen, the entry point, the ABI version
+ * and struct size, init, a device count. Returns the count (> 0) with the
+ * backend in *out and `why` emptied, or 0 with *out NULL and the reason in
+ * `why`. An incompatible library is closed again; one whose init failed
+ * stays mapped. */
+int fx_cuda_backend_open(const char *path, const fx_backend **out, char *why, size_t len);
 /* Waits for pending work and frees backend caches; for orderly exits of
  * programs that link the core (the C tests). */
 void fx_runtime_shutdown(void);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/check.h"
+#include "core/ops.h"
 #include "fusex_dtype.h"
 
 #define LAYOUT_X "[batch, seqlen, dim]"
@@ -215,27 +216,35 @@ int fx_ssm_saved_shape(const fx_ssm_dims *n, fx_dtype x_type, int64_t dims[4])
     return 4;
 }
 
+int fx_ssm_check_dims(const fx_ssm_dims *n, fx_dtype x_type, fx_status *st)
+{
+    const int64_t x[3] = {n->batch, n->seqlen, n->dim};
+    int64_t numel;
+    if (fx_shape_numel("x", 3, x, &numel, st))
+        return st->code;
+    /* b as a caller holding only these sizes knows it: with a groups axis
+     * unless there is one group. */
+    const int b_rank = n->groups == 1 ? 3 : 4;
+    const int64_t b[4] = {n->batch, n->seqlen, b_rank == 3 ? n->dstate : n->groups, n->dstate};
+    char got[160];
+    fx_format_shape(got, sizeof got, b_rank, b);
+    if (n->dstate < 1 || n->groups < 1 || n->dim % n->groups != 0)
+        return fx_fail(st, FX_EBADARG, "b: expected dstate >= 1 and a number of groups that divides dim %lld, got %s",
+                       (long long)n->dim, got);
+    /* Every size the saved states' shape is formed from is within bounds. */
+    int64_t saved[4];
+    saved_dims(n, x_type, saved);
+    if (fx_shape_numel("b", b_rank, b, &numel, st) || fx_shape_numel("saved", 4, saved, &numel, st))
+        return st->code;
+    return FX_OK;
+}
+
 /* Nothing to scan: a zero batch, sequence or dim. No backend is handed such
  * a problem, so none loops over rows of nothing (a batch of 2^40 empty
  * sequences is a valid zero-element tensor, and was hours of loop). */
 static bool nothing_to_scan(const fx_ssm_dims *n)
 {
     return n->batch == 0 || n->seqlen == 0 || n->dim == 0;
-}
-
-static int fill_zero(const fx_exec *ex, const fx_tensor *t, fx_status *st)
-{
-    if (!t || !t->buffer || t->nbytes == 0)
-        return FX_OK;
-    return t->device->backend->fill_zero(ex, t->data, t->nbytes, st);
-}
-
-/* dst = src in dst's type (same shape), or zeros without src. */
-static int copy_or_zero(const fx_exec *ex, const fx_tensor *src, const fx_tensor *dst, fx_status *st)
-{
-    if (!src || dst->numel == 0)
-        return fill_zero(ex, dst, st);
-    return dst->device->backend->cast(ex, src, dst, st);
 }
 
 /* ---- forward ---- */
@@ -258,7 +267,7 @@ int fx_op_ssm_forward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx_
     if (!(ex = fx_exec_resolve(dev, ex, &own, st)))
         return st->code;
     if (nothing_to_scan(&n)) /* y and the saved states are empty; the final state is h0 */
-        return state ? copy_or_zero(ex, in->h0, state, st) : FX_OK;
+        return state ? fx_op_cast_or_zero(ex, in->h0, state, st) : FX_OK;
     fx_ssm_fwd_args args = {
         .n = n, .x = x, .dt = in->dt, .a = in->a, .b = in->b, .c = in->c,
         .d = in->d, .z = in->z, .dt_bias = in->dt_bias, .h0 = in->h0,
@@ -451,9 +460,9 @@ int fx_op_ssm_backward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx
          * to the final state. */
         const fx_tensor *zeros[] = {g->x, g->dt, g->a, g->b, g->c, g->d, g->z, g->dt_bias};
         for (size_t i = 0; i < sizeof zeros / sizeof zeros[0]; i++)
-            if (fill_zero(ex, zeros[i], st))
+            if (fx_op_fill_zero(ex, zeros[i], st))
                 return st->code;
-        return g->h0 ? copy_or_zero(ex, dstate, g->h0, st) : FX_OK;
+        return g->h0 ? fx_op_cast_or_zero(ex, dstate, g->h0, st) : FX_OK;
     }
     fx_ssm_bwd_args args = {
         .fwd = {.n = n, .x = x, .dt = in->dt, .a = in->a, .b = in->b, .c = in->c, .d = in->d, .z = in->z,

@@ -48,6 +48,11 @@ fx_dtype fx_ssm_state_type(fx_dtype x_type);
 /* The shape of the saved states of a forward of n (fx_ssm_save_every);
  * returns their rank, 4. Their type is fx_ssm_state_type. */
 int fx_ssm_saved_shape(const fx_ssm_dims *n, fx_dtype x_type, int64_t dims[4]);
+/* Checks sizes given on their own (not as tensors: a caller sizing the
+ * saved states ahead of a run): batch, seqlen, dim >= 0, dstate >= 1,
+ * groups >= 1 dividing dim, and x, b and the saved states' element counts
+ * within 2^48. Check before fx_ssm_saved_shape or fx_ssm_save_every. */
+int fx_ssm_check_dims(const fx_ssm_dims *n, fx_dtype x_type, fx_status *st);
 
 /* The ops into outputs the caller allocated, on the launch context `ex`
  * (NULL: the device's own). Every input and output is checked first.

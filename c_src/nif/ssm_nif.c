@@ -160,18 +160,16 @@ static int saved_shape_dims(fx_call *c, const ERL_NIF_TERM argv[], fx_ssm_dims *
         fx_format_shape(got, sizeof got, xr, x);
         return fx_fail(&c->st, FX_EBADARG, "x: expected a shape of rank 3 [batch, seqlen, dim], got %s", got);
     }
-    fx_format_shape(got, sizeof got, br, b);
-    if ((br != 3 && br != 4) || b[0] != x[0] || b[1] != x[1])
+    if ((br != 3 && br != 4) || b[0] != x[0] || b[1] != x[1]) {
+        fx_format_shape(got, sizeof got, br, b);
         return fx_fail(&c->st, FX_EBADARG,
                        "b: expected a shape {%lld,%lld,dstate} or {%lld,%lld,groups,dstate} ([batch, seqlen, "
                        "[groups,] dstate]), got %s",
                        (long long)x[0], (long long)x[1], (long long)x[0], (long long)x[1], got);
+    }
     *n = (fx_ssm_dims){.batch = x[0], .seqlen = x[1], .dim = x[2], .dstate = b[br - 1],
                        .groups = br == 4 ? b[2] : 1};
-    if (n->dstate < 1 || n->groups < 1 || n->dim % n->groups != 0)
-        return fx_fail(&c->st, FX_EBADARG, "b: expected dstate >= 1 and a number of groups that divides dim %lld, got %s",
-                       (long long)n->dim, got);
-    return FX_OK;
+    return fx_ssm_check_dims(n, *type, &c->st);
 }
 
 ERL_NIF_TERM nif_selective_scan_saved_shape(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])

@@ -215,6 +215,11 @@ EXPORT int fusex_xla_ssm_saved_shape(int64_t batch, int64_t seqlen, int64_t dim,
         return -1;
     }
     fx_ssm_dims n = {.batch = batch, .seqlen = seqlen, .dim = dim, .dstate = dstate, .groups = groups};
+    fx_status st = {0};
+    if (fx_ssm_check_dims(&n, type, &st)) {
+        say(msg, msglen, "%s", st.msg);
+        return -1;
+    }
     fx_ssm_saved_shape(&n, type, out);
     return 0;
 }

@@ -50,45 +50,17 @@ static int cuda_library_path(char *path, size_t len)
 
 static void cuda_load(void)
 {
-    const char *disable = getenv("FUSEX_DISABLE_CUDA");
-    if (disable && *disable && strcmp(disable, "0") != 0) {
-        snprintf(cuda_reason, sizeof cuda_reason, "CUDA disabled by FUSEX_DISABLE_CUDA=%.100s", disable);
-        return;
-    }
     char path[4096];
     if (cuda_library_path(path, sizeof path))
         return;
-    /* The same file the NIF loads, if it is loaded: dlopen hands back that
-     * copy, whose init has run once already (init is once per process). */
-    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        snprintf(cuda_reason, sizeof cuda_reason, "no CUDA backend: %.900s (built only where nvcc is found)",
-                 dlerror());
+    const fx_backend *backend;
+    int count = fx_cuda_backend_open(path, &backend, cuda_reason, sizeof cuda_reason);
+    if (count <= 0)
         return;
-    }
-    fx_backend_entry_fn entry = (fx_backend_entry_fn)dlsym(lib, FX_CUDA_BACKEND_SYMBOL);
-    const fx_backend *backend = entry ? entry() : NULL;
-    if (!backend || backend->abi_version != FX_ABI_VERSION || backend->struct_size != sizeof(fx_backend)) {
-        snprintf(cuda_reason, sizeof cuda_reason, "%.800s is not a fusex CUDA backend of ABI %d", path,
-                 FX_ABI_VERSION);
-        return;
-    }
-    fx_status st;
-    fx_status_clear(&st);
-    if (backend->init(&st) != FX_OK) {
-        snprintf(cuda_reason, sizeof cuda_reason, "the CUDA backend did not start: %s", st.msg);
-        return;
-    }
-    int count = backend->device_count();
-    if (count <= 0) {
-        snprintf(cuda_reason, sizeof cuda_reason, "the CUDA backend found no GPU");
-        return;
-    }
     cuda_count = count < MAX_CUDA_DEVICES ? count : MAX_CUDA_DEVICES;
     for (int i = 0; i < cuda_count; i++)
         fx_device_init(&cuda_devices[i], FX_DEVICE_CUDA, i, backend);
     cuda_backend = backend;
-    cuda_reason[0] = '\0';
 }
 
 const char *fx_xla_cuda_unavailable_reason(void)

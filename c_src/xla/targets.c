@@ -342,7 +342,6 @@ static int selective_scan_bwd(const fx_xla_call *c, frame *f, fx_status *st)
         return count_error(st, "operands", f->arg_names, f->nargs, c->nargs);
     if (wrap_args(c, f, forward_operands, st) || bind_rets(c, f, st))
         return st->code;
-    in = ssm_inputs(f, v[SOFTPLUS]);
     fx_ssm_grad_outs g = {
         .x = ret(f, "dx"), .dt = ret(f, "ddt"), .a = ret(f, "da"), .b = ret(f, "db"), .c = ret(f, "dc"),
         .d = ret(f, "dd"), .z = ret(f, "dz"), .dt_bias = ret(f, "ddt_bias"), .h0 = ret(f, "dh0"),

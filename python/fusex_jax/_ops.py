@@ -201,9 +201,6 @@ class _Linrec(NamedTuple):
     dt: float  # liquid's scalar dt (used when no dt tensor is given)
 
 
-_SEQ_COUNT = {"linear_scan": 2, "mingru": 2, "minlstm": 3, "liquid": 1}
-
-
 def _linrec_attrs(cfg, dt_tensor):
     attrs = dict(reverse=_flag(cfg.reverse))
     if cfg.op in ("mingru", "minlstm"):

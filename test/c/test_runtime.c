@@ -1,4 +1,6 @@
-/* Shape maths, buffers, handles and memory accounting. */
+/* Shape maths, buffers, handles, memory accounting and the CUDA backend
+ * loader's refusals. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -123,6 +125,43 @@ START_TEST(peak_tracks_high_water)
 }
 END_TEST
 
+/* The CUDA backend loader's refusals, each with its reason (what
+ * fx_cuda_unavailable_reason and the XLA handlers report); none touches a
+ * real backend, so they hold on GPU machines too. */
+START_TEST(cuda_backend_open_refusals)
+{
+    const char *env = getenv("FUSEX_DISABLE_CUDA");
+    char *saved_env = env ? strdup(env) : NULL;
+    const fx_backend *backend = (const fx_backend *)&backend; /* not NULL: must be cleared */
+    char why[1024], want[256];
+
+    setenv("FUSEX_DISABLE_CUDA", "1", 1);
+    ck_assert_int_eq(fx_cuda_backend_open("libm.so.6", &backend, why, sizeof why), 0);
+    ck_assert_ptr_null(backend);
+    ck_assert_str_eq(why, "disabled by FUSEX_DISABLE_CUDA=1");
+
+    setenv("FUSEX_DISABLE_CUDA", "0", 1); /* "0" is not a request */
+    backend = (const fx_backend *)&backend;
+    ck_assert_int_eq(fx_cuda_backend_open("/nonexistent/fusex_cuda.so", &backend, why, sizeof why), 0);
+    ck_assert_ptr_null(backend);
+    ck_assert_msg(strncmp(why, "no CUDA backend: /nonexistent/fusex_cuda.so", 43) == 0 &&
+                      strstr(why, "(built only where nvcc is found)"),
+                  "missing library: %s", why);
+
+    /* A library that loads but has no fusex backend entry point. */
+    ck_assert_int_eq(fx_cuda_backend_open("libm.so.6", &backend, why, sizeof why), 0);
+    ck_assert_ptr_null(backend);
+    snprintf(want, sizeof want, "libm.so.6 is not a compatible fusex CUDA backend (ABI %d)", FX_ABI_VERSION);
+    ck_assert_str_eq(why, want);
+
+    if (saved_env)
+        setenv("FUSEX_DISABLE_CUDA", saved_env, 1);
+    else
+        unsetenv("FUSEX_DISABLE_CUDA");
+    free(saved_env);
+}
+END_TEST
+
 Suite *fx_suite_runtime(void)
 {
     Suite *s = suite_create("runtime");
@@ -131,6 +170,7 @@ Suite *fx_suite_runtime(void)
     tcase_add_test(tc, format_shape);
     tcase_add_test(tc, handle_free_and_views);
     tcase_add_test(tc, peak_tracks_high_water);
+    tcase_add_test(tc, cuda_backend_open_refusals);
     suite_add_tcase(s, tc);
     return s;
 }

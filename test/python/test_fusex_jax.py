@@ -376,6 +376,70 @@ def saved_shapes():
             raise AssertionError(f"saved shape of x {xs} a {as_} b {bs}: {got}, expected {want}")
 
 
+@case("selective_scan_saved_shape: sizes no scan has are refused")
+def saved_shapes_refused():
+    div = "b: expected dstate >= 1 and a number of groups that divides dim"
+    expect = [
+        (((2, 40, 8), (8, 16), (2, 40, 3, 16)), f"{div} 8, got {{2,40,3,16}}"),
+        (((2, 40, 8), (8, 16), (2, 40, 0, 16)), f"{div} 8, got {{2,40,0,16}}"),
+        (((2, 40, 8), (8, 0), (2, 40, 0)), f"{div} 8, got {{2,40,0}}"),
+        (((2, -1, 8), (8, 4), (2, -1, 4)), "x: expected non-negative dimensions, got -1 at axis 1"),
+    ]
+    for (xs, as_, bs), want in expect:
+        try:
+            got = fj.selective_scan_saved_shape(xs, as_, bs, F32)
+        except TypeError as e:
+            if str(e) != want:
+                raise AssertionError(f"saved shape of x {xs} a {as_} b {bs}: {e!r}, expected {want!r}") from None
+            continue
+        raise AssertionError(f"saved shape of x {xs} a {as_} b {bs}: {got}, expected the error {want!r}")
+
+
+def expect_equal(what, got, want):
+    """Exactly `want` (NaN never passes), shape and all."""
+    check(what, got, want, 0.0)
+
+
+def empty_ssm_case(batch, seqlen, h0):
+    # Nothing to scan, but the final state (h0, or zeros) and da, dd,
+    # dt_bias (sums over no step: zeros) are results with elements, which
+    # the handlers must write: XLA's result buffers start with whatever was
+    # there before.
+    name = f"selective_scan with nothing to scan: B{batch} L{seqlen}{' h0' if h0 else ''}"
+
+    @case(name)
+    def run():
+        dim, dstate = 4, 3
+        x, dt, a, b, c, d, z, dt_bias, init = ssm_inputs(rng(name), batch, seqlen, dim, dstate, 1, F32, F32,
+                                                          {"d", "z", "bias", "softplus", "h0"})
+        init = init if h0 else None
+        w_state = normal(rng(name + "/w"), (batch, dim, dstate), F32)
+
+        def scan(*xs):
+            return fj.selective_scan(*xs[:5], d=xs[5], z=xs[6], dt_bias=xs[7], h0=xs[8], dt_softplus=True,
+                                     return_state=True)
+
+        def loss(*xs):
+            y, state = scan(*xs)
+            return jnp.sum(y) + jnp.sum(state * w_state)
+
+        args = on(DEVICE, (x, dt, a, b, c, d, z, dt_bias, init))
+        _, state = jax.jit(scan)(*args)
+        expect_equal(name + " state", state, init if h0 else jnp.zeros((batch, dim, dstate), F32))
+        argnums = (0, 1, 2, 3, 4, 5, 6, 7) + ((8,) if h0 else ())
+        grads = jax.jit(jax.grad(loss, argnums=argnums))(*args)
+        for arg_name, g, t in zip(SSM_ARGS, grads, args):
+            if arg_name == "h0":
+                expect_equal(name + " dh0", g, w_state)
+            else:
+                expect_equal(f"{name} d{arg_name}", g, jnp.zeros(t.shape, t.dtype))
+
+
+for h0 in (False, True):
+    empty_ssm_case(2, 0, h0)
+    empty_ssm_case(0, 3, h0)
+
+
 # ---- linear recurrences ----
 
 SEQ_NAMES = {"linear_scan": ("a", "b"), "mingru": ("z_logits", "cand"), "minlstm": ("f_logits", "i_logits", "cand"),
@@ -457,6 +521,45 @@ for op in ("linear_scan", "mingru", "minlstm", "liquid"):
 # the inputs' type: in f32 that sum of random-sign terms has no relative
 # accuracy to speak of, so it is checked in f64.
 linrec_case("liquid", 2, 29, 7, F64, reverse=True, dt="array0", cuda=False)
+
+
+def empty_linrec_case(op, batch, seqlen, h0):
+    # As empty_ssm_case: the final state (h0, or zeros), liquid's dtau, da
+    # and dh0 (dstate) are results with elements.
+    name = f"{op} with nothing to scan: B{batch} L{seqlen}{' h0' if h0 else ''}"
+
+    @case(name)
+    def run():
+        hidden = 5
+        r = rng(name)
+        seq, params = linrec_inputs(r, op, batch, seqlen, hidden, F32)
+        dt = uniform(r, (batch, seqlen, 1), F32, 0.1, 1.0) if op == "liquid" else None
+        init = normal(r, (batch, hidden), F32) if h0 else None
+        w_state = normal(rng(name + "/w"), (batch, hidden), F32)
+        nseq, nparams = len(seq), len(params)
+        args = on(DEVICE, seq + params + (dt, init))
+
+        def scan(*xs):
+            s, p = xs[:nseq], xs[nseq:nseq + nparams]
+            return linrec_call(op, s, p, xs[-2], xs[-1], False, False, True)
+
+        def loss(*xs):
+            hs, state = scan(*xs)
+            return jnp.sum(hs) + jnp.sum(state * w_state)
+
+        _, state = jax.jit(scan)(*args)
+        expect_equal(name + " state", state, init if h0 else jnp.zeros((batch, hidden), F32))
+        argnums = tuple(i for i, t in enumerate(args) if t is not None)
+        grads = jax.jit(jax.grad(loss, argnums=argnums))(*args)
+        for i, g in zip(argnums, grads):
+            want = w_state if i == len(args) - 1 else jnp.zeros(args[i].shape, args[i].dtype)
+            expect_equal(f"{name} gradient {i}", g, want)
+
+
+for op in ("linear_scan", "mingru", "minlstm", "liquid"):
+    for h0 in (False, True):
+        empty_linrec_case(op, 2, 0, h0)
+        empty_linrec_case(op, 0, 3, h0)
 
 
 def linrec_step_case(op, batch, hidden, dtype, state_dtype, cand_g=False, dt="scalar"):

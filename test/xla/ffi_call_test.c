@@ -11,7 +11,10 @@
  * result must be written whole), a scan against exact values, attributes
  * of other integer and float widths, a step whose new_state aliases its
  * state, registration (30 handlers, FFI API 0.2, no traits; again a no-op),
- * the loader, and errors (code and message).
+ * problems with nothing to scan (batch or seqlen 0) whose final state and
+ * summed gradients are still results, written as zeros or h0 / dstate,
+ * the loader, errors (code and message), and the saved states' shape for
+ * sizes no scan has.
  *
  * Built with -DFX_XLA_TEST_CUDA (make test-xla-c-gpu, linked with the CUDA
  * runtime) it also runs every target's CUDA handler on a stream of its own
@@ -484,6 +487,91 @@ static void selective_scan(int64_t B, int64_t L, int64_t D, int64_t N, int64_t G
     run(&s);
 }
 
+/* ---- empty problems: outputs the handler must still write ---- */
+
+/* Result `name` holds `want`'s values, or zeros without `want`. */
+static void expect_values(const call *c, const char *name, const buffer *want)
+{
+    for (int i = 0; i < c->nrets; i++) {
+        const buffer *got = &c->rets[i];
+        if (strcmp(got->name, name) != 0)
+            continue;
+        for (int64_t k = 0; k < got->numel; k++) {
+            double w = want ? load(want, k) : 0.0, g = load(got, k);
+            checks++;
+            if (!(g == w)) {
+                fail("%s: %s[%lld] %g, expected %g%s", c->target, name, (long long)k, g, w,
+                     want ? " (its input)" : "");
+                return;
+            }
+        }
+        return;
+    }
+    fail("%s: no result %s", c->target, name);
+}
+
+static const buffer *find_arg(const call *c, const char *name)
+{
+    for (int i = 0; i < c->nargs; i++)
+        if (strcmp(c->args[i].name, name) == 0)
+            return &c->args[i];
+    return NULL;
+}
+
+/* A selective scan with nothing to scan (batch or seqlen 0) whose
+ * non-empty results are still results: the final state (h0, or zeros),
+ * da, dd and ddt_bias (sums over no step: zeros), dh0 (dstate). */
+static void empty_selective_scan(int64_t B, int64_t L, int has_h0)
+{
+    const int64_t D = 4, N = 3;
+    call f = {.target = "fusex_selective_scan_fwd"};
+    arg(&f, "x", 'n', FX_F32, DIMS(B, L, D));
+    arg(&f, "dt", 'n', FX_F32, DIMS(B, L, D));
+    arg(&f, "a", 'a', FX_F32, DIMS(D, N));
+    arg(&f, "b", 'n', FX_F32, DIMS(B, L, N));
+    arg(&f, "c", 'n', FX_F32, DIMS(B, L, N));
+    arg(&f, "d", 'n', FX_F32, DIMS(D));
+    arg(&f, "z", 'n', FX_F32, DIMS(B, L, D));
+    arg(&f, "dt_bias", 'n', FX_F32, DIMS(D));
+    if (has_h0)
+        arg(&f, "h0", 'n', FX_F32, DIMS(B, D, N));
+    ret(&f, "y", FX_F32, DIMS(B, L, D), 1);
+    ret(&f, "state", FX_F32, DIMS(B, D, N), 1);
+    const char *flags[] = {"dt_softplus", "has_d", "has_z", "has_dt_bias", "has_h0", "return_state", "save"};
+    for (int i = 0; i < 7; i++)
+        flag(&f, flags[i], i == 4 ? has_h0 : 1);
+    int forward_ran = run_host(&f) == 0;
+    if (forward_ran)
+        expect_values(&f, "state", has_h0 ? find_arg(&f, "h0") : NULL);
+
+    call bw = {.target = "fusex_selective_scan_bwd"};
+    for (int i = 0; i < f.nargs; i++)
+        like(bw.args, &bw.nargs, f.args[i].name, &f.args[i]);
+    arg(&bw, "dy", 'n', FX_F32, DIMS(B, L, D));
+    buffer *dstate = arg(&bw, "dstate", 'n', FX_F32, DIMS(B, D, N));
+    static const char *const grads[] = {"dx", "ddt", "da", "db", "dc", "dd", "dz", "ddt_bias", "dh0"};
+    for (int i = 0; i < f.nargs; i++)
+        like(bw.rets, &bw.nrets, grads[i], &f.args[i]);
+    for (int i = 0; i < 5; i++)
+        flag(&bw, flags[i], i == 4 ? has_h0 : 1);
+    flag(&bw, "has_dstate", 1);
+#ifdef FX_XLA_TEST_CUDA
+    if (forward_ran)
+        run_cuda_against_host(&f);
+#endif
+    free_call(&f);
+    if (run_host(&bw) == 0) {
+        for (int i = 0; i < 8; i++)
+            expect_values(&bw, grads[i], NULL);
+        if (has_h0)
+            expect_values(&bw, "dh0", dstate);
+#ifdef FX_XLA_TEST_CUDA
+        run_cuda_against_host(&bw);
+#endif
+    }
+    free_call(&bw);
+}
+
 static const char *const seq_names[4][3] = {
     {"a", "b"}, {"z_logits", "cand"}, {"f_logits", "i_logits", "cand"}, {"f_logits"}};
 static const int nseqs[4] = {2, 2, 3, 1};
@@ -573,6 +661,64 @@ static void linrec(int op, int64_t B, int64_t L, int64_t H, fx_dtype t)
     ret(&s, "new_state", FX_F32, DIMS(B, H), 1);
     op_attrs(&s, op, 0, 0);
     run(&s);
+}
+
+/* A linear recurrence with nothing to scan (batch or seqlen 0): the final
+ * state (h0, or zeros), liquid's dtau and da (sums over no step: zeros)
+ * and dh0 (dstate) are still written. */
+static void empty_linrec(int op, int64_t B, int64_t L, int has_h0)
+{
+    const int64_t H = 5;
+    char target[64];
+    snprintf(target, sizeof target, "fusex_%s_fwd", ops[op]);
+    call f = {.target = target};
+    for (int i = 0; i < nseqs[op]; i++)
+        arg(&f, seq_names[op][i], op == 0 && i == 0 ? 'p' : 'n', FX_F32, DIMS(B, L, H));
+    if (op == 3) {
+        arg(&f, "tau", 'p', FX_F32, DIMS(H));
+        arg(&f, "a", 'n', FX_F32, DIMS(H));
+        arg(&f, "dt", 'q', FX_F32, DIMS(B, L, 1));
+    }
+    if (has_h0)
+        arg(&f, "h0", 'n', FX_F32, DIMS(B, H));
+    ret(&f, "h", FX_F32, DIMS(B, L, H), 1);
+    ret(&f, "state", FX_F32, DIMS(B, H), 1);
+    op_attrs(&f, op, 1, 1);
+    flag(&f, "has_h0", has_h0);
+    flag(&f, "return_state", 1);
+    int forward_ran = run_host(&f) == 0;
+    if (forward_ran)
+        expect_values(&f, "state", has_h0 ? find_arg(&f, "h0") : NULL);
+
+    char btarget[64];
+    snprintf(btarget, sizeof btarget, "fusex_%s_bwd", ops[op]);
+    call bw = {.target = btarget};
+    for (int i = 0; i < f.nargs; i++)
+        like(bw.args, &bw.nargs, f.args[i].name, &f.args[i]);
+    like(bw.args, &bw.nargs, "h", &f.rets[0]);
+    arg(&bw, "dh", 'n', FX_F32, DIMS(B, L, H));
+    buffer *dstate = arg(&bw, "dstate", 'n', FX_F32, DIMS(B, H));
+    for (int i = 0; i < f.nargs; i++)
+        like(bw.rets, &bw.nrets, grad_name(f.args[i].name), &f.args[i]);
+    op_attrs(&bw, op, 1, 1);
+    flag(&bw, "has_h0", has_h0);
+    flag(&bw, "has_dstate", 1);
+#ifdef FX_XLA_TEST_CUDA
+    if (forward_ran)
+        run_cuda_against_host(&f);
+#endif
+    free_call(&f);
+    if (run_host(&bw) == 0) {
+        for (int i = 0; i < bw.nrets; i++)
+            if (strcmp(bw.rets[i].name, "dh0") != 0)
+                expect_values(&bw, bw.rets[i].name, NULL);
+        if (has_h0)
+            expect_values(&bw, "dh0", dstate);
+#ifdef FX_XLA_TEST_CUDA
+        run_cuda_against_host(&bw);
+#endif
+    }
+    free_call(&bw);
 }
 
 /* ---- Host-only checks of the plumbing ---- */
@@ -750,6 +896,52 @@ static void errors(void)
 #endif
 }
 
+/* fusex_xla_ssm_saved_shape with sizes no scan has: -1, the reason, `out`
+ * untouched. */
+static void saved_shape_errors(void)
+{
+    static const struct {
+        int64_t batch, seqlen, dim, dstate, groups;
+        const char *dtype, *message;
+    } bad[] = {
+        {2, 100, 64, 16, 3, "float32", "b: expected dstate >= 1 and a number of groups that divides dim 64, got {2,100,3,16}"},
+        {2, 100, 64, 16, 0, "float32", "b: expected dstate >= 1 and a number of groups that divides dim 64, got {2,100,0,16}"},
+        {2, 100, 64, 16, -2, "float32", "b: expected dstate >= 1 and a number of groups that divides dim 64, got {2,100,-2,16}"},
+        {2, 100, 64, 0, 1, "float32", "b: expected dstate >= 1 and a number of groups that divides dim 64, got {2,100,0}"},
+        {2, 100, 64, -4, 2, "bfloat16", "b: expected dstate >= 1 and a number of groups that divides dim 64, got {2,100,2,-4}"},
+        {-1, 100, 64, 16, 1, "float32", "x: expected non-negative dimensions, got -1 at axis 0"},
+        {2, -100, 64, 16, 1, "float32", "x: expected non-negative dimensions, got -100 at axis 1"},
+        {2, 100, -64, 16, 1, "float32", "x: expected non-negative dimensions, got -64 at axis 2"},
+        {(int64_t)1 << 30, (int64_t)1 << 30, 64, 16, 1, "float32",
+         "x: expected a shape of at most 2^48 elements, got {1073741824,1073741824,64}"},
+        {1, 4, 64, (int64_t)1 << 47, 1, "float32",
+         "b: expected a shape of at most 2^48 elements, got {1,4,140737488355328}"},
+        {1, (int64_t)1 << 24, (int64_t)1 << 20, (int64_t)1 << 20, 1, "float32",
+         "saved: expected a shape of at most 2^48 elements, got {1,1048575,1048576,1048576}"},
+        {2, 100, 64, 16, 1, "int32", "x: expected type float32, bfloat16, float16 or float64, got int32"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int64_t out[4] = {7, 7, 7, 7};
+        char msg[256] = "";
+        int rc = fusex_xla_ssm_saved_shape(bad[i].batch, bad[i].seqlen, bad[i].dim, bad[i].dstate, bad[i].groups,
+                                           bad[i].dtype, out, msg, sizeof msg);
+        checks++;
+        if (rc != -1 || strcmp(msg, bad[i].message) != 0 || out[0] != 7 || out[1] != 7 || out[2] != 7 || out[3] != 7)
+            fail("fusex_xla_ssm_saved_shape(%lld, %lld, %lld, %lld, %lld, %s): %d \"%s\" {%lld,%lld,%lld,%lld}, "
+                 "expected -1 \"%s\", out untouched",
+                 (long long)bad[i].batch, (long long)bad[i].seqlen, (long long)bad[i].dim, (long long)bad[i].dstate,
+                 (long long)bad[i].groups, bad[i].dtype, rc, msg, (long long)out[0], (long long)out[1],
+                 (long long)out[2], (long long)out[3], bad[i].message);
+    }
+    /* Empty problems are problems: nothing saved. */
+    int64_t out[4];
+    char msg[256] = "";
+    checks++;
+    if (fusex_xla_ssm_saved_shape(0, 0, 0, 16, 1, "float32", out, msg, sizeof msg) != 0 || out[0] != 0 ||
+        out[1] != 0 || out[2] != 0 || out[3] != 16)
+        fail("fusex_xla_ssm_saved_shape(0, 0, 0, 16, 1): \"%s\"", msg);
+}
+
 static void registration(void)
 {
     char msg[512];
@@ -801,6 +993,7 @@ int main(void)
     attribute_widths();
     aliased_step();
     errors();
+    saved_shape_errors();
     selective_scan(2, 67, 64, 16, 2, FX_F32);
     selective_scan(1, 33, 64, 48, 2, FX_F32);
     selective_scan(2, 19, 32, 16, 1, FX_BF16);
@@ -808,6 +1001,14 @@ int main(void)
     for (int op = 0; op < 4; op++) {
         linrec(op, 3, 129, 96, FX_F32);
         linrec(op, 2, 17, 16, FX_BF16);
+    }
+    for (int has_h0 = 0; has_h0 < 2; has_h0++) {
+        empty_selective_scan(2, 0, has_h0); /* seqlen 0 */
+        empty_selective_scan(0, 3, has_h0); /* batch 0 */
+        for (int op = 0; op < 4; op++) {
+            empty_linrec(op, 2, 0, has_h0);
+            empty_linrec(op, 0, 3, has_h0);
+        }
     }
 #ifdef FX_XLA_TEST_CUDA
     CUDA_OK(cudaFree(scratch.base));
