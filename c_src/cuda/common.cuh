@@ -10,6 +10,8 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "fusex.h"
 #include "fusex_exec.h"
 
@@ -125,11 +127,13 @@ __device__ __forceinline__ void store_any(void *p, int type, int64_t i, float v)
     }
 }
 
-// Calls `body.template operator()<T>()` with T the storage type of `dtype`.
-// Lets a host launcher instantiate one kernel per dtype without a switch in
-// every family.
+// Calls `body((T *)0)` with T the storage type of `dtype`. Lets a host
+// launcher instantiate one kernel per dtype without a switch in every
+// family. The body answers a status: a size or any other value would be
+// cut to int, so it goes out through a capture instead.
 template <typename F> static inline int with_dtype(fx_dtype dtype, F &&body)
 {
+    static_assert(std::is_same<decltype(body((float *)0)), int>::value, "with_dtype's body answers a status (int)");
     switch (dtype) {
     case FX_F32: return body((float *)0);
     case FX_F64: return body((double *)0);
@@ -145,6 +149,7 @@ template <typename F> static inline int with_dtype(fx_dtype dtype, F &&body)
 // Same, for the float types a kernel family computes in f32 (f32, bf16, f16).
 template <typename F> static inline int with_float(fx_dtype dtype, F &&body)
 {
+    static_assert(std::is_same<decltype(body((float *)0)), int>::value, "with_float's body answers a status (int)");
     switch (dtype) {
     case FX_F32: return body((float *)0);
     case FX_BF16: return body((__nv_bfloat16 *)0);
