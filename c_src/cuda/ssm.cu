@@ -13,7 +13,7 @@ int op_forward(const fx_exec *ex, const fx_ssm_fwd_args *a, fx_status *st)
     Run r;
     if (enter(ex, &r, st) || check_dims(a->n, "selective_scan", st))
         return st->code;
-    return with_float(a->x->dtype, [&](auto *tag) {
+    return with_float(a->x->dtype, "selective_scan", st, [&](auto *tag) {
         return forward<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
     });
 }
@@ -23,7 +23,7 @@ int op_backward(const fx_exec *ex, const fx_ssm_bwd_args *a, fx_status *st)
     Run r;
     if (enter(ex, &r, st) || check_dims(a->fwd.n, "selective_scan_backward", st))
         return st->code;
-    return with_float(a->fwd.x->dtype, [&](auto *tag) {
+    return with_float(a->fwd.x->dtype, "selective_scan_backward", st, [&](auto *tag) {
         return backward<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
     });
 }
@@ -33,7 +33,7 @@ int op_step(const fx_exec *ex, const fx_ssm_step_args *a, fx_status *st)
     Run r;
     if (enter(ex, &r, st) || check_dims(a->n, "selective_scan_step", st))
         return st->code;
-    return with_float(a->x->dtype, [&](auto *tag) {
+    return with_float(a->x->dtype, "selective_scan_step", st, [&](auto *tag) {
         return step<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
     });
 }
@@ -45,7 +45,9 @@ int op_step(const fx_exec *ex, const fx_ssm_step_args *a, fx_status *st)
 size_t op_forward_scratch(const fx_exec *, const fx_ssm_fwd_args *a)
 {
     size_t total = 0;
-    with_float(a->x->dtype, [&](auto *tag) {
+    fx_status st; // a type with no kernel asks for none: the op itself fails
+    fx_status_clear(&st);
+    with_float(a->x->dtype, "selective_scan", &st, [&](auto *tag) {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         if (!ws_sliced_shape<T>(scan_params(a, kWsChannels)))
             return (int)FX_OK;
@@ -64,7 +66,9 @@ size_t op_forward_scratch(const fx_exec *, const fx_ssm_fwd_args *a)
 size_t op_backward_scratch(const fx_exec *, const fx_ssm_bwd_args *a)
 {
     size_t total = 0;
-    with_float(a->fwd.x->dtype, [&](auto *tag) {
+    fx_status st; // as above
+    fx_status_clear(&st);
+    with_float(a->fwd.x->dtype, "selective_scan_backward", &st, [&](auto *tag) {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         const bool sliced = bwd_sliced_shape<T>(scan_params(&a->fwd, kWsChannels));
         total = fx_size_add(FX_SCRATCH_ALIGN, fx_scratch_piece(fx_size_mul(BwdScratch(a->fwd.n, sliced).total, 4)));
