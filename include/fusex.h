@@ -25,7 +25,7 @@ extern "C" {
 
 /* Bumped whenever fx_backend or an argument struct changes layout. The core
  * refuses a backend whose version or struct size differs from its own. */
-#define FX_ABI_VERSION 4
+#define FX_ABI_VERSION 5
 
 #define FX_MAX_RANK 8
 

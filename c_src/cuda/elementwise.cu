@@ -54,9 +54,9 @@ int cast(const fx_exec *ex, const fx_tensor *src, const fx_tensor *dst, fx_statu
     if (enter(ex, &r, st))
         return st->code;
     const unsigned grid = grid_for(r.d, src->numel, FX_THREADS);
-    return with_dtype(src->dtype, [&](auto *s_tag) {
+    return with_dtype(src->dtype, "cast source", st, [&](auto *s_tag) {
         typedef typename std::remove_pointer<decltype(s_tag)>::type S;
-        return with_dtype(dst->dtype, [&](auto *d_tag) {
+        return with_dtype(dst->dtype, "cast destination", st, [&](auto *d_tag) {
             typedef typename std::remove_pointer<decltype(d_tag)>::type D;
             return launch<cast_kernel<S, D>>(r, grid, FX_THREADS, "cast kernel", st,
                                                      (const S *)src->data, (D *)dst->data, src->numel);
@@ -104,7 +104,7 @@ int binary(const fx_exec *ex, fx_binop op, const fx_tensor *a, const fx_tensor *
     if (enter(ex, &r, st))
         return st->code;
     const unsigned grid = grid_for(r.d, a->numel, FX_THREADS);
-    return with_dtype(a->dtype, [&](auto *tag) {
+    return with_dtype(a->dtype, "binary op", st, [&](auto *tag) {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         return launch<binary_kernel<T>>(r, grid, FX_THREADS, "binary kernel", st, (int)op,
                                                 (const T *)a->data, (const T *)b->data, (T *)out->data,
@@ -131,7 +131,7 @@ int scale(const fx_exec *ex, const fx_tensor *src, double factor, const fx_tenso
         return launch<scale_kernel<double, double>>(r, grid, FX_THREADS, "scale kernel", st,
                                                             (const double *)src->data, factor,
                                                             (double *)dst->data, src->numel);
-    return with_float(src->dtype, [&](auto *tag) {
+    return with_float(src->dtype, "scale", st, [&](auto *tag) {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         return launch<scale_kernel<T, float>>(r, grid, FX_THREADS, "scale kernel", st,
                                                       (const T *)src->data, (float)factor, (T *)dst->data,

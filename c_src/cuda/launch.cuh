@@ -84,34 +84,17 @@ static inline int copy_device(const Run &r, void *dst, const void *src, size_t b
     return FX_OK;
 }
 
-// With the stream's cache locked (fx_stream_cache): at least `bytes` of
-// look-back statuses at *base that hold no status tagged *epoch, which this
-// launch then uses. The memory grows on the stream (stream-ordered: a
-// launch still reading the old one finishes first) and is cleared when it
-// grows or the epoch wraps.
-static inline int cached_statuses(const Run &r, fx_stream_cache *cache, size_t bytes, void **base,
-                                          uint32_t *epoch, fx_status *st)
+// The look-back statuses' memory (scratch.cuh's hooks) comes from the
+// stream's memory pool, so freeing it waits for no launch on the host.
+static inline int alloc_statuses(const Run &r, size_t bytes, void **out, fx_status *st)
 {
-    bool clear = false;
-    if (bytes > cache->bytes) {
-        const size_t grown = fx_size_add(bytes, bytes / 2); // saturates: never less than bytes
-        if (cache->statuses)
-            FX_CUDA_TRY(r.d, cudaFreeAsync(cache->statuses, r.stream), "cudaFreeAsync (look-back statuses)", st);
-        cache->statuses = nullptr;
-        cache->bytes = 0;
-        FX_CUDA_TRY(r.d, cudaMallocAsync(&cache->statuses, grown, r.stream), "cudaMallocAsync (look-back statuses)",
-                    st);
-        cache->bytes = grown;
-        clear = true;
-    }
-    if (++cache->epoch >= (1u << 30)) { // wrapped: old tags could match again
-        cache->epoch = 1;
-        clear = true;
-    }
-    if (clear && fill_zero(r, cache->statuses, cache->bytes, "cudaMemsetAsync (look-back statuses)", st))
-        return st->code;
-    *base = cache->statuses;
-    *epoch = cache->epoch;
+    FX_CUDA_TRY(r.d, cudaMallocAsync(out, bytes, r.stream), "cudaMallocAsync (look-back statuses)", st);
+    return FX_OK;
+}
+
+static inline int free_statuses(const Run &r, void *ptr, fx_status *st)
+{
+    FX_CUDA_TRY(r.d, cudaFreeAsync(ptr, r.stream), "cudaFreeAsync (look-back statuses)", st);
     return FX_OK;
 }
 

@@ -12,24 +12,14 @@
 namespace fx::cuda::linrec {
 namespace {
 
-// A launcher's answer FX_EINTERNAL with no message: no kernel for the
-// problem's op or type (the op layer lets none through).
-int no_kernel(int rc, const char *what, const fx_linrec_problem *p, fx_status *st)
-{
-    return rc == FX_EINTERNAL && st->code == FX_OK
-               ? fx_fail(st, FX_EINTERNAL, "%s: no kernel for op %d, %d", what, p->kind, p->dtype)
-               : rc;
-}
-
 int op_forward(const fx_exec *ex, const fx_linrec_fwd_args *a, fx_status *st)
 {
     Run r;
     if (enter(ex, &r, st))
         return st->code;
-    const int rc = with_float(a->p.dtype, [&](auto *tag) {
+    return with_float(a->p.dtype, "linrec forward", st, [&](auto *tag) {
         return forward<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
     });
-    return no_kernel(rc, "linrec forward", &a->p, st);
 }
 
 int op_backward(const fx_exec *ex, const fx_linrec_bwd_args *a, fx_status *st)
@@ -37,10 +27,9 @@ int op_backward(const fx_exec *ex, const fx_linrec_bwd_args *a, fx_status *st)
     Run r;
     if (enter(ex, &r, st))
         return st->code;
-    const int rc = with_float(a->p.dtype, [&](auto *tag) {
+    return with_float(a->p.dtype, "linrec backward", st, [&](auto *tag) {
         return backward<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
     });
-    return no_kernel(rc, "linrec backward", &a->p, st);
 }
 
 int op_step(const fx_exec *ex, const fx_linrec_step_args *a, fx_status *st)
@@ -48,16 +37,16 @@ int op_step(const fx_exec *ex, const fx_linrec_step_args *a, fx_status *st)
     Run r;
     if (enter(ex, &r, st))
         return st->code;
-    const int rc = with_float(a->p.dtype, [&](auto *tag) {
+    return with_float(a->p.dtype, "linrec step", st, [&](auto *tag) {
         return step<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
     });
-    return no_kernel(rc, "linrec step", &a->p, st);
 }
 
 // Calls body(std::integral_constant<int, KIND>{}, (T *)0) for the problem.
-template <typename F> int dispatch(const fx_linrec_problem *p, F &&body)
+template <typename F> int dispatch(const fx_linrec_problem *p, const char *what, fx_status *st, F &&body)
 {
-    return with_float(p->dtype, [&](auto *tag) { return with_kind(p, [&](auto kind) { return body(kind, tag); }); });
+    return with_float(p->dtype, what, st,
+                      [&](auto *tag) { return with_kind(p, what, st, [&](auto kind) { return body(kind, tag); }); });
 }
 
 // The look-back statuses of the largest plan a launch of these shapes can
@@ -84,7 +73,7 @@ size_t op_forward_scratch(const fx_exec *ex, const fx_linrec_fwd_args *a)
     if (!d)
         return SIZE_MAX;
     size_t statuses = 0;
-    dispatch(&a->p, [&](auto kind, auto *tag) {
+    dispatch(&a->p, "linrec forward", &st, [&](auto kind, auto *tag) {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         constexpr int KIND = decltype(kind)::value;
         statuses = lookback_bound<T>(d, a, {fwd_steps<KIND, T, 1>(), fwd_steps<KIND, T, kVec>(), kStagedFwdSteps});
@@ -101,7 +90,7 @@ size_t op_backward_scratch(const fx_exec *ex, const fx_linrec_bwd_args *a)
     if (!d)
         return SIZE_MAX;
     size_t total = FX_SCRATCH_ALIGN;
-    dispatch(&a->p, [&](auto kind, auto *tag) {
+    dispatch(&a->p, "linrec backward", &st, [&](auto kind, auto *tag) {
         typedef typename std::remove_pointer<decltype(tag)>::type T;
         constexpr int KIND = decltype(kind)::value;
         total = fx_size_add(total, fx_scratch_piece(lookback_bound<T>(

@@ -394,14 +394,6 @@ static int launch_update(const Run &r, fx_optim_kind kind, unsigned blocks, cons
                                                             st, a);
 }
 
-// with_float answers FX_EINTERNAL, with no message, for a type it
-// has no kernel for (the op layer never lets one through).
-static int no_kernel(fx_status *st, const fx_optim_args *a)
-{
-    return fx_fail(st, FX_EINTERNAL, "optimizer: no CUDA kernel for params %d, grads %d",
-                   (int)a->param_dtype, (int)a->grad_dtype);
-}
-
 static int op_step(const fx_exec *ex, const fx_optim_args *a, fx_status *st)
 {
     Run r;
@@ -410,20 +402,18 @@ static int op_step(const fx_exec *ex, const fx_optim_args *a, fx_status *st)
     const unsigned blocks = (unsigned)a->blocks;
     int rc = FX_OK;
     if (a->prepass)
-        rc = with_float(a->grad_dtype, [&](auto *g_tag) {
+        rc = with_float(a->grad_dtype, "optimizer gradients", st, [&](auto *g_tag) {
             typedef typename std::remove_pointer<decltype(g_tag)>::type G;
             return launch<norm_kernel<G>>(r, blocks, OPTIM_THREADS, "optimizer norm kernel", st, *a);
         });
     if (rc == FX_OK)
-        rc = with_float(a->param_dtype, [&](auto *p_tag) {
+        rc = with_float(a->param_dtype, "optimizer parameters", st, [&](auto *p_tag) {
             typedef typename std::remove_pointer<decltype(p_tag)>::type P;
-            return with_float(a->grad_dtype, [&](auto *g_tag) {
+            return with_float(a->grad_dtype, "optimizer gradients", st, [&](auto *g_tag) {
                 typedef typename std::remove_pointer<decltype(g_tag)>::type G;
                 return launch_update<P, G>(r, a->kind, blocks, *a, st);
             });
         });
-    if (rc != FX_OK && st->code == FX_OK)
-        return no_kernel(st, a);
     return rc;
 }
 

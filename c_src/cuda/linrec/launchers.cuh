@@ -16,15 +16,16 @@ template <typename T> int forward(const Run &r, const fx_linrec_fwd_args *a, fx_
 template <typename T> int backward(const Run &r, const fx_linrec_bwd_args *a, fx_status *st);
 template <typename T> int step(const Run &r, const fx_linrec_step_args *a, fx_status *st);
 
-// Calls body(std::integral_constant<int, KIND>{}) for the problem's op.
-template <typename F> int with_kind(const fx_linrec_problem *p, F &&body)
+// Calls body(std::integral_constant<int, KIND>{}) for the problem's op; an
+// op with no kernel (the op layer lets none through) fails in st.
+template <typename F> int with_kind(const fx_linrec_problem *p, const char *what, fx_status *st, F &&body)
 {
     switch (p->kind) {
     case FX_LINREC_SCAN: return body(std::integral_constant<int, FX_LINREC_SCAN>{});
     case FX_LINREC_MINGRU: return body(std::integral_constant<int, FX_LINREC_MINGRU>{});
     case FX_LINREC_MINLSTM: return body(std::integral_constant<int, FX_LINREC_MINLSTM>{});
     case FX_LINREC_LIQUID: return body(std::integral_constant<int, FX_LINREC_LIQUID>{});
-    default: return (int)FX_EINTERNAL;
+    default: return fx_fail(st, FX_EINTERNAL, "%s: no CUDA kernel for op %d", what, (int)p->kind);
     }
 }
 
@@ -228,17 +229,17 @@ inline int step_as(const Run &r, const fx_linrec_step_args *a, fx_status *st)
 
 template <typename T> int forward(const Run &r, const fx_linrec_fwd_args *a, fx_status *st)
 {
-    return with_kind(&a->p, [&](auto kind) { return detail::forward_as<decltype(kind)::value, T>(r, a, st); });
+    return with_kind(&a->p, "linrec forward", st, [&](auto kind) { return detail::forward_as<decltype(kind)::value, T>(r, a, st); });
 }
 
 template <typename T> int backward(const Run &r, const fx_linrec_bwd_args *a, fx_status *st)
 {
-    return with_kind(&a->p, [&](auto kind) { return detail::backward_as<decltype(kind)::value, T>(r, a, st); });
+    return with_kind(&a->p, "linrec backward", st, [&](auto kind) { return detail::backward_as<decltype(kind)::value, T>(r, a, st); });
 }
 
 template <typename T> int step(const Run &r, const fx_linrec_step_args *a, fx_status *st)
 {
-    return with_kind(&a->p, [&](auto kind) { return detail::step_as<decltype(kind)::value, T>(r, a, st); });
+    return with_kind(&a->p, "linrec step", st, [&](auto kind) { return detail::step_as<decltype(kind)::value, T>(r, a, st); });
 }
 
 // The launchers of one input type: declared `extern` for every type here,

@@ -75,33 +75,19 @@ static inline int copy_device(const Run &, void *dst, const void *src, size_t by
     return FX_OK;
 }
 
-// As the real one: the statuses grow (new memory reads as NaN until
-// cleared) and are cleared only when they grow or the epoch wraps, so a
-// launch finds the statuses of earlier launches there, tagged with older
-// epochs.
-static inline int cached_statuses(const Run &r, fx_stream_cache *cache, size_t bytes, void **base, uint32_t *epoch,
-                                  fx_status *st)
+// Host memory, aligned as scratch is (aligned_alloc wants a multiple of
+// the alignment).
+static inline int alloc_statuses(const Run &, size_t bytes, void **out, fx_status *st)
 {
-    bool clear = false;
-    if (bytes > cache->bytes) {
-        const size_t grown = fx_size_add(bytes, bytes / 2);
-        free(cache->statuses);
-        cache->bytes = 0;
-        cache->statuses = grown == SIZE_MAX ? nullptr : aligned_alloc(FX_SCRATCH_ALIGN, fx_scratch_piece(grown));
-        if (!cache->statuses)
-            return fx_fail(st, FX_ENOMEM, "out of host memory for %zu bytes of look-back statuses", bytes);
-        memset(cache->statuses, 0xff, grown);
-        cache->bytes = grown;
-        clear = true;
-    }
-    if (++cache->epoch >= (1u << 30)) {
-        cache->epoch = 1;
-        clear = true;
-    }
-    if (clear)
-        fill_zero(r, cache->statuses, cache->bytes, "look-back statuses", st);
-    *base = cache->statuses;
-    *epoch = cache->epoch;
+    *out = bytes == SIZE_MAX ? nullptr : aligned_alloc(FX_SCRATCH_ALIGN, fx_scratch_piece(bytes));
+    if (!*out)
+        return fx_fail(st, FX_ENOMEM, "out of host memory for %zu bytes of look-back statuses", bytes);
+    return FX_OK;
+}
+
+static inline int free_statuses(const Run &, void *ptr, fx_status *)
+{
+    free(ptr);
     return FX_OK;
 }
 
