@@ -601,46 +601,65 @@ static void op_attrs(call *c, int op, int candidate_g, int has_dt)
     }
 }
 
+/* A linear recurrence's forward call over [B, L, H] of type t, with h0
+ * (when has_h0), liquid's dt tensor, the output and the final state;
+ * `target` holds its name. */
+static void linrec_forward_call(call *f, char *target, size_t len, int op, int64_t B, int64_t L, int64_t H,
+                                fx_dtype t, int has_h0)
+{
+    snprintf(target, len, "fusex_%s_fwd", ops[op]);
+    *f = (call){.target = target};
+    for (int i = 0; i < nseqs[op]; i++)
+        arg(f, seq_names[op][i], op == 0 && i == 0 ? 'p' : 'n', t, DIMS(B, L, H));
+    if (op == 3) {
+        arg(f, "tau", 'p', t, DIMS(H));
+        arg(f, "a", 'n', t, DIMS(H));
+        arg(f, "dt", 'q', t, DIMS(B, L, 1));
+    }
+    if (has_h0)
+        arg(f, "h0", 'n', FX_F32, DIMS(B, H));
+    ret(f, "h", t, DIMS(B, L, H), 1);
+    ret(f, "state", FX_F32, DIMS(B, H), 1);
+    op_attrs(f, op, 1, 1);
+    flag(f, "has_h0", has_h0);
+    flag(f, "return_state", 1);
+}
+
+/* The backward call of forward f: its inputs, f's output, dh and dstate
+ * (returned); a gradient for every input of f. */
+static buffer *linrec_backward_call(call *bw, char *target, size_t len, const call *f, int op, int64_t B, int64_t L,
+                                    int64_t H, fx_dtype t, int has_h0)
+{
+    snprintf(target, len, "fusex_%s_bwd", ops[op]);
+    *bw = (call){.target = target};
+    for (int i = 0; i < f->nargs; i++)
+        like(bw->args, &bw->nargs, f->args[i].name, &f->args[i]);
+    like(bw->args, &bw->nargs, "h", &f->rets[0]);
+    arg(bw, "dh", 'n', t, DIMS(B, L, H));
+    buffer *dstate = arg(bw, "dstate", 'n', FX_F32, DIMS(B, H));
+    for (int i = 0; i < f->nargs; i++) {
+        buffer *g = like(bw->rets, &bw->nrets, grad_name(f->args[i].name), &f->args[i]);
+        /* liquid's tau and a sum over batch and time, dt over hidden */
+        g->terms = op == 3 && (i == 1 || i == 2) ? (int)(B * L) : op == 3 && i == 3 ? (int)H : 1;
+    }
+    op_attrs(bw, op, 1, 1);
+    flag(bw, "has_h0", has_h0);
+    flag(bw, "has_dstate", 1);
+    return dstate;
+}
+
 /* A linear recurrence's forward, its backward (on the forward's output)
  * and its step; h0, the final state, dstate, reverse, liquid's dt tensor. */
 static void linrec(int op, int64_t B, int64_t L, int64_t H, fx_dtype t)
 {
-    char target[64];
-    snprintf(target, sizeof target, "fusex_%s_fwd", ops[op]);
-    call f = {.target = target};
-    for (int i = 0; i < nseqs[op]; i++)
-        arg(&f, seq_names[op][i], op == 0 && i == 0 ? 'p' : 'n', t, DIMS(B, L, H));
-    if (op == 3) {
-        arg(&f, "tau", 'p', t, DIMS(H));
-        arg(&f, "a", 'n', t, DIMS(H));
-        arg(&f, "dt", 'q', t, DIMS(B, L, 1));
-    }
-    arg(&f, "h0", 'n', FX_F32, DIMS(B, H));
-    ret(&f, "h", t, DIMS(B, L, H), 1);
-    ret(&f, "state", FX_F32, DIMS(B, H), 1);
-    op_attrs(&f, op, 1, 1);
-    flag(&f, "has_h0", 1);
-    flag(&f, "return_state", 1);
+    char target[64], btarget[64];
+    call f, bw;
+    linrec_forward_call(&f, target, sizeof target, op, B, L, H, t, 1);
     if (run_host(&f) != 0) {
         free_call(&f);
         return;
     }
-    char btarget[64];
-    snprintf(btarget, sizeof btarget, "fusex_%s_bwd", ops[op]);
-    call bw = {.target = btarget};
-    for (int i = 0; i < f.nargs; i++)
-        like(bw.args, &bw.nargs, f.args[i].name, &f.args[i]);
-    like(bw.args, &bw.nargs, "h", &f.rets[0]);
-    arg(&bw, "dh", 'n', t, DIMS(B, L, H));
-    arg(&bw, "dstate", 'n', FX_F32, DIMS(B, H));
-    for (int i = 0; i < f.nargs; i++) {
-        buffer *g = like(bw.rets, &bw.nrets, grad_name(f.args[i].name), &f.args[i]);
-        /* liquid's tau and a sum over batch and time, dt over hidden */
-        g->terms = op == 3 && (i == 1 || i == 2) ? (int)(B * L) : op == 3 && i == 3 ? (int)H : 1;
-    }
-    op_attrs(&bw, op, 1, 1);
-    flag(&bw, "has_h0", 1);
-    flag(&bw, "has_dstate", 1);
+    linrec_backward_call(&bw, btarget, sizeof btarget, &f, op, B, L, H, t, 1);
 #ifdef FX_XLA_TEST_CUDA
     run_cuda_against_host(&f);
 #endif
@@ -669,40 +688,13 @@ static void linrec(int op, int64_t B, int64_t L, int64_t H, fx_dtype t)
 static void empty_linrec(int op, int64_t B, int64_t L, int has_h0)
 {
     const int64_t H = 5;
-    char target[64];
-    snprintf(target, sizeof target, "fusex_%s_fwd", ops[op]);
-    call f = {.target = target};
-    for (int i = 0; i < nseqs[op]; i++)
-        arg(&f, seq_names[op][i], op == 0 && i == 0 ? 'p' : 'n', FX_F32, DIMS(B, L, H));
-    if (op == 3) {
-        arg(&f, "tau", 'p', FX_F32, DIMS(H));
-        arg(&f, "a", 'n', FX_F32, DIMS(H));
-        arg(&f, "dt", 'q', FX_F32, DIMS(B, L, 1));
-    }
-    if (has_h0)
-        arg(&f, "h0", 'n', FX_F32, DIMS(B, H));
-    ret(&f, "h", FX_F32, DIMS(B, L, H), 1);
-    ret(&f, "state", FX_F32, DIMS(B, H), 1);
-    op_attrs(&f, op, 1, 1);
-    flag(&f, "has_h0", has_h0);
-    flag(&f, "return_state", 1);
+    char target[64], btarget[64];
+    call f, bw;
+    linrec_forward_call(&f, target, sizeof target, op, B, L, H, FX_F32, has_h0);
     int forward_ran = run_host(&f) == 0;
     if (forward_ran)
         expect_values(&f, "state", has_h0 ? find_arg(&f, "h0") : NULL);
-
-    char btarget[64];
-    snprintf(btarget, sizeof btarget, "fusex_%s_bwd", ops[op]);
-    call bw = {.target = btarget};
-    for (int i = 0; i < f.nargs; i++)
-        like(bw.args, &bw.nargs, f.args[i].name, &f.args[i]);
-    like(bw.args, &bw.nargs, "h", &f.rets[0]);
-    arg(&bw, "dh", 'n', FX_F32, DIMS(B, L, H));
-    buffer *dstate = arg(&bw, "dstate", 'n', FX_F32, DIMS(B, H));
-    for (int i = 0; i < f.nargs; i++)
-        like(bw.rets, &bw.nrets, grad_name(f.args[i].name), &f.args[i]);
-    op_attrs(&bw, op, 1, 1);
-    flag(&bw, "has_h0", has_h0);
-    flag(&bw, "has_dstate", 1);
+    buffer *dstate = linrec_backward_call(&bw, btarget, sizeof btarget, &f, op, B, L, H, FX_F32, has_h0);
 #ifdef FX_XLA_TEST_CUDA
     if (forward_ran)
         run_cuda_against_host(&f);
