@@ -25,7 +25,7 @@ extern "C" {
 
 /* Bumped whenever fx_backend or an argument struct changes layout. The core
  * refuses a backend whose version or struct size differs from its own. */
-#define FX_ABI_VERSION 5
+#define FX_ABI_VERSION 6
 
 #define FX_MAX_RANK 8
 
@@ -127,6 +127,10 @@ typedef enum fx_binop { FX_ADD = 0, FX_SUB, FX_MUL } fx_binop;
 struct fx_ssm_ops;
 struct fx_linrec_ops;
 struct fx_optim_ops;
+struct fx_rnn_ops;    /* classic GRU and LSTM: fusex_rnn.h */
+struct fx_conv_ops;   /* causal depthwise conv1d: fusex_conv.h */
+struct fx_norm_ops;   /* RMSNorm, LayerNorm: fusex_norm.h */
+struct fx_linear_ops; /* linear layers: fusex_linear.h */
 
 /*
  * A backend's function table. Memory management and transfers take the
@@ -195,6 +199,12 @@ typedef struct fx_backend {
     const struct fx_ssm_ops *ssm;
     const struct fx_linrec_ops *linrec;
     const struct fx_optim_ops *optim;
+    /* NULL where the backend has no such family (the op layer refuses it
+     * with a message naming the device). */
+    const struct fx_rnn_ops *rnn;
+    const struct fx_conv_ops *conv;
+    const struct fx_norm_ops *norm;
+    const struct fx_linear_ops *linear;
 
     /* ---- pointer interop (fusex:to_pointer/from_pointer); see
      * docs/INTEROP.md. Any of these may be NULL where the device has no

@@ -286,6 +286,10 @@ const fx_backend fx_cpu_backend = {
     .ssm = &fx_cpu_ssm_ops,
     .linrec = &fx_cpu_linrec_ops,
     .optim = &fx_cpu_optim_ops,
+    .rnn = NULL,
+    .conv = NULL,
+    .norm = NULL,
+    .linear = NULL,
     /* Local pointers are host addresses; host memory has no IPC handle
      * here and nothing to check a foreign address against. */
     .alloc_exportable = NULL,

@@ -1,0 +1,222 @@
+/*
+ * One description per op. Every op fusex computes (a family's forward,
+ * backward and step) is described once, here in the op layer: its inputs,
+ * attributes and results, a check over shapes, types and attributes that
+ * answers the op layer's own messages and gives the results' shapes, the
+ * scratch it asks for, and the `_into` function it runs. Every surface
+ * reads the description instead of retyping it:
+ *
+ *   - the XLA handlers (c_src/xla): one generic binder; target
+ *     "fusex_" + name, operands and results in the description's order,
+ *     each present as its flag attribute (or its rule) says;
+ *   - the NIF (c_src/nif/op_nif.c): generic rows fusex_nif:op/3,
+ *     op_backward/4, op_check/4 and op_list/0, the options of the Erlang
+ *     API derived from the description;
+ *   - fusex_jax and Fusex.Defn: they enumerate the descriptions (JSON
+ *     from priv/fusex_xla.so; terms from fusex_nif:op_list/0) and ask the
+ *     check entry for their results' shapes and for the messages.
+ *
+ * A family adds its descriptions as one `const fx_op_desc` array and one
+ * line in FX_OP_FAMILIES (c_src/core/op.c).
+ *
+ * Conventions every description follows (the surfaces rely on them):
+ *   - a backward's gradient results are named "d" + the forward input they
+ *     belong to ("dx", "dz_logits", "dh0"), in the forward's input order;
+ *   - a backward's cotangent inputs are named "d" + the forward result they
+ *     belong to ("dy", "dh", "dstate");
+ *   - a step's state is the input "state", updated into the result
+ *     "new_state" (an XLA program aliases or copies; the NIF updates the
+ *     input in place).
+ */
+#ifndef FX_CORE_OP_H
+#define FX_CORE_OP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/runtime.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FX_OP_MAX_IO 16
+#define FX_OP_MAX_ATTRS 16
+
+typedef enum fx_op_dir { FX_OP_FWD = 0, FX_OP_BWD, FX_OP_STEP } fx_op_dir;
+
+/* What an attribute is to the surfaces. */
+typedef enum fx_attr_role {
+    /* An option of the public functions (dt_softplus, reverse,
+     * return_state; candidate_g as the option "candidate_activation";
+     * liquid's dt, a number, or a tensor where an input of that name is). */
+    FX_ATTR_OPTION = 0,
+    /* 1 exactly when the input (or cotangent) that names it as its flag is
+     * given: the surfaces set it, never the user (has_d, has_h0, has_dstate). */
+    FX_ATTR_PRESENCE,
+    /* 1 when the forward keeps what its backward reads (the selective
+     * scan's saved states): set by training forwards (save_for_backward,
+     * a traced gradient). */
+    FX_ATTR_SAVE,
+} fx_attr_role;
+
+typedef enum fx_attr_kind {
+    FX_ATTR_FLAG = 0, /* 0 or 1: XLA `i64`; a boolean (or one of `choices`) elsewhere */
+    FX_ATTR_NUMBER,   /* a double: XLA `f64` (an integer attribute is taken too) */
+} fx_attr_kind;
+
+typedef struct fx_op_attr {
+    const char *name; /* the XLA attribute */
+    fx_attr_kind kind;
+    fx_attr_role role;
+    double dflt;      /* where a surface's caller leaves the option out */
+    /* The public option's name where it differs from `name`
+     * ("candidate_activation" for candidate_g), else NULL. */
+    const char *option;
+    /* A flag given as one of two names: choices[0] is 0, choices[1] is 1
+     * ({"identity", "g"}); NULL for a boolean. */
+    const char *choices[2];
+} fx_op_attr;
+
+/* What an input or a result is to the surfaces. */
+typedef enum fx_io_role {
+    FX_IO_ARG = 0,     /* a positional argument of the public function */
+    FX_IO_OPTION,      /* a tensor given as an option (h0, d, z, dt_bias) */
+    FX_IO_STATE,       /* a step's state: input "state", result "new_state" */
+    FX_IO_FORWARD,     /* a backward's input: the forward's input of that name */
+    FX_IO_SAVED,       /* a forward's result only its backward reads (the
+                        * selective scan's saved states): kept in the
+                        * public forward's context, never returned; a
+                        * backward's input: a forward result it reads
+                        * (`kept` there), by name */
+    FX_IO_COTANGENT,   /* a backward's input: "d" + a forward result */
+    FX_IO_OUTPUT,      /* a forward's or step's result the caller gets
+                        * (y, h; state, announced by return_state) */
+    FX_IO_GRAD,        /* a backward's result: "d" + a forward input */
+} fx_io_role;
+
+/* How an input or a result comes to be present. */
+typedef enum fx_io_when {
+    FX_WHEN_ALWAYS = 0,
+    FX_WHEN_FLAG, /* the flag attribute `flag` is 1 */
+    FX_WHEN_RULE, /* the description's `present` says (from the attributes
+                   * and the inputs before it: the saved states exist only
+                   * past the first chunk) */
+} fx_io_when;
+
+typedef struct fx_op_io {
+    const char *name;
+    const char *layout; /* "[batch, seqlen, dim]": for docs and descriptions */
+    fx_io_role role;
+    fx_io_when when;
+    const char *flag;   /* FX_WHEN_FLAG: the attribute; else NULL */
+    /* A forward's result its backward reads (linrec's h, the selective
+     * scan's saved states): a context keeps a reference to it. */
+    bool kept;
+} fx_op_io;
+
+/* A result's type and shape, as the check gives it. */
+typedef struct fx_op_spec {
+    bool present;
+    fx_dtype dtype;
+    int rank;
+    int64_t dims[FX_MAX_RANK];
+} fx_op_spec;
+
+struct fx_op_desc;
+
+/* One call of an op: its attributes, inputs and results by the
+ * description's indices (NULL: absent). The check runs on tensors whose
+ * `data` may be NULL (shapes and types only: the check entry of JAX and
+ * Fusex.Defn); every check that reads addresses (overlap) skips them. */
+typedef struct fx_op_call {
+    const struct fx_op_desc *op;
+    fx_device *dev; /* where it runs: the inputs' device */
+    double attrs[FX_OP_MAX_ATTRS];
+    const fx_tensor *in[FX_OP_MAX_IO];
+    const fx_tensor *out[FX_OP_MAX_IO];
+} fx_op_call;
+
+typedef struct fx_op_desc {
+    const char *name;   /* "mingru_fwd": the XLA target is "fusex_mingru_fwd" */
+    const char *op;     /* "mingru": the public functions' name */
+    const char *family; /* "linrec": docs, the bench and the tests' grouping */
+    fx_op_dir dir;
+    int nattrs, ninputs, nresults;
+    const fx_op_attr *attrs;
+    const fx_op_io *inputs;
+    const fx_op_io *results;
+    /* FX_WHEN_RULE entries: whether input (`result` false) or result
+     * `index` is present, given the attributes and the inputs before it. */
+    bool (*present)(const fx_op_call *c, bool result, int index);
+    /* Checks the attributes (beyond kind: liquid's dt > 0) and the inputs
+     * (shapes, types, devices, limits of c->dev's backend) with the op
+     * layer's messages, and fills `results[i]` for every result. */
+    int (*check)(const fx_op_call *c, fx_op_spec *results, fx_status *st);
+    /* The most scratch bytes `run` asks of `ex` (from shapes alone). */
+    size_t (*scratch)(const fx_exec *ex, const fx_op_call *c);
+    /* Runs the op layer's `_into` function on the call's tensors (it
+     * checks again: inputs and the caller's results). */
+    int (*run)(const fx_exec *ex, const fx_op_call *c, fx_status *st);
+    /* A forward's backward ("mingru_bwd"), or NULL. */
+    const char *backward;
+} fx_op_desc;
+
+/* ---- the registry ---- */
+int fx_op_count(void);
+const fx_op_desc *fx_op_at(int index);      /* NULL past the last */
+const fx_op_desc *fx_op_find(const char *name); /* NULL when unknown */
+/* Indices by name; -1 when the description has none. */
+int fx_op_attr_index(const fx_op_desc *d, const char *name);
+int fx_op_input_index(const fx_op_desc *d, const char *name);
+int fx_op_result_index(const fx_op_desc *d, const char *name);
+
+/* ---- calls ---- */
+/* A call with every attribute at its default and no tensors. */
+void fx_op_call_init(fx_op_call *c, const fx_op_desc *d, fx_device *dev);
+/* Whether input / result `index` is present for the call's attributes
+ * (and, for rules, its inputs so far). */
+bool fx_op_input_present(const fx_op_call *c, int index);
+bool fx_op_result_present(const fx_op_call *c, int index);
+/* The attributes are of their kind (flags 0 or 1, numbers finite unless
+ * the check says otherwise), every input that should be present is and no
+ * other, then the description's check: results' specs. */
+int fx_op_check(const fx_op_call *c, fx_op_spec results[FX_OP_MAX_IO], fx_status *st);
+/* Check, then run into results the caller allocated (c->out) on `ex`
+ * (NULL: the device's own context). */
+int fx_op_run_into(const fx_exec *ex, const fx_op_call *c, fx_status *st);
+/* Check, allocate every present result on c->dev (outs[i]; zeroed where
+ * absent), run on the device's own context. On failure nothing is left
+ * allocated. A step's "new_state" is not allocated: it is c->in[state],
+ * updated in place. */
+int fx_op_run(fx_op_call *c, fx_tensor outs[FX_OP_MAX_IO], fx_status *st);
+
+/* ---- contexts: what a forward keeps for its backward ---- */
+/* References to the forward's inputs and to its `kept` results, and its
+ * attributes. */
+typedef struct fx_op_ctx fx_op_ctx;
+int fx_op_ctx_new(const fx_op_call *fwd, const fx_tensor outs[FX_OP_MAX_IO], fx_op_ctx **ctx, fx_status *st);
+void fx_op_ctx_free(fx_op_ctx *ctx);
+const fx_op_desc *fx_op_ctx_op(const fx_op_ctx *ctx);
+/* Device bytes the context holds beyond its references to the inputs. */
+size_t fx_op_ctx_saved_bytes(const fx_op_ctx *ctx);
+/* The backward's call from a context: its FX_IO_FORWARD and FX_IO_SAVED
+ * inputs and its attributes taken from the forward, the cotangents given
+ * by name (cotangents[i] for the backward's input i; NULL: not given),
+ * presence flags set from what is given. */
+int fx_op_ctx_backward(const fx_op_ctx *ctx, const fx_tensor *const cotangents[FX_OP_MAX_IO], fx_op_call *bwd,
+                       fx_status *st);
+
+/* ---- descriptions as data, for the surfaces ---- */
+/* The description as a JSON object (fusex_jax reads it through
+ * priv/fusex_xla.so): {"name", "op", "family", "dir", "attrs": [{"name",
+ * "kind", "role", "default", "option", "choices"}], "inputs": [{"name",
+ * "layout", "role", "when", "flag"}], "results": [...], "backward"}. Writes
+ * at most `len` bytes (NUL included); returns the length it needs. */
+size_t fx_op_describe_json(const fx_op_desc *d, char *out, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FX_CORE_OP_H */
