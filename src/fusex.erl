@@ -44,6 +44,8 @@
               selective_scan_grads/0]).
 
 %% XLA custom-call targets (see docs/XLA.md).
+-export([op_list/0, op_check/4]).
+-export_type([op_description/0]).
 -export([xla_register/0, xla_register/1]).
 
 -type tensor() :: reference().
@@ -501,7 +503,7 @@ linear_scan(A, B) -> linear_scan(A, B, #{}).
 %% @doc The generic linear scan h_t = a_t * h_{t-1} + b_t over
 %% `[batch, seqlen, hidden]' tensors `A' and `B'.
 -spec linear_scan(tensor(), tensor(), scan_opts()) -> scan_result().
-linear_scan(A, B, Opts) -> ?NIF:linear_scan(A, B, Opts).
+linear_scan(A, B, Opts) -> ?NIF:op(linear_scan_fwd, [A, B], Opts).
 
 %% @equiv mingru(ZLogits, Cand, #{})
 -spec mingru(tensor(), tensor()) -> scan_result().
@@ -510,7 +512,7 @@ mingru(ZLogits, Cand) -> mingru(ZLogits, Cand, #{}).
 %% @doc MinGRU: z = sigmoid(z_logits), h_t = (1 - z_t) * h_{t-1} + z_t * c_t,
 %% with c = cand (or g(cand), see {@type gated_opts()}).
 -spec mingru(tensor(), tensor(), gated_opts()) -> scan_result().
-mingru(ZLogits, Cand, Opts) -> ?NIF:mingru(ZLogits, Cand, Opts).
+mingru(ZLogits, Cand, Opts) -> ?NIF:op(mingru_fwd, [ZLogits, Cand], Opts).
 
 %% @equiv minlstm(FLogits, ILogits, Cand, #{})
 -spec minlstm(tensor(), tensor(), tensor()) -> scan_result().
@@ -521,7 +523,7 @@ minlstm(FLogits, ILogits, Cand) -> minlstm(FLogits, ILogits, Cand, #{}).
 %% {@link mingru/3}). The gates are computed in a form that stays finite for
 %% any logits.
 -spec minlstm(tensor(), tensor(), tensor(), gated_opts()) -> scan_result().
-minlstm(FLogits, ILogits, Cand, Opts) -> ?NIF:minlstm(FLogits, ILogits, Cand, Opts).
+minlstm(FLogits, ILogits, Cand, Opts) -> ?NIF:op(minlstm_fwd, [FLogits, ILogits, Cand], Opts).
 
 %% @equiv liquid(FLogits, Tau, A, #{})
 -spec liquid(tensor(), tensor(), tensor()) -> scan_result().
@@ -533,7 +535,7 @@ liquid(FLogits, Tau, A) -> liquid(FLogits, Tau, A, #{}).
 %% and `A' of shape `[hidden]'. Tau must be positive (its values are not
 %% inspected: a zero or negative tau gives infinities, not an error).
 -spec liquid(tensor(), tensor(), tensor(), liquid_opts()) -> scan_result().
-liquid(FLogits, Tau, A, Opts) -> ?NIF:liquid(FLogits, Tau, A, Opts).
+liquid(FLogits, Tau, A, Opts) -> ?NIF:op(liquid_fwd, [FLogits, Tau, A], Opts).
 
 %% @equiv linear_scan_backward(Dh, Ctx, #{})
 -spec linear_scan_backward(tensor(), ctx()) -> gradients().
@@ -542,7 +544,7 @@ linear_scan_backward(Dh, Ctx) -> linear_scan_backward(Dh, Ctx, #{}).
 %% @doc Gradients of {@link linear_scan/3} from `Dh' (the gradient of H)
 %% and the context it saved: `#{a, b}', and `h0' if one was given.
 -spec linear_scan_backward(tensor(), ctx(), backward_opts()) -> gradients().
-linear_scan_backward(Dh, Ctx, Opts) -> ?NIF:linrec_backward(linear_scan, Dh, Ctx, Opts).
+linear_scan_backward(Dh, Ctx, Opts) -> ?NIF:op_backward(linear_scan_bwd, Dh, Ctx, Opts).
 
 %% @equiv mingru_backward(Dh, Ctx, #{})
 -spec mingru_backward(tensor(), ctx()) -> gradients().
@@ -551,7 +553,7 @@ mingru_backward(Dh, Ctx) -> mingru_backward(Dh, Ctx, #{}).
 %% @doc Gradients of {@link mingru/3}: `#{z_logits, cand}', and `h0' if one
 %% was given.
 -spec mingru_backward(tensor(), ctx(), backward_opts()) -> gradients().
-mingru_backward(Dh, Ctx, Opts) -> ?NIF:linrec_backward(mingru, Dh, Ctx, Opts).
+mingru_backward(Dh, Ctx, Opts) -> ?NIF:op_backward(mingru_bwd, Dh, Ctx, Opts).
 
 %% @equiv minlstm_backward(Dh, Ctx, #{})
 -spec minlstm_backward(tensor(), ctx()) -> gradients().
@@ -560,7 +562,7 @@ minlstm_backward(Dh, Ctx) -> minlstm_backward(Dh, Ctx, #{}).
 %% @doc Gradients of {@link minlstm/4}: `#{f_logits, i_logits, cand}', and
 %% `h0' if one was given.
 -spec minlstm_backward(tensor(), ctx(), backward_opts()) -> gradients().
-minlstm_backward(Dh, Ctx, Opts) -> ?NIF:linrec_backward(minlstm, Dh, Ctx, Opts).
+minlstm_backward(Dh, Ctx, Opts) -> ?NIF:op_backward(minlstm_bwd, Dh, Ctx, Opts).
 
 %% @equiv liquid_backward(Dh, Ctx, #{})
 -spec liquid_backward(tensor(), ctx()) -> gradients().
@@ -571,7 +573,7 @@ liquid_backward(Dh, Ctx) -> liquid_backward(Dh, Ctx, #{}).
 %% sums (over batch and time, or over hidden) accumulated with atomics on
 %% CUDA, so their last bits may vary from run to run.
 -spec liquid_backward(tensor(), ctx(), backward_opts()) -> gradients().
-liquid_backward(Dh, Ctx, Opts) -> ?NIF:linrec_backward(liquid, Dh, Ctx, Opts).
+liquid_backward(Dh, Ctx, Opts) -> ?NIF:op_backward(liquid_bwd, Dh, Ctx, Opts).
 
 %% @equiv linear_scan_step(State, A, B, #{})
 -spec linear_scan_step(tensor(), tensor(), tensor()) -> tensor().
@@ -582,7 +584,7 @@ linear_scan_step(State, A, B) -> linear_scan_step(State, A, B, #{}).
 %% updated in place to the new h, which is also returned (in the inputs'
 %% type). No options yet; the map is there for symmetry with the others.
 -spec linear_scan_step(tensor(), tensor(), tensor(), #{}) -> tensor().
-linear_scan_step(State, A, B, Opts) -> ?NIF:linear_scan_step(State, A, B, Opts).
+linear_scan_step(State, A, B, Opts) -> ?NIF:op(linear_scan_step, [State, A, B], Opts).
 
 %% @equiv mingru_step(State, ZLogits, Cand, #{})
 -spec mingru_step(tensor(), tensor(), tensor()) -> tensor().
@@ -591,7 +593,7 @@ mingru_step(State, ZLogits, Cand) -> mingru_step(State, ZLogits, Cand, #{}).
 %% @doc One frame of {@link mingru/3}, `State' updated in place (see
 %% {@link linear_scan_step/4}). Option: `candidate_activation'.
 -spec mingru_step(tensor(), tensor(), tensor(), #{candidate_activation => identity | g}) -> tensor().
-mingru_step(State, ZLogits, Cand, Opts) -> ?NIF:mingru_step(State, ZLogits, Cand, Opts).
+mingru_step(State, ZLogits, Cand, Opts) -> ?NIF:op(mingru_step, [State, ZLogits, Cand], Opts).
 
 %% @equiv minlstm_step(State, FLogits, ILogits, Cand, #{})
 -spec minlstm_step(tensor(), tensor(), tensor(), tensor()) -> tensor().
@@ -602,7 +604,7 @@ minlstm_step(State, FLogits, ILogits, Cand) -> minlstm_step(State, FLogits, ILog
 -spec minlstm_step(tensor(), tensor(), tensor(), tensor(),
                    #{candidate_activation => identity | g}) -> tensor().
 minlstm_step(State, FLogits, ILogits, Cand, Opts) ->
-    ?NIF:minlstm_step(State, FLogits, ILogits, Cand, Opts).
+    ?NIF:op(minlstm_step, [State, FLogits, ILogits, Cand], Opts).
 
 %% @equiv liquid_step(State, FLogits, Tau, A, #{})
 -spec liquid_step(tensor(), tensor(), tensor(), tensor()) -> tensor().
@@ -612,7 +614,7 @@ liquid_step(State, FLogits, Tau, A) -> liquid_step(State, FLogits, Tau, A, #{}).
 %% {@link linear_scan_step/4}). Option: `dt', a positive number (default
 %% 1.0) or a tensor `[batch, 1]'.
 -spec liquid_step(tensor(), tensor(), tensor(), tensor(), #{dt => number() | tensor()}) -> tensor().
-liquid_step(State, FLogits, Tau, A, Opts) -> ?NIF:liquid_step(State, FLogits, Tau, A, Opts).
+liquid_step(State, FLogits, Tau, A, Opts) -> ?NIF:op(liquid_step, [State, FLogits, Tau, A], Opts).
 
 %% ---- selective scan (Mamba S6) ----
 
@@ -679,7 +681,7 @@ liquid_step(State, FLogits, Tau, A, Opts) -> ?NIF:liquid_step(State, FLogits, Ta
                      C :: tensor(), selective_scan_opts()) ->
           tensor() | {tensor(), tensor()} | {tensor(), selective_scan_ctx()} |
           {tensor(), tensor(), selective_scan_ctx()}.
-selective_scan(X, Dt, A, B, C, Opts) -> ?NIF:selective_scan(X, Dt, A, B, C, Opts).
+selective_scan(X, Dt, A, B, C, Opts) -> ?NIF:op(selective_scan_fwd, [X, Dt, A, B, C], Opts).
 
 %% @equiv selective_scan_backward(Dy, Ctx, #{})
 -spec selective_scan_backward(tensor(), selective_scan_ctx()) -> selective_scan_grads().
@@ -704,7 +706,7 @@ selective_scan_backward(Dy, Ctx) -> selective_scan_backward(Dy, Ctx, #{}).
 %% per-task buffers. A context can serve more than one backward.
 -spec selective_scan_backward(tensor(), selective_scan_ctx(), #{dstate => tensor()}) ->
           selective_scan_grads().
-selective_scan_backward(Dy, Ctx, Opts) -> ?NIF:selective_scan_backward(Dy, Ctx, Opts).
+selective_scan_backward(Dy, Ctx, Opts) -> ?NIF:op_backward(selective_scan_bwd, Dy, Ctx, Opts).
 
 %% @doc One time step of {@link selective_scan/6}, for inference one frame
 %% at a time: `X', `Dt' `[batch, dim]'; `A' `[dim, dstate]'; `B', `C'
@@ -718,7 +720,7 @@ selective_scan_backward(Dy, Ctx, Opts) -> ?NIF:selective_scan_backward(Dy, Ctx, 
 -spec selective_scan_step(State :: tensor(), X :: tensor(), Dt :: tensor(), A :: tensor(),
                           B :: tensor(), C :: tensor(), selective_scan_step_opts()) -> tensor().
 selective_scan_step(State, X, Dt, A, B, C, Opts) ->
-    ?NIF:selective_scan_step(State, X, Dt, A, B, C, Opts).
+    ?NIF:op(selective_scan_step, [State, X, Dt, A, B, C], Opts).
 
 %% @doc The shape of the states a forward saves for its backward, from the
 %% shapes of `X' (`{Batch, Seqlen, Dim}') and `B' (`{Batch, Seqlen, Dstate}'
@@ -732,7 +734,7 @@ selective_scan_step(State, X, Dt, A, B, C, Opts) ->
 -spec selective_scan_saved_shape(XShape :: shape(), BShape :: shape(), Type :: type()) ->
           {non_neg_integer(), non_neg_integer(), non_neg_integer(), pos_integer()}.
 selective_scan_saved_shape(XShape, BShape, Type) ->
-    ?NIF:selective_scan_saved_shape(XShape, BShape, Type).
+    ?NIF:ssm_saved_shape(XShape, BShape, Type).
 
 %% @doc `K', the steps between the states a forward saves, from the same
 %% arguments as {@link selective_scan_saved_shape/3}: the saved states are
@@ -741,7 +743,44 @@ selective_scan_saved_shape(XShape, BShape, Type) ->
 %% computes the saved states itself takes every `K'-th state.
 -spec selective_scan_save_every(XShape :: shape(), BShape :: shape(), Type :: type()) -> pos_integer().
 selective_scan_save_every(XShape, BShape, Type) ->
-    ?NIF:selective_scan_save_every(XShape, BShape, Type).
+    ?NIF:ssm_save_every(XShape, BShape, Type).
+
+%% ---------------------------------------------------------------------
+%% The ops' descriptions
+%% ---------------------------------------------------------------------
+
+-type op_description() :: #{index := non_neg_integer(), name := atom(), op := atom(),
+                            family := atom(), dir := fwd | bwd | step, target := binary(),
+                            attrs := [map()], inputs := [map()], results := [map()],
+                            options := [atom()], backward => atom(), saved_by => binary()}.
+%% One op as the op layer describes it (`c_src/core/op.h'): `name'
+%% (`mingru_fwd'), the XLA `target' (`<<"fusex_mingru_fwd">>'), its
+%% attributes (`#{name, kind => flag | number, role => option | presence |
+%% save, default, positive}', with `option' (the public option's name where
+%% it differs) and `choices' (a flag given as one of two atoms) where they
+%% apply), its inputs and results in the XLA binder's order (`#{name,
+%% layout => binary(), role => arg | option | state | forward | saved |
+%% cotangent | output | grad, presence => always | flag | rule, kept}', with
+%% `flag', the attribute announcing it, where `presence' is `flag'), the
+%% public functions' `options' in order, and for a forward with a backward
+%% the `backward' and what its contexts are called (`saved_by').
+
+%% @doc Every op fusex computes, as the op layer describes it, in the
+%% order of docs/XLA.md. The Elixir and JAX front ends enumerate it.
+-spec op_list() -> [op_description()].
+op_list() -> ?NIF:op_list().
+
+%% @doc The op layer's check of a call of op `Name' (an `op_list/0' name,
+%% `mingru_fwd') on shapes and types alone, for `Device': `Inputs' maps
+%% input names to `{Type, Shape}', `Attrs' attribute names (or their
+%% option names) to numbers, booleans or a flag's choices (defaults where
+%% left out; presence attributes follow from the inputs given). Returns
+%% each result the call would have with its type and shape, or `{badarg,
+%% Msg}' with the message a run of the op would raise.
+-spec op_check(Name :: atom(), Inputs :: #{atom() => {type(), shape()}},
+               Attrs :: #{atom() => number() | boolean() | atom()}, device()) ->
+          #{atom() => {type(), shape()}} | {badarg, binary()}.
+op_check(Name, Inputs, Attrs, Device) -> ?NIF:op_check(Name, Inputs, Attrs, Device).
 
 %% ---------------------------------------------------------------------
 %% XLA custom-call targets

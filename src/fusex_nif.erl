@@ -9,10 +9,8 @@
          event_elapsed_us/2, busy_wait/2, priv_dir/0, to_pointer/3, from_pointer/6,
          copy_into/2]).
 -export([optim_init/3, optim_step/5, optim_info/1]).
--export([linear_scan/3, mingru/3, minlstm/4, liquid/4, linrec_backward/4,
-         linear_scan_step/4, mingru_step/4, minlstm_step/5, liquid_step/5]).
--export([selective_scan/6, selective_scan_backward/3, selective_scan_step/7,
-         selective_scan_saved_shape/3, selective_scan_save_every/3]).
+-export([op/3, op_backward/4, op_check/4, op_list/0]).
+-export([ssm_saved_shape/3, ssm_save_every/3]).
 -export([xla_register/1]).
 
 -on_load(init/0).
@@ -68,18 +66,10 @@ copy_into(_Src, _Dst) -> ?NOT_LOADED.
 optim_init(_Kind, _Params, _Opts) -> ?NOT_LOADED.
 optim_step(_Kind, _State, _Params, _Grads, _Hyper) -> ?NOT_LOADED.
 optim_info(_State) -> ?NOT_LOADED.
-linear_scan(_A, _B, _Opts) -> ?NOT_LOADED.
-mingru(_ZLogits, _Cand, _Opts) -> ?NOT_LOADED.
-minlstm(_FLogits, _ILogits, _Cand, _Opts) -> ?NOT_LOADED.
-liquid(_FLogits, _Tau, _A, _Opts) -> ?NOT_LOADED.
-linrec_backward(_Op, _Dh, _Ctx, _Opts) -> ?NOT_LOADED.
-linear_scan_step(_State, _A, _B, _Opts) -> ?NOT_LOADED.
-mingru_step(_State, _ZLogits, _Cand, _Opts) -> ?NOT_LOADED.
-minlstm_step(_State, _FLogits, _ILogits, _Cand, _Opts) -> ?NOT_LOADED.
-liquid_step(_State, _FLogits, _Tau, _A, _Opts) -> ?NOT_LOADED.
-selective_scan(_X, _Dt, _A, _B, _C, _Opts) -> ?NOT_LOADED.
-selective_scan_backward(_Dy, _Ctx, _Opts) -> ?NOT_LOADED.
-selective_scan_step(_State, _X, _Dt, _A, _B, _C, _Opts) -> ?NOT_LOADED.
-selective_scan_saved_shape(_XShape, _BShape, _Type) -> ?NOT_LOADED.
-selective_scan_save_every(_XShape, _BShape, _Type) -> ?NOT_LOADED.
+op(_Name, _Positional, _Opts) -> ?NOT_LOADED.
+op_backward(_Name, _Cotangent, _Ctx, _Opts) -> ?NOT_LOADED.
+op_check(_Name, _Inputs, _Attrs, _Device) -> ?NOT_LOADED.
+op_list() -> ?NOT_LOADED.
+ssm_saved_shape(_XShape, _BShape, _Type) -> ?NOT_LOADED.
+ssm_save_every(_XShape, _BShape, _Type) -> ?NOT_LOADED.
 xla_register(_Library) -> ?NOT_LOADED.

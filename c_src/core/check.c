@@ -72,7 +72,9 @@ int fx_expect_op(fx_status *st, const fx_device *dev, const void *fn, const char
 
 bool fx_tensors_overlap(const fx_tensor *a, const fx_tensor *b)
 {
-    if (a->device != b->device || a->nbytes == 0 || b->nbytes == 0)
+    /* A tensor without memory (a check of shapes and types alone) shares
+     * no byte with anything. */
+    if (a->device != b->device || a->nbytes == 0 || b->nbytes == 0 || !a->data || !b->data)
         return false;
     uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
     return a0 < b0 + b->nbytes && b0 < a0 + a->nbytes;

@@ -18,7 +18,8 @@ int fx_expect_shape(fx_status *st, const char *arg, const fx_tensor *t, int rank
                     const int64_t *dims, const char *layout);
 int fx_expect_same_device(fx_status *st, const char *arg, const fx_tensor *t,
                           const fx_device *dev, const char *ref_arg);
-/* Whether two tensors' bytes overlap (on one device; empty ones never do). */
+/* Whether two tensors' bytes overlap (on one device; empty ones and ones
+ * without memory, data NULL, never do). */
 bool fx_tensors_overlap(const fx_tensor *a, const fx_tensor *b);
 /* `t`, which an op writes in place, shares no byte with `other`, which it
  * reads: element i of one is not element i of the other, so the op would

@@ -82,13 +82,19 @@ static int expect_seq_like(fx_status *st, const char *arg, const fx_tensor *t, c
 }
 
 /* Checks the inputs of a forward (frame = 0) or a step (frame = 1) and
- * fills in nseq, dims and dtype. */
-static int check_problem(fx_linrec_problem *p, int frame, fx_status *st)
+ * fills `p` with them, their dims and dtype. */
+static int check_problem(const fx_linrec_inputs *in, int frame, fx_linrec_problem *p, fx_status *st)
 {
-    int kind = p->kind;
+    int kind = in->kind;
+    memset(p, 0, sizeof *p);
     if (kind < 0 || kind >= FX_LINREC_KIND_COUNT)
         return fx_fail(st, FX_EINTERNAL, "linrec: unknown op kind %d", kind);
+    p->kind = kind;
     p->nseq = kinds[kind].nseq;
+    for (int i = 0; i < p->nseq; i++)
+        p->seq[i] = in->seq[i];
+    p->candidate_g = kind == FX_LINREC_MINGRU || kind == FX_LINREC_MINLSTM ? in->candidate_g : 0;
+    p->reverse = in->reverse;
     const fx_tensor *first = p->seq[0];
     const char *first_name = kinds[kind].seq[0];
     const char *layout = frame ? "[batch, hidden]" : "[batch, seqlen, hidden]";
@@ -107,6 +113,10 @@ static int check_problem(fx_linrec_problem *p, int frame, fx_status *st)
     if (kind != FX_LINREC_LIQUID)
         return FX_OK;
 
+    p->tau = in->tau;
+    p->lam = in->lam;
+    p->dt = in->dt;
+    p->dt_value = in->dt ? 1.0 : in->dt_value;
     int64_t hidden[1] = {p->hidden};
     if (expect_like(st, "tau", p->tau, first, first_name, 1, hidden, "([hidden])") ||
         expect_like(st, "a", p->lam, first, first_name, 1, hidden, "([hidden])"))
@@ -154,45 +164,74 @@ static int expect_output(fx_status *st, const char *arg, const fx_tensor *t, con
     return FX_OK;
 }
 
-int fx_op_linrec_forward_into(const fx_exec *ex, fx_linrec_problem *p, const fx_tensor *h0,
-                              int max_tile_steps, const fx_tensor *h, const fx_tensor *state, fx_status *st)
+int fx_linrec_check_forward(const fx_linrec_inputs *in, fx_linrec_problem *p, fx_status *st)
 {
-    if (check_problem(p, 0, st))
+    if (check_problem(in, 0, p, st))
         return st->code;
+    const struct fx_linrec_ops *ops = device_ops(p->seq[0]->device);
+    if (expect_impl(st, p->seq[0]->device, (const void *)(ops ? ops->forward : NULL), p->kind, "") ||
+        (in->h0 && expect_state_tensor(st, "h0", in->h0, p, kinds[p->kind].seq[0])))
+        return st->code;
+    return FX_OK;
+}
+
+static int check_forward_outputs(const fx_linrec_problem *p, const fx_tensor *h, const fx_tensor *state,
+                                 fx_status *st)
+{
     fx_device *dev = p->seq[0]->device;
-    fx_exec own;
-    const struct fx_linrec_ops *ops = device_ops(dev);
     int64_t hdims[3] = {p->batch, p->seqlen, p->hidden}, sdims[2] = {p->batch, p->hidden};
-    if (expect_impl(st, dev, (const void *)(ops ? ops->forward : NULL), p->kind, "") ||
-        (h0 && expect_state_tensor(st, "h0", h0, p, kinds[p->kind].seq[0])) ||
-        expect_output(st, "h", h, dev, p->dtype, 3, hdims, "([batch, seqlen, hidden])") ||
+    if (expect_output(st, "h", h, dev, p->dtype, 3, hdims, "([batch, seqlen, hidden])") ||
         (state && expect_output(st, "state", state, dev, fx_linrec_state_dtype(p->dtype), 2,
                                 sdims, "([batch, hidden])")))
         return st->code;
-    if (no_channels(p))
+    return FX_OK;
+}
+
+int fx_op_linrec_forward_into(const fx_exec *ex, const fx_linrec_inputs *in, int max_tile_steps,
+                              const fx_tensor *h, const fx_tensor *state, fx_status *st)
+{
+    fx_linrec_problem p;
+    if (fx_linrec_check_forward(in, &p, st) || check_forward_outputs(&p, h, state, st))
+        return st->code;
+    fx_device *dev = p.seq[0]->device;
+    fx_exec own;
+    if (no_channels(&p))
         return FX_OK;
     if (!(ex = fx_exec_resolve(dev, ex, &own, st)))
         return st->code;
-    if (p->seqlen == 0) /* nothing to scan: the state is h0 */
-        return state ? fx_op_cast_or_zero(ex, h0, state, st) : FX_OK;
-    fx_linrec_fwd_args args = {.p = *p, .h0 = h0, .h = h, .state = state,
-                               .max_tile_steps = max_tile_steps};
-    return ops->forward(ex, &args, st);
+    if (p.seqlen == 0) /* nothing to scan: the state is h0 */
+        return state ? fx_op_cast_or_zero(ex, in->h0, state, st) : FX_OK;
+    fx_linrec_fwd_args args = {.p = p, .h0 = in->h0, .h = h, .state = state, .max_tile_steps = max_tile_steps};
+    return device_ops(dev)->forward(ex, &args, st);
 }
 
-int fx_op_linrec_forward(fx_linrec_problem *p, const fx_tensor *h0, bool want_state,
-                         int max_tile_steps, fx_tensor *h, fx_tensor *state, fx_status *st)
+size_t fx_op_linrec_forward_scratch(const fx_exec *ex, const fx_linrec_inputs *in, int max_tile_steps,
+                                    const fx_tensor *h, const fx_tensor *state)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    fx_linrec_problem p;
+    fx_exec own;
+    if (fx_linrec_check_forward(in, &p, &st) || no_channels(&p) || p.seqlen == 0 ||
+        !(ex = fx_exec_resolve(p.seq[0]->device, ex, &own, &st)))
+        return 0;
+    fx_linrec_fwd_args args = {.p = p, .h0 = in->h0, .h = h, .state = state, .max_tile_steps = max_tile_steps};
+    return device_ops(p.seq[0]->device)->forward_scratch(ex, &args);
+}
+
+int fx_op_linrec_forward(const fx_linrec_inputs *in, bool want_state, int max_tile_steps, fx_tensor *h,
+                         fx_tensor *state, fx_status *st)
 {
     memset(h, 0, sizeof *h);
     memset(state, 0, sizeof *state);
-    if (check_problem(p, 0, st))
+    fx_linrec_problem p;
+    if (check_problem(in, 0, &p, st))
         return st->code;
-    fx_device *dev = p->seq[0]->device;
-    int64_t hdims[3] = {p->batch, p->seqlen, p->hidden}, sdims[2] = {p->batch, p->hidden};
-    if (fx_tensor_alloc(dev, p->dtype, 3, hdims, h, st) ||
-        (want_state &&
-         fx_tensor_alloc(dev, fx_linrec_state_dtype(p->dtype), 2, sdims, state, st)) ||
-        fx_op_linrec_forward_into(NULL, p, h0, max_tile_steps, h, want_state ? state : NULL, st)) {
+    fx_device *dev = p.seq[0]->device;
+    int64_t hdims[3] = {p.batch, p.seqlen, p.hidden}, sdims[2] = {p.batch, p.hidden};
+    if (fx_tensor_alloc(dev, p.dtype, 3, hdims, h, st) ||
+        (want_state && fx_tensor_alloc(dev, fx_linrec_state_dtype(p.dtype), 2, sdims, state, st)) ||
+        fx_op_linrec_forward_into(NULL, in, max_tile_steps, h, want_state ? state : NULL, st)) {
         fx_tensor_release(h);
         fx_tensor_release(state);
     }
@@ -214,18 +253,17 @@ static int alloc_like(const fx_tensor *t, fx_tensor *out, fx_status *st)
     return fx_tensor_alloc(t->device, t->dtype, t->rank, t->dims, out, st);
 }
 
-int fx_linrec_grads_alloc(const fx_linrec_problem *p, const fx_tensor *h0, fx_linrec_grads *g,
-                          fx_status *st)
+int fx_linrec_grads_alloc(const fx_linrec_inputs *in, fx_linrec_grads *g, fx_status *st)
 {
     memset(g, 0, sizeof *g);
     int rc = FX_OK;
-    for (int i = 0; i < p->nseq && rc == FX_OK; i++)
-        rc = alloc_like(p->seq[i], &g->seq[i], st);
-    if (rc == FX_OK && p->kind == FX_LINREC_LIQUID)
-        rc = alloc_like(p->tau, &g->tau, st) || alloc_like(p->lam, &g->lam, st) ||
-             (p->dt && alloc_like(p->dt, &g->dt, st));
-    if (rc == FX_OK && h0)
-        rc = alloc_like(h0, &g->h0, st);
+    for (int i = 0; i < fx_linrec_nseq(in->kind) && rc == FX_OK; i++)
+        rc = alloc_like(in->seq[i], &g->seq[i], st);
+    if (rc == FX_OK && in->kind == FX_LINREC_LIQUID)
+        rc = alloc_like(in->tau, &g->tau, st) || alloc_like(in->lam, &g->lam, st) ||
+             (in->dt && alloc_like(in->dt, &g->dt, st));
+    if (rc == FX_OK && in->h0)
+        rc = alloc_like(in->h0, &g->h0, st);
     if (rc != FX_OK)
         fx_linrec_tensors_release(g);
     return st->code;
@@ -279,50 +317,77 @@ static int expect_grads(fx_status *st, const fx_linrec_problem *p, const fx_tens
     return FX_OK;
 }
 
-int fx_op_linrec_backward_into(const fx_exec *ex, const fx_linrec_problem *given, const fx_tensor *h0,
-                               const fx_tensor *h, const fx_tensor *dh, const fx_tensor *dstate,
-                               int max_tile_steps, const fx_linrec_grad_outs *g, fx_status *st)
+int fx_linrec_check_backward(const fx_linrec_inputs *in, const fx_tensor *h, const fx_tensor *dh,
+                             const fx_tensor *dstate, fx_linrec_problem *p, fx_status *st)
 {
     /* The forward's inputs are checked again: a caller without a saved
      * context (an XLA custom call) passes them anew. */
-    fx_linrec_problem checked = *given;
-    fx_linrec_problem *p = &checked;
-    if (check_problem(p, 0, st))
+    if (check_problem(in, 0, p, st))
         return st->code;
     fx_device *dev = p->seq[0]->device;
-    fx_exec own;
     const struct fx_linrec_ops *ops = device_ops(dev);
     const char *first = kinds[p->kind].seq[0];
     int64_t hdims[3] = {p->batch, p->seqlen, p->hidden};
     if (expect_impl(st, dev, (const void *)(ops ? ops->backward : NULL), p->kind, "_backward") ||
-        (h0 && expect_state_tensor(st, "h0", h0, p, first)) ||
+        (in->h0 && expect_state_tensor(st, "h0", in->h0, p, first)) ||
         expect_output(st, "h", h, dev, p->dtype, 3, hdims, "([batch, seqlen, hidden], the forward's output)") ||
         fx_expect_same_device(st, "dh", dh, dev, "the saved context") ||
         fx_expect_dtype(st, "dh", dh, p->dtype) ||
         fx_expect_shape(st, "dh", dh, 3, hdims, "([batch, seqlen, hidden], as the forward's output)") ||
-        (dstate && expect_state_tensor(st, "dstate", dstate, p, "the saved context")) ||
-        expect_grads(st, p, h0, g) || !(ex = fx_exec_resolve(dev, ex, &own, st)))
+        (dstate && expect_state_tensor(st, "dstate", dstate, p, "the saved context")))
         return st->code;
-    if (no_channels(p) || p->seqlen == 0) {
+    return FX_OK;
+}
+
+int fx_op_linrec_backward_into(const fx_exec *ex, const fx_linrec_inputs *in, const fx_tensor *h,
+                               const fx_tensor *dh, const fx_tensor *dstate, int max_tile_steps,
+                               const fx_linrec_grad_outs *g, fx_status *st)
+{
+    fx_linrec_problem p;
+    fx_exec own;
+    if (fx_linrec_check_backward(in, h, dh, dstate, &p, st) || expect_grads(st, &p, in->h0, g))
+        return st->code;
+    fx_device *dev = p.seq[0]->device;
+    if (!(ex = fx_exec_resolve(dev, ex, &own, st)))
+        return st->code;
+    if (no_channels(&p) || p.seqlen == 0) {
         /* Nothing was scanned: tau, a and dt (a sum over the channels of
          * each row, of which there may be none) get zeros, h0 went
          * straight to the state so dh0 is dstate. */
         if (fx_op_fill_zero(ex, g->tau, st) || fx_op_fill_zero(ex, g->lam, st) ||
             fx_op_fill_zero(ex, g->dt, st))
             return st->code;
-        return g->h0 && !no_channels(p) ? fx_op_cast_or_zero(ex, dstate, g->h0, st) : FX_OK;
+        return g->h0 && !no_channels(&p) ? fx_op_cast_or_zero(ex, dstate, g->h0, st) : FX_OK;
     }
-    fx_linrec_bwd_args args = {.p = *p, .h0 = h0, .h = h, .dh = dh, .dstate = dstate,
+    fx_linrec_bwd_args args = {.p = p, .h0 = in->h0, .h = h, .dh = dh, .dstate = dstate,
                                .dtau = g->tau, .dlam = g->lam, .ddt = g->dt, .dh0 = g->h0,
                                .max_tile_steps = max_tile_steps};
-    for (int i = 0; i < p->nseq; i++)
+    for (int i = 0; i < p.nseq; i++)
         args.dseq[i] = g->seq[i];
-    return ops->backward(ex, &args, st);
+    return device_ops(dev)->backward(ex, &args, st);
 }
 
-int fx_op_linrec_backward(const fx_linrec_problem *p, const fx_tensor *h0, const fx_tensor *h,
-                          const fx_tensor *dh, const fx_tensor *dstate, int max_tile_steps,
-                          fx_linrec_grads *g, fx_status *st)
+size_t fx_op_linrec_backward_scratch(const fx_exec *ex, const fx_linrec_inputs *in, const fx_tensor *h,
+                                     const fx_tensor *dh, const fx_tensor *dstate, int max_tile_steps,
+                                     const fx_linrec_grad_outs *g)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    fx_linrec_problem p;
+    fx_exec own;
+    if (fx_linrec_check_backward(in, h, dh, dstate, &p, &st) || no_channels(&p) || p.seqlen == 0 ||
+        !(ex = fx_exec_resolve(p.seq[0]->device, ex, &own, &st)))
+        return 0;
+    fx_linrec_bwd_args args = {.p = p, .h0 = in->h0, .h = h, .dh = dh, .dstate = dstate,
+                               .dtau = g->tau, .dlam = g->lam, .ddt = g->dt, .dh0 = g->h0,
+                               .max_tile_steps = max_tile_steps};
+    for (int i = 0; i < p.nseq; i++)
+        args.dseq[i] = g->seq[i];
+    return device_ops(p.seq[0]->device)->backward_scratch(ex, &args);
+}
+
+int fx_op_linrec_backward(const fx_linrec_inputs *in, const fx_tensor *h, const fx_tensor *dh,
+                          const fx_tensor *dstate, int max_tile_steps, fx_linrec_grads *g, fx_status *st)
 {
     memset(g, 0, sizeof *g);
     /* Check the caller's tensors before allocating anything. */
@@ -330,57 +395,68 @@ int fx_op_linrec_backward(const fx_linrec_problem *p, const fx_tensor *h0, const
     if (fx_expect_same_device(st, "dh", dh, dev, "the saved context") ||
         (dstate && fx_expect_same_device(st, "dstate", dstate, dev, "the saved context")))
         return st->code;
-    if (fx_linrec_grads_alloc(p, h0, g, st) == FX_OK) {
+    if (fx_linrec_grads_alloc(in, g, st) == FX_OK) {
         fx_linrec_grad_outs outs = fx_linrec_grad_outs_of(g);
-        fx_op_linrec_backward_into(NULL, p, h0, h, dh, dstate, max_tile_steps, &outs, st);
+        fx_op_linrec_backward_into(NULL, in, h, dh, dstate, max_tile_steps, &outs, st);
     }
     if (st->code != FX_OK)
         fx_linrec_tensors_release(g);
     return st->code;
 }
 
-int fx_linrec_check_step(fx_linrec_problem *p, const fx_tensor *state, fx_status *st)
+int fx_linrec_check_step(const fx_linrec_inputs *in, const fx_tensor *state, fx_linrec_problem *p,
+                         fx_status *st)
 {
-    if (check_problem(p, 1, st) || expect_state_tensor(st, "state", state, p, kinds[p->kind].seq[0]))
+    if (check_problem(in, 1, p, st))
+        return st->code;
+    fx_device *dev = p->seq[0]->device;
+    const struct fx_linrec_ops *ops = device_ops(dev);
+    if (expect_impl(st, dev, (const void *)(ops ? ops->step : NULL), p->kind, "_step") ||
+        expect_state_tensor(st, "state", state, p, kinds[p->kind].seq[0]))
         return st->code;
     return FX_OK;
 }
 
-int fx_op_linrec_step_into(const fx_exec *ex, fx_linrec_problem *p, const fx_tensor *state, const fx_tensor *h,
-                           fx_status *st)
+/* The state a step writes in place shares no byte with what it reads. */
+static int expect_state_apart(const fx_linrec_problem *p, const fx_tensor *state, fx_status *st)
 {
-    if (check_problem(p, 1, st))
-        return st->code;
-    fx_device *dev = p->seq[0]->device;
-    const struct fx_linrec_ops *ops = device_ops(dev);
-    int64_t dims[2] = {p->batch, p->hidden};
-    fx_exec own;
-    if (expect_impl(st, dev, (const void *)(ops ? ops->step : NULL), p->kind, "_step") ||
-        expect_state_tensor(st, "state", state, p, kinds[p->kind].seq[0]) ||
-        expect_output(st, "h", h, dev, p->dtype, 2, dims, "([batch, hidden])"))
-        return st->code;
     for (int i = 0; i < p->nseq; i++)
         if (fx_expect_apart(st, "state", state, kinds[p->kind].seq[i], p->seq[i]))
             return st->code;
     if (fx_expect_apart(st, "state", state, "tau", p->tau) ||
         fx_expect_apart(st, "state", state, "a", p->lam) || fx_expect_apart(st, "state", state, "dt", p->dt))
         return st->code;
-    if (no_channels(p))
+    return FX_OK;
+}
+
+int fx_op_linrec_step_into(const fx_exec *ex, const fx_linrec_inputs *in, const fx_tensor *state,
+                           const fx_tensor *h, fx_status *st)
+{
+    fx_linrec_problem p;
+    if (fx_linrec_check_step(in, state, &p, st))
+        return st->code;
+    fx_device *dev = p.seq[0]->device;
+    int64_t dims[2] = {p.batch, p.hidden};
+    fx_exec own;
+    if (expect_output(st, "h", h, dev, p.dtype, 2, dims, "([batch, hidden])") || expect_state_apart(&p, state, st))
+        return st->code;
+    if (no_channels(&p))
         return FX_OK;
     if (!(ex = fx_exec_resolve(dev, ex, &own, st)))
         return st->code;
-    fx_linrec_step_args args = {.p = *p, .state = state, .h = h};
-    return ops->step(ex, &args, st);
+    fx_linrec_step_args args = {.p = p, .state = state, .h = h};
+    return device_ops(dev)->step(ex, &args, st);
 }
 
-int fx_op_linrec_step(fx_linrec_problem *p, const fx_tensor *state, fx_tensor *h, fx_status *st)
+int fx_op_linrec_step(const fx_linrec_inputs *in, const fx_tensor *state, fx_tensor *h, fx_status *st)
 {
     memset(h, 0, sizeof *h);
-    if (check_problem(p, 1, st))
+    fx_linrec_problem p;
+    if (check_problem(in, 1, &p, st))
         return st->code;
-    int64_t dims[2] = {p->batch, p->hidden};
-    if (fx_tensor_alloc(p->seq[0]->device, p->dtype, 2, dims, h, st) ||
-        fx_op_linrec_step_into(NULL, p, state, h, st))
+    int64_t dims[2] = {p.batch, p.hidden};
+    if (fx_tensor_alloc(p.seq[0]->device, p.dtype, 2, dims, h, st) ||
+        fx_op_linrec_step_into(NULL, in, state, h, st))
         fx_tensor_release(h);
     return st->code;
 }

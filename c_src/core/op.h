@@ -16,8 +16,9 @@
  *     from priv/fusex_xla.so; terms from fusex_nif:op_list/0) and ask the
  *     check entry for their results' shapes and for the messages.
  *
- * A family adds its descriptions as one `const fx_op_desc` array and one
- * line in FX_OP_FAMILIES (c_src/core/op.c).
+ * A family adds its descriptions as one array, `const fx_op_desc
+ * fx_<family>_op_descs[]` with `const int fx_<family>_op_ndescs` (its
+ * count), and one entry in FX_OP_FAMILIES (c_src/core/op.c).
  *
  * Conventions every description follows (the surfaces rely on them):
  *   - a backward's gradient results are named "d" + the forward input they
@@ -76,6 +77,10 @@ typedef struct fx_op_attr {
     /* A flag given as one of two names: choices[0] is 0, choices[1] is 1
      * ({"identity", "g"}); NULL for a boolean. */
     const char *choices[2];
+    /* A number that must be positive and finite (liquid's dt): the check
+     * refuses others, and a surface parsing the option may refuse them
+     * first, in its own words ("a positive number or a fusex tensor"). */
+    bool positive;
 } fx_op_attr;
 
 /* What an input or a result is to the surfaces. */
@@ -142,13 +147,19 @@ typedef struct fx_op_desc {
     const char *op;     /* "mingru": the public functions' name */
     const char *family; /* "linrec": docs, the bench and the tests' grouping */
     fx_op_dir dir;
+    /* The family's own selector, for hooks its descriptions share
+     * (linrec: the fx_linrec_kind). */
+    int variant;
     int nattrs, ninputs, nresults;
     const fx_op_attr *attrs;
     const fx_op_io *inputs;
     const fx_op_io *results;
     /* FX_WHEN_RULE entries: whether input (`result` false) or result
-     * `index` is present, given the attributes and the inputs before it. */
-    bool (*present)(const fx_op_call *c, bool result, int index);
+     * `index` is present, given the attributes and the inputs before it
+     * (all inputs for a result). Fails, with their check's message, where
+     * the inputs it reads are malformed (the saved states' count needs
+     * valid shapes). */
+    int (*present)(const fx_op_call *c, bool result, int index, bool *present, fx_status *st);
     /* Checks the attributes (beyond kind: liquid's dt > 0) and the inputs
      * (shapes, types, devices, limits of c->dev's backend) with the op
      * layer's messages, and fills `results[i]` for every result. */
@@ -160,6 +171,24 @@ typedef struct fx_op_desc {
     int (*run)(const fx_exec *ex, const fx_op_call *c, fx_status *st);
     /* A forward's backward ("mingru_bwd"), or NULL. */
     const char *backward;
+    /* The public functions' options, in the order their messages list
+     * them (NULL-terminated; NULL: none). Each names an FX_IO_OPTION input
+     * or an FX_IO_COTANGENT one with a flag (a backward's "dstate"), an
+     * FX_ATTR_OPTION attribute (by its `option` name where it has one), or
+     * "save_for_backward" (a forward with a backward). An input and a
+     * number attribute may share a name (liquid's dt: a tensor or a
+     * number). An option attribute left out is XLA's only (a step's
+     * reverse: taken, of no effect), at its default elsewhere. */
+    const char *const *options;
+    /* A forward with a backward: what its contexts are called in messages
+     * ("ctx: expected a context saved by fusex:mingru, got ..."); NULL:
+     * `op`. */
+    const char *saved_by;
+    /* A forward with an FX_ATTR_SAVE attribute: whether a training forward
+     * on `dev` sets it, i.e. whether the backward there reads what it
+     * saves (the CPU's recomputes: fx_ssm_ops.reads_saved). NULL: always.
+     * XLA programs set the attribute themselves. */
+    bool (*saves_on)(const fx_device *dev);
 } fx_op_desc;
 
 /* ---- the registry ---- */
@@ -170,35 +199,57 @@ const fx_op_desc *fx_op_find(const char *name); /* NULL when unknown */
 int fx_op_attr_index(const fx_op_desc *d, const char *name);
 int fx_op_input_index(const fx_op_desc *d, const char *name);
 int fx_op_result_index(const fx_op_desc *d, const char *name);
+/* The description's place in the registry (fx_op_at(i) == d), or -1. */
+int fx_op_index(const fx_op_desc *d);
+/* Every description follows the conventions above and names only what it
+ * has (flags, options, its backward, gradient and cotangent names, counts
+ * within FX_OP_MAX_*); else the first fault, named. For the tests. */
+int fx_op_registry_check(fx_status *st);
 
 /* ---- calls ---- */
 /* A call with every attribute at its default and no tensors. */
 void fx_op_call_init(fx_op_call *c, const fx_op_desc *d, fx_device *dev);
 /* Whether input / result `index` is present for the call's attributes
- * (and, for rules, its inputs so far). */
-bool fx_op_input_present(const fx_op_call *c, int index);
-bool fx_op_result_present(const fx_op_call *c, int index);
-/* The attributes are of their kind (flags 0 or 1, numbers finite unless
- * the check says otherwise), every input that should be present is and no
- * other, then the description's check: results' specs. */
+ * (and, for rules, its inputs so far: a rule fails where they are
+ * malformed, with their check's message). */
+int fx_op_input_present(const fx_op_call *c, int index, bool *present, fx_status *st);
+int fx_op_result_present(const fx_op_call *c, int index, bool *present, fx_status *st);
+/* The flags are 0 or 1 (numbers are the description's check's: liquid's
+ * dt says "a positive number"), every input that should be present is and
+ * no other (an FX_IO_SAVED input with a rule may be missing: the check
+ * says whether the device's backward reads it), then the description's
+ * check: the results' specs, `present` for each. Works on tensors whose
+ * `data` is NULL (shapes and types only). */
 int fx_op_check(const fx_op_call *c, fx_op_spec results[FX_OP_MAX_IO], fx_status *st);
-/* Check, then run into results the caller allocated (c->out) on `ex`
- * (NULL: the device's own context). */
+/* Check, then run into results the caller allocated (c->out: each present
+ * result, NULL for the others) on `ex` (NULL: the device's own context).
+ * A step updates c->out[new_state] in place, reading it as the state
+ * before the step: a caller passes the state itself (fx_op_run does) or
+ * a copy of it (the XLA binder). */
 int fx_op_run_into(const fx_exec *ex, const fx_op_call *c, fx_status *st);
-/* Check, allocate every present result on c->dev (outs[i]; zeroed where
- * absent), run on the device's own context. On failure nothing is left
- * allocated. A step's "new_state" is not allocated: it is c->in[state],
- * updated in place. */
+/* The most scratch bytes fx_op_run_into asks of `ex` for this call (a
+ * checked one), from shapes alone; SIZE_MAX where that does not fit. */
+size_t fx_op_scratch(const fx_exec *ex, const fx_op_call *c);
+/* Check, allocate every present result on c->dev (outs[i], each owning
+ * its buffer; zeroed where absent), set c->out to them, run on the
+ * device's own context. On failure nothing is left allocated. A step's
+ * "new_state" is not allocated: c->out[new_state] is c->in[state],
+ * updated in place (outs[new_state] stays zeroed). */
 int fx_op_run(fx_op_call *c, fx_tensor outs[FX_OP_MAX_IO], fx_status *st);
 
 /* ---- contexts: what a forward keeps for its backward ---- */
 /* References to the forward's inputs and to its `kept` results, and its
- * attributes. */
+ * attributes. A forward with a backward only; its tensors must be fusex
+ * buffers (each kept by a reference: the memory stays while the context
+ * does, whatever the caller frees). */
 typedef struct fx_op_ctx fx_op_ctx;
-int fx_op_ctx_new(const fx_op_call *fwd, const fx_tensor outs[FX_OP_MAX_IO], fx_op_ctx **ctx, fx_status *st);
+/* From a forward that ran (fwd->out: its results). */
+int fx_op_ctx_new(const fx_op_call *fwd, fx_op_ctx **ctx, fx_status *st);
 void fx_op_ctx_free(fx_op_ctx *ctx);
 const fx_op_desc *fx_op_ctx_op(const fx_op_ctx *ctx);
-/* Device bytes the context holds beyond its references to the inputs. */
+/* Device bytes the context holds that the caller does not see: its kept
+ * FX_IO_SAVED results (the selective scan's saved states), not the inputs
+ * nor a result the caller also got (linrec's h). */
 size_t fx_op_ctx_saved_bytes(const fx_op_ctx *ctx);
 /* The backward's call from a context: its FX_IO_FORWARD and FX_IO_SAVED
  * inputs and its attributes taken from the forward, the cotangents given
@@ -209,11 +260,28 @@ int fx_op_ctx_backward(const fx_op_ctx *ctx, const fx_tensor *const cotangents[F
 
 /* ---- descriptions as data, for the surfaces ---- */
 /* The description as a JSON object (fusex_jax reads it through
- * priv/fusex_xla.so): {"name", "op", "family", "dir", "attrs": [{"name",
- * "kind", "role", "default", "option", "choices"}], "inputs": [{"name",
- * "layout", "role", "when", "flag"}], "results": [...], "backward"}. Writes
- * at most `len` bytes (NUL included); returns the length it needs. */
+ * priv/fusex_xla.so), on one line, keys in this order:
+ *   {"index": 3, "name": "linear_scan_fwd", "op": "linear_scan",
+ *    "family": "linrec", "dir": "fwd" | "bwd" | "step",
+ *    "target": "fusex_linear_scan_fwd",
+ *    "attrs": [{"name", "kind": "flag" | "number",
+ *               "role": "option" | "presence" | "save", "default": 0,
+ *               "option": null | "candidate_activation",
+ *               "choices": null | ["identity", "g"], "positive": false}],
+ *    "inputs": [{"name", "layout", "role": "arg" | "option" | "state" |
+ *                "forward" | "saved" | "cotangent" | "output" | "grad",
+ *                "presence": "always" | "flag" | "rule", "flag": null | "has_h0",
+ *                "kept": false}],
+ *    "results": [the same],
+ *    "options": ["h0", "return_state", ...],
+ *    "backward": null | "linear_scan_bwd", "saved_by": "fusex:linear_scan"}
+ * ("saved_by" is null where the op has no backward). Writes at most `len`
+ * bytes (NUL included; cut where it does not fit); returns the length it
+ * needs, NUL excluded. */
 size_t fx_op_describe_json(const fx_op_desc *d, char *out, size_t len);
+/* The element types by code (fx_dtype) as a JSON list of Nx-less short
+ * names: ["f32", "f64", "bf16", "f16", "s32", "s64", "u8"]; as above. */
+size_t fx_op_dtypes_json(char *out, size_t len);
 
 #ifdef __cplusplus
 }

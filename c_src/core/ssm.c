@@ -1,6 +1,5 @@
 #include "core/ssm.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 #include "core/check.h"
@@ -147,7 +146,7 @@ int fx_ssm_check_forward(const fx_ssm_inputs *in, fx_ssm_dims *n, fx_status *st)
     return FX_OK;
 }
 
-fx_dtype fx_ssm_state_type(fx_dtype x_type) { return x_type == FX_F64 ? FX_F64 : FX_F32; }
+fx_dtype fx_ssm_state_dtype(fx_dtype x_type) { return x_type == FX_F64 ? FX_F64 : FX_F32; }
 
 int fx_ssm_check_step(const fx_tensor *state, const fx_ssm_inputs *in, fx_ssm_dims *n,
                       fx_status *st)
@@ -206,7 +205,7 @@ static int expect_saved(fx_status *st, const fx_tensor *saved, const fx_tensor *
 {
     int64_t dims[4];
     saved_dims(n, x->dtype, dims);
-    return expect_output(st, "saved", saved, x, fx_ssm_state_type(x->dtype), 4, dims,
+    return expect_output(st, "saved", saved, x, fx_ssm_state_dtype(x->dtype), 4, dims,
                          "([batch, nsaved, dim, dstate], the states entering each chunk after the first)");
 }
 
@@ -239,6 +238,28 @@ int fx_ssm_check_dims(const fx_ssm_dims *n, fx_dtype x_type, fx_status *st)
     return FX_OK;
 }
 
+int fx_ssm_dims_of_shapes(int x_rank, const int64_t *x, int b_rank, const int64_t *b, fx_dtype x_type,
+                          fx_ssm_dims *n, fx_status *st)
+{
+    char got[160];
+    if (!fx_dtype_is_float(x_type))
+        return fx_fail(st, FX_EBADARG, "type: expected a float type, got %s", fx_dtype_name(x_type));
+    if (x_rank != 3) {
+        fx_format_shape(got, sizeof got, x_rank, x);
+        return fx_fail(st, FX_EBADARG, "x: expected a shape of rank 3 [batch, seqlen, dim], got %s", got);
+    }
+    if ((b_rank != 3 && b_rank != 4) || b[0] != x[0] || b[1] != x[1]) {
+        fx_format_shape(got, sizeof got, b_rank, b);
+        return fx_fail(st, FX_EBADARG,
+                       "b: expected a shape {%lld,%lld,dstate} or {%lld,%lld,groups,dstate} ([batch, seqlen, "
+                       "[groups,] dstate]), got %s",
+                       (long long)x[0], (long long)x[1], (long long)x[0], (long long)x[1], got);
+    }
+    *n = (fx_ssm_dims){.batch = x[0], .seqlen = x[1], .dim = x[2], .dstate = b[b_rank - 1],
+                       .groups = b_rank == 4 ? b[2] : 1};
+    return fx_ssm_check_dims(n, x_type, st);
+}
+
 /* Nothing to scan: a zero batch, sequence or dim. No backend is handed such
  * a problem, so none loops over rows of nothing (a batch of 2^40 empty
  * sequences is a valid zero-element tensor, and was hours of loop). */
@@ -249,165 +270,82 @@ static bool nothing_to_scan(const fx_ssm_dims *n)
 
 /* ---- forward ---- */
 
+static fx_ssm_fwd_args fwd_args(const fx_ssm_inputs *in, const fx_ssm_dims *n, const fx_tensor *y,
+                                const fx_tensor *state, const fx_tensor *saved)
+{
+    fx_ssm_fwd_args args = {
+        .n = *n, .x = in->x, .dt = in->dt, .a = in->a, .b = in->b, .c = in->c,
+        .d = in->d, .z = in->z, .dt_bias = in->dt_bias, .h0 = in->h0,
+        .dt_softplus = in->dt_softplus, .y = y, .state = state, .saved = saved,
+        .save_every = saved ? fx_ssm_save_every(n, in->x->dtype) : 0,
+    };
+    return args;
+}
+
+static int check_forward_outputs(const fx_ssm_inputs *in, const fx_ssm_dims *n, const fx_tensor *y,
+                                 const fx_tensor *state, const fx_tensor *saved, fx_status *st)
+{
+    const fx_tensor *x = in->x;
+    int64_t state_dims[3] = {n->batch, n->dim, n->dstate};
+    if (expect_output(st, "y", y, x, x->dtype, 3, x->dims, LAYOUT_X) ||
+        (state && expect_output(st, "state", state, x, fx_ssm_state_dtype(x->dtype), 3, state_dims,
+                                LAYOUT_STATE)) ||
+        (saved && expect_saved(st, saved, x, n)))
+        return st->code;
+    return FX_OK;
+}
+
 int fx_op_ssm_forward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx_tensor *y, const fx_tensor *state,
                            const fx_tensor *saved, fx_status *st)
 {
     fx_ssm_dims n;
-    if (fx_ssm_check_forward(in, &n, st))
+    if (fx_ssm_check_forward(in, &n, st) || check_forward_outputs(in, &n, y, state, saved, st))
         return st->code;
-    const fx_tensor *x = in->x;
-    int64_t state_dims[3] = {n.batch, n.dim, n.dstate};
-    if (expect_output(st, "y", y, x, x->dtype, 3, x->dims, LAYOUT_X) ||
-        (state && expect_output(st, "state", state, x, fx_ssm_state_type(x->dtype), 3, state_dims,
-                                LAYOUT_STATE)) ||
-        (saved && expect_saved(st, saved, x, &n)))
-        return st->code;
-    fx_device *dev = x->device;
+    fx_device *dev = in->x->device;
     fx_exec own;
     if (!(ex = fx_exec_resolve(dev, ex, &own, st)))
         return st->code;
     if (nothing_to_scan(&n)) /* y and the saved states are empty; the final state is h0 */
         return state ? fx_op_cast_or_zero(ex, in->h0, state, st) : FX_OK;
-    fx_ssm_fwd_args args = {
-        .n = n, .x = x, .dt = in->dt, .a = in->a, .b = in->b, .c = in->c,
-        .d = in->d, .z = in->z, .dt_bias = in->dt_bias, .h0 = in->h0,
-        .dt_softplus = in->dt_softplus, .y = y, .state = state, .saved = saved,
-        .save_every = saved ? fx_ssm_save_every(&n, x->dtype) : 0,
-    };
+    fx_ssm_fwd_args args = fwd_args(in, &n, y, state, saved);
     return ssm_ops(dev)->forward(ex, &args, st);
 }
 
-static void ctx_keep(fx_tensor *dst, const fx_tensor *src)
+size_t fx_op_ssm_forward_scratch(const fx_exec *ex, const fx_ssm_inputs *in, const fx_tensor *y,
+                                 const fx_tensor *state, const fx_tensor *saved)
 {
-    memset(dst, 0, sizeof *dst);
-    if (!src)
-        return;
-    *dst = *src;
-    fx_buffer_ref(src->buffer);
+    fx_status st;
+    fx_status_clear(&st);
+    fx_ssm_dims n;
+    fx_exec own;
+    if (fx_ssm_check_forward(in, &n, &st) || nothing_to_scan(&n) ||
+        !(ex = fx_exec_resolve(in->x->device, ex, &own, &st)))
+        return 0;
+    fx_ssm_fwd_args args = fwd_args(in, &n, y, state, saved);
+    return ssm_ops(in->x->device)->forward_scratch(ex, &args);
 }
 
-void fx_ssm_ctx_free(fx_ssm_ctx *ctx)
-{
-    if (!ctx)
-        return;
-    fx_tensor *all[] = {&ctx->x, &ctx->dt, &ctx->a, &ctx->b, &ctx->c, &ctx->d,
-                        &ctx->z, &ctx->dt_bias, &ctx->h0, &ctx->saved};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        fx_tensor_release(all[i]);
-    free(ctx);
-}
-
-size_t fx_ssm_ctx_saved_bytes(const fx_ssm_ctx *ctx) { return ctx->saved.nbytes; }
-
-/* A new context holding references to the inputs and, when the backend's
- * backward reads them, room for the saved states. */
-static int ctx_new(const fx_ssm_inputs *in, const fx_ssm_dims *n, fx_ssm_ctx **out, fx_status *st)
-{
-    fx_ssm_ctx *ctx = calloc(1, sizeof *ctx);
-    if (!ctx)
-        return fx_fail(st, FX_ENOMEM, "out of host memory for a selective_scan context");
-    ctx->n = *n;
-    ctx->dt_softplus = in->dt_softplus;
-    ctx_keep(&ctx->x, in->x);
-    ctx_keep(&ctx->dt, in->dt);
-    ctx_keep(&ctx->a, in->a);
-    ctx_keep(&ctx->b, in->b);
-    ctx_keep(&ctx->c, in->c);
-    ctx_keep(&ctx->d, in->d);
-    ctx_keep(&ctx->z, in->z);
-    ctx_keep(&ctx->dt_bias, in->dt_bias);
-    ctx_keep(&ctx->h0, in->h0);
-    fx_device *dev = in->x->device;
-    if (ssm_ops(dev)->reads_saved) {
-        int64_t dims[4];
-        saved_dims(n, in->x->dtype, dims);
-        if (fx_tensor_alloc(dev, fx_ssm_state_type(in->x->dtype), 4, dims, &ctx->saved, st) != FX_OK) {
-            fx_ssm_ctx_free(ctx);
-            return st->code;
-        }
-    }
-    *out = ctx;
-    return FX_OK;
-}
-
-static const fx_tensor *opt(const fx_tensor *t) { return t && t->buffer ? t : NULL; }
-
-static void inputs_from_ctx(const fx_ssm_ctx *ctx, fx_ssm_inputs *in)
-{
-    memset(in, 0, sizeof *in);
-    in->x = &ctx->x;
-    in->dt = &ctx->dt;
-    in->a = &ctx->a;
-    in->b = &ctx->b;
-    in->c = &ctx->c;
-    in->d = opt(&ctx->d);
-    in->z = opt(&ctx->z);
-    in->dt_bias = opt(&ctx->dt_bias);
-    in->h0 = opt(&ctx->h0);
-    in->dt_softplus = ctx->dt_softplus;
-}
-
-int fx_op_ssm_forward(const fx_ssm_inputs *in, bool return_state, fx_tensor *y,
-                      fx_tensor *state, fx_ssm_ctx **ctx_out, fx_status *st)
+int fx_op_ssm_forward(const fx_ssm_inputs *in, bool return_state, fx_tensor *y, fx_tensor *state,
+                      fx_status *st)
 {
     fx_ssm_dims n;
     memset(y, 0, sizeof *y);
     memset(state, 0, sizeof *state);
-    if (ctx_out)
-        *ctx_out = NULL;
     if (fx_ssm_check_forward(in, &n, st))
         return st->code;
     fx_device *dev = in->x->device;
-    fx_ssm_ctx *ctx = NULL;
     int64_t state_dims[3] = {n.batch, n.dim, n.dstate};
     if (fx_tensor_alloc(dev, in->x->dtype, 3, in->x->dims, y, st) ||
         (return_state &&
-         fx_tensor_alloc(dev, fx_ssm_state_type(in->x->dtype), 3, state_dims, state, st)) ||
-        (ctx_out && ctx_new(in, &n, &ctx, st)) ||
-        fx_op_ssm_forward_into(NULL, in, y, return_state ? state : NULL, ctx ? opt(&ctx->saved) : NULL, st))
-        goto fail;
-    if (ctx_out)
-        *ctx_out = ctx;
-    return FX_OK;
-fail:
-    fx_tensor_release(y);
-    fx_tensor_release(state);
-    fx_ssm_ctx_free(ctx);
+         fx_tensor_alloc(dev, fx_ssm_state_dtype(in->x->dtype), 3, state_dims, state, st)) ||
+        fx_op_ssm_forward_into(NULL, in, y, return_state ? state : NULL, NULL, st)) {
+        fx_tensor_release(y);
+        fx_tensor_release(state);
+    }
     return st->code;
 }
 
 /* ---- backward ---- */
-
-void fx_ssm_grads_release(fx_ssm_grads *g)
-{
-    fx_tensor *all[] = {&g->x, &g->dt, &g->a, &g->b, &g->c, &g->d, &g->z, &g->dt_bias, &g->h0};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        fx_tensor_release(all[i]);
-}
-
-/* A gradient shaped and typed like `input`, or nothing when the input was
- * not given. */
-static int alloc_grad(const fx_tensor *input, fx_tensor *grad, fx_status *st)
-{
-    memset(grad, 0, sizeof *grad);
-    if (!input->buffer)
-        return FX_OK;
-    return fx_tensor_alloc(input->device, input->dtype, input->rank, input->dims, grad, st);
-}
-
-static int alloc_grads(const fx_ssm_ctx *ctx, fx_ssm_grads *g, fx_status *st)
-{
-    memset(g, 0, sizeof *g);
-    if (alloc_grad(&ctx->x, &g->x, st) || alloc_grad(&ctx->dt, &g->dt, st) ||
-        alloc_grad(&ctx->a, &g->a, st) || alloc_grad(&ctx->b, &g->b, st) ||
-        alloc_grad(&ctx->c, &g->c, st) || alloc_grad(&ctx->d, &g->d, st) ||
-        alloc_grad(&ctx->z, &g->z, st) || alloc_grad(&ctx->dt_bias, &g->dt_bias, st) ||
-        alloc_grad(&ctx->h0, &g->h0, st)) {
-        fx_ssm_grads_release(g);
-        return st->code;
-    }
-    return FX_OK;
-}
 
 /* A gradient output: there exactly when its input is, and like it. */
 static int expect_grad(fx_status *st, const char *arg, const fx_tensor *grad, const fx_tensor *input,
@@ -433,24 +371,45 @@ static int expect_grads(fx_status *st, const fx_ssm_inputs *in, const fx_ssm_gra
     return FX_OK;
 }
 
+int fx_ssm_check_backward(const fx_ssm_inputs *in, const fx_tensor *saved, const fx_tensor *dy,
+                          const fx_tensor *dstate, fx_ssm_dims *n, fx_status *st)
+{
+    if (fx_ssm_check_forward(in, n, st))
+        return st->code;
+    const fx_tensor *x = in->x;
+    fx_device *dev = x->device;
+    int64_t state_dims[3] = {n->batch, n->dim, n->dstate};
+    if (expect_ssm(st, dev, "selective_scan_backward") || expect_like_x(st, "dy", dy, x, 3, x->dims, LAYOUT_X) ||
+        (dstate && expect_param(st, "dstate", dstate, x, 3, state_dims, LAYOUT_STATE)))
+        return st->code;
+    if (!saved && ssm_ops(dev)->reads_saved && fx_ssm_nsaved(n, x->dtype) > 0)
+        return fx_fail(st, FX_EBADARG, "saved: expected the states the forward saved (save_for_backward) on %s, "
+                       "got none", dev->label);
+    if (saved && expect_saved(st, saved, x, n))
+        return st->code;
+    return FX_OK;
+}
+
+static fx_ssm_bwd_args bwd_args(const fx_ssm_inputs *in, const fx_ssm_dims *n, const fx_tensor *saved,
+                                const fx_tensor *dy, const fx_tensor *dstate, const fx_ssm_grad_outs *g)
+{
+    fx_ssm_bwd_args args = {
+        .fwd = fwd_args(in, n, NULL, NULL, saved),
+        .dy = dy, .dstate = dstate,
+        .dx = g->x, .ddt = g->dt, .da = g->a, .db = g->b, .dc = g->c,
+        .dd = g->d, .dz = g->z, .ddt_bias = g->dt_bias, .dh0 = g->h0,
+    };
+    return args;
+}
+
 int fx_op_ssm_backward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx_tensor *saved,
                             const fx_tensor *dy, const fx_tensor *dstate, const fx_ssm_grad_outs *g,
                             fx_status *st)
 {
     fx_ssm_dims n;
-    if (fx_ssm_check_forward(in, &n, st))
+    if (fx_ssm_check_backward(in, saved, dy, dstate, &n, st) || expect_grads(st, in, g))
         return st->code;
-    const fx_tensor *x = in->x;
-    fx_device *dev = x->device;
-    int64_t state_dims[3] = {n.batch, n.dim, n.dstate};
-    if (expect_ssm(st, dev, "selective_scan_backward") || expect_like_x(st, "dy", dy, x, 3, x->dims, LAYOUT_X) ||
-        (dstate && expect_param(st, "dstate", dstate, x, 3, state_dims, LAYOUT_STATE)))
-        return st->code;
-    if (!saved && ssm_ops(dev)->reads_saved && fx_ssm_nsaved(&n, x->dtype) > 0)
-        return fx_fail(st, FX_EBADARG, "saved: expected the states the forward saved (save_for_backward) on %s, "
-                       "got none", dev->label);
-    if ((saved && expect_saved(st, saved, x, &n)) || expect_grads(st, in, g))
-        return st->code;
+    fx_device *dev = in->x->device;
     fx_exec own;
     if (!(ex = fx_exec_resolve(dev, ex, &own, st)))
         return st->code;
@@ -464,40 +423,22 @@ int fx_op_ssm_backward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx
                 return st->code;
         return g->h0 ? fx_op_cast_or_zero(ex, dstate, g->h0, st) : FX_OK;
     }
-    fx_ssm_bwd_args args = {
-        .fwd = {.n = n, .x = x, .dt = in->dt, .a = in->a, .b = in->b, .c = in->c, .d = in->d, .z = in->z,
-                .dt_bias = in->dt_bias, .h0 = in->h0, .dt_softplus = in->dt_softplus, .saved = saved,
-                .save_every = saved ? fx_ssm_save_every(&n, x->dtype) : 0},
-        .dy = dy, .dstate = dstate,
-        .dx = g->x, .ddt = g->dt, .da = g->a, .db = g->b, .dc = g->c,
-        .dd = g->d, .dz = g->z, .ddt_bias = g->dt_bias, .dh0 = g->h0,
-    };
+    fx_ssm_bwd_args args = bwd_args(in, &n, saved, dy, dstate, g);
     return ssm_ops(dev)->backward(ex, &args, st);
 }
 
-int fx_op_ssm_backward(const fx_ssm_ctx *ctx, const fx_tensor *dy, const fx_tensor *dstate,
-                       fx_ssm_grads *grads, fx_status *st)
+size_t fx_op_ssm_backward_scratch(const fx_exec *ex, const fx_ssm_inputs *in, const fx_tensor *saved,
+                                  const fx_tensor *dy, const fx_tensor *dstate, const fx_ssm_grad_outs *g)
 {
-    const fx_tensor *x = &ctx->x;
-    int64_t state_dims[3] = {ctx->n.batch, ctx->n.dim, ctx->n.dstate};
-    memset(grads, 0, sizeof *grads);
-    /* The caller's tensors first, before anything is allocated. */
-    if (expect_ssm(st, x->device, "selective_scan_backward") ||
-        expect_like_x(st, "dy", dy, x, 3, x->dims, LAYOUT_X) ||
-        (dstate && expect_param(st, "dstate", dstate, x, 3, state_dims, LAYOUT_STATE)) ||
-        alloc_grads(ctx, grads, st))
-        return st->code;
-    fx_ssm_inputs in;
-    inputs_from_ctx(ctx, &in);
-    fx_ssm_grad_outs g = {
-        .x = &grads->x, .dt = &grads->dt, .a = &grads->a, .b = &grads->b, .c = &grads->c,
-        .d = opt(&grads->d), .z = opt(&grads->z), .dt_bias = opt(&grads->dt_bias), .h0 = opt(&grads->h0),
-    };
-    if (fx_op_ssm_backward_into(NULL, &in, opt(&ctx->saved), dy, dstate, &g, st) != FX_OK) {
-        fx_ssm_grads_release(grads);
-        return st->code;
-    }
-    return FX_OK;
+    fx_status st;
+    fx_status_clear(&st);
+    fx_ssm_dims n;
+    fx_exec own;
+    if (fx_ssm_check_backward(in, saved, dy, dstate, &n, &st) || nothing_to_scan(&n) ||
+        !(ex = fx_exec_resolve(in->x->device, ex, &own, &st)))
+        return 0;
+    fx_ssm_bwd_args args = bwd_args(in, &n, saved, dy, dstate, g);
+    return ssm_ops(in->x->device)->backward_scratch(ex, &args);
 }
 
 /* ---- step ---- */

@@ -1,6 +1,7 @@
 /* The op layer of the selective scan: validation (every message names the
- * argument and its layout), output allocation, the context a forward saves
- * for its backward, and dispatch to the device's backend. */
+ * argument and its layout), output allocation and dispatch to the device's
+ * backend. Its ops' descriptions (c_src/core/op.h) are in ssm_op.c; what a
+ * forward keeps for its backward is the op layer's generic context. */
 #ifndef FX_CORE_SSM_H
 #define FX_CORE_SSM_H
 
@@ -15,22 +16,6 @@ typedef struct fx_ssm_inputs {
     bool dt_softplus;
 } fx_ssm_inputs;
 
-/* What a forward keeps for its backward: its own references to the input
- * buffers (a tensor with a NULL buffer was not given) and, on backends whose
- * backward reads them, the states entering every chunk of
- * fx_ssm_save_every steps. */
-typedef struct fx_ssm_ctx {
-    fx_ssm_dims n;
-    fx_tensor x, dt, a, b, c, d, z, dt_bias, h0;
-    bool dt_softplus;
-    fx_tensor saved; /* [batch, nsaved, dim, dstate] of the state type, or no buffer */
-} fx_ssm_ctx;
-
-/* One gradient per input; no buffer for options that were not given. */
-typedef struct fx_ssm_grads {
-    fx_tensor x, dt, a, b, c, d, z, dt_bias, h0;
-} fx_ssm_grads;
-
 /* Gradient outputs the caller allocated: one per input given, NULL for
  * the inputs that were not. */
 typedef struct fx_ssm_grad_outs {
@@ -39,20 +24,31 @@ typedef struct fx_ssm_grad_outs {
 
 /* Checks a forward's inputs and fills the dimensions. */
 int fx_ssm_check_forward(const fx_ssm_inputs *in, fx_ssm_dims *n, fx_status *st);
+/* Checks a backward's inputs: the forward's, its saved states (NULL where
+ * there are none: a single chunk, or a backend whose backward reads none),
+ * dy and dstate (or NULL). */
+int fx_ssm_check_backward(const fx_ssm_inputs *in, const fx_tensor *saved, const fx_tensor *dy,
+                          const fx_tensor *dstate, fx_ssm_dims *n, fx_status *st);
 /* Checks a step's inputs (x, dt [batch, dim]; b, c [batch, dstate] or
  * [batch, groups, dstate]) and its state. */
 int fx_ssm_check_step(const fx_tensor *state, const fx_ssm_inputs *in, fx_ssm_dims *n,
                       fx_status *st);
 /* The type of the states of a scan whose x has type `x_type`. */
-fx_dtype fx_ssm_state_type(fx_dtype x_type);
+fx_dtype fx_ssm_state_dtype(fx_dtype x_type);
 /* The shape of the saved states of a forward of n (fx_ssm_save_every);
- * returns their rank, 4. Their type is fx_ssm_state_type. */
+ * returns their rank, 4. Their type is fx_ssm_state_dtype. */
 int fx_ssm_saved_shape(const fx_ssm_dims *n, fx_dtype x_type, int64_t dims[4]);
 /* Checks sizes given on their own (not as tensors: a caller sizing the
  * saved states ahead of a run): batch, seqlen, dim >= 0, dstate >= 1,
  * groups >= 1 dividing dim, and x, b and the saved states' element counts
  * within 2^48. Check before fx_ssm_saved_shape or fx_ssm_save_every. */
 int fx_ssm_check_dims(const fx_ssm_dims *n, fx_dtype x_type, fx_status *st);
+/* The sizes of a scan from the shapes of x ([batch, seqlen, dim]) and b
+ * ([batch, seqlen, [groups,] dstate]) and x's type alone, checked as
+ * fx_ssm_check_dims does: for a caller sizing the saved states
+ * (fusex:selective_scan_saved_shape/3). */
+int fx_ssm_dims_of_shapes(int x_rank, const int64_t *x, int b_rank, const int64_t *b, fx_dtype x_type,
+                          fx_ssm_dims *n, fx_status *st);
 
 /* The ops into outputs the caller allocated, on the launch context `ex`
  * (NULL: the device's own). Every input and output is checked first.
@@ -70,20 +66,20 @@ int fx_op_ssm_backward_into(const fx_exec *ex, const fx_ssm_inputs *in, const fx
 int fx_op_ssm_step_into(const fx_exec *ex, const fx_tensor *state, const fx_ssm_inputs *in, const fx_tensor *y,
                         fx_status *st);
 
-/* Runs the forward: allocates y and, when asked, the final state; with
- * `ctx` non-NULL also saves a context (free it with fx_ssm_ctx_free). On
- * failure nothing is left allocated. */
-int fx_op_ssm_forward(const fx_ssm_inputs *in, bool return_state, fx_tensor *y,
-                      fx_tensor *state, fx_ssm_ctx **ctx, fx_status *st);
-void fx_ssm_ctx_free(fx_ssm_ctx *ctx);
-/* Device bytes the context holds beyond its references to the inputs. */
-size_t fx_ssm_ctx_saved_bytes(const fx_ssm_ctx *ctx);
+/* The most scratch bytes the `_into` ops ask of `ex` (NULL: the device's
+ * own context) for these tensors, from shapes alone; 0 where they do not
+ * pass the checks or there is nothing to scan (the step asks for none). */
+size_t fx_op_ssm_forward_scratch(const fx_exec *ex, const fx_ssm_inputs *in, const fx_tensor *y,
+                                 const fx_tensor *state, const fx_tensor *saved);
+size_t fx_op_ssm_backward_scratch(const fx_exec *ex, const fx_ssm_inputs *in, const fx_tensor *saved,
+                                  const fx_tensor *dy, const fx_tensor *dstate, const fx_ssm_grad_outs *grads);
 
-/* The gradients of every input given to the forward, from dy and the
- * optional gradient of the final state. */
-int fx_op_ssm_backward(const fx_ssm_ctx *ctx, const fx_tensor *dy, const fx_tensor *dstate,
-                       fx_ssm_grads *grads, fx_status *st);
-void fx_ssm_grads_release(fx_ssm_grads *g);
+/* Runs the forward: allocates y and, when asked, the final state. On
+ * failure nothing is left allocated. (A forward that keeps a context for
+ * its backward runs through the op layer's descriptions: fx_op_run,
+ * fx_op_ctx_new.) */
+int fx_op_ssm_forward(const fx_ssm_inputs *in, bool return_state, fx_tensor *y, fx_tensor *state,
+                      fx_status *st);
 
 /* One time step: updates `state` in place and returns y [batch, dim]. */
 int fx_op_ssm_step(const fx_tensor *state, const fx_ssm_inputs *in, fx_tensor *y,

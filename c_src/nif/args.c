@@ -155,7 +155,7 @@ int fx_call_hold(fx_call *c, fx_tensor *t)
     return FX_OK;
 }
 
-static ERL_NIF_TERM status_reason(ErlNifEnv *env, const fx_status *st)
+ERL_NIF_TERM fx_status_reason(ErlNifEnv *env, const fx_status *st)
 {
     ERL_NIF_TERM msg = fx_make_string(env, st->msg);
     switch (st->code) {
@@ -207,7 +207,7 @@ ERL_NIF_TERM fx_call_finish(fx_call *c, ERL_NIF_TERM result)
     c->held = c->inline_held;
     c->nheld = 0;
     if (c->st.code != FX_OK)
-        return enif_raise_exception(c->env, status_reason(c->env, &c->st));
+        return enif_raise_exception(c->env, fx_status_reason(c->env, &c->st));
     return result;
 }
 

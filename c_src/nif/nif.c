@@ -31,8 +31,8 @@ static ErlNifFunc nif_funcs[] = {
     FX_TENSOR_NIFS,
     FX_POINTER_NIFS,
     FX_OPTIM_NIFS,
-    FX_LINREC_NIFS,
-    FX_SSM_NIFS,
+    FX_OP_NIFS,
+    FX_SSM_SHAPE_NIFS,
     FX_XLA_NIFS,
 };
 

@@ -46,6 +46,8 @@ void *fx_call_alloc(fx_call *c, size_t nbytes);
 /* Releases what the call holds; raises the status as an Erlang error if it
  * is not FX_OK, else returns `result`. */
 ERL_NIF_TERM fx_call_finish(fx_call *c, ERL_NIF_TERM result);
+/* The Erlang error reason of a failed status: {badarg, Msg}, ... */
+ERL_NIF_TERM fx_status_reason(ErlNifEnv *env, const fx_status *st);
 
 /* ---- argument parsers: each returns FX_OK or fills c->st with a badarg
  * naming the argument, so they chain with `||` ---- */

@@ -74,41 +74,25 @@ FX_ENTRY(nif_optim_info);
     {"optim_step", 5, nif_optim_step_entry, 0},                      \
     {"optim_info", 1, nif_optim_info_entry, 0}
 
-/* linrec_nif.c */
-FX_ENTRY(nif_linear_scan);
-FX_ENTRY(nif_mingru);
-FX_ENTRY(nif_minlstm);
-FX_ENTRY(nif_liquid);
-FX_ENTRY(nif_linrec_backward);
-FX_ENTRY(nif_linear_scan_step);
-FX_ENTRY(nif_mingru_step);
-FX_ENTRY(nif_minlstm_step);
-FX_ENTRY(nif_liquid_step);
+/* op_nif.c: every described op (c_src/core/op.h), by name */
+FX_ENTRY(nif_op);
+FX_ENTRY(nif_op_backward);
+ERL_NIF_TERM nif_op_check(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+ERL_NIF_TERM nif_op_list(ErlNifEnv *, int, const ERL_NIF_TERM[]);
 
-#define FX_LINREC_NIFS                                               \
-    {"linear_scan", 3, nif_linear_scan_entry, 0},                    \
-    {"mingru", 3, nif_mingru_entry, 0},                              \
-    {"minlstm", 4, nif_minlstm_entry, 0},                            \
-    {"liquid", 4, nif_liquid_entry, 0},                              \
-    {"linrec_backward", 4, nif_linrec_backward_entry, 0},            \
-    {"linear_scan_step", 4, nif_linear_scan_step_entry, 0},          \
-    {"mingru_step", 4, nif_mingru_step_entry, 0},                    \
-    {"minlstm_step", 5, nif_minlstm_step_entry, 0},                  \
-    {"liquid_step", 5, nif_liquid_step_entry, 0}
+#define FX_OP_NIFS                                                   \
+    {"op", 3, nif_op_entry, 0},                                      \
+    {"op_backward", 4, nif_op_backward_entry, 0},                    \
+    {"op_check", 4, nif_op_check, 0},                                \
+    {"op_list", 0, nif_op_list, 0}
 
-/* ssm_nif.c */
-FX_ENTRY(nif_selective_scan);
-FX_ENTRY(nif_selective_scan_backward);
-FX_ENTRY(nif_selective_scan_step);
-ERL_NIF_TERM nif_selective_scan_saved_shape(ErlNifEnv *, int, const ERL_NIF_TERM[]);
-ERL_NIF_TERM nif_selective_scan_save_every(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+/* ssm_shape_nif.c: the selective scan's saved states from shapes alone */
+ERL_NIF_TERM nif_ssm_saved_shape(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+ERL_NIF_TERM nif_ssm_save_every(ErlNifEnv *, int, const ERL_NIF_TERM[]);
 
-#define FX_SSM_NIFS                                                          \
-    {"selective_scan", 6, nif_selective_scan_entry, 0},                      \
-    {"selective_scan_backward", 3, nif_selective_scan_backward_entry, 0},    \
-    {"selective_scan_step", 7, nif_selective_scan_step_entry, 0},            \
-    {"selective_scan_saved_shape", 3, nif_selective_scan_saved_shape, 0},    \
-    {"selective_scan_save_every", 3, nif_selective_scan_save_every, 0}
+#define FX_SSM_SHAPE_NIFS                                            \
+    {"ssm_saved_shape", 3, nif_ssm_saved_shape, 0},                  \
+    {"ssm_save_every", 3, nif_ssm_save_every, 0}
 
 /* xla_nif.c: registration of the XLA custom-call targets (docs/XLA.md);
  * dirty IO: it may load a library. */

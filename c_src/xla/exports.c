@@ -1,55 +1,21 @@
-/* What priv/fusex_xla.so exports besides its handlers (include/fusex_xla.h):
- * registration with an XLA, the loader that finds EXLA's XLA in the
- * process, and the helpers the JAX package calls through ctypes. */
+/* What priv/fusex_xla.so exports (include/fusex_xla.h): registration with
+ * an XLA, the loader that finds EXLA's XLA in the process, the ops'
+ * descriptions, handlers and check for the front ends (the JAX package
+ * calls them through ctypes), and the helpers. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "core/op.h"
 #include "core/ssm.h"
 #include "fusex_xla.h"
 #include "xla/ffi/api/c_api.h"
 #include "xla/fx_xla.h"
 
 #define EXPORT __attribute__((visibility("default")))
-
-/* The handler symbols (handlers.cc). */
-extern XLA_FFI_Handler fusex_selective_scan_fwd_host, fusex_selective_scan_fwd_cuda;
-extern XLA_FFI_Handler fusex_selective_scan_bwd_host, fusex_selective_scan_bwd_cuda;
-extern XLA_FFI_Handler fusex_selective_scan_step_host, fusex_selective_scan_step_cuda;
-extern XLA_FFI_Handler fusex_linear_scan_fwd_host, fusex_linear_scan_fwd_cuda;
-extern XLA_FFI_Handler fusex_linear_scan_bwd_host, fusex_linear_scan_bwd_cuda;
-extern XLA_FFI_Handler fusex_linear_scan_step_host, fusex_linear_scan_step_cuda;
-extern XLA_FFI_Handler fusex_mingru_fwd_host, fusex_mingru_fwd_cuda;
-extern XLA_FFI_Handler fusex_mingru_bwd_host, fusex_mingru_bwd_cuda;
-extern XLA_FFI_Handler fusex_mingru_step_host, fusex_mingru_step_cuda;
-extern XLA_FFI_Handler fusex_minlstm_fwd_host, fusex_minlstm_fwd_cuda;
-extern XLA_FFI_Handler fusex_minlstm_bwd_host, fusex_minlstm_bwd_cuda;
-extern XLA_FFI_Handler fusex_minlstm_step_host, fusex_minlstm_step_cuda;
-extern XLA_FFI_Handler fusex_liquid_fwd_host, fusex_liquid_fwd_cuda;
-extern XLA_FFI_Handler fusex_liquid_bwd_host, fusex_liquid_bwd_cuda;
-extern XLA_FFI_Handler fusex_liquid_step_host, fusex_liquid_step_cuda;
-
-#define BOTH(name) {name##_host, name##_cuda}
-
-static XLA_FFI_Handler *const handlers[FX_XLA_TARGET_COUNT][FX_XLA_PLATFORM_COUNT] = {
-    [FX_XLA_SELECTIVE_SCAN_FWD] = BOTH(fusex_selective_scan_fwd),
-    [FX_XLA_SELECTIVE_SCAN_BWD] = BOTH(fusex_selective_scan_bwd),
-    [FX_XLA_SELECTIVE_SCAN_STEP] = BOTH(fusex_selective_scan_step),
-    [FX_XLA_LINEAR_SCAN_FWD] = BOTH(fusex_linear_scan_fwd),
-    [FX_XLA_LINEAR_SCAN_BWD] = BOTH(fusex_linear_scan_bwd),
-    [FX_XLA_LINEAR_SCAN_STEP] = BOTH(fusex_linear_scan_step),
-    [FX_XLA_MINGRU_FWD] = BOTH(fusex_mingru_fwd),
-    [FX_XLA_MINGRU_BWD] = BOTH(fusex_mingru_bwd),
-    [FX_XLA_MINGRU_STEP] = BOTH(fusex_mingru_step),
-    [FX_XLA_MINLSTM_FWD] = BOTH(fusex_minlstm_fwd),
-    [FX_XLA_MINLSTM_BWD] = BOTH(fusex_minlstm_bwd),
-    [FX_XLA_MINLSTM_STEP] = BOTH(fusex_minlstm_step),
-    [FX_XLA_LIQUID_FWD] = BOTH(fusex_liquid_fwd),
-    [FX_XLA_LIQUID_BWD] = BOTH(fusex_liquid_bwd),
-    [FX_XLA_LIQUID_STEP] = BOTH(fusex_liquid_step),
-};
 
 /* XLA's platform names (it canonicalises them: "Host" is its "host"). */
 static const char *const platform_names[FX_XLA_PLATFORM_COUNT] = {"Host", "CUDA"};
@@ -86,16 +52,16 @@ static void take_error(const XLA_FFI_Api *api, XLA_FFI_Error *err, char *out, si
     }
 }
 
-static int register_one(const XLA_FFI_Api *api, int target, int platform, char *msg, size_t msglen)
+static int register_one(const XLA_FFI_Api *api, int op, int platform, char *msg, size_t msglen)
 {
-    const char *name = fx_xla_target_name(target);
+    const char *name = fx_xla_target_name(op);
     const char *plat = platform_names[platform];
     XLA_FFI_Handler_Register_Args args;
     memset(&args, 0, sizeof args);
     args.struct_size = XLA_FFI_Handler_Register_Args_STRUCT_SIZE;
     args.name = (XLA_FFI_ByteSpan){name, strlen(name)};
     args.platform = (XLA_FFI_ByteSpan){plat, strlen(plat)};
-    args.bundle.execute = handlers[target][platform];
+    args.bundle.execute = (XLA_FFI_Handler *)fx_xla_handler(op, platform);
     /* No traits: XLA must not capture the calls into a command buffer
      * (the CUDA handlers take scratch from XLA's allocator per call). */
     args.traits = 0;
@@ -136,9 +102,14 @@ EXPORT int fusex_xla_register(const void *api_ptr, char *msg, size_t msglen)
         rc = -1;
         goto done;
     }
-    for (int t = 0; t < FX_XLA_TARGET_COUNT && rc == 0; t++)
+    if (fx_op_count() > FX_XLA_MAX_OPS) {
+        say(msg, msglen, "fusex describes %d ops, more than the %d its XLA handlers were built for (FX_XLA_MAX_OPS)",
+            fx_op_count(), FX_XLA_MAX_OPS);
+        rc = -1;
+    }
+    for (int op = 0; op < fx_op_count() && rc == 0; op++)
         for (int p = 0; p < FX_XLA_PLATFORM_COUNT && rc == 0; p++)
-            rc = register_one(api, t, p, msg, msglen);
+            rc = register_one(api, op, p, msg, msglen);
     if (rc == 0)
         registered[nregistered++] = api;
 done:
@@ -225,3 +196,63 @@ EXPORT int fusex_xla_ssm_saved_shape(int64_t batch, int64_t seqlen, int64_t dim,
 }
 
 EXPORT const char *fusex_xla_cuda_unavailable_reason(void) { return fx_xla_cuda_unavailable_reason(); }
+
+/* ---- the ops, for the front ends ---- */
+
+EXPORT int fusex_xla_op_count(void) { return fx_op_count(); }
+
+/* Each description's JSON, made once and kept for the process. */
+static char *descriptions[FX_XLA_MAX_OPS];
+static char dtypes_json[256];
+static pthread_once_t descriptions_once = PTHREAD_ONCE_INIT;
+
+static void describe_all(void)
+{
+    for (int i = 0; i < fx_op_count() && i < FX_XLA_MAX_OPS; i++) {
+        const fx_op_desc *d = fx_op_at(i);
+        size_t len = fx_op_describe_json(d, NULL, 0) + 1;
+        descriptions[i] = malloc(len);
+        if (descriptions[i])
+            fx_op_describe_json(d, descriptions[i], len);
+    }
+    fx_op_dtypes_json(dtypes_json, sizeof dtypes_json);
+}
+
+EXPORT const char *fusex_xla_op_describe(int op)
+{
+    pthread_once(&descriptions_once, describe_all);
+    return op >= 0 && op < fx_op_count() && op < FX_XLA_MAX_OPS ? descriptions[op] : NULL;
+}
+
+EXPORT const char *fusex_xla_dtypes_json(void)
+{
+    pthread_once(&descriptions_once, describe_all);
+    return dtypes_json;
+}
+
+EXPORT int fusex_xla_op_index(const char *name)
+{
+    if (!name)
+        return -1;
+    if (strncmp(name, "fusex_", 6) == 0 && !fx_op_find(name))
+        name += 6;
+    const fx_op_desc *d = fx_op_find(name);
+    return d ? fx_op_index(d) : -1;
+}
+
+EXPORT void *fusex_xla_op_handler(int op, int platform)
+{
+    return op >= 0 && op < fx_op_count() ? fx_xla_handler(op, platform) : NULL;
+}
+
+EXPORT int fusex_xla_op_check(int op, int platform, const int32_t *present, const int32_t *dtypes,
+                              const int32_t *ranks, const int64_t *dims, const double *attrs, int32_t *out_present,
+                              int32_t *out_dtypes, int32_t *out_ranks, int64_t *out_dims, char *msg, size_t msglen)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    fx_xla_check(op, platform, present, dtypes, ranks, dims, attrs, out_present, out_dtypes, out_ranks, out_dims,
+                 &st);
+    say(msg, msglen, "%s", st.code ? st.msg : "");
+    return st.code;
+}

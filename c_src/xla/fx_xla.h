@@ -1,7 +1,7 @@
 /*
  * The XLA custom-call layer (docs/XLA.md): what the FFI binding
  * (handlers.cc, C++: XLA's ffi.h is a C++ header) hands to the C side
- * (targets.c: operand lists, attributes, the op layer's `_into` ops;
+ * (targets.c: the one binder over the op layer's descriptions, core/op.h;
  * platform.c: devices and launch contexts). The binding only copies XLA's
  * call frame into these plain structs; every check and every message is
  * made on the C side, most of them by the op layer itself.
@@ -21,31 +21,16 @@
 extern "C" {
 #endif
 
-/* The fifteen targets, in docs/XLA.md's order. */
-typedef enum fx_xla_target {
-    FX_XLA_SELECTIVE_SCAN_FWD = 0,
-    FX_XLA_SELECTIVE_SCAN_BWD,
-    FX_XLA_SELECTIVE_SCAN_STEP,
-    FX_XLA_LINEAR_SCAN_FWD,
-    FX_XLA_LINEAR_SCAN_BWD,
-    FX_XLA_LINEAR_SCAN_STEP,
-    FX_XLA_MINGRU_FWD,
-    FX_XLA_MINGRU_BWD,
-    FX_XLA_MINGRU_STEP,
-    FX_XLA_MINLSTM_FWD,
-    FX_XLA_MINLSTM_BWD,
-    FX_XLA_MINLSTM_STEP,
-    FX_XLA_LIQUID_FWD,
-    FX_XLA_LIQUID_BWD,
-    FX_XLA_LIQUID_STEP,
-    FX_XLA_TARGET_COUNT
-} fx_xla_target;
+/* The handlers are made by index into the op layer's registry
+ * (core/op.h: fx_op_at), up to this many; registration refuses a registry
+ * that outgrew it. */
+#define FX_XLA_MAX_OPS 64
 
 /* XLA's platform names: "Host" (the CPU backend) and "CUDA". */
 typedef enum fx_xla_platform { FX_XLA_HOST = 0, FX_XLA_CUDA = 1, FX_XLA_PLATFORM_COUNT } fx_xla_platform;
 
-/* The most operands, results and attributes a target takes (the selective
- * scan's backward: 12 operands, 9 results; 7 attributes), with room. */
+/* The most operands, results and attributes a call may pass: those of
+ * the op layer's descriptions (FX_OP_MAX_IO, FX_OP_MAX_ATTRS). */
 #define FX_XLA_MAX_BUFFERS 16
 #define FX_XLA_MAX_ATTRS 16
 
@@ -73,7 +58,7 @@ typedef struct fx_xla_attr {
 } fx_xla_attr;
 
 typedef struct fx_xla_call {
-    int target;   /* fx_xla_target */
+    int op;       /* the description's index (fx_op_at) */
     int platform; /* fx_xla_platform */
     int device;   /* CUDA: XLA's device ordinal; Host: 0 */
     void *stream; /* CUDA: XLA's stream (a cudaStream_t); Host: NULL */
@@ -85,13 +70,25 @@ typedef struct fx_xla_call {
     const fx_xla_attr *attrs;
 } fx_xla_call;
 
-/* Runs one call of a target. On failure st holds the code (FX_EBADARG for
+/* Runs one call of an op. On failure st holds the code (FX_EBADARG for
  * bad operands, results or attributes) and a message that starts with the
  * target's name, then names the argument, what was expected and what came. */
 int fx_xla_run(const fx_xla_call *call, fx_status *st);
 
-/* "fusex_selective_scan_fwd", ...; NULL past the last target. */
-const char *fx_xla_target_name(int target);
+/* "fusex_" + the description's name; NULL past the last op. */
+const char *fx_xla_target_name(int op);
+
+/* The check entry (fusex_xla_op_check, include/fusex_xla.h): op `op`'s
+ * check on shapes and types alone, for XLA's platform `platform`. */
+int fx_xla_check(int op, int platform, const int32_t *present, const int32_t *dtypes, const int32_t *ranks,
+                 const int64_t *dims, const double *attrs, int32_t *out_present, int32_t *out_dtypes,
+                 int32_t *out_ranks, int64_t *out_dims, fx_status *st);
+
+/* ---- handlers.cc ---- */
+
+/* Op `op`'s handler for `platform` (fx_xla_platform); NULL past
+ * FX_XLA_MAX_OPS or the platforms. */
+void *fx_xla_handler(int op, int platform);
 
 /* ---- platform.c ---- */
 

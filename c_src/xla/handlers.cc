@@ -1,7 +1,9 @@
-// The XLA FFI binding of fusex's custom-call targets (docs/XLA.md): one
-// exported handler symbol per target and platform, `fusex_<op>_<dir>_host`
-// and `fusex_<op>_<dir>_cuda`, built against the FFI API 0.2 headers (the
-// XLA of EXLA 0.12-0.13 and JAX 0.9.0; newer XLAs accept 0.2 handlers).
+// The XLA FFI binding of fusex's custom-call targets (docs/XLA.md): a Host
+// and a CUDA handler for each index of the op layer's registry of
+// descriptions (core/op.h), up to FX_XLA_MAX_OPS, built against the FFI API
+// 0.2 headers (the XLA of EXLA 0.12-0.13 and JAX 0.9.0; newer XLAs accept
+// 0.2 handlers). fx_xla_handler gives them out by index; registration
+// (exports.c) names each after its description.
 //
 // This file is C++ only because XLA's ffi.h is: it lets XLA's own binding
 // code answer the version query and decode the call frame, copies the
@@ -12,6 +14,7 @@
 // The CUDA handlers need neither nvcc nor the CUDA runtime: the stream
 // arrives as a pointer, scratch from XLA's allocator, and the kernels are
 // launched by priv/fusex_cuda.so, loaded at the first CUDA call.
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -37,9 +40,9 @@ ffi::Error to_error(const fx_status &st)
     }
 }
 
-ffi::Error fail(int target, const std::string &what)
+ffi::Error fail(int op, const std::string &what)
 {
-    const char *name = fx_xla_target_name(target);
+    const char *name = fx_xla_target_name(op);
     return ffi::Error::InvalidArgument(std::string(name ? name : "fusex") + ": " + what);
 }
 
@@ -107,35 +110,35 @@ void take_attr(const ffi::Dictionary &attrs, const ffi::Dictionary::Iterator &it
         a->what = "a u64";
 }
 
-std::optional<ffi::Error> unpack(int target, ffi::RemainingArgs &args, ffi::RemainingRets &rets,
+std::optional<ffi::Error> unpack(int op, ffi::RemainingArgs &args, ffi::RemainingRets &rets,
                                  const ffi::Dictionary &attrs, Frame &f)
 {
     std::memset(&f, 0, sizeof f);
     if (args.size() > FX_XLA_MAX_BUFFERS)
-        return fail(target, "operands: expected at most " + std::to_string(FX_XLA_MAX_BUFFERS) + ", got " +
+        return fail(op, "operands: expected at most " + std::to_string(FX_XLA_MAX_BUFFERS) + ", got " +
                                 std::to_string(args.size()));
     if (rets.size() > FX_XLA_MAX_BUFFERS)
-        return fail(target, "results: expected at most " + std::to_string(FX_XLA_MAX_BUFFERS) + ", got " +
+        return fail(op, "results: expected at most " + std::to_string(FX_XLA_MAX_BUFFERS) + ", got " +
                                 std::to_string(rets.size()));
     if (attrs.size() > FX_XLA_MAX_ATTRS)
-        return fail(target, "attributes: expected at most " + std::to_string(FX_XLA_MAX_ATTRS) + ", got " +
+        return fail(op, "attributes: expected at most " + std::to_string(FX_XLA_MAX_ATTRS) + ", got " +
                                 std::to_string(attrs.size()));
     for (size_t i = 0; i < args.size(); i++) {
         auto b = args.get<ffi::AnyBuffer>(i);
         if (!b.has_value())
-            return fail(target, "operand " + std::to_string(i) + ": expected an array, got another kind of operand");
+            return fail(op, "operand " + std::to_string(i) + ": expected an array, got another kind of operand");
         take_buffer(*b, &f.args[i]);
     }
     for (size_t i = 0; i < rets.size(); i++) {
         auto b = rets.get<ffi::AnyBuffer>(i);
         if (!b.has_value())
-            return fail(target, "result " + std::to_string(i) + ": expected an array, got another kind of result");
+            return fail(op, "result " + std::to_string(i) + ": expected an array, got another kind of result");
         take_buffer(**b, &f.rets[i]);
     }
     int n = 0;
     for (auto it = attrs.begin(); it != attrs.end(); ++it)
         take_attr(attrs, it, &f.attrs[n++]);
-    f.call.target = target;
+    f.call.op = op;
     f.call.nargs = static_cast<int>(args.size());
     f.call.nrets = static_cast<int>(rets.size());
     f.call.nattrs = n;
@@ -153,11 +156,10 @@ ffi::Error run(const fx_xla_call &call)
     return to_error(st);
 }
 
-template <int Target>
-ffi::Error host_handler(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs)
+ffi::Error host_run(int op, ffi::RemainingArgs &args, ffi::RemainingRets &rets, const ffi::Dictionary &attrs)
 {
     Frame f;
-    if (auto err = unpack(Target, args, rets, attrs, f))
+    if (auto err = unpack(op, args, rets, attrs, f))
         return *err;
     f.call.platform = FX_XLA_HOST;
     return run(f.call);
@@ -190,12 +192,11 @@ int scratch_alloc(void *ctx, size_t nbytes, void **ptr, fx_status *st)
     return FX_OK;
 }
 
-template <int Target>
-ffi::Error cuda_handler(void *stream, int32_t device, ffi::ScratchAllocator scratch, ffi::RemainingArgs args,
-                        ffi::RemainingRets rets, ffi::Dictionary attrs)
+ffi::Error cuda_run(int op, void *stream, int32_t device, ffi::ScratchAllocator &scratch,
+                    ffi::RemainingArgs &args, ffi::RemainingRets &rets, const ffi::Dictionary &attrs)
 {
     Frame f;
-    if (auto err = unpack(Target, args, rets, attrs, f))
+    if (auto err = unpack(op, args, rets, attrs, f))
         return *err;
     Scratch s{&scratch, device};
     f.call.platform = FX_XLA_CUDA;
@@ -207,38 +208,74 @@ ffi::Error cuda_handler(void *stream, int32_t device, ffi::ScratchAllocator scra
     return run(f.call);
 }
 
+// What XLA calls: one function per index and platform (a call frame does
+// not say which target it is for), each binding once. The implementations
+// are passed as function pointers, so the binding's machinery is
+// instantiated once per platform, not once per index.
+template <int Op>
+ffi::Error host_impl(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs)
+{
+    return host_run(Op, args, rets, attrs);
+}
+
+template <int Op>
+ffi::Error cuda_impl(void *stream, int32_t device, ffi::ScratchAllocator scratch, ffi::RemainingArgs args,
+                     ffi::RemainingRets rets, ffi::Dictionary attrs)
+{
+    return cuda_run(Op, stream, device, scratch, args, rets, attrs);
+}
+
+using HostImpl = ffi::Error (*)(ffi::RemainingArgs, ffi::RemainingRets, ffi::Dictionary);
+using CudaImpl = ffi::Error (*)(void *, int32_t, ffi::ScratchAllocator, ffi::RemainingArgs, ffi::RemainingRets,
+                                ffi::Dictionary);
+
+template <int Op>
+XLA_FFI_Error *host_entry(XLA_FFI_CallFrame *frame)
+{
+    static auto *handler =
+        ffi::Ffi::Bind().RemainingArgs().RemainingRets().Attrs().To(HostImpl{host_impl<Op>}).release();
+    return handler->Call(frame);
+}
+
+template <int Op>
+XLA_FFI_Error *cuda_entry(XLA_FFI_CallFrame *frame)
+{
+    static auto *handler = ffi::Ffi::Bind()
+                               .Ctx<ffi::PlatformStream<void *>>()
+                               .Ctx<ffi::DeviceOrdinal>()
+                               .Ctx<ffi::ScratchAllocator>()
+                               .RemainingArgs()
+                               .RemainingRets()
+                               .Attrs()
+                               .To(CudaImpl{cuda_impl<Op>})
+                               .release();
+    return handler->Call(frame);
+}
+
+template <int... Op>
+constexpr std::array<XLA_FFI_Handler *, sizeof...(Op)> host_table(std::integer_sequence<int, Op...>)
+{
+    return {&host_entry<Op>...};
+}
+
+template <int... Op>
+constexpr std::array<XLA_FFI_Handler *, sizeof...(Op)> cuda_table(std::integer_sequence<int, Op...>)
+{
+    return {&cuda_entry<Op>...};
+}
+
+constexpr auto kHostHandlers = host_table(std::make_integer_sequence<int, FX_XLA_MAX_OPS>{});
+constexpr auto kCudaHandlers = cuda_table(std::make_integer_sequence<int, FX_XLA_MAX_OPS>{});
+
 } // namespace
 
-// Each target's two handlers, exported (the library is built with hidden
-// visibility) for jax.ffi.pycapsule and for fusex_xla_register.
-#define FX_XLA_EXPORT extern "C" __attribute__((visibility("default")))
-
-#define FX_XLA_HANDLERS(symbol, target)                                                                    \
-    FX_XLA_EXPORT XLA_FFI_Error *symbol##_host(XLA_FFI_CallFrame *);                                      \
-    XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol##_host, host_handler<target>,                                    \
-                                  ffi::Ffi::Bind().RemainingArgs().RemainingRets().Attrs());               \
-    FX_XLA_EXPORT XLA_FFI_Error *symbol##_cuda(XLA_FFI_CallFrame *);                                      \
-    XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol##_cuda, cuda_handler<target>,                                    \
-                                  ffi::Ffi::Bind()                                                         \
-                                      .Ctx<ffi::PlatformStream<void *>>()                                 \
-                                      .Ctx<ffi::DeviceOrdinal>()                                          \
-                                      .Ctx<ffi::ScratchAllocator>()                                       \
-                                      .RemainingArgs()                                                     \
-                                      .RemainingRets()                                                     \
-                                      .Attrs())
-
-FX_XLA_HANDLERS(fusex_selective_scan_fwd, FX_XLA_SELECTIVE_SCAN_FWD);
-FX_XLA_HANDLERS(fusex_selective_scan_bwd, FX_XLA_SELECTIVE_SCAN_BWD);
-FX_XLA_HANDLERS(fusex_selective_scan_step, FX_XLA_SELECTIVE_SCAN_STEP);
-FX_XLA_HANDLERS(fusex_linear_scan_fwd, FX_XLA_LINEAR_SCAN_FWD);
-FX_XLA_HANDLERS(fusex_linear_scan_bwd, FX_XLA_LINEAR_SCAN_BWD);
-FX_XLA_HANDLERS(fusex_linear_scan_step, FX_XLA_LINEAR_SCAN_STEP);
-FX_XLA_HANDLERS(fusex_mingru_fwd, FX_XLA_MINGRU_FWD);
-FX_XLA_HANDLERS(fusex_mingru_bwd, FX_XLA_MINGRU_BWD);
-FX_XLA_HANDLERS(fusex_mingru_step, FX_XLA_MINGRU_STEP);
-FX_XLA_HANDLERS(fusex_minlstm_fwd, FX_XLA_MINLSTM_FWD);
-FX_XLA_HANDLERS(fusex_minlstm_bwd, FX_XLA_MINLSTM_BWD);
-FX_XLA_HANDLERS(fusex_minlstm_step, FX_XLA_MINLSTM_STEP);
-FX_XLA_HANDLERS(fusex_liquid_fwd, FX_XLA_LIQUID_FWD);
-FX_XLA_HANDLERS(fusex_liquid_bwd, FX_XLA_LIQUID_BWD);
-FX_XLA_HANDLERS(fusex_liquid_step, FX_XLA_LIQUID_STEP);
+extern "C" void *fx_xla_handler(int op, int platform)
+{
+    if (op < 0 || op >= FX_XLA_MAX_OPS)
+        return nullptr;
+    switch (platform) {
+    case FX_XLA_HOST: return reinterpret_cast<void *>(kHostHandlers[op]);
+    case FX_XLA_CUDA: return reinterpret_cast<void *>(kCudaHandlers[op]);
+    default: return nullptr;
+    }
+}

@@ -1,22 +1,20 @@
 """Loads priv/fusex_xla.so and registers its targets with JAX.
 
-The library holds one XLA FFI handler per target and platform
-(``fusex_<op>_<dir>_host``, ``fusex_<op>_<dir>_cuda``); JAX's ``cpu`` is
-XLA's ``Host`` and JAX's GPU platform is registered as ``CUDA`` (upper
-case: XLA's name for it).
+The library describes its ops (``fusex_xla_op_describe``: one JSON object
+each, the op layer's descriptions) and hands out an XLA FFI handler per op
+and platform (``fusex_xla_op_handler``); JAX's ``cpu`` is XLA's ``Host`` and
+JAX's GPU platform is registered as ``CUDA`` (upper case: XLA's name for
+it).
 """
 
 import ctypes
+import json
 import os
 
 import jax
 
-OPS = ("selective_scan", "linear_scan", "mingru", "minlstm", "liquid")
-DIRECTIONS = ("fwd", "bwd", "step")
-TARGETS = tuple(f"fusex_{op}_{d}" for op in OPS for d in DIRECTIONS)
-
-# JAX's platform name -> the suffix of the handler symbols.
-PLATFORMS = {"cpu": "host", "CUDA": "cuda"}
+# JAX's platform name -> the library's platform code.
+PLATFORMS = {"cpu": 0, "CUDA": 1}
 
 
 def library_path():
@@ -41,14 +39,31 @@ def _load():
     lib.fusex_xla_ssm_saved_shape.restype = ctypes.c_int
     lib.fusex_xla_cuda_unavailable_reason.argtypes = []
     lib.fusex_xla_cuda_unavailable_reason.restype = ctypes.c_char_p
-    for target in TARGETS:
-        for platform, suffix in PLATFORMS.items():
-            handler = getattr(lib, f"{target}_{suffix}")
-            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform=platform)
-    return lib
+    lib.fusex_xla_op_count.argtypes = []
+    lib.fusex_xla_op_count.restype = ctypes.c_int
+    lib.fusex_xla_op_describe.argtypes = [ctypes.c_int]
+    lib.fusex_xla_op_describe.restype = ctypes.c_char_p
+    lib.fusex_xla_dtypes_json.argtypes = []
+    lib.fusex_xla_dtypes_json.restype = ctypes.c_char_p
+    lib.fusex_xla_op_index.argtypes = [ctypes.c_char_p]
+    lib.fusex_xla_op_index.restype = ctypes.c_int
+    lib.fusex_xla_op_handler.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.fusex_xla_op_handler.restype = ctypes.c_void_p
+    I32P, I64P, F64P = (ctypes.POINTER(t) for t in (ctypes.c_int32, ctypes.c_int64, ctypes.c_double))
+    lib.fusex_xla_op_check.argtypes = [ctypes.c_int, ctypes.c_int, I32P, I32P, I32P, I64P, F64P, I32P, I32P, I32P,
+                                       I64P, ctypes.c_char_p, ctypes.c_size_t]
+    lib.fusex_xla_op_check.restype = ctypes.c_int
+    descriptions = tuple(json.loads(lib.fusex_xla_op_describe(i)) for i in range(lib.fusex_xla_op_count()))
+    for op, d in enumerate(descriptions):
+        for platform, code in PLATFORMS.items():
+            handler = ctypes.c_void_p(lib.fusex_xla_op_handler(op, code))
+            jax.ffi.register_ffi_target(d["target"], jax.ffi.pycapsule(handler), platform=platform)
+    return lib, descriptions
 
 
-LIB = _load()
+LIB, DESCRIPTIONS = _load()
+# The targets, in the library's order ("fusex_selective_scan_fwd", ...).
+TARGETS = tuple(d["target"] for d in DESCRIPTIONS)
 
 
 def saved_shape(batch, seqlen, dim, dstate, groups, dtype_name):

@@ -401,22 +401,42 @@ static void lr_make(fx_device *dev, int kind, int64_t B, int64_t L, int64_t H, b
     pair_out(dev, f, 2, bh, &r->sh);
 }
 
-static void lr_problem(const lr_run *r, bool cpu, bool step, fx_linrec_problem *p)
+static void lr_inputs(const lr_run *r, bool cpu, bool step, fx_linrec_inputs *in)
 {
 #define T(q) (cpu ? &r->q.cpu : &r->q.dut)
-    memset(p, 0, sizeof *p);
-    p->kind = r->kind;
+    memset(in, 0, sizeof *in);
+    in->kind = r->kind;
     for (int k = 0; k < fx_linrec_nseq(r->kind); k++)
-        p->seq[k] = step ? T(sseq[k]) : T(seq[k]);
+        in->seq[k] = step ? T(sseq[k]) : T(seq[k]);
     if (r->kind == FX_LINREC_LIQUID) {
-        p->tau = T(tau);
-        p->lam = T(lam);
-        p->dt = r->dt_tensor ? (step ? T(sdt) : T(dt)) : NULL;
-        p->dt_value = 0.7;
+        in->tau = T(tau);
+        in->lam = T(lam);
+        in->dt = r->dt_tensor ? (step ? T(sdt) : T(dt)) : NULL;
+        in->dt_value = 0.7;
     }
-    p->candidate_g = r->kind == FX_LINREC_MINGRU || r->kind == FX_LINREC_MINLSTM ? r->reverse : 0;
-    p->reverse = step ? 0 : r->reverse;
+    in->candidate_g = r->kind == FX_LINREC_MINGRU || r->kind == FX_LINREC_MINLSTM ? r->reverse : 0;
+    in->reverse = step ? 0 : r->reverse;
+    in->h0 = r->h0 && !step ? T(init) : NULL;
 #undef T
+}
+
+/* The backend's problem for the scratch queries, as the op layer's check
+ * fills it. */
+static fx_linrec_problem lr_problem(const lr_run *r, const fx_linrec_inputs *in)
+{
+    fx_linrec_problem p;
+    memset(&p, 0, sizeof p);
+    p.kind = in->kind;
+    p.batch = r->B, p.seqlen = r->L, p.hidden = r->H, p.dtype = FX_F32, p.nseq = fx_linrec_nseq(r->kind);
+    for (int k = 0; k < p.nseq; k++)
+        p.seq[k] = in->seq[k];
+    p.tau = in->tau;
+    p.lam = in->lam;
+    p.dt = in->dt;
+    p.dt_value = in->dt ? 1.0 : in->dt_value;
+    p.candidate_g = in->candidate_g;
+    p.reverse = in->reverse;
+    return p;
 }
 
 static void lr_grads(const lr_run *r, bool cpu, fx_linrec_grads *g)
@@ -441,35 +461,32 @@ static void lr_ops(lr_run *r, bool cpu, lane *l)
 #define T(q) (cpu ? &r->q.cpu : &r->q.dut)
     fx_status st;
     fx_status_clear(&st);
-    fx_linrec_problem p;
-    lr_problem(r, cpu, false, &p);
-    const fx_tensor *h0 = r->h0 ? T(init) : NULL;
+    fx_linrec_inputs in;
+    lr_inputs(r, cpu, false, &in);
     const fx_exec *ex = NULL;
     if (l) {
-        fx_linrec_problem q = p; /* the query sees the checked problem's dims */
-        q.batch = r->B, q.seqlen = r->L, q.hidden = r->H, q.dtype = FX_F32, q.nseq = fx_linrec_nseq(r->kind);
-        fx_linrec_fwd_args fa = {.p = q, .h0 = h0, .h = T(h), .state = T(state)};
+        fx_linrec_fwd_args fa = {.p = lr_problem(r, &in), .h0 = in.h0, .h = T(h), .state = T(state)};
         ex = lane_exec(l, l->dev->backend->linrec->forward_scratch(&l->ex, &fa));
     }
-    fx_op_linrec_forward_into(ex, &p, h0, 0, T(h), T(state), &st);
+    fx_op_linrec_forward_into(ex, &in, 0, T(h), T(state), &st);
     FX_CK_OK(st);
     fx_linrec_grads g;
     lr_grads(r, cpu, &g);
     if (l) {
-        fx_linrec_bwd_args ba = {.p = p, .h0 = h0, .h = T(h), .dh = T(dh)};
-        for (int k = 0; k < p.nseq; k++)
+        fx_linrec_bwd_args ba = {.p = lr_problem(r, &in), .h0 = in.h0, .h = T(h), .dh = T(dh)};
+        for (int k = 0; k < ba.p.nseq; k++)
             ba.dseq[k] = &g.seq[k];
-        ba.dtau = p.kind == FX_LINREC_LIQUID ? &g.tau : NULL;
-        ba.dlam = p.kind == FX_LINREC_LIQUID ? &g.lam : NULL;
+        ba.dtau = in.kind == FX_LINREC_LIQUID ? &g.tau : NULL;
+        ba.dlam = in.kind == FX_LINREC_LIQUID ? &g.lam : NULL;
         ba.ddt = r->dt_tensor ? &g.dt : NULL;
         ex = lane_exec(l, l->dev->backend->linrec->backward_scratch(&l->ex, &ba));
     }
     fx_linrec_grad_outs outs = fx_linrec_grad_outs_of(&g);
-    fx_op_linrec_backward_into(ex, &p, h0, T(h), T(dh), NULL, 0, &outs, &st);
+    fx_op_linrec_backward_into(ex, &in, T(h), T(dh), NULL, 0, &outs, &st);
     FX_CK_OK(st);
-    fx_linrec_problem sp;
-    lr_problem(r, cpu, true, &sp);
-    fx_op_linrec_step_into(l ? lane_exec(l, 0) : NULL, &sp, T(sstate), T(sh), &st);
+    fx_linrec_inputs sin;
+    lr_inputs(r, cpu, true, &sin);
+    fx_op_linrec_step_into(l ? lane_exec(l, 0) : NULL, &sin, T(sstate), T(sh), &st);
     FX_CK_OK(st);
 #undef T
 }

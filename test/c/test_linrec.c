@@ -114,7 +114,7 @@ static void host_free(lr_host *x)
 
 typedef struct lr_dev {
     fx_linrec_tensors in;
-    fx_linrec_problem p;
+    fx_linrec_inputs p;
 } lr_dev;
 
 static void dev_make(fx_device *dev, const lr_case *c, const lr_host *x, lr_dev *d)
@@ -138,8 +138,10 @@ static void dev_make(fx_device *dev, const lr_case *c, const lr_host *x, lr_dev 
         }
         d->p.dt_value = c->dt_value;
     }
-    if (c->h0)
+    if (c->h0) {
         fx_test_tensor(dev, h0_type(c), 2, bdims, x->h0, &d->in.h0);
+        d->p.h0 = &d->in.h0;
+    }
     d->p.candidate_g = c->cand_g;
     d->p.reverse = c->reverse;
 }
@@ -181,7 +183,7 @@ static void run_forward(fx_device *dev, const lr_case *c, const lr_host *x, lr_f
     fx_test_poisoned(dev, state_type(c), 2, sdims, &s);
     fx_status st;
     fx_status_clear(&st);
-    fx_op_linrec_forward_into(NULL, &d.p, c->h0 ? &d.in.h0 : NULL, c->max_tile, &h, &s, &st);
+    fx_op_linrec_forward_into(NULL, &d.p, c->max_tile, &h, &s, &st);
     ck_assert_msg(st.code == FX_OK, "%s: %s", describe(c), st.msg);
     out->h = fx_test_read(&h);
     out->state = fx_test_read(&s);
@@ -219,13 +221,13 @@ static void run_backward(fx_device *dev, const lr_case *c, const lr_host *x, con
     fx_status st;
     fx_status_clear(&st);
     ck_assert_int_eq(fx_tensor_alloc(dev, c->dtype, 3, hdims, &h, &st), FX_OK);
-    fx_op_linrec_forward_into(NULL, &d.p, c->h0 ? &d.in.h0 : NULL, c->max_tile, &h, NULL, &st);
+    fx_op_linrec_forward_into(NULL, &d.p, c->max_tile, &h, NULL, &st);
     ck_assert_msg(st.code == FX_OK, "%s: %s", describe(c), st.msg);
     fx_test_tensor(dev, c->dtype, 3, hdims, dh, &tdh);
     if (c->dstate)
         fx_test_tensor(dev, dstate_type(c), 2, sdims, dstate, &tds);
     fx_linrec_grads g;
-    ck_assert_int_eq(fx_linrec_grads_alloc(&d.p, c->h0 ? &d.in.h0 : NULL, &g, &st), FX_OK);
+    ck_assert_int_eq(fx_linrec_grads_alloc(&d.p, &g, &st), FX_OK);
     for (int k = 0; k < FX_LINREC_MAX_SEQ; k++)
         poison(&g.seq[k]);
     poison(&g.tau);
@@ -233,8 +235,7 @@ static void run_backward(fx_device *dev, const lr_case *c, const lr_host *x, con
     poison(&g.dt);
     poison(&g.h0);
     fx_linrec_grad_outs outs = fx_linrec_grad_outs_of(&g);
-    fx_op_linrec_backward_into(NULL, &d.p, c->h0 ? &d.in.h0 : NULL, &h, &tdh, c->dstate ? &tds : NULL,
-                               c->max_tile, &outs, &st);
+    fx_op_linrec_backward_into(NULL, &d.p, &h, &tdh, c->dstate ? &tds : NULL, c->max_tile, &outs, &st);
     ck_assert_msg(st.code == FX_OK, "%s: %s", describe(c), st.msg);
     for (int k = 0; k < FX_LINREC_MAX_SEQ; k++)
         out->seq[k] = read_if(&g.seq[k]);
@@ -680,7 +681,7 @@ static void steps_case(fx_device *dev, const lr_case *c, fx_dtype state_dtype)
     }
     double *stepped = alloc_values(seq_len(c));
     for (int64_t t = 0; t < c->L; t++) {
-        fx_linrec_problem p = {.kind = c->kind, .candidate_g = c->cand_g, .dt_value = c->dt_value};
+        fx_linrec_inputs p = {.kind = c->kind, .candidate_g = c->cand_g, .dt_value = c->dt_value};
         fx_tensor frame[FX_LINREC_MAX_SEQ] = {{0}}, dt = {0}, h;
         for (int k = 0; k < fx_linrec_nseq(c->kind); k++) {
             double *v = time_slice(c, x.seq[k], t, 1, c->H);
@@ -1072,6 +1073,30 @@ static void release_validation_tensors(void)
         ck_assert_str_eq(st_.msg, text);                                            \
     } while (0)
 
+/* The allocating ops with h0 given beside the inputs, as the validation
+ * cases below write them. */
+static int forward_h0(fx_linrec_inputs *in, const fx_tensor *h0, bool want_state, int tiles, fx_tensor *h,
+                      fx_tensor *state, fx_status *st)
+{
+    in->h0 = h0;
+    return fx_op_linrec_forward(in, want_state, tiles, h, state, st);
+}
+
+static int backward_h0(fx_linrec_inputs *in, const fx_tensor *h0, const fx_tensor *h, const fx_tensor *dh,
+                       const fx_tensor *dstate, int tiles, fx_linrec_grads *g, fx_status *st)
+{
+    in->h0 = h0;
+    return fx_op_linrec_backward(in, h, dh, dstate, tiles, g, st);
+}
+
+static int backward_into_h0(const fx_exec *ex, fx_linrec_inputs *in, const fx_tensor *h0, const fx_tensor *h,
+                            const fx_tensor *dh, const fx_tensor *dstate, int tiles, const fx_linrec_grad_outs *g,
+                            fx_status *st)
+{
+    in->h0 = h0;
+    return fx_op_linrec_backward_into(ex, in, h, dh, dstate, tiles, g, st);
+}
+
 START_TEST(validation_messages)
 {
     fx_device *dev = fx_test_device();
@@ -1096,46 +1121,46 @@ START_TEST(validation_messages)
     fx_test_tensor(dev, FX_F32, 2, dt2, v, t2);
     fx_test_tensor(dev, FX_F16, 2, d2, v, st32); /* an f16 state for f32 inputs */
 
-    fx_linrec_problem p;
-#define SCAN(a, b) (p = (fx_linrec_problem){.kind = FX_LINREC_SCAN, .seq = {(a), (b)}}, &p)
-#define GRU(z, c) (p = (fx_linrec_problem){.kind = FX_LINREC_MINGRU, .seq = {(z), (c)}}, &p)
-#define LSTM(f, i, c) (p = (fx_linrec_problem){.kind = FX_LINREC_MINLSTM, .seq = {(f), (i), (c)}}, &p)
+    fx_linrec_inputs p;
+#define SCAN(a, b) (p = (fx_linrec_inputs){.kind = FX_LINREC_SCAN, .seq = {(a), (b)}}, &p)
+#define GRU(z, c) (p = (fx_linrec_inputs){.kind = FX_LINREC_MINGRU, .seq = {(z), (c)}}, &p)
+#define LSTM(f, i, c) (p = (fx_linrec_inputs){.kind = FX_LINREC_MINLSTM, .seq = {(f), (i), (c)}}, &p)
 #define LIQ(F, TAU, A, DT) \
-    (p = (fx_linrec_problem){.kind = FX_LINREC_LIQUID, .seq = {(F)}, .tau = (TAU), .lam = (A), .dt = (DT), .dt_value = 1}, &p)
+    (p = (fx_linrec_inputs){.kind = FX_LINREC_LIQUID, .seq = {(F)}, .tau = (TAU), .lam = (A), .dt = (DT), .dt_value = 1}, &p)
 
     /* {f,64} runs on the cpu only, and the message lists what the device takes */
-    EXPECT_BADARG(fx_op_linrec_forward(SCAN(ints, y), NULL, false, 0, o1, o2, &st_),
+    EXPECT_BADARG(forward_h0(SCAN(ints, y), NULL, false, 0, o1, o2, &st_),
                   dev->kind == FX_DEVICE_CPU
                       ? "a: expected a float type ({f,32}, {bf,16}, {f,16} or {f,64}), got {s,32}"
                       : "a: expected a float type ({f,32}, {bf,16}, {f,16}), got {s,32}");
-    EXPECT_BADARG(fx_op_linrec_forward(SCAN(r2, y), NULL, false, 0, o1, o2, &st_),
+    EXPECT_BADARG(forward_h0(SCAN(r2, y), NULL, false, 0, o1, o2, &st_),
                   "a: expected rank 3 [batch, seqlen, hidden], got rank 2 shape {2,4}");
-    EXPECT_BADARG(fx_op_linrec_forward(SCAN(x, wrong_shape), NULL, false, 0, o1, o2, &st_),
+    EXPECT_BADARG(forward_h0(SCAN(x, wrong_shape), NULL, false, 0, o1, o2, &st_),
                   "b: expected shape {2,3,4} ([batch, seqlen, hidden], as a), got {2,3,5}");
-    EXPECT_BADARG(fx_op_linrec_forward(GRU(x, f16), NULL, false, 0, o1, o2, &st_),
+    EXPECT_BADARG(forward_h0(GRU(x, f16), NULL, false, 0, o1, o2, &st_),
                   "cand: expected type {f,32}, got {f,16}");
-    EXPECT_BADARG(fx_op_linrec_forward(LSTM(x, y, r2), NULL, false, 0, o1, o2, &st_),
+    EXPECT_BADARG(forward_h0(LSTM(x, y, r2), NULL, false, 0, o1, o2, &st_),
                   "cand: expected shape {2,3,4} ([batch, seqlen, hidden], as f_logits), got {2,4}");
-    EXPECT_BADARG(fx_op_linrec_forward(GRU(x, y), r2b, false, 0, o1, o2, &st_),
+    EXPECT_BADARG(forward_h0(GRU(x, y), r2b, false, 0, o1, o2, &st_),
                   "h0: expected shape {2,4} ([batch, hidden]), got {2,5}");
-    EXPECT_BADARG(fx_op_linrec_forward(GRU(x, y), st32, false, 0, o1, o2, &st_),
+    EXPECT_BADARG(forward_h0(GRU(x, y), st32, false, 0, o1, o2, &st_),
                   "h0: expected type {f,32}, got {f,16}");
-    EXPECT_BADARG(fx_op_linrec_forward(GRU(f16, f16), x, false, 0, o1, o2, &st_),
+    EXPECT_BADARG(forward_h0(GRU(f16, f16), x, false, 0, o1, o2, &st_),
                   "h0: expected shape {2,4} ([batch, hidden]), got {2,3,4}");
-    EXPECT_BADARG(fx_op_linrec_forward(LIQ(x, r1b, r1, NULL), NULL, false, 0, o1, o2, &st_),
+    EXPECT_BADARG(forward_h0(LIQ(x, r1b, r1, NULL), NULL, false, 0, o1, o2, &st_),
                   "tau: expected shape {4} ([hidden]), got {5}");
-    EXPECT_BADARG(fx_op_linrec_forward(LIQ(x, r1, r2, NULL), NULL, false, 0, o1, o2, &st_),
+    EXPECT_BADARG(forward_h0(LIQ(x, r1, r2, NULL), NULL, false, 0, o1, o2, &st_),
                   "a: expected shape {4} ([hidden]), got {2,4}");
-    EXPECT_BADARG(fx_op_linrec_forward(LIQ(x, r1, r1, t2), NULL, false, 0, o1, o2, &st_),
+    EXPECT_BADARG(forward_h0(LIQ(x, r1, r1, t2), NULL, false, 0, o1, o2, &st_),
                   "dt: expected shape {2,3,1} ([batch, seqlen, 1]), got {2,1}");
     EXPECT_BADARG(fx_op_linrec_step(LIQ(r2, r1, r1, t3), r2, o1, &st_),
                   "dt: expected shape {2,1} ([batch, 1]), got {2,3,1}");
     /* a scalar dt that is not a positive number (the NIF refuses it first;
      * an XLA custom call passes it as an attribute) */
-    p = (fx_linrec_problem){.kind = FX_LINREC_LIQUID, .seq = {x}, .tau = r1, .lam = r1, .dt_value = -0.5};
-    EXPECT_BADARG(fx_op_linrec_forward(&p, NULL, false, 0, o1, o2, &st_),
+    p = (fx_linrec_inputs){.kind = FX_LINREC_LIQUID, .seq = {x}, .tau = r1, .lam = r1, .dt_value = -0.5};
+    EXPECT_BADARG(forward_h0(&p, NULL, false, 0, o1, o2, &st_),
                   "dt: expected a positive number or a tensor ([batch, seqlen, 1]), got -0.5");
-    p = (fx_linrec_problem){.kind = FX_LINREC_LIQUID, .seq = {r2}, .tau = r1, .lam = r1, .dt_value = NAN};
+    p = (fx_linrec_inputs){.kind = FX_LINREC_LIQUID, .seq = {r2}, .tau = r1, .lam = r1, .dt_value = NAN};
     EXPECT_BADARG(fx_op_linrec_step(&p, r2, o1, &st_), "dt: expected a positive number or a tensor ([batch, 1]), got nan");
     EXPECT_BADARG(fx_op_linrec_step(GRU(r2, r2), r2b, o1, &st_),
                   "state: expected shape {2,4} ([batch, hidden]), got {2,5}");
@@ -1145,37 +1170,37 @@ START_TEST(validation_messages)
     /* f16 inputs: h0 may be f16 or f32, nothing else */
     fx_test_tensor(dev, FX_F16, 2, d2, v, &vm.f16_2);
     fx_test_tensor(dev, FX_BF16, 2, d2, v, &vm.bf16_2);
-    EXPECT_BADARG(fx_op_linrec_forward(GRU(f16, f16), &vm.bf16_2, false, 0, o1, o2, &st_),
+    EXPECT_BADARG(forward_h0(GRU(f16, f16), &vm.bf16_2, false, 0, o1, o2, &st_),
                   "h0: expected type {f,16} or {f,32}, got {bf,16}");
 
     /* backward: dh and dstate */
     fx_status st;
     fx_status_clear(&st);
-    ck_assert_int_eq(fx_op_linrec_forward(GRU(x, y), NULL, true, 0, &vm.h, &vm.fs, &st), FX_OK);
-    fx_linrec_problem saved = p;
-    EXPECT_BADARG(fx_op_linrec_backward(&saved, NULL, &vm.h, wrong_shape, NULL, 0, &vm.g, &st_),
+    ck_assert_int_eq(forward_h0(GRU(x, y), NULL, true, 0, &vm.h, &vm.fs, &st), FX_OK);
+    fx_linrec_inputs saved = p;
+    EXPECT_BADARG(backward_h0(&saved, NULL, &vm.h, wrong_shape, NULL, 0, &vm.g, &st_),
                   "dh: expected shape {2,3,4} ([batch, seqlen, hidden], as the forward's output), got {2,3,5}");
-    EXPECT_BADARG(fx_op_linrec_backward(&saved, NULL, &vm.h, f16, NULL, 0, &vm.g, &st_),
+    EXPECT_BADARG(backward_h0(&saved, NULL, &vm.h, f16, NULL, 0, &vm.g, &st_),
                   "dh: expected type {f,32}, got {f,16}");
-    EXPECT_BADARG(fx_op_linrec_backward(&saved, NULL, &vm.h, y, r2b, 0, &vm.g, &st_),
+    EXPECT_BADARG(backward_h0(&saved, NULL, &vm.h, y, r2b, 0, &vm.g, &st_),
                   "dstate: expected shape {2,4} ([batch, hidden]), got {2,5}");
     /* the backward into the caller's outputs checks the forward's inputs,
      * its output and the gradients' presence */
     {
         fx_linrec_grads g;
         fx_status_clear(&st);
-        ck_assert_int_eq(fx_linrec_grads_alloc(&saved, NULL, &g, &st), FX_OK);
+        ck_assert_int_eq(fx_linrec_grads_alloc(&saved, &g, &st), FX_OK);
         fx_linrec_grad_outs outs = fx_linrec_grad_outs_of(&g);
-        EXPECT_BADARG(fx_op_linrec_backward_into(NULL, &saved, NULL, wrong_shape, y, NULL, 0, &outs, &st_),
+        EXPECT_BADARG(backward_into_h0(NULL, &saved, NULL, wrong_shape, y, NULL, 0, &outs, &st_),
                       "h: expected shape {2,3,4} ([batch, seqlen, hidden], the forward's output), got {2,3,5}");
-        EXPECT_BADARG(fx_op_linrec_backward_into(NULL, GRU(x, f16), NULL, &vm.h, y, NULL, 0, &outs, &st_),
+        EXPECT_BADARG(backward_into_h0(NULL, GRU(x, f16), NULL, &vm.h, y, NULL, 0, &outs, &st_),
                       "cand: expected type {f,32}, got {f,16}");
         outs.seq[1] = NULL;
-        EXPECT_BADARG(fx_op_linrec_backward_into(NULL, &saved, NULL, &vm.h, y, NULL, 0, &outs, &st_),
+        EXPECT_BADARG(backward_into_h0(NULL, &saved, NULL, &vm.h, y, NULL, 0, &outs, &st_),
                       "dcand: expected a gradient tensor (its input was given)");
         outs = fx_linrec_grad_outs_of(&g);
         outs.h0 = y;
-        EXPECT_BADARG(fx_op_linrec_backward_into(NULL, &saved, NULL, &vm.h, y, NULL, 0, &outs, &st_),
+        EXPECT_BADARG(backward_into_h0(NULL, &saved, NULL, &vm.h, y, NULL, 0, &outs, &st_),
                       "dh0: expected a gradient tensor only where its input was given");
         fx_linrec_tensors_release(&g);
     }
@@ -1183,13 +1208,13 @@ START_TEST(validation_messages)
     if (dev->kind != FX_DEVICE_CPU) {
         fx_test_tensor(fx_cpu_device(), FX_F32, 3, d3, v, &vm.host);
         fx_test_tensor(fx_cpu_device(), FX_F64, 3, d3, v, &vm.host64);
-        EXPECT_BADARG(fx_op_linrec_forward(GRU(x, &vm.host), NULL, false, 0, o1, o2, &st_),
+        EXPECT_BADARG(forward_h0(GRU(x, &vm.host), NULL, false, 0, o1, o2, &st_),
                       "cand: expected a tensor on cuda:0 (where z_logits is), got one on cpu");
-        EXPECT_BADARG(fx_op_linrec_backward(&saved, NULL, &vm.h, &vm.host, NULL, 0, &vm.g, &st_),
+        EXPECT_BADARG(backward_h0(&saved, NULL, &vm.h, &vm.host, NULL, 0, &vm.g, &st_),
                       "dh: expected a tensor on cuda:0 (where the saved context is), got one on cpu");
         fx_op_copy_to(&vm.host64, dev, &vm.gpu64, &st);
         FX_CK_OK(st);
-        EXPECT_BADARG(fx_op_linrec_forward(SCAN(&vm.gpu64, &vm.gpu64), NULL, false, 0, o1, o2, &st_),
+        EXPECT_BADARG(forward_h0(SCAN(&vm.gpu64, &vm.gpu64), NULL, false, 0, o1, o2, &st_),
                       "a: expected type {f,32}, {bf,16} or {f,16} on cuda:0 ({f,64} runs on cpu only), got {f,64}");
     }
     release_validation_tensors();
@@ -1284,20 +1309,20 @@ START_TEST(cpu_scan_stops_when_its_caller_is_gone)
     fx_test_tensor(cpu, FX_F32, 3, dims, v, &a);
     fx_test_tensor(cpu, FX_F32, 3, dims, v, &b);
     fx_test_tensor(cpu, FX_F32, 3, dims, v, &dh);
-    fx_linrec_problem p = {.kind = FX_LINREC_SCAN, .seq = {&a, &b}};
+    fx_linrec_inputs p = {.kind = FX_LINREC_SCAN, .seq = {&a, &b}};
     fx_status st;
     fx_status_clear(&st);
-    ck_assert_int_eq(fx_op_linrec_forward(&p, NULL, false, 0, &h, &state, &st), FX_OK);
+    ck_assert_int_eq(forward_h0(&p, NULL, false, 0, &h, &state, &st), FX_OK);
     int calls = 0;
     fx_cpu_watch_caller(caller_gone, &calls);
     fx_tensor h2, state2;
-    ck_assert_int_eq(fx_op_linrec_forward(&p, NULL, false, 0, &h2, &state2, &st), FX_EINTERNAL);
+    ck_assert_int_eq(forward_h0(&p, NULL, false, 0, &h2, &state2, &st), FX_EINTERNAL);
     ck_assert_str_eq(st.msg, "cancelled: the process that called a linrec forward exited before it finished");
     ck_assert_int_ge(calls, 1);
     fx_linrec_grads g;
     fx_status_clear(&st);
     calls = 0;
-    ck_assert_int_eq(fx_op_linrec_backward(&p, NULL, &h, &dh, NULL, 0, &g, &st), FX_EINTERNAL);
+    ck_assert_int_eq(backward_h0(&p, NULL, &h, &dh, NULL, 0, &g, &st), FX_EINTERNAL);
     ck_assert_str_eq(st.msg, "cancelled: the process that called a linrec backward exited before it finished");
     ck_assert_int_ge(calls, 1);
     fx_cpu_unwatch_caller();

@@ -14,6 +14,7 @@
 
 #include "fusex_dtype.h"
 #include "core/ops.h"
+#include "core/op.h"
 #include "core/ssm.h"
 #include "cpu/cpu.h"
 #include "fusex_ssm.h"
@@ -161,6 +162,75 @@ static void dev_release(dev_inputs *t)
         fx_tensor_release(all[i]);
 }
 
+/* ---- the forward that keeps a context and its backward, through the op
+ * layer's descriptions (core/op.h) as the NIF runs them ---- */
+
+enum { IN_X, IN_DT, IN_A, IN_B, IN_C, IN_D, IN_Z, IN_DT_BIAS, IN_H0, IN_SAVED, IN_DY, IN_DSTATE };
+
+/* One gradient per input; no buffer for options that were not given. */
+typedef struct ssm_grads {
+    fx_tensor x, dt, a, b, c, d, z, dt_bias, h0;
+} ssm_grads;
+
+static void ssm_grads_release(ssm_grads *g)
+{
+    fx_tensor *all[] = {&g->x, &g->dt, &g->a, &g->b, &g->c, &g->d, &g->z, &g->dt_bias, &g->h0};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        fx_tensor_release(all[i]);
+}
+
+/* Runs the forward: y and, when asked, the final state; with `ctx`
+ * non-NULL also keeps a context (fx_op_ctx_free). On failure nothing is
+ * left allocated. */
+static int forward_ctx(const fx_ssm_inputs *in, bool return_state, fx_tensor *y, fx_tensor *state,
+                       fx_op_ctx **ctx, fx_status *st)
+{
+    const fx_op_desc *d = fx_op_find("selective_scan_fwd");
+    fx_op_call c;
+    fx_op_call_init(&c, d, in->x->device);
+    const fx_tensor *t[] = {in->x, in->dt, in->a, in->b, in->c, in->d, in->z, in->dt_bias, in->h0};
+    for (int i = 0; i <= IN_H0; i++)
+        c.in[i] = t[i];
+    c.attrs[fx_op_attr_index(d, "dt_softplus")] = in->dt_softplus;
+    c.attrs[fx_op_attr_index(d, "has_d")] = in->d != NULL;
+    c.attrs[fx_op_attr_index(d, "has_z")] = in->z != NULL;
+    c.attrs[fx_op_attr_index(d, "has_dt_bias")] = in->dt_bias != NULL;
+    c.attrs[fx_op_attr_index(d, "has_h0")] = in->h0 != NULL;
+    c.attrs[fx_op_attr_index(d, "return_state")] = return_state;
+    c.attrs[fx_op_attr_index(d, "save")] = ctx && d->saves_on(c.dev);
+    fx_tensor outs[FX_OP_MAX_IO];
+    if (ctx)
+        *ctx = NULL;
+    if (fx_op_run(&c, outs, st) || (ctx && fx_op_ctx_new(&c, ctx, st))) {
+        for (int r = 0; r < FX_OP_MAX_IO; r++)
+            fx_tensor_release(&outs[r]);
+        return st->code;
+    }
+    *y = outs[0];
+    *state = outs[1];
+    fx_tensor_release(&outs[2]); /* the saved states: the context keeps them */
+    return FX_OK;
+}
+
+/* The gradients of every input given to the forward, from dy and the
+ * optional gradient of the final state. */
+static int backward_ctx(const fx_op_ctx *ctx, const fx_tensor *dy, const fx_tensor *dstate, ssm_grads *g,
+                        fx_status *st)
+{
+    const fx_tensor *cotangents[FX_OP_MAX_IO] = {0};
+    cotangents[IN_DY] = dy;
+    cotangents[IN_DSTATE] = dstate;
+    fx_op_call c;
+    fx_tensor outs[FX_OP_MAX_IO];
+    memset(g, 0, sizeof *g);
+    if (fx_op_ctx_backward(ctx, cotangents, &c, st) || fx_op_run(&c, outs, st))
+        return st->code;
+    fx_tensor *all[] = {&g->x, &g->dt, &g->a, &g->b, &g->c, &g->d, &g->z, &g->dt_bias, &g->h0};
+    for (int i = 0; i <= IN_H0; i++)
+        *all[i] = outs[i];
+    return FX_OK;
+}
+
 /* ---- runners ---- */
 
 typedef struct fwd_out {
@@ -185,7 +255,7 @@ static fwd_out forward_poisoned(fx_device *dev, const dev_inputs *t, bool want_s
     int64_t sd[3] = {n.batch, n.dim, n.dstate};
     fx_test_poisoned(dev, t->x.dtype, 3, t->x.dims, &y);
     if (want_state)
-        fx_test_poisoned(dev, fx_ssm_state_type(t->x.dtype), 3, sd, &state);
+        fx_test_poisoned(dev, fx_ssm_state_dtype(t->x.dtype), 3, sd, &state);
     fx_ssm_fwd_args args = {
         .n = n, .x = t->in.x, .dt = t->in.dt, .a = t->in.a, .b = t->in.b, .c = t->in.c,
         .d = t->in.d, .z = t->in.z, .dt_bias = t->in.dt_bias, .h0 = t->in.h0,
@@ -647,7 +717,7 @@ static double *run_steps(fx_device *dev, const host_inputs *h, fx_dtype type, do
 {
     const spec *s = &h->s;
     int64_t B = s->batch, L = s->seqlen, D = s->dim, N = s->dstate, G = s->groups;
-    fx_dtype state_type = fx_ssm_state_type(type);
+    fx_dtype state_type = fx_ssm_state_dtype(type);
     int64_t sd[3] = {B, D, N}, xd[2] = {B, D}, bd[3] = {B, G, N}, ad[2] = {D, N}, ch[1] = {D};
     double *init = alloc_f64(B * D * N);
     if (h->h0)
@@ -776,8 +846,8 @@ static grads_out backward_on(fx_device *dev, const host_inputs *h, fx_dtype type
     fx_status st;
     fx_status_clear(&st);
     fx_tensor y, state, tdy, tds = {0}, whole = {0};
-    fx_ssm_ctx *ctx;
-    ck_assert_int_eq(fx_op_ssm_forward(&t.in, false, &y, &state, &ctx, &st), FX_OK);
+    fx_op_ctx *ctx;
+    ck_assert_int_eq(forward_ctx(&t.in, false, &y, &state, &ctx, &st), FX_OK);
     int64_t xd[3] = {s->batch, s->seqlen, s->dim}, sd[3] = {s->batch, s->dim, s->dstate};
     if (dy_shifted) {
         int64_t n = n_btd(s), wd[1] = {n + 1};
@@ -798,15 +868,15 @@ static grads_out backward_on(fx_device *dev, const host_inputs *h, fx_dtype type
         fx_test_tensor(dev, param_type, 3, sd, dstate, &tds);
     /* The inputs may go: the context holds its own references. */
     dev_release(&t);
-    fx_ssm_grads g;
-    fx_op_ssm_backward(ctx, &tdy, dstate ? &tds : NULL, &g, &st);
+    ssm_grads g;
+    backward_ctx(ctx, &tdy, dstate ? &tds : NULL, &g, &st);
     FX_CK_OK(st);
     grads_out out;
     fx_tensor *gt[9] = {&g.x, &g.dt, &g.a, &g.b, &g.c, &g.d, &g.z, &g.dt_bias, &g.h0};
     for (int k = 0; k < 9; k++)
         out.g[k] = gt[k]->buffer ? fx_test_read(gt[k]) : NULL;
-    fx_ssm_grads_release(&g);
-    fx_ssm_ctx_free(ctx);
+    ssm_grads_release(&g);
+    fx_op_ctx_free(ctx);
     fx_tensor_release(&y);
     fx_tensor_release(dy_shifted ? &whole : &tdy);
     fx_tensor_release(&tds);
@@ -1111,13 +1181,13 @@ START_TEST(context_holds_inputs_and_saved_states)
     fx_status st;
     fx_status_clear(&st);
     fx_tensor y, state;
-    fx_ssm_ctx *ctx;
-    ck_assert_int_eq(fx_op_ssm_forward(&t.in, true, &y, &state, &ctx, &st), FX_OK);
+    fx_op_ctx *ctx;
+    ck_assert_int_eq(forward_ctx(&t.in, true, &y, &state, &ctx, &st), FX_OK);
     fx_ssm_dims n = {s.batch, s.seqlen, s.dim, s.dstate, s.groups};
     int64_t every = fx_ssm_save_every(&n, FX_F32);
     int64_t nsaved = dev->backend->ssm->reads_saved ? (s.seqlen + every - 1) / every - 1 : 0;
     size_t saved = (size_t)(s.batch * nsaved * s.dim * s.dstate) * sizeof(float);
-    ck_assert_uint_eq(fx_ssm_ctx_saved_bytes(ctx), saved);
+    ck_assert_uint_eq(fx_op_ctx_saved_bytes(ctx), saved);
     ck_assert_int_eq(atomic_load(&dev->allocated) - before,
                      (long long)(y.nbytes + state.nbytes + saved));
     /* The inputs stay alive in the context after the caller drops them. */
@@ -1125,7 +1195,7 @@ START_TEST(context_holds_inputs_and_saved_states)
     ck_assert_int_eq(atomic_load(&xbuf->refs), 2);
     fx_tensor_release(&y);
     fx_tensor_release(&state);
-    fx_ssm_ctx_free(ctx);
+    fx_op_ctx_free(ctx);
     ck_assert_int_eq(atomic_load(&xbuf->refs), 1);
     ck_assert_int_eq(atomic_load(&dev->allocated), before);
     dev_release(&t);
@@ -1236,8 +1306,8 @@ START_TEST(cpu_scan_stops_when_its_caller_is_gone)
         fx_status st;
         fx_status_clear(&st);
         fx_tensor y, state, dy;
-        fx_ssm_ctx *ctx = NULL;
-        int rc = fx_op_ssm_forward(&in, false, &y, &state, &ctx, &st);
+        fx_op_ctx *ctx = NULL;
+        int rc = forward_ctx(&in, false, &y, &state, &ctx, &st);
         ck_assert_int_ge(alive_calls, 1);
         if (gone) {
             ck_assert_int_eq(rc, FX_EINTERNAL);
@@ -1245,15 +1315,15 @@ START_TEST(cpu_scan_stops_when_its_caller_is_gone)
             /* the context of an earlier, complete forward */
             fx_cpu_unwatch_caller();
             fx_status_clear(&st);
-            ck_assert_int_eq(fx_op_ssm_forward(&in, false, &y, &state, &ctx, &st), FX_OK);
+            ck_assert_int_eq(forward_ctx(&in, false, &y, &state, &ctx, &st), FX_OK);
             fx_cpu_watch_caller(caller_gone, NULL);
         } else {
             FX_CK_OK(st);
         }
         fx_test_tensor(cpu, FX_F32, 3, xd, v, &dy);
-        fx_ssm_grads g;
+        ssm_grads g;
         alive_calls = 0;
-        rc = fx_op_ssm_backward(ctx, &dy, NULL, &g, &st);
+        rc = backward_ctx(ctx, &dy, NULL, &g, &st);
         ck_assert_int_ge(alive_calls, 1);
         if (gone) {
             ck_assert_int_eq(rc, FX_EINTERNAL);
@@ -1261,12 +1331,12 @@ START_TEST(cpu_scan_stops_when_its_caller_is_gone)
                              "cancelled: the process that called selective_scan_backward exited before it finished");
         } else {
             FX_CK_OK(st);
-            fx_ssm_grads_release(&g);
+            ssm_grads_release(&g);
         }
         fx_cpu_unwatch_caller();
         fx_tensor_release(&dy);
         fx_tensor_release(&y);
-        fx_ssm_ctx_free(ctx);
+        fx_op_ctx_free(ctx);
     }
     fx_tensor_release(&x);
     fx_tensor_release(&a);
@@ -1281,7 +1351,7 @@ static void expect_fwd_error(const fx_ssm_inputs *in, const char *msg)
     fx_status st;
     fx_status_clear(&st);
     fx_tensor y, state;
-    ck_assert_int_eq(fx_op_ssm_forward(in, true, &y, &state, NULL, &st), FX_EBADARG);
+    ck_assert_int_eq(fx_op_ssm_forward(in, true, &y, &state, &st), FX_EBADARG);
     ck_assert_str_eq(st.msg, msg);
 }
 
@@ -1366,16 +1436,16 @@ START_TEST(validation_messages)
     fx_status st;
     fx_status_clear(&st);
     fx_tensor y, state;
-    fx_ssm_ctx *ctx;
-    ck_assert_int_eq(fx_op_ssm_forward(&t.in, false, &y, &state, &ctx, &st), FX_OK);
-    fx_ssm_grads g;
-    ck_assert_int_eq(fx_op_ssm_backward(ctx, &bad3, NULL, &g, &st), FX_EBADARG);
+    fx_op_ctx *ctx;
+    ck_assert_int_eq(forward_ctx(&t.in, false, &y, &state, &ctx, &st), FX_OK);
+    ssm_grads g;
+    ck_assert_int_eq(backward_ctx(ctx, &bad3, NULL, &g, &st), FX_EBADARG);
     ck_assert_str_eq(st.msg, "dy: expected shape {2,3,8} [batch, seqlen, dim], got {2,3,7}");
     fx_status_clear(&st);
-    ck_assert_int_eq(fx_op_ssm_backward(ctx, &t.x, &bad3, &g, &st), FX_EBADARG);
+    ck_assert_int_eq(backward_ctx(ctx, &t.x, &bad3, &g, &st), FX_EBADARG);
     ck_assert_str_eq(st.msg, "dstate: expected shape {2,8,4} [batch, dim, dstate], got {2,3,7}");
     fx_tensor_release(&y);
-    fx_ssm_ctx_free(ctx);
+    fx_op_ctx_free(ctx);
 
     /* step: the state's type and shape, the inputs' ranks */
     int64_t sd[3] = {2, 8, 4}, xd[2] = {2, 8}, bd[2] = {2, 4};

@@ -269,13 +269,14 @@ static XLA_FFI_Error *invoke(XLA_FFI_Handler *handler, call *c, XLA_FFI_Executio
     return handler(&frame);
 }
 
+/* The handler of `target` ("fusex_mingru_fwd") for "host" or "cuda", as
+ * the library gives it out by the op's index. */
 static XLA_FFI_Handler *handler(const char *target, const char *platform)
 {
-    char sym[96];
-    snprintf(sym, sizeof sym, "%s_%s", target, platform);
-    XLA_FFI_Handler *h = (XLA_FFI_Handler *)dlsym(RTLD_DEFAULT, sym);
+    int op = fusex_xla_op_index(target);
+    XLA_FFI_Handler *h = (XLA_FFI_Handler *)fusex_xla_op_handler(op, strcmp(platform, "host") == 0 ? 0 : 1);
     if (!h) {
-        fprintf(stderr, "%s not exported by fusex_xla.so\n", sym);
+        fprintf(stderr, "fusex_xla.so has no %s handler of %s\n", platform, target);
         exit(2);
     }
     return h;

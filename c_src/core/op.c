@@ -1,0 +1,663 @@
+/* The registry of op descriptions (core/op.h), the generic check, run and
+ * context over them, and their JSON. Nothing here knows a family: each
+ * lists its descriptions in one array, named in FX_OP_FAMILIES. */
+#include "core/op.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fusex_dtype.h"
+
+/* Every family's descriptions, in the order the registry lists them
+ * (docs/XLA.md's order). */
+#define FX_OP_FAMILIES(X) X(ssm) X(linrec)
+
+#define DECLARE(family)                                                                                      \
+    extern const fx_op_desc fx_##family##_op_descs[];                                                        \
+    extern const int fx_##family##_op_ndescs;
+FX_OP_FAMILIES(DECLARE)
+#undef DECLARE
+
+typedef struct family {
+    const fx_op_desc *descs;
+    const int *count;
+} family;
+
+#define ENTRY(family) {fx_##family##_op_descs, &fx_##family##_op_ndescs},
+static const family families[] = {FX_OP_FAMILIES(ENTRY)};
+#undef ENTRY
+
+#define NFAMILIES ((int)(sizeof families / sizeof families[0]))
+#define MAX_OPS 256
+
+/* What the generic code looks up on every call, worked out once: each
+ * input's and result's flag attribute (-1: none), the step's state. */
+typedef struct op_info {
+    const fx_op_desc *d;
+    signed char in_flag[FX_OP_MAX_IO], out_flag[FX_OP_MAX_IO];
+    signed char state_in, new_state_out; /* -1 for ops that are not steps */
+} op_info;
+
+static op_info infos[MAX_OPS];
+static int nops;
+static pthread_once_t infos_once = PTHREAD_ONCE_INIT;
+
+static int index_of(const char *name, const char *const *names, int n)
+{
+    for (int i = 0; i < n && name; i++)
+        if (strcmp(names[i], name) == 0)
+            return i;
+    return -1;
+}
+
+int fx_op_attr_index(const fx_op_desc *d, const char *name)
+{
+    for (int i = 0; i < d->nattrs && name; i++)
+        if (strcmp(d->attrs[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+static int io_index(const fx_op_io *io, int n, const char *name)
+{
+    for (int i = 0; i < n && name; i++)
+        if (strcmp(io[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+int fx_op_input_index(const fx_op_desc *d, const char *name) { return io_index(d->inputs, d->ninputs, name); }
+int fx_op_result_index(const fx_op_desc *d, const char *name) { return io_index(d->results, d->nresults, name); }
+
+static void build_infos(void)
+{
+    for (int f = 0; f < NFAMILIES; f++)
+        for (int k = 0; k < *families[f].count && nops < MAX_OPS; k++) {
+            const fx_op_desc *d = &families[f].descs[k];
+            op_info *info = &infos[nops++];
+            info->d = d;
+            info->state_in = info->new_state_out = -1;
+            for (int i = 0; i < d->ninputs && i < FX_OP_MAX_IO; i++) {
+                info->in_flag[i] = (signed char)fx_op_attr_index(d, d->inputs[i].flag);
+                if (d->inputs[i].role == FX_IO_STATE)
+                    info->state_in = (signed char)i;
+            }
+            for (int i = 0; i < d->nresults && i < FX_OP_MAX_IO; i++) {
+                info->out_flag[i] = (signed char)fx_op_attr_index(d, d->results[i].flag);
+                if (d->results[i].role == FX_IO_STATE)
+                    info->new_state_out = (signed char)i;
+            }
+        }
+}
+
+static const op_info *info_of(const fx_op_desc *d)
+{
+    pthread_once(&infos_once, build_infos);
+    for (int i = 0; i < nops; i++)
+        if (infos[i].d == d)
+            return &infos[i];
+    return NULL;
+}
+
+int fx_op_count(void)
+{
+    pthread_once(&infos_once, build_infos);
+    return nops;
+}
+
+const fx_op_desc *fx_op_at(int index)
+{
+    pthread_once(&infos_once, build_infos);
+    return index >= 0 && index < nops ? infos[index].d : NULL;
+}
+
+const fx_op_desc *fx_op_find(const char *name)
+{
+    pthread_once(&infos_once, build_infos);
+    for (int i = 0; i < nops && name; i++)
+        if (strcmp(infos[i].d->name, name) == 0)
+            return infos[i].d;
+    return NULL;
+}
+
+int fx_op_index(const fx_op_desc *d)
+{
+    const op_info *info = info_of(d);
+    return info ? (int)(info - infos) : -1;
+}
+
+/* ---- the registry's own check ---- */
+
+__attribute__((format(printf, 3, 4))) static int fault(fx_status *st, const fx_op_desc *d, const char *fmt, ...)
+{
+    char what[FX_MSG_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return fx_fail(st, FX_EINTERNAL, "op %s: %s", d ? d->name : "?", what);
+}
+
+static int check_io(const fx_op_desc *d, const fx_op_io *io, int n, const char *which, fx_status *st)
+{
+    for (int i = 0; i < n; i++) {
+        const fx_op_io *e = &io[i];
+        if (!e->name || !e->layout)
+            return fault(st, d, "%s %d: a name and a layout", which, i);
+        if (io_index(io, i, e->name) >= 0)
+            return fault(st, d, "%s %s: listed twice", which, e->name);
+        int flag = fx_op_attr_index(d, e->flag);
+        if ((e->when == FX_WHEN_FLAG) != (flag >= 0))
+            return fault(st, d, "%s %s: a flag attribute exactly when its `when` is a flag", which, e->name);
+        if (flag >= 0 && d->attrs[flag].kind != FX_ATTR_FLAG)
+            return fault(st, d, "%s %s: its flag %s is a number", which, e->name, e->flag);
+        if (e->when == FX_WHEN_RULE && !d->present)
+            return fault(st, d, "%s %s: a rule, but no `present` hook", which, e->name);
+    }
+    return FX_OK;
+}
+
+/* The public options: each resolves to what may be an option, and every
+ * optional tensor input can be given. */
+static int check_options(const fx_op_desc *d, fx_status *st)
+{
+    int n = 0;
+    for (const char *const *o = d->options; o && *o; o++, n++) {
+        int in = fx_op_input_index(d, *o), attr = -1;
+        for (int a = 0; a < d->nattrs && attr < 0; a++)
+            if (d->attrs[a].role == FX_ATTR_OPTION &&
+                strcmp(d->attrs[a].option ? d->attrs[a].option : d->attrs[a].name, *o) == 0)
+                attr = a;
+        bool save = strcmp(*o, "save_for_backward") == 0 && d->backward;
+        bool tensor = in >= 0 && (d->inputs[in].role == FX_IO_OPTION ||
+                                  (d->inputs[in].role == FX_IO_COTANGENT && d->inputs[in].when == FX_WHEN_FLAG));
+        if (!tensor && attr < 0 && !save)
+            return fault(st, d, "option %s: names no optional input, option attribute or save_for_backward", *o);
+        if (tensor && attr >= 0 && d->attrs[attr].kind != FX_ATTR_NUMBER)
+            return fault(st, d, "option %s: an input and a flag of one name", *o);
+        for (const char *const *p = d->options; p != o; p++)
+            if (strcmp(*p, *o) == 0)
+                return fault(st, d, "option %s: listed twice", *o);
+    }
+    for (int i = 0; i < d->ninputs; i++)
+        if (d->inputs[i].role == FX_IO_OPTION && index_of(d->inputs[i].name, d->options, n) < 0)
+            return fault(st, d, "input %s: an option the public functions do not list", d->inputs[i].name);
+    return FX_OK;
+}
+
+/* A backward: its gradients are "d" + the forward's inputs, in their
+ * order; its forward inputs and saved inputs exist in the forward. */
+static int check_backward(const fx_op_desc *fwd, fx_status *st)
+{
+    const fx_op_desc *bwd = fx_op_find(fwd->backward);
+    if (!bwd || bwd->dir != FX_OP_BWD)
+        return fault(st, fwd, "its backward %s: not a described backward", fwd->backward);
+    int g = 0;
+    for (int i = 0; i < fwd->ninputs; i++) {
+        const fx_op_io *in = &fwd->inputs[i];
+        if (g >= bwd->nresults || bwd->results[g].name[0] != 'd' || strcmp(bwd->results[g].name + 1, in->name))
+            return fault(st, bwd, "result %d: expected the gradient d%s", g, in->name);
+        if (bwd->results[g].role != FX_IO_GRAD)
+            return fault(st, bwd, "result %s: a gradient", bwd->results[g].name);
+        g++;
+    }
+    if (g != bwd->nresults)
+        return fault(st, bwd, "results: one gradient per input of %s, got %d more", fwd->name, bwd->nresults - g);
+    for (int i = 0; i < bwd->ninputs; i++) {
+        const fx_op_io *in = &bwd->inputs[i];
+        if (in->role == FX_IO_FORWARD && fx_op_input_index(fwd, in->name) < 0)
+            return fault(st, bwd, "input %s: not an input of %s", in->name, fwd->name);
+        int r = fx_op_result_index(fwd, in->name);
+        if (in->role == FX_IO_SAVED && (r < 0 || !fwd->results[r].kept))
+            return fault(st, bwd, "input %s: not a kept result of %s", in->name, fwd->name);
+        if (in->role == FX_IO_COTANGENT && (in->name[0] != 'd' || fx_op_result_index(fwd, in->name + 1) < 0))
+            return fault(st, bwd, "input %s: not d + a result of %s", in->name, fwd->name);
+    }
+    return FX_OK;
+}
+
+static int check_desc(const fx_op_desc *d, fx_status *st)
+{
+    if (!d->name || !d->op || !d->family || !d->check || !d->run)
+        return fault(st, d, "a name, op, family, check and run");
+    if (d->nattrs > FX_OP_MAX_ATTRS || d->ninputs > FX_OP_MAX_IO || d->nresults > FX_OP_MAX_IO)
+        return fault(st, d, "at most %d attributes and %d inputs and results", FX_OP_MAX_ATTRS, FX_OP_MAX_IO);
+    for (int a = 0; a < d->nattrs; a++) {
+        if (fx_op_attr_index(d, d->attrs[a].name) != a)
+            return fault(st, d, "attribute %s: listed twice", d->attrs[a].name);
+        if (d->attrs[a].choices[0] && d->attrs[a].kind != FX_ATTR_FLAG)
+            return fault(st, d, "attribute %s: choices for a number", d->attrs[a].name);
+    }
+    if (check_io(d, d->inputs, d->ninputs, "input", st) || check_io(d, d->results, d->nresults, "result", st) ||
+        check_options(d, st))
+        return st->code;
+    const op_info *info = info_of(d);
+    if ((d->dir == FX_OP_STEP) != (info->state_in >= 0 && info->new_state_out >= 0))
+        return fault(st, d, "a step has the input state and the result new_state, other ops neither");
+    if (info->state_in >= 0 && (strcmp(d->inputs[info->state_in].name, "state") ||
+                                strcmp(d->results[info->new_state_out].name, "new_state")))
+        return fault(st, d, "the step's state is the input \"state\" and the result \"new_state\"");
+    if (d->backward && d->dir != FX_OP_FWD)
+        return fault(st, d, "only a forward has a backward");
+    return d->backward ? check_backward(d, st) : FX_OK;
+}
+
+int fx_op_registry_check(fx_status *st)
+{
+    for (int i = 0; i < fx_op_count(); i++) {
+        const fx_op_desc *d = fx_op_at(i);
+        for (int k = 0; k < i; k++)
+            if (strcmp(fx_op_at(k)->name, d->name) == 0)
+                return fault(st, d, "described twice");
+        if (check_desc(d, st))
+            return st->code;
+    }
+    return FX_OK;
+}
+
+/* ---- calls ---- */
+
+void fx_op_call_init(fx_op_call *c, const fx_op_desc *d, fx_device *dev)
+{
+    memset(c, 0, sizeof *c);
+    c->op = d;
+    c->dev = dev;
+    for (int a = 0; a < d->nattrs; a++)
+        c->attrs[a] = d->attrs[a].dflt;
+}
+
+static int present(const fx_op_call *c, bool result, int index, bool *out, fx_status *st)
+{
+    const fx_op_desc *d = c->op;
+    const fx_op_io *io = result ? &d->results[index] : &d->inputs[index];
+    switch (io->when) {
+    case FX_WHEN_FLAG: {
+        const op_info *info = info_of(d);
+        *out = c->attrs[result ? info->out_flag[index] : info->in_flag[index]] != 0;
+        return FX_OK;
+    }
+    case FX_WHEN_RULE: return d->present(c, result, index, out, st);
+    default: *out = true; return FX_OK;
+    }
+}
+
+int fx_op_input_present(const fx_op_call *c, int index, bool *out, fx_status *st)
+{
+    return present(c, false, index, out, st);
+}
+
+int fx_op_result_present(const fx_op_call *c, int index, bool *out, fx_status *st)
+{
+    return present(c, true, index, out, st);
+}
+
+/* Why an input should or should not be there, for the message. */
+static int presence_error(const fx_op_call *c, int i, bool want, fx_status *st)
+{
+    const fx_op_io *io = &c->op->inputs[i];
+    if (io->when == FX_WHEN_FLAG)
+        return fx_fail(st, FX_EBADARG, "%s: expected %s (%s is %d), got %s", io->name, want ? "a tensor" : "none",
+                       io->flag, want ? 1 : 0, want ? "none" : "a tensor");
+    if (io->when == FX_WHEN_RULE)
+        return fx_fail(st, FX_EBADARG, "%s: expected %s for these inputs, got %s", io->name,
+                       want ? "a tensor" : "none", want ? "none" : "a tensor");
+    return fx_fail(st, FX_EBADARG, "%s: expected a tensor, got none", io->name);
+}
+
+int fx_op_check(const fx_op_call *c, fx_op_spec results[FX_OP_MAX_IO], fx_status *st)
+{
+    const fx_op_desc *d = c->op;
+    for (int a = 0; a < d->nattrs; a++)
+        if (d->attrs[a].kind == FX_ATTR_FLAG && c->attrs[a] != 0 && c->attrs[a] != 1)
+            return fx_fail(st, FX_EBADARG, "%s: expected 0 or 1, got %g", d->attrs[a].name, c->attrs[a]);
+    for (int i = 0; i < d->ninputs; i++) {
+        bool want;
+        if (present(c, false, i, &want, st))
+            return st->code;
+        bool given = c->in[i] != NULL;
+        if (want == given)
+            continue;
+        /* Saved states the device's backward does not read: the check
+         * decides (it refuses their absence where it needs them). */
+        if (!given && d->inputs[i].role == FX_IO_SAVED && d->inputs[i].when == FX_WHEN_RULE)
+            continue;
+        return presence_error(c, i, want, st);
+    }
+    memset(results, 0, sizeof(fx_op_spec) * FX_OP_MAX_IO);
+    for (int r = 0; r < d->nresults; r++)
+        if (present(c, true, r, &results[r].present, st))
+            return st->code;
+    return d->check(c, results, st);
+}
+
+/* Every present result is given and no other. */
+static int expect_results(const fx_op_call *c, const fx_op_spec *specs, fx_status *st)
+{
+    for (int r = 0; r < c->op->nresults; r++)
+        if (specs[r].present != (c->out[r] != NULL))
+            return fx_fail(st, FX_EBADARG, "%s: expected %s, got %s", c->op->results[r].name,
+                           specs[r].present ? "a result tensor" : "no result tensor",
+                           specs[r].present ? "none" : "one");
+    return FX_OK;
+}
+
+int fx_op_run_into(const fx_exec *ex, const fx_op_call *c, fx_status *st)
+{
+    fx_op_spec specs[FX_OP_MAX_IO];
+    if (fx_op_check(c, specs, st) || expect_results(c, specs, st))
+        return st->code;
+    return c->op->run(ex, c, st);
+}
+
+/* A tensor of the spec's shape and type without memory: what a scratch
+ * query or a shape-only check reads. */
+static int shape_only(const fx_op_spec *s, fx_device *dev, fx_tensor *t, fx_status *st)
+{
+    memset(t, 0, sizeof *t);
+    t->dtype = s->dtype;
+    t->rank = s->rank;
+    memcpy(t->dims, s->dims, sizeof(int64_t) * (size_t)s->rank);
+    t->device = dev;
+    return fx_shape_nbytes("shape", s->dtype, s->rank, s->dims, &t->numel, &t->nbytes, st);
+}
+
+size_t fx_op_scratch(const fx_exec *ex, const fx_op_call *c)
+{
+    if (!c->op->scratch)
+        return 0;
+    fx_status st;
+    fx_status_clear(&st);
+    fx_op_spec specs[FX_OP_MAX_IO];
+    fx_tensor stand_in[FX_OP_MAX_IO];
+    fx_op_call q = *c;
+    if (fx_op_check(c, specs, &st))
+        return 0;
+    for (int r = 0; r < c->op->nresults; r++)
+        if (specs[r].present && !q.out[r]) {
+            if (shape_only(&specs[r], c->dev, &stand_in[r], &st))
+                return 0;
+            q.out[r] = &stand_in[r];
+        }
+    return c->op->scratch(ex, &q);
+}
+
+static void release_outs(fx_op_call *c, fx_tensor outs[FX_OP_MAX_IO])
+{
+    for (int r = 0; r < c->op->nresults; r++) {
+        fx_tensor_release(&outs[r]);
+        c->out[r] = NULL;
+    }
+}
+
+int fx_op_run(fx_op_call *c, fx_tensor outs[FX_OP_MAX_IO], fx_status *st)
+{
+    const fx_op_desc *d = c->op;
+    const op_info *info = info_of(d);
+    fx_op_spec specs[FX_OP_MAX_IO];
+    memset(outs, 0, sizeof(fx_tensor) * FX_OP_MAX_IO);
+    memset(c->out, 0, sizeof c->out);
+    if (fx_op_check(c, specs, st))
+        return st->code;
+    for (int r = 0; r < d->nresults; r++) {
+        if (!specs[r].present)
+            continue;
+        if (r == info->new_state_out) {
+            c->out[r] = c->in[info->state_in];
+            continue;
+        }
+        if (fx_tensor_alloc(c->dev, specs[r].dtype, specs[r].rank, specs[r].dims, &outs[r], st)) {
+            release_outs(c, outs);
+            return st->code;
+        }
+        c->out[r] = &outs[r];
+    }
+    if (d->run(NULL, c, st))
+        release_outs(c, outs);
+    return st->code;
+}
+
+/* ---- contexts ---- */
+
+struct fx_op_ctx {
+    const fx_op_desc *op;
+    fx_device *dev;
+    double attrs[FX_OP_MAX_ATTRS];
+    fx_tensor in[FX_OP_MAX_IO], kept[FX_OP_MAX_IO]; /* no buffer: not given, not kept */
+    bool has_in[FX_OP_MAX_IO], has_kept[FX_OP_MAX_IO];
+};
+
+static void keep(fx_tensor *dst, const fx_tensor *src)
+{
+    *dst = *src;
+    if (src->buffer)
+        fx_buffer_ref(src->buffer);
+}
+
+int fx_op_ctx_new(const fx_op_call *fwd, fx_op_ctx **out, fx_status *st)
+{
+    const fx_op_desc *d = fwd->op;
+    *out = NULL;
+    if (!d->backward)
+        return fx_fail(st, FX_EINTERNAL, "%s: no backward to keep a context for", d->name);
+    fx_op_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return fx_fail(st, FX_ENOMEM, "out of host memory for a %s context", d->op);
+    ctx->op = d;
+    ctx->dev = fwd->dev;
+    memcpy(ctx->attrs, fwd->attrs, sizeof ctx->attrs);
+    for (int i = 0; i < d->ninputs; i++)
+        if (fwd->in[i]) {
+            keep(&ctx->in[i], fwd->in[i]);
+            ctx->has_in[i] = true;
+        }
+    for (int r = 0; r < d->nresults; r++)
+        if (d->results[r].kept && fwd->out[r]) {
+            keep(&ctx->kept[r], fwd->out[r]);
+            ctx->has_kept[r] = true;
+        }
+    *out = ctx;
+    return FX_OK;
+}
+
+void fx_op_ctx_free(fx_op_ctx *ctx)
+{
+    if (!ctx)
+        return;
+    for (int i = 0; i < FX_OP_MAX_IO; i++) {
+        fx_tensor_release(&ctx->in[i]);
+        fx_tensor_release(&ctx->kept[i]);
+    }
+    free(ctx);
+}
+
+const fx_op_desc *fx_op_ctx_op(const fx_op_ctx *ctx) { return ctx->op; }
+
+size_t fx_op_ctx_saved_bytes(const fx_op_ctx *ctx)
+{
+    size_t bytes = 0;
+    for (int r = 0; r < ctx->op->nresults; r++)
+        if (ctx->has_kept[r] && ctx->op->results[r].role == FX_IO_SAVED)
+            bytes += ctx->kept[r].nbytes;
+    return bytes;
+}
+
+int fx_op_ctx_backward(const fx_op_ctx *ctx, const fx_tensor *const cotangents[FX_OP_MAX_IO], fx_op_call *bwd,
+                       fx_status *st)
+{
+    const fx_op_desc *fwd = ctx->op, *d = fx_op_find(fwd->backward);
+    if (!d)
+        return fx_fail(st, FX_EINTERNAL, "%s: its backward %s is not described", fwd->name, fwd->backward);
+    fx_op_call_init(bwd, d, ctx->dev);
+    for (int a = 0; a < d->nattrs; a++) {
+        int f = fx_op_attr_index(fwd, d->attrs[a].name);
+        if (f >= 0)
+            bwd->attrs[a] = ctx->attrs[f];
+    }
+    const op_info *info = info_of(d);
+    for (int i = 0; i < d->ninputs; i++) {
+        const fx_op_io *io = &d->inputs[i];
+        int f;
+        switch (io->role) {
+        case FX_IO_FORWARD:
+            f = fx_op_input_index(fwd, io->name);
+            bwd->in[i] = f >= 0 && ctx->has_in[f] ? &ctx->in[f] : NULL;
+            break;
+        case FX_IO_SAVED:
+            f = fx_op_result_index(fwd, io->name);
+            bwd->in[i] = f >= 0 && ctx->has_kept[f] ? &ctx->kept[f] : NULL;
+            break;
+        default: bwd->in[i] = cotangents ? cotangents[i] : NULL; break;
+        }
+        if (info->in_flag[i] >= 0 && d->attrs[info->in_flag[i]].role == FX_ATTR_PRESENCE)
+            bwd->attrs[info->in_flag[i]] = bwd->in[i] != NULL;
+    }
+    return FX_OK;
+}
+
+/* ---- JSON ---- */
+
+typedef struct writer {
+    char *out;
+    size_t len, used; /* used may pass len: the length needed */
+} writer;
+
+__attribute__((format(printf, 2, 3))) static void put(writer *w, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    size_t room = w->used < w->len ? w->len - w->used : 0;
+    int n = vsnprintf(room ? w->out + w->used : NULL, room, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        w->used += (size_t)n;
+}
+
+/* A JSON string (names and layouts are plain ASCII; quotes and
+ * backslashes are escaped all the same), or null. */
+static void put_string(writer *w, const char *s)
+{
+    if (!s) {
+        put(w, "null");
+        return;
+    }
+    put(w, "\"");
+    for (const char *p = s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            put(w, "\\%c", *p);
+        else if ((unsigned char)*p < 0x20)
+            put(w, "\\u%04x", (unsigned)*p);
+        else
+            put(w, "%c", *p);
+    }
+    put(w, "\"");
+}
+
+static void put_key(writer *w, const char *key, const char *value, bool first)
+{
+    put(w, "%s\"%s\": ", first ? "" : ", ", key);
+    put_string(w, value);
+}
+
+static const char *const dir_names[] = {"fwd", "bwd", "step"};
+static const char *const kind_names[] = {"flag", "number"};
+static const char *const attr_role_names[] = {"option", "presence", "save"};
+static const char *const io_role_names[] = {"arg", "option", "state", "forward", "saved", "cotangent", "output",
+                                            "grad"};
+static const char *const when_names[] = {"always", "flag", "rule"};
+
+static void put_number(writer *w, double v)
+{
+    if (v == floor(v) && fabs(v) < 1e15)
+        put(w, "%lld", (long long)v);
+    else
+        put(w, "%.17g", v);
+}
+
+static void put_io(writer *w, const char *key, const fx_op_io *io, int n)
+{
+    put(w, ", \"%s\": [", key);
+    for (int i = 0; i < n; i++) {
+        put(w, "%s{", i ? ", " : "");
+        put_key(w, "name", io[i].name, true);
+        put_key(w, "layout", io[i].layout, false);
+        put_key(w, "role", io_role_names[io[i].role], false);
+        put_key(w, "presence", when_names[io[i].when], false);
+        put_key(w, "flag", io[i].flag, false);
+        put(w, ", \"kept\": %s}", io[i].kept ? "true" : "false");
+    }
+    put(w, "]");
+}
+
+size_t fx_op_describe_json(const fx_op_desc *d, char *out, size_t len)
+{
+    writer w = {out, len, 0};
+    if (out && len)
+        out[0] = '\0';
+    char target[128];
+    snprintf(target, sizeof target, "fusex_%s", d->name);
+    put(&w, "{\"index\": %d, ", fx_op_index(d));
+    put_key(&w, "name", d->name, true);
+    put_key(&w, "op", d->op, false);
+    put_key(&w, "family", d->family, false);
+    put_key(&w, "dir", dir_names[d->dir], false);
+    put_key(&w, "target", target, false);
+    put(&w, ", \"attrs\": [");
+    for (int a = 0; a < d->nattrs; a++) {
+        const fx_op_attr *at = &d->attrs[a];
+        put(&w, "%s{", a ? ", " : "");
+        put_key(&w, "name", at->name, true);
+        put_key(&w, "kind", kind_names[at->kind], false);
+        put_key(&w, "role", attr_role_names[at->role], false);
+        put(&w, ", \"default\": ");
+        put_number(&w, at->dflt);
+        put_key(&w, "option", at->option, false);
+        put(&w, ", \"choices\": ");
+        if (at->choices[0]) {
+            put(&w, "[");
+            put_string(&w, at->choices[0]);
+            put(&w, ", ");
+            put_string(&w, at->choices[1]);
+            put(&w, "]");
+        } else {
+            put(&w, "null");
+        }
+        put(&w, ", \"positive\": %s}", at->positive ? "true" : "false");
+    }
+    put(&w, "]");
+    put_io(&w, "inputs", d->inputs, d->ninputs);
+    put_io(&w, "results", d->results, d->nresults);
+    put(&w, ", \"options\": [");
+    for (const char *const *o = d->options; o && *o; o++) {
+        put(&w, "%s", o == d->options ? "" : ", ");
+        put_string(&w, *o);
+    }
+    put(&w, "]");
+    put_key(&w, "backward", d->backward, false);
+    put_key(&w, "saved_by", d->backward ? (d->saved_by ? d->saved_by : d->op) : NULL, false);
+    put(&w, "}");
+    if (out && len && w.used >= len)
+        out[len - 1] = '\0';
+    return w.used;
+}
+
+size_t fx_op_dtypes_json(char *out, size_t len)
+{
+    writer w = {out, len, 0};
+    if (out && len)
+        out[0] = '\0';
+    put(&w, "[");
+    for (int t = 0; t < FX_DTYPE_COUNT; t++) {
+        char name[16];
+        snprintf(name, sizeof name, "%s%d", fx_dtype_kind((fx_dtype)t), fx_dtype_bits((fx_dtype)t));
+        put(&w, "%s", t ? ", " : "");
+        put_string(&w, name);
+    }
+    put(&w, "]");
+    if (out && len && w.used >= len)
+        out[len - 1] = '\0';
+    return w.used;
+}
