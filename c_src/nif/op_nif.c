@@ -73,7 +73,7 @@ static int arg_op(fx_call *c, ERL_NIF_TERM term, int dir, const fx_op_desc **out
 
 /* ---- options ---- */
 
-/* What an option names: an input, an attribute (or both: liquid's dt, a
+/* What an option names: an input, an attribute (or both: a step size, a
  * tensor or a number), or save_for_backward. */
 typedef struct option {
     const char *name;

@@ -13,8 +13,10 @@
  * state, registration (30 handlers, FFI API 0.2, no traits; again a no-op),
  * problems with nothing to scan (batch or seqlen 0) whose final state and
  * summed gradients are still results, written as zeros or h0 / dstate,
- * the loader, errors (code and message), and the saved states' shape for
- * sizes no scan has.
+ * the loader, errors (code and message), the saved states' shape for
+ * sizes no scan has, and the front ends' exports (the ops' index,
+ * descriptions and handlers; the check entry, whose message on bad inputs
+ * is the handler's).
  *
  * Built with -DFX_XLA_TEST_CUDA (make test-xla-c-gpu, linked with the CUDA
  * runtime) it also runs every target's CUDA handler on a stream of its own
@@ -935,6 +937,125 @@ static void saved_shape_errors(void)
         fail("fusex_xla_ssm_saved_shape(0, 0, 0, 16, 1): \"%s\"", msg);
 }
 
+/* ---- the check entry and the descriptions ---- */
+
+/* The names the description lists under `key` ("attrs", "inputs",
+ * "results"), in order, from its JSON: each entry's first key is "name". */
+static int json_names(const char *json, const char *key, const char *next, char names[][32], int max)
+{
+    char start[32], stop[32];
+    snprintf(start, sizeof start, "\"%s\": [", key);
+    snprintf(stop, sizeof stop, "\"%s\": ", next);
+    const char *p = strstr(json, start), *end = p ? strstr(p, stop) : NULL;
+    int n = 0;
+    while (p && end && n < max && (p = strstr(p, "{\"name\": \"")) && p < end) {
+        p += strlen("{\"name\": \"");
+        const char *q = strchr(p, '"');
+        snprintf(names[n++], 32, "%.*s", (int)(q - p), p);
+        p = q;
+    }
+    return n;
+}
+
+/* fusex_xla_op_check on the shapes, types and attributes of `c` says what
+ * the handler says of the call, without the target's name. */
+static void check_entry_agrees(call *c)
+{
+    int op = fusex_xla_op_index(c->target);
+    const char *json = fusex_xla_op_describe(op);
+    char attrs[16][32], inputs[16][32];
+    int na = json_names(json, "attrs", "inputs", attrs, 16), ni = json_names(json, "inputs", "results", inputs, 16);
+    int32_t present[16] = {0}, dtypes[16] = {0}, ranks[16] = {0}, out_present[16], out_dtypes[16], out_ranks[16];
+    int64_t dims[16 * 8] = {0}, out_dims[16 * 8];
+    double values[16] = {0};
+    for (int i = 0; i < ni; i++)
+        for (int k = 0; k < c->nargs; k++)
+            if (strcmp(c->args[k].name, inputs[i]) == 0) {
+                present[i] = 1;
+                dtypes[i] = (int32_t)c->args[k].type;
+                ranks[i] = c->args[k].rank;
+                memcpy(dims + i * 8, c->args[k].dims, sizeof(int64_t) * (size_t)c->args[k].rank);
+            }
+    for (int a = 0; a < na; a++)
+        for (int k = 0; k < c->nattrs; k++)
+            if (strcmp(c->attrs[k].name, attrs[a]) == 0)
+                values[a] = c->attrs[k].type == 'd' ? c->attrs[k].f64 : (double)c->attrs[k].i64;
+    char msg[512], want[600];
+    int rc = fusex_xla_op_check(op, 0, present, dtypes, ranks, dims, values, out_present, out_dtypes, out_ranks,
+                                out_dims, msg, sizeof msg);
+    snprintf(want, sizeof want, "%s: %s", c->target, msg);
+    checks++;
+    if (rc != 1)
+        fail("fusex_xla_op_check(%s): %d \"%s\", expected a bad argument", c->target, rc, msg);
+    else
+        expect_error(c, "host", XLA_FFI_Error_Code_INVALID_ARGUMENT, want);
+}
+
+static void check_entry(void)
+{
+    checks++;
+    if (fusex_xla_op_count() != 15 || fusex_xla_op_index("fusex_mingru_fwd") != 6 ||
+        fusex_xla_op_index("mingru_fwd") != 6 || fusex_xla_op_index("fusex_nothing") != -1 ||
+        fusex_xla_op_describe(15) || fusex_xla_op_handler(15, 0) || fusex_xla_op_handler(0, 2) ||
+        strncmp(fusex_xla_op_describe(0), "{\"index\": 0, \"name\": \"selective_scan_fwd\"", 40) ||
+        strcmp(fusex_xla_dtypes_json(), "[\"f32\", \"f64\", \"bf16\", \"f16\", \"s32\", \"s64\", \"u8\"]"))
+        fail("the ops' index, descriptions, handlers or element types");
+    /* the results' shapes: a forward that saves its states */
+    int op = fusex_xla_op_index("selective_scan_fwd");
+    int32_t present[9] = {1, 1, 1, 1, 1}, dtypes[9] = {0}, ranks[9] = {3, 3, 2, 3, 3};
+    int64_t dims[9 * 8] = {1, 40, 4, 0, 0, 0, 0, 0, 1, 40, 4, 0, 0, 0, 0, 0, 4, 3, 0, 0, 0, 0, 0, 0,
+                           1, 40, 3, 0, 0, 0, 0, 0, 1, 40, 3};
+    double attrs[7] = {0, 1, 1, 1, 1, 0, 1}; /* presence says 1 without the inputs: computed, not read */
+    int32_t out_present[3], out_dtypes[3], out_ranks[3];
+    int64_t out_dims[3 * 8];
+    char msg[256];
+    int rc = fusex_xla_op_check(op, 0, present, dtypes, ranks, dims, attrs, out_present, out_dtypes, out_ranks,
+                                out_dims, msg, sizeof msg);
+    checks++;
+    if (rc != 0 || !out_present[0] || out_present[1] || !out_present[2] || out_ranks[2] != 4 ||
+        out_dims[16] != 1 || out_dims[17] != 2 || out_dims[18] != 4 || out_dims[19] != 3 || out_dtypes[2] != 0 ||
+        out_ranks[1] != 0 || out_dtypes[1] != -1)
+        fail("fusex_xla_op_check(selective_scan_fwd): %d \"%s\"", rc, msg);
+    /* bad inputs: the handler's message is the check's */
+    call c = {.target = "fusex_mingru_fwd"};
+    arg(&c, "z_logits", 'n', FX_F32, DIMS(2, 3, 4));
+    arg(&c, "cand", 'n', FX_F16, DIMS(2, 3, 4));
+    ret(&c, "h", FX_F32, DIMS(2, 3, 4), 1);
+    flag(&c, "reverse", 0);
+    flag(&c, "candidate_g", 1);
+    flag(&c, "has_h0", 0);
+    flag(&c, "return_state", 0);
+    check_entry_agrees(&c);
+    free_call(&c);
+    c = (call){.target = "fusex_liquid_step"};
+    arg(&c, "state", 'n', FX_F32, DIMS(2, 4));
+    arg(&c, "f_logits", 'n', FX_F32, DIMS(2, 4));
+    arg(&c, "tau", 'p', FX_F32, DIMS(4));
+    arg(&c, "a", 'n', FX_F32, DIMS(4));
+    ret(&c, "h", FX_F32, DIMS(2, 4), 1);
+    ret(&c, "new_state", FX_F32, DIMS(2, 4), 1);
+    flag(&c, "reverse", 0);
+    flag(&c, "has_dt", 0);
+    c.attrs[c.nattrs++] = (attr){.name = "dt", .type = 'd', .f64 = -1};
+    check_entry_agrees(&c);
+    free_call(&c);
+    c = (call){.target = "fusex_selective_scan_bwd"};
+    arg(&c, "x", 'n', FX_F32, DIMS(1, 9, 4));
+    arg(&c, "dt", 'h', FX_F32, DIMS(1, 9, 4));
+    arg(&c, "a", 'a', FX_F32, DIMS(4, 3));
+    arg(&c, "b", 'n', FX_F32, DIMS(1, 9, 3));
+    arg(&c, "c", 'n', FX_F32, DIMS(1, 9, 3));
+    arg(&c, "dy", 'n', FX_F32, DIMS(1, 9, 5));
+    const char *grads[] = {"dx", "ddt", "da", "db", "dc"};
+    for (int i = 0; i < 5; i++)
+        ret(&c, grads[i], FX_F32, c.args[i].dims, c.args[i].rank, 1);
+    const char *flags[] = {"dt_softplus", "has_d", "has_z", "has_dt_bias", "has_h0", "has_dstate"};
+    for (int i = 0; i < 6; i++)
+        flag(&c, flags[i], 0);
+    check_entry_agrees(&c);
+    free_call(&c);
+}
+
 static void registration(void)
 {
     char msg[512];
@@ -982,6 +1103,7 @@ int main(void)
     printf("fusex XLA handlers, Host, %s, FUSEX_SEED=%llu\n", path, (unsigned long long)seed);
 #endif
     registration();
+    check_entry();
     exact_scan();
     attribute_widths();
     aliased_step();
