@@ -337,14 +337,15 @@ static ERL_NIF_TERM nif_op_backward(ErlNifEnv *env, int argc, const ERL_NIF_TERM
 
 /* ---- op_check ---- */
 
-static int unknown_key(fx_call *c, const char *what, ERL_NIF_TERM key, const char *const *names, int n)
+static int unknown_key(fx_call *c, const char *what, const char *noun, ERL_NIF_TERM key, const char *const *names,
+                       int n)
 {
     char list[512] = "";
     size_t used = 0;
     for (int i = 0; i < n && used < sizeof list; i++)
         used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", names[i]);
     char expected[600];
-    snprintf(expected, sizeof expected, "only the %s %s", what, list);
+    snprintf(expected, sizeof expected, "only the %s %s", noun, list);
     return bad_value(c, what, expected, key);
 }
 
@@ -370,7 +371,7 @@ static int arg_specs(fx_call *c, ERL_NIF_TERM map, fx_op_call *call, fx_tensor *
         const ERL_NIF_TERM *pair;
         int arity;
         if (i < 0) {
-            rc = unknown_key(c, "inputs", key, names, d->ninputs);
+            rc = unknown_key(c, "inputs", "inputs", key, names, d->ninputs);
         } else if (!enif_get_tuple(c->env, value, &arity, &pair) || arity != 2) {
             rc = bad_value(c, names[i], "{Type, Shape}", value);
         } else {
@@ -434,7 +435,7 @@ static int arg_attrs(fx_call *c, ERL_NIF_TERM map, fx_op_call *call)
                 (d->attrs[k].option && enif_is_identical(key, fx_atom(c->env, d->attrs[k].option))))
                 a = k;
         if (a < 0) {
-            rc = unknown_key(c, "attrs", key, names, d->nattrs);
+            rc = unknown_key(c, "attrs", "attributes", key, names, d->nattrs);
         } else {
             rc = attr_value(c, &d->attrs[a], value, &given[a]);
             has[a] = true;

@@ -1,0 +1,112 @@
+%% EUnit: the ops' descriptions through the Erlang API: fusex:op_list/0
+%% lists what the op layer describes, and fusex:op_check/4 on shapes and
+%% types alone gives the results a run returns, and refuses bad input with
+%% the message the run raises.
+-module(fusex_op_tests).
+
+-include_lib("eunit/include/eunit.hrl").
+
+z(Shape) -> fusex:zeros({f, 32}, Shape, #{device => fusex_test_util:device()}).
+
+spec(T) -> {fusex:type(T), fusex:shape(T)}.
+
+op_list_test() ->
+    Ops = fusex:op_list(),
+    ?assertEqual([selective_scan_fwd, selective_scan_bwd, selective_scan_step,
+                  linear_scan_fwd, linear_scan_bwd, linear_scan_step,
+                  mingru_fwd, mingru_bwd, mingru_step, minlstm_fwd, minlstm_bwd, minlstm_step,
+                  liquid_fwd, liquid_bwd, liquid_step], [N || #{name := N} <- Ops]),
+    ?assertEqual(lists:seq(0, 14), [I || #{index := I} <- Ops]),
+    [Liquid] = [D || D = #{name := liquid_fwd} <- Ops],
+    ?assertMatch(#{op := liquid, family := linrec, dir := fwd, target := <<"fusex_liquid_fwd">>,
+                   backward := liquid_bwd, saved_by := <<"fusex:liquid">>,
+                   options := [h0, return_state, reverse, save_for_backward, dt]}, Liquid),
+    ?assertEqual([reverse, has_dt, has_h0, return_state, dt], [N || #{name := N} <- maps:get(attrs, Liquid)]),
+    ?assertMatch([_, _, _, _, #{name := dt, kind := number, role := option, default := 1.0, positive := true}],
+                 maps:get(attrs, Liquid)),
+    ?assertMatch([#{name := f_logits, role := arg, presence := always, layout := <<"[batch, seqlen, hidden]">>},
+                  #{name := tau}, #{name := a},
+                  #{name := dt, role := option, presence := flag, flag := has_dt, layout := <<"[batch, seqlen, 1]">>},
+                  #{name := h0, flag := has_h0}], maps:get(inputs, Liquid)),
+    ?assertMatch([#{name := h, role := output, kept := true}, #{name := state, flag := return_state}],
+                 maps:get(results, Liquid)),
+    [Gru] = [D || D = #{name := mingru_step} <- Ops],
+    ?assertMatch(#{options := [candidate_activation]}, Gru),
+    ?assertNot(maps:is_key(backward, Gru)),
+    ?assertMatch([_, #{name := candidate_g, option := candidate_activation, choices := [identity, g]}],
+                 maps:get(attrs, Gru)),
+    [Scan] = [D || D = #{name := selective_scan_bwd} <- Ops],
+    ?assertMatch(#{name := saved, role := saved, presence := rule}, lists:nth(10, maps:get(inputs, Scan))).
+
+%% The specs op_check gives are the run's results, saved states included
+%% (the context keeps those: their shape is the saved-shape rule's).
+op_check_gives_the_results_test() ->
+    Device = fusex_test_util:device(),
+    X = z({2, 40, 8}), A = z({8, 4}), B = z({2, 40, 4}), H0 = z({2, 8, 4}),
+    Specs = fusex:op_check(selective_scan_fwd, #{x => spec(X), dt => spec(X), a => spec(A), b => spec(B),
+                                                 c => spec(B), h0 => spec(H0)},
+                           #{return_state => true, save => true}, Device),
+    {Y, State} = fusex:selective_scan(X, X, A, B, B, #{h0 => H0, return_state => true}),
+    ?assertEqual(#{y => spec(Y), state => spec(State),
+                   saved => {{f, 32}, fusex:selective_scan_saved_shape({2, 40, 8}, {2, 40, 4}, {f, 32})}},
+                 Specs),
+    S = z({2, 5}), Dt = z({2, 1}), Hid = z({5}),
+    ?assertEqual(#{h => {{f, 32}, {2, 5}}, new_state => {{f, 32}, {2, 5}}},
+                 fusex:op_check(liquid_step, #{state => spec(S), f_logits => spec(S), tau => spec(Hid),
+                                               a => spec(Hid), dt => spec(Dt)}, #{}, Device)),
+    ?assertEqual(#{h => {{f, 32}, {2, 3, 5}}},
+                 fusex:op_check(mingru_fwd, #{z_logits => {{f, 32}, {2, 3, 5}}, cand => {{f, 32}, {2, 3, 5}}},
+                                #{candidate_activation => g, reverse => true}, Device)),
+    ?assertEqual(#{dz_logits => {{bf, 16}, {2, 3, 5}}, dcand => {{bf, 16}, {2, 3, 5}}},
+                 fusex:op_check(mingru_bwd, #{z_logits => {{bf, 16}, {2, 3, 5}}, cand => {{bf, 16}, {2, 3, 5}},
+                                              h => {{bf, 16}, {2, 3, 5}}, dh => {{bf, 16}, {2, 3, 5}}},
+                                #{}, Device)).
+
+%% The same bad input to the run and to the check: the same message.
+op_check_refuses_as_the_run_does_test_() ->
+    Device = fusex_test_util:device(),
+    X = z({2, 3, 4}), Wide = z({2, 3, 5}), Hid = z({4}), S = z({2, 4}),
+    Half = fusex:convert(X, {f, 16}),
+    Cases =
+        [{fun() -> fusex:mingru(X, Half) end,
+          {mingru_fwd, #{z_logits => spec(X), cand => spec(Half)}, #{}}},
+         {fun() -> fusex:linear_scan(X, Wide) end,
+          {linear_scan_fwd, #{a => spec(X), b => spec(Wide)}, #{}}},
+         {fun() -> fusex:liquid(X, Hid, Hid, #{dt => Wide}) end,
+          {liquid_fwd, #{f_logits => spec(X), tau => spec(Hid), a => spec(Hid), dt => spec(Wide)}, #{}}},
+         {fun() -> fusex:liquid_step(S, S, z({5}), Hid, #{}) end,
+          {liquid_step, #{state => spec(S), f_logits => spec(S), tau => {{f, 32}, {5}}, a => spec(Hid)}, #{}}},
+         {fun() -> fusex:mingru(X, X, #{h0 => z({2, 5})}) end,
+          {mingru_fwd, #{z_logits => spec(X), cand => spec(X), h0 => {{f, 32}, {2, 5}}}, #{}}},
+         {fun() -> fusex:selective_scan(X, X, z({4, 3}), z({2, 3, 2}), z({2, 3, 2}), #{}) end,
+          {selective_scan_fwd, #{x => spec(X), dt => spec(X), a => {{f, 32}, {4, 3}}, b => {{f, 32}, {2, 3, 2}},
+                                 c => {{f, 32}, {2, 3, 2}}}, #{}}},
+         {fun() -> fusex:selective_scan_step(z({2, 4, 3}), S, S, z({4, 3}), z({2, 3}), z({2, 3}),
+                                             #{d => z({5})}) end,
+          {selective_scan_step, #{state => {{f, 32}, {2, 4, 3}}, x => spec(S), dt => spec(S),
+                                  a => {{f, 32}, {4, 3}}, b => {{f, 32}, {2, 3}}, c => {{f, 32}, {2, 3}},
+                                  d => {{f, 32}, {5}}}, #{}}}],
+    [fun() ->
+             {badarg, Msg} = fusex:op_check(Name, Inputs, Attrs, Device),
+             ?assertError({badarg, Msg}, Run())
+     end || {Run, {Name, Inputs, Attrs}} <- Cases].
+
+op_check_bad_terms_test() ->
+    Inputs = #{z_logits => {{f, 32}, {2, 3, 4}}, cand => {{f, 32}, {2, 3, 4}}},
+    ?assertEqual({badarg, <<"inputs: expected only the inputs z_logits, cand, h0, got z">>},
+                 fusex:op_check(mingru_fwd, #{z => {{f, 32}, {2}}}, #{}, cpu)),
+    ?assertEqual({badarg, <<"attrs: expected only the attributes reverse, candidate_g, has_h0, return_state, "
+                            "got dt">>},
+                 fusex:op_check(mingru_fwd, Inputs, #{dt => 1}, cpu)),
+    ?assertEqual({badarg, <<"candidate_g: expected a number, true, false, identity or g, got relu">>},
+                 fusex:op_check(mingru_fwd, Inputs, #{candidate_activation => relu}, cpu)),
+    ?assertEqual({badarg, <<"has_h0: expected 0 (as the inputs given say), got 1">>},
+                 fusex:op_check(mingru_fwd, Inputs, #{has_h0 => true}, cpu)),
+    ?assertEqual({badarg, <<"reverse: expected 0 or 1, got 2">>},
+                 fusex:op_check(mingru_fwd, Inputs, #{reverse => 2}, cpu)),
+    ?assertMatch({badarg, <<"op: expected the name of a described op", _/binary>>},
+                 fusex:op_check(mingru, Inputs, #{}, cpu)),
+    ?assertMatch({badarg, <<"cand: expected {Type, Shape}, got", _/binary>>},
+                 fusex:op_check(mingru_fwd, Inputs#{cand => f32}, #{}, cpu)),
+    ?assertMatch({badarg, <<"device: expected cpu, cuda or {cuda, N}", _/binary>>},
+                 fusex:op_check(mingru_fwd, Inputs, #{}, gpu)).
