@@ -10,11 +10,11 @@
 %% the caller's hands. Both are medians after warm-up; cases rotate among
 %% several input sets where the inputs would otherwise sit in cache.
 %%
-%% Cases come from modules `fusex_bench_<family>' exporting `cases(Device)'
-%% (see bench/README.md). From the shell: `fusex_bench:run(#{ops => [<<"scan">>]})'.
+%% Cases come from the modules `fusex_bench_<family>' exporting
+%% `cases(Device)', found by name (see bench/README.md). From the shell: `fusex_bench:run(#{ops => [<<"scan">>]})'.
 -module(fusex_bench).
 
--export([main/1, run/0, run/1, copy_bandwidth/1, print_table/1, median/1, uniform/5]).
+-export([main/1, run/0, run/1, copy_bandwidth/1, print_table/1, median/1, uniform/5, family_modules/1]).
 
 -export_type([bench_case/0, row/0]).
 
@@ -35,8 +35,6 @@
 %% (both medians of this run): what the Erlang call adds to the kernel.
 -type row() :: #{atom() => term()}.
 
--define(CASE_MODULES, [fusex_bench_core, fusex_bench_ssm, fusex_bench_linrec, fusex_bench_optim,
-                       fusex_bench_interop]).
 -define(SPIN_US, 200).
 
 %% @doc Entry point for `make bench' and bench/fusex_bench.escript.
@@ -65,6 +63,24 @@ parse_args(["--reps", N | Rest], Acc) -> parse_args(Rest, Acc#{reps => list_to_i
 parse_args([], Acc) -> Acc;
 parse_args([Other | _], _) -> error({bad_bench_argument, Other}).
 
+%% @doc The family modules that export `Fun/1': every `fusex_bench_<family>'
+%% module of the application (found where this module was loaded from),
+%% `fusex_bench_core' first (its floors head the table), the others by name.
+-spec family_modules(atom()) -> [module()].
+family_modules(Fun) ->
+    Names = case code:which(?MODULE) of
+                Path when is_list(Path) ->
+                    [list_to_atom(filename:basename(F, ".beam"))
+                     || F <- filelib:wildcard("fusex_bench_*.beam", filename:dirname(Path))];
+                _ ->
+                    _ = application:load(fusex),
+                    {ok, Modules} = application:get_key(fusex, modules),
+                    [M || M <- Modules, lists:prefix("fusex_bench_", atom_to_list(M))]
+            end,
+    Ordered = lists:sort(fun(A, B) -> {A =/= fusex_bench_core, A} =< {B =/= fusex_bench_core, B} end,
+                         lists:usort(Names)),
+    [M || M <- Ordered, code:ensure_loaded(M) =:= {module, M}, erlang:function_exported(M, Fun, 1)].
+
 %% @equiv run(#{})
 -spec run() -> [row()].
 run() -> run(#{}).
@@ -78,8 +94,7 @@ run(Opts) ->
     Bandwidth = copy_bandwidth(Device),
     io:format("fusex bench on ~s: copy bandwidth ~.1f GB/s (read + write)~n",
               [device_name(Device), Bandwidth]),
-    Cases = [C || M <- ?CASE_MODULES, code:ensure_loaded(M) =:= {module, M},
-                  C <- M:cases(Device), selected(C, Opts)],
+    Cases = [C || M <- family_modules(cases), C <- M:cases(Device), selected(C, Opts)],
     Rows = [measure(Device, C, Bandwidth, Opts) || C <- Cases],
     Table = print_table(Rows),
     case Opts of

@@ -3,13 +3,12 @@
 %% reference (f64 accumulation) and the end-to-end time of the call.
 %%
 %% Families contribute rows through `demo(Device)' in their
-%% `fusex_bench_<family>' module; each row is a map
+%% `fusex_bench_<family>' module (found by name, fusex_bench:family_modules/1);
+%% each row is a map
 %% `#{op, shape, dtype, rel_l2, tolerance, us}'.
 -module(fusex_demo).
 
 -export([main/0, run/0, rows/1, compare/3, time_us/2, values/1, rel_l2/2]).
-
--define(MODULES, [fusex_bench_core, fusex_bench_ssm, fusex_bench_linrec, fusex_bench_optim]).
 
 %% @private
 main() ->
@@ -57,8 +56,7 @@ fmt_type({K, B}) -> io_lib:format("{~s,~b}", [K, B]).
 %% @doc The demo rows of every family module present, on `Device'.
 -spec rows(fusex:device()) -> [map()].
 rows(Device) ->
-    [Row || M <- ?MODULES, code:ensure_loaded(M) =:= {module, M},
-            erlang:function_exported(M, demo, 1), Row <- M:demo(Device)].
+    [Row || M <- fusex_bench:family_modules(demo), Row <- M:demo(Device)].
 
 %% @doc rel-L2 of tensor `Got' against `Want' (a tensor or a list of
 %% numbers); non-finite values give infinity.

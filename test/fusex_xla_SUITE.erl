@@ -1,5 +1,5 @@
-%% Common Test: fusex:xla_register/0,1 registers the fifteen XLA custom-call
-%% targets for Host and CUDA with the XLA that EXLA loaded in the VM. A
+%% Common Test: fusex:xla_register/0,1 registers every XLA custom-call
+%% target for Host and CUDA with the XLA that EXLA loaded in the VM. A
 %% stand-in EXLA NIF (test/xla/fake_exla_nif.c) loads a stand-in
 %% libxla_extension.so (test/xla/fake_xla_api.c: it asks each handler for
 %% its FFI API version, as XLA does, and records what registers) RTLD_LOCAL,

@@ -15,7 +15,7 @@
 #define L_FRAME "[batch, dim]"
 #define L_FRAME_B "[batch, [groups,] dstate]"
 
-/* The forward's and backward's inputs share their first nine places. */
+/* The forward's inputs are the backward's first, in the same places. */
 enum { X, DT, A, B, C, D, Z, DT_BIAS, H0, SAVED, DY, DSTATE };
 enum { STEP_STATE, STEP_X }; /* a step's inputs: its state, then x ... dt_bias */
 enum { A_SOFTPLUS, A_HAS_D, A_HAS_Z, A_HAS_BIAS, A_HAS_H0, A_RETURN_STATE, A_SAVE };

@@ -10,8 +10,8 @@
  * Host: every target with seeded inputs and NaN-poisoned results (each
  * result must be written whole), a scan against exact values, attributes
  * of other integer and float widths, a step whose new_state aliases its
- * state, registration (30 handlers, FFI API 0.2, no traits; again a no-op),
- * problems with nothing to scan (batch or seqlen 0) whose final state and
+ * state, registration (every op's two handlers, FFI API 0.2, no traits;
+ * again a no-op), problems with nothing to scan (batch or seqlen 0) whose final state and
  * summed gradients are still results, written as zeros or h0 / dstate,
  * the loader, errors (code and message), the saved states' shape for
  * sizes no scan has, and the front ends' exports (the ops' index,
