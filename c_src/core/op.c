@@ -270,16 +270,12 @@ void fx_op_call_init(fx_op_call *c, const fx_op_desc *d, fx_device *dev)
         c->attrs[a] = d->attrs[a].dflt;
 }
 
-static int present(const fx_op_call *c, bool result, int index, bool *out, fx_status *st)
+static int present(const op_info *info, const fx_op_call *c, bool result, int index, bool *out, fx_status *st)
 {
     const fx_op_desc *d = c->op;
     const fx_op_io *io = result ? &d->results[index] : &d->inputs[index];
     switch (io->when) {
-    case FX_WHEN_FLAG: {
-        const op_info *info = info_of(d);
-        *out = c->attrs[result ? info->out_flag[index] : info->in_flag[index]] != 0;
-        return FX_OK;
-    }
+    case FX_WHEN_FLAG: *out = c->attrs[result ? info->out_flag[index] : info->in_flag[index]] != 0; return FX_OK;
     case FX_WHEN_RULE: return d->present(c, result, index, out, st);
     default: *out = true; return FX_OK;
     }
@@ -287,12 +283,24 @@ static int present(const fx_op_call *c, bool result, int index, bool *out, fx_st
 
 int fx_op_input_present(const fx_op_call *c, int index, bool *out, fx_status *st)
 {
-    return present(c, false, index, out, st);
+    return present(info_of(c->op), c, false, index, out, st);
 }
 
 int fx_op_result_present(const fx_op_call *c, int index, bool *out, fx_status *st)
 {
-    return present(c, true, index, out, st);
+    return present(info_of(c->op), c, true, index, out, st);
+}
+
+int fx_op_input_flag(const fx_op_desc *d, int index)
+{
+    const op_info *info = info_of(d);
+    return info && index >= 0 && index < d->ninputs ? info->in_flag[index] : -1;
+}
+
+int fx_op_result_flag(const fx_op_desc *d, int index)
+{
+    const op_info *info = info_of(d);
+    return info && index >= 0 && index < d->nresults ? info->out_flag[index] : -1;
 }
 
 /* Why an input should or should not be there, for the message. */
@@ -311,12 +319,13 @@ static int presence_error(const fx_op_call *c, int i, bool want, fx_status *st)
 int fx_op_check(const fx_op_call *c, fx_op_spec results[FX_OP_MAX_IO], fx_status *st)
 {
     const fx_op_desc *d = c->op;
+    const op_info *info = info_of(d);
     for (int a = 0; a < d->nattrs; a++)
         if (d->attrs[a].kind == FX_ATTR_FLAG && c->attrs[a] != 0 && c->attrs[a] != 1)
             return fx_fail(st, FX_EBADARG, "%s: expected 0 or 1, got %g", d->attrs[a].name, c->attrs[a]);
     for (int i = 0; i < d->ninputs; i++) {
         bool want;
-        if (present(c, false, i, &want, st))
+        if (present(info, c, false, i, &want, st))
             return st->code;
         bool given = c->in[i] != NULL;
         if (want == given)
@@ -327,10 +336,12 @@ int fx_op_check(const fx_op_call *c, fx_op_spec results[FX_OP_MAX_IO], fx_status
             continue;
         return presence_error(c, i, want, st);
     }
-    memset(results, 0, sizeof(fx_op_spec) * FX_OP_MAX_IO);
-    for (int r = 0; r < d->nresults; r++)
-        if (present(c, true, r, &results[r].present, st))
+    for (int r = 0; r < d->nresults; r++) {
+        results[r].dtype = FX_F32;
+        results[r].rank = 0;
+        if (present(info, c, true, r, &results[r].present, st))
             return st->code;
+    }
     return d->check(c, results, st);
 }
 

@@ -199,6 +199,10 @@ const fx_op_desc *fx_op_find(const char *name); /* NULL when unknown */
 int fx_op_attr_index(const fx_op_desc *d, const char *name);
 int fx_op_input_index(const fx_op_desc *d, const char *name);
 int fx_op_result_index(const fx_op_desc *d, const char *name);
+/* The attribute that announces input / result `index` (FX_WHEN_FLAG), or
+ * -1: fx_op_attr_index of its flag, looked up once. */
+int fx_op_input_flag(const fx_op_desc *d, int index);
+int fx_op_result_flag(const fx_op_desc *d, int index);
 /* The description's place in the registry (fx_op_at(i) == d), or -1. */
 int fx_op_index(const fx_op_desc *d);
 /* Every description follows the conventions above and names only what it
@@ -218,7 +222,8 @@ int fx_op_result_present(const fx_op_call *c, int index, bool *present, fx_statu
  * dt says "a positive number"), every input that should be present is and
  * no other (an FX_IO_SAVED input with a rule may be missing: the check
  * says whether the device's backward reads it), then the description's
- * check: the results' specs, `present` for each. Works on tensors whose
+ * check: the results' specs (the first nresults entries), `present` for
+ * each. Works on tensors whose
  * `data` is NULL (shapes and types only). */
 int fx_op_check(const fx_op_call *c, fx_op_spec results[FX_OP_MAX_IO], fx_status *st);
 /* Check, then run into results the caller allocated (c->out: each present

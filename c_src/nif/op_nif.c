@@ -185,7 +185,7 @@ static void set_presence(fx_op_call *call)
 {
     const fx_op_desc *d = call->op;
     for (int i = 0; i < d->ninputs; i++) {
-        int flag = fx_op_attr_index(d, d->inputs[i].flag);
+        int flag = fx_op_input_flag(d, i);
         if (flag >= 0 && d->attrs[flag].role == FX_ATTR_PRESENCE)
             call->attrs[flag] = call->in[i] != NULL;
     }

@@ -351,7 +351,7 @@ int fx_xla_check(int op, int platform, const int32_t *present, const int32_t *dt
     fx_tensor t[FX_OP_MAX_IO];
     for (int i = 0; i < d->ninputs; i++) {
         const char *name = d->inputs[i].name;
-        int flag = fx_op_attr_index(d, d->inputs[i].flag);
+        int flag = fx_op_input_flag(d, i);
         if (flag >= 0 && d->attrs[flag].role == FX_ATTR_PRESENCE)
             call.attrs[flag] = present[i] != 0;
         if (!present[i])
