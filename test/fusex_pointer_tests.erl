@@ -42,7 +42,10 @@ local_round_trip_test_() ->
               ?assertEqual(device(), fusex:device(V)),
               ?assertEqual(Bin, fusex:to_binary(V)),
               %% the view is the same memory: its pointer is the owner's
-              ?assertMatch({local, Addr, Size}, fusex:to_pointer(V, local))
+              ?assertMatch({local, Addr, Size}, fusex:to_pointer(V, local)),
+              %% T is live up to here: were it collected after to_pointer,
+              %% its memory would be freed under the view
+              true = fusex_nif:is_live(T)
       end} || {Type, Shape} <- Cases].
 
 op_on_view_and_write_through_test() ->
@@ -80,6 +83,9 @@ hex(Addr) -> list_to_binary("0x" ++ string:lowercase(integer_to_list(Addr, 16)))
 
 view_keeps_owner_memory_test() ->
     Device = device(),
+    %% the earlier tests' tensors, garbage in this process, go now rather
+    %% than between the two readings of the device's memory
+    erlang:garbage_collect(),
     Owner = tensor({f, 64}, {500}, lists:duplicate(500, 1.5)),
     #{allocated := A0} = fusex:memory(Device),
     {local, Addr, Size} = fusex:to_pointer(Owner, local),

@@ -119,7 +119,7 @@ static double median(double *v, int n)
 }
 
 typedef struct run_state {
-    fx_linrec_problem p;
+    fx_linrec_inputs p;
     fx_linrec_tensors in;
     fx_tensor h, dh, pad;
     fx_linrec_grads g;
@@ -160,9 +160,8 @@ static void setup(fx_device *dev, const bench_case *c, run_state *r)
         die("alloc pad", &st);
     if (fx_tensor_alloc(dev, c->dtype, 3, dims, &r->h, &st))
         die("alloc h", &st);
-    /* fills in the problem's dims and dtype; the backward needs H */
-    if (fx_op_linrec_forward_into(NULL, &r->p, NULL, 0, &r->h, NULL, &st) ||
-        fx_linrec_grads_alloc(&r->p, NULL, &r->g, &st))
+    /* the backward needs H */
+    if (fx_op_linrec_forward_into(NULL, &r->p, 0, &r->h, NULL, &st) || fx_linrec_grads_alloc(&r->p, &r->g, &st))
         die("first forward", &st);
 }
 
@@ -184,15 +183,15 @@ static void run_once(const bench_case *c, run_state *r)
     fx_status_clear(&st);
     if (c->mode == FWD && fresh_h) {
         fx_tensor h, state;
-        if (fx_op_linrec_forward(&r->p, NULL, false, tiles, &h, &state, &st))
+        if (fx_op_linrec_forward(&r->p, false, tiles, &h, &state, &st))
             die("forward", &st);
         fx_tensor_release(&h);
         return;
     }
-    if (c->mode != BWD && fx_op_linrec_forward_into(NULL, &r->p, NULL, tiles, &r->h, NULL, &st))
+    if (c->mode != BWD && fx_op_linrec_forward_into(NULL, &r->p, tiles, &r->h, NULL, &st))
         die("forward", &st);
     fx_linrec_grad_outs outs = fx_linrec_grad_outs_of(&r->g);
-    if (c->mode != FWD && fx_op_linrec_backward_into(NULL, &r->p, NULL, &r->h, &r->dh, NULL, tiles, &outs, &st))
+    if (c->mode != FWD && fx_op_linrec_backward_into(NULL, &r->p, &r->h, &r->dh, NULL, tiles, &outs, &st))
         die("backward", &st);
 }
 
