@@ -289,7 +289,7 @@ const fx_backend fx_cpu_backend = {
     .optim = &fx_cpu_optim_ops,
     .rnn = NULL,
     .conv = NULL,
-    .norm = NULL,
+    .norm = &fx_cpu_norm_ops,
     .linear = &fx_cpu_linear_ops,
     /* Local pointers are host addresses; host memory has no IPC handle
      * here and nothing to check a foreign address against. */

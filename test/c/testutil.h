@@ -60,5 +60,6 @@ Suite *fx_suite_linrec(void);
 Suite *fx_suite_ssm(void);
 Suite *fx_suite_exec(void);
 Suite *fx_suite_linear(void);
+Suite *fx_suite_norm(void);
 
 #endif

@@ -185,6 +185,7 @@ __attribute__((visibility("default"))) const fx_backend *fusex_cuda_backend(void
     table.linrec = &fx::cuda::linrec_ops;
     table.optim = &fx::cuda::optim_ops;
     table.linear = &fx::cuda::linear_ops;
+    table.norm = &fx::cuda::norm_ops;
     return &table;
 }
 
