@@ -288,7 +288,7 @@ const fx_backend fx_cpu_backend = {
     .linrec = &fx_cpu_linrec_ops,
     .optim = &fx_cpu_optim_ops,
     .rnn = NULL,
-    .conv = NULL,
+    .conv = &fx_cpu_conv_ops,
     .norm = &fx_cpu_norm_ops,
     .linear = &fx_cpu_linear_ops,
     /* Local pointers are host addresses; host memory has no IPC handle

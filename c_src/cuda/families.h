@@ -36,6 +36,8 @@ extern const struct fx_optim_ops optim_ops;
 extern const struct fx_linear_ops linear_ops;
 // norm.cu
 extern const struct fx_norm_ops norm_ops;
+// conv.cu
+extern const struct fx_conv_ops conv_ops;
 
 } // namespace fx::cuda
 

@@ -61,5 +61,6 @@ Suite *fx_suite_ssm(void);
 Suite *fx_suite_exec(void);
 Suite *fx_suite_linear(void);
 Suite *fx_suite_norm(void);
+Suite *fx_suite_conv(void);
 
 #endif
