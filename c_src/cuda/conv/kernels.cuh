@@ -31,7 +31,7 @@
 namespace fx::cuda::conv {
 
 constexpr int kThreads = 128;       // channel packs a block
-constexpr int64_t kFwdChunk = 64;   // steps a forward thread
+constexpr int64_t kFwdChunk = 32;   // steps a forward thread (a few waves of blocks)
 constexpr int64_t kBwdChunk = 128;  // steps a backward thread (its partial sums' row)
 constexpr int kFwdUnroll = 8;       // inputs loaded ahead
 constexpr int kBwdUnroll = 4;
@@ -201,7 +201,7 @@ __device__ __forceinline__ void emit_dx(const Params &p, const Place &at, int64_
         static_cast<T *>(p.dinit)[(at.b * p.dim + at.d0 + v) * (W - 1) + (t + W - 1)] = Elem<T>::store(dx[v]);
 }
 
-template <typename T, int WMAX, int V> __global__ void __launch_bounds__(kThreads) backward_kernel(const Params p)
+template <typename T, int WMAX, int V> __global__ void __launch_bounds__(kThreads, 4) backward_kernel(const Params p)
 {
     const Place at = place_of<V>(p);
     if (at.d0 >= p.dim)
