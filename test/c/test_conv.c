@@ -250,7 +250,7 @@ START_TEST(matches_reference)
     int count = 0;
     for (size_t wi = 0; wi < 5; wi++) {
         const int64_t W = widths[wi];
-        /* 1, 2, W - 1 and W steps, and across the kernels' chunks (64 and 128 steps) */
+        /* 1, 2, W - 1 and W steps, and across the kernels' chunks (32 and 128 steps) */
         const int64_t lens[] = {1, 2, W > 1 ? W - 1 : 3, W, 200};
         for (size_t li = 0; li < 5; li++)
             for (size_t di = 0; di < 3; di++) {
