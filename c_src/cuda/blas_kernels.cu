@@ -81,6 +81,8 @@ int check(const Gemm &g, const char *what, fx_status *st)
     if (expect_ld(what, "lda", g.lda, stored_cols(g.ta, g.m, g.k), st) ||
         expect_ld(what, "ldb", g.ldb, stored_cols(g.tb, g.k, g.n), st) || expect_ld(what, "ldc", g.ldc, g.n, st))
         return st->code;
+    if (g.batch > INT32_MAX) // cuBLASLt's batch count is an int32
+        return fx_fail(st, FX_EBADARG, "%s: expected at most %d batches, got %lld", what, INT32_MAX, (long long)g.batch);
     if (g.batch > 1 && (g.stride_a < 0 || g.stride_b < 0 || g.stride_c < 0))
         return fx_fail(st, FX_EBADARG, "%s: expected batch strides >= 0, got %lld, %lld, %lld", what,
                        (long long)g.stride_a, (long long)g.stride_b, (long long)g.stride_c);
