@@ -9,6 +9,7 @@
 #include "cpu/cpu.h"
 #include "fusex_dtype.h"
 #include "fusex_exec.h"
+#include "fusex_linear.h"
 
 int fx_cpu_threads(void) { return omp_get_max_threads(); }
 
@@ -287,9 +288,9 @@ const fx_backend fx_cpu_backend = {
     .linrec = &fx_cpu_linrec_ops,
     .optim = &fx_cpu_optim_ops,
     .rnn = NULL,
-    .conv = NULL,
-    .norm = NULL,
-    .linear = NULL,
+    .conv = &fx_cpu_conv_ops,
+    .norm = &fx_cpu_norm_ops,
+    .linear = &fx_cpu_linear_ops,
     /* Local pointers are host addresses; host memory has no IPC handle
      * here and nothing to check a foreign address against. */
     .alloc_exportable = NULL,

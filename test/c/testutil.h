@@ -60,5 +60,8 @@ Suite *fx_suite_linrec(void);
 Suite *fx_suite_ssm(void);
 Suite *fx_suite_exec(void);
 Suite *fx_suite_op(void);
+Suite *fx_suite_linear(void);
+Suite *fx_suite_norm(void);
+Suite *fx_suite_conv(void);
 
 #endif

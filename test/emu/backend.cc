@@ -184,6 +184,9 @@ __attribute__((visibility("default"))) const fx_backend *fusex_cuda_backend(void
     table.ssm = &fx::cuda::ssm_ops;
     table.linrec = &fx::cuda::linrec_ops;
     table.optim = &fx::cuda::optim_ops;
+    table.linear = &fx::cuda::linear_ops;
+    table.norm = &fx::cuda::norm_ops;
+    table.conv = &fx::cuda::conv_ops;
     return &table;
 }
 

@@ -280,6 +280,8 @@ inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __saturatef(float x) { return x < 0.f ? 0.f : x > 1.f ? 1.f : x; }
+// CUDA's rsqrtf is within 2 ulp; here the correctly rounded quotient.
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline unsigned __float_as_uint(float x)
 {
     unsigned u;
