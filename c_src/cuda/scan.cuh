@@ -2,7 +2,7 @@
 // sequence, for [batch, seqlen, hidden] tensors scanned along seqlen,
 // independently per (batch, hidden) channel. Written once, used by every op
 // whose step is "compute (a, b) elementwise from the inputs, then scan"
-// (c_src/cuda/linrec/: the four forwards, and their backwards, whose
+// (c_src/cuda/linrec/: each recurrence's forward, and its backward, whose
 // adjoint is again such a scan run from the other end).
 //
 // Tiling. A block owns one tile: W = G * V consecutive channels of one batch
@@ -43,11 +43,12 @@
 
 #include "cuda/common.cuh"
 
-// A block's shared memory, and its dynamic part (staged inputs). The CPU
-// emulator (test/emu, FX_CUDA_EMULATION) defines them first.
-#ifndef FXSCAN_SHARED
-#define FXSCAN_SHARED(type, name) __shared__ type name
-#define FXSCAN_STAGE(name) extern __shared__ __align__(16) unsigned char name[]
+// A block's shared memory, and its dynamic part (staged inputs):
+// declarations, so macros. The CPU emulator (test/emu, FX_CUDA_EMULATION)
+// defines them first.
+#ifndef FX_SCAN_SHARED
+#define FX_SCAN_SHARED(type, name) __shared__ type name
+#define FX_SCAN_STAGE(name) extern __shared__ __align__(16) unsigned char name[]
 #endif
 
 namespace fx::cuda::scan {
@@ -71,14 +72,14 @@ __device__ __forceinline__ Affine compose(Affine first, Affine then)
 
 __device__ __forceinline__ float apply(Affine m, float h) { return fmaf(m.a, h, m.b); }
 
-// ---- look-back statistics (a diagnostic build: -DFXLR_STATS) ----
-// [0] chained tiles, [1] found by the peek, [2] look-back rounds,
-// [3] rounds that found nothing new (waiting on a predecessor).
-#ifdef FXLR_STATS
-static __device__ unsigned long long stats[4]; // one per unit: a diagnostic
-#define FXSCAN_STAT(i) (threadIdx.x == 0 ? (void)atomicAdd(&fx::cuda::scan::stats[i], 1ull) : (void)0)
-#else
-#define FXSCAN_STAT(i) ((void)0)
+// ---- look-back events ----
+// Hooks for a diagnostic build (dev/lookback_stats.cuh, which defines
+// FX_SCAN_EVENT before this header): a chained tile, one whose peek found
+// its carry, a look-back round, and a round that found nothing new (it
+// waits on a predecessor). A no-op otherwise.
+enum : int { kEventChained = 0, kEventPeekHit = 1, kEventRound = 2, kEventEmptyRound = 3 };
+#ifndef FX_SCAN_EVENT
+#define FX_SCAN_EVENT(event) ((void)0)
 #endif
 
 // ---- tile statuses ----
@@ -391,9 +392,9 @@ __device__ __forceinline__ void scan_tile(const Tiling &t, const Place &at, cons
     const bool speaker = at.warp == 0 && k == 0;
     const bool found = at.tt == 0 || sm.found;
     if (at.tt > 0) {
-        FXSCAN_STAT(0);
+        FX_SCAN_EVENT(kEventChained);
         if (found)
-            FXSCAN_STAT(1);
+            FX_SCAN_EVENT(kEventPeekHit);
     }
     if (at.warp == 0) {
         Affine total[V];
@@ -435,7 +436,7 @@ __device__ __forceinline__ void scan_tile(const Tiling &t, const Place &at, cons
         int64_t next = at.tt; // the tiles below `next` are still to be read
         for (;;) {
             read_window<G, V>(t, at, next, sm);
-            FXSCAN_STAT(2);
+            FX_SCAN_EVENT(kEventRound);
             __syncthreads();
             if (at.warp == 0) {
                 int used = 0, done = 0;
@@ -469,7 +470,7 @@ __device__ __forceinline__ void scan_tile(const Tiling &t, const Place &at, cons
             const int used = sm.used;
             next -= used;
             if (used == 0) {
-                FXSCAN_STAT(3);
+                FX_SCAN_EVENT(kEventEmptyRound);
                 __nanosleep(64);
             }
         }
@@ -546,7 +547,7 @@ __device__ __forceinline__ void store_stream(T *p, const float (&in)[V])
 #pragma unroll
     for (int v = 0; v < V; v++)
         e[v] = Elem<T>::store(in[v]);
-#ifdef FXSCAN_PLAIN_STORES // dev/linrec_variants: the same kernels with default-policy stores
+#ifdef FX_SCAN_PLAIN_STORES // dev/linrec_variants: the same kernels with default-policy stores
     *reinterpret_cast<R *>(p) = r;
 #else
     __stcs(reinterpret_cast<R *>(p), r);

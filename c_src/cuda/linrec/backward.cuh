@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(fx::cuda::scan::kBlockThreads, kRegBlocks)
     constexpr int N = nseq<KIND>();
     typedef fx::cuda::scan::Pack<T, V> pk;
     typedef fx::cuda::scan::TileSmem<G, V> shared_t;
-    FXSCAN_SHARED(shared_t, sm);
+    FX_SCAN_SHARED(shared_t, sm);
     const fx::cuda::scan::Place at = fx::cuda::scan::locate<G, V, CHAINED>(t);
     const fx::cuda::scan::Rows r = fx::cuda::scan::rows_of(t, at);
     const int64_t L = t.seqlen, H = t.hidden;
@@ -54,23 +54,15 @@ __global__ void __launch_bounds__(fx::cuda::scan::kBlockThreads, kRegBlocks)
         hp[c] = c < r.count && c != first ? fx::cuda::scan::load_stream<T, V>(static_cast<const T *>(p.h) + off + prev)
                                           : fx::cuda::scan::zero_pack<T, V>();
     }
-    float dt[S];
-#pragma unroll
-    for (int c = 0; c < S; c++)
-        dt[c] = step_dt<KIND, T>(p.in, at, r, t, c);
+    float dt[S], h0v[V], init[V], peek_u[V];
     Chan ch[V];
-    load_chan<KIND, T, V>(p.in, at.h, at.live, ch);
-    float h0v[V], init[V];
-#pragma unroll
-    for (int v = 0; v < V; v++) {
-        h0v[v] = first >= 0 && first < r.count && p.h0 ? fx::cuda::scan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v)
-                                                      : 0.f;
-        init[v] = at.tt == 0 && at.live && p.dstate
-                      ? fx::cuda::scan::load_state<T>(p.dstate, p.dstate_f32, at.b * H + at.h + v)
-                      : 0.f;
-    }
-    float peek_u[V];
-    const bool peeked = fx::cuda::scan::peek<G, V, CHAINED>(t, at, peek_u);
+    const bool peeked = tile_start<KIND, T, V, G, S, CHAINED>(
+        p.in, t, at, r, p.dstate, p.dstate_f32,
+        [&](int v) {
+            h0v[v] = first >= 0 && first < r.count && p.h0 ? fx::cuda::scan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v)
+                                                          : 0.f;
+        },
+        dt, ch, init, peek_u);
 
     // The adjoint's map per step: u -> a * (dh + u).
     Affine mine[V];

@@ -31,14 +31,10 @@ template <typename F> int with_kind(const fx_linrec_problem *p, const char *what
 
 namespace detail {
 
-#ifdef FXLR_STATS
-template <int = 0> __global__ void print_stats(unsigned blocks)
-{
-    unsigned long long *s = fx::cuda::scan::stats;
-    printf("lookback stats: %u tiles, %llu chained, %llu peek hits, %llu rounds, %llu empty rounds\n", blocks, s[0],
-           s[1], s[2], s[3]);
-    s[0] = s[1] = s[2] = s[3] = 0;
-}
+// After a chained launch: a hook for a diagnostic build (dev/lookback_stats.cuh,
+// which prints the look-back events counted there); a no-op otherwise.
+#ifndef FX_SCAN_LAUNCHED
+#define FX_SCAN_LAUNCHED(run, blocks) ((void)0)
 #endif
 
 // Launches the kernel for the plan's tiles: the single-tile one (no
@@ -79,9 +75,7 @@ inline int launch_tiles(const Run &r, const Params &prm, const Plan &pl, fx::cud
         rc = launch_opted<CHAINED>(r, blocks, threads, stage_bytes, what, st, prm, t);
         give_back(r, statuses);
     }
-#ifdef FXLR_STATS
-    print_stats<><<<1, 1, 0, r.stream>>>((unsigned)blocks);
-#endif
+    FX_SCAN_LAUNCHED(r, blocks);
     return rc;
 }
 
