@@ -65,10 +65,8 @@ struct Backward : OpEntry<fx_linrec_bwd_args> {
             constexpr int KIND = decltype(kind)::value;
             total = fx_size_add(total, fx_scratch_piece(lookback_bound<T>(
                                            d, a, {bwd_steps<KIND, T, 1>(), bwd_steps<KIND, T, kVec>()})));
-            if (KIND == FX_LINREC_LIQUID) {
-                const int64_t sums = std::max(sum_count(a, true, (int)sizeof(T)), sum_count(a, false, (int)sizeof(T)));
-                total = fx_size_add(total, fx_scratch_piece(fx_size_mul(sums, sizeof(float))));
-            }
+            if (KIND == FX_LINREC_LIQUID)
+                total = fx_size_add(total, fx_scratch_piece(fx_size_mul(liquid_sum_bound<KIND, T>(d, a), sizeof(float))));
             return (int)FX_OK;
         });
         return total;

@@ -15,8 +15,8 @@ struct Forward : OpEntry<fx_ssm_fwd_args> {
     static fx_dtype type(const Args *a) { return a->x->dtype; }
     static int check(const Args *a, fx_status *st) { return check_dims(a->n, kWhat, st); }
     template <typename T> static int launch(const Run &r, const Args *a, fx_status *st) { return forward<T>(r, a, st); }
-    // Where the shape may run sliced, the sums of y and aligned copies of
-    // every row tensor.
+    // Where the shape may run sliced, the slices' sums of y and aligned
+    // copies of every row tensor.
     template <typename T> static size_t scratch(const fx_exec *, const Args *a)
     {
         if (!ws_sliced_shape<T>(scan_params(a, kWsChannels)))
@@ -35,12 +35,12 @@ struct Backward : OpEntry<fx_ssm_bwd_args> {
     static fx_dtype type(const Args *a) { return a->fwd.x->dtype; }
     static int check(const Args *a, fx_status *st) { return check_dims(a->fwd.n, kWhat, st); }
     template <typename T> static int launch(const Run &r, const Args *a, fx_status *st) { return backward<T>(r, a, st); }
-    // Its sums and, sliced, aligned copies of every row tensor it reads or
-    // writes.
+    // Its partial sums and, sliced, aligned copies of every row tensor it
+    // reads or writes.
     template <typename T> static size_t scratch(const fx_exec *, const Args *a)
     {
         const bool sliced = bwd_sliced_shape<T>(scan_params(&a->fwd, kWsChannels));
-        size_t total = fx_size_add(FX_SCRATCH_ALIGN, fx_scratch_piece(fx_size_mul(BwdScratch(a->fwd.n, sliced).total, 4)));
+        size_t total = fx_size_add(FX_SCRATCH_ALIGN, fx_scratch_piece(fx_size_mul(bwd_scratch_of<T>(a).total, 4)));
         if (sliced) {
             const fx_tensor *rows[] = {a->fwd.x, a->fwd.dt, a->fwd.z, a->fwd.b, a->fwd.c, a->dy, a->dx, a->ddt, a->dz};
             for (const fx_tensor *t : rows)

@@ -13,8 +13,9 @@
 // dstate, so its per-step map is (a_t, a_t * dh_t). It reads h_{t-1} from
 // the forward's output and turns g_t into the inputs' gradients with the
 // op's gradient function. Sums over channels or steps (liquid's tau, A and
-// a dt tensor) go through f32 atomics into scratch and are written out by a
-// small second kernel.
+// a dt tensor) are stored as rows of f32 partial sums in scratch, a row per
+// block (or warp) that adds into them, and added up in row order by a small
+// second kernel (sums.cuh): no float atomics, so a run replays bit for bit.
 #ifndef FX_CUDA_LINREC_OPS_CUH
 #define FX_CUDA_LINREC_OPS_CUH
 

@@ -442,7 +442,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
         // its scheduler. A row's warps (one a column) would hit one address
         // at once with atomics (the Liquid fwd+bwd with a dt tensor took 240
         // us against 137 with a scalar), so each column stores its own row
-        // of sums (dt_rows), which write_sums adds up.
+        // of sums (LiquidRows), which write_sums adds up.
         if constexpr (KIND == FX_LINREC_LIQUID) {
             if (dt_sums) {
                 // one sum a lane: step j's (the 32 / K lanes of a step hold the same)
@@ -460,8 +460,8 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
         if (live)
 #pragma unroll
             for (int v = 0; v < V; v++) {
-                atomicAdd(p.sum_tau + mine + v, sum_tau[v]);
-                atomicAdd(p.sum_lam + mine + v, sum_lam[v]);
+                p.sum_tau[b * H + mine + v] = sum_tau[v]; // batch row b's part
+                p.sum_lam[b * H + mine + v] = sum_lam[v];
             }
     }
 }
