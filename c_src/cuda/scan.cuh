@@ -24,9 +24,12 @@
 // status while the tile's own loads are in flight; if its inclusive state
 // (the h after its last step) is there, that is the carry. Otherwise the
 // tile publishes its aggregate map and every group of the block reads one
-// earlier tile's status per round (a window of warps * 32/G tiles):
-// aggregates compose until a tile with its inclusive state is found. The
-// tile then publishes its own inclusive state.
+// earlier tile's status per round (a window of warps * 32/G tiles) until
+// the window holds a tile with its inclusive state behind only aggregates;
+// those are applied to it one by one, oldest first, which gives the same
+// bits as the tiles' states computed one after another (scan_tile), so
+// that the result does not depend on the blocks' timing. The tile then
+// publishes its own inclusive state.
 //
 // Statuses: per tile and channel two 64-bit words, each a float in its low
 // half and a tag in its high half (tag = epoch << 1 | inclusive). An
@@ -231,7 +234,7 @@ template <int W, int SEGW> struct Smem {
     float carry[W];                                          // the tile's carry-in
     float xa[W], xb[W]; // the tile's map, while it looks back
     int wkind[kMaxWarps * SEGW];
-    int used, found;
+    int found;
 };
 
 template <int G, int V> using TileSmem = Smem<G * V, 32 / G>;
@@ -429,50 +432,51 @@ __device__ __forceinline__ void scan_tile(const Tiling &t, const Place &at, cons
     }
 
     if (!found) {
-        Affine running[V]; // warp 0: the tiles read so far, oldest first
-#pragma unroll
-        for (int v = 0; v < V; v++)
-            running[v] = identity();
-        int64_t next = at.tt; // the tiles below `next` are still to be read
+        // The carry is the state after the previous tile as the tiles
+        // before compute it one after the other: the nearest published
+        // inclusive state, then each newer tile's aggregate applied to it in
+        // turn, oldest first. A tile's inclusive state is that same value
+        // (its carry, then its map), so the carry's bits do not depend on
+        // which tiles had published what when the window was read, and a
+        // run replays bit for bit. (Composing the aggregates into one map
+        // and applying that rounds differently with how many it composed,
+        // which depends on the blocks' timing.) A window without an
+        // inclusive state behind an unbroken run of aggregates is read again
+        // until it has one: the tiles before publish theirs in turn, the
+        // first time tile's at once.
         for (;;) {
-            read_window<G, V>(t, at, next, sm);
+            read_window<G, V>(t, at, at.tt, sm);
             FX_SCAN_EVENT(kEventRound);
             __syncthreads();
             if (at.warp == 0) {
-                int used = 0, done = 0;
-                for (int e = 0; e < warps * SEGW && !done; e++) {
-                    int kind = sm.wkind[e];
+                int nearest = -1; // the window entry of the nearest inclusive state, only aggregates newer
+                for (int e = 0; e < warps * SEGW; e++) {
+                    const int kind = sm.wkind[e];
                     if (kind == kInclusive) {
-                        if (k == 0)
-#pragma unroll
-                            for (int v = 0; v < V; v++)
-                                sm.carry[c0 + v] = apply(running[v], sm.wb[e][c0 + v]);
-                        done = 1;
-                    } else if (kind == kAggregate) {
-#pragma unroll
-                        for (int v = 0; v < V; v++)
-                            running[v] = compose(Affine{sm.wa[e][c0 + v], sm.wb[e][c0 + v]}, running[v]);
-                    } else {
-                        break; // not published yet: read it again next round
+                        nearest = e;
+                        break;
                     }
-                    used = e + 1;
+                    if (kind != kAggregate)
+                        break; // not published yet: read it again next round
                 }
-                if (at.lane == 0) {
-                    sm.used = used;
-                    sm.found = done;
-                }
+                if (nearest >= 0 && k == 0)
+#pragma unroll
+                    for (int v = 0; v < V; v++) {
+                        float h = sm.wb[nearest][c0 + v];
+                        for (int e = nearest - 1; e >= 0; e--)
+                            h = apply(Affine{sm.wa[e][c0 + v], sm.wb[e][c0 + v]}, h);
+                        sm.carry[c0 + v] = h;
+                    }
+                if (at.lane == 0)
+                    sm.found = nearest >= 0;
             }
             __syncthreads();
             if (sm.found)
                 break;
-            // (warp 0 writes sm.used again only after the next round's
+            // (warp 0 writes sm.found again only after the next round's
             // first barrier, which every thread reaches after reading it)
-            const int used = sm.used;
-            next -= used;
-            if (used == 0) {
-                FX_SCAN_EVENT(kEventEmptyRound);
-                __nanosleep(64);
-            }
+            FX_SCAN_EVENT(kEventEmptyRound);
+            __nanosleep(64);
         }
         if (speaker && at.tt + 1 < t.ttiles) {
             float incl[V];
