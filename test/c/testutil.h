@@ -59,5 +59,6 @@ Suite *fx_suite_optim(void);
 Suite *fx_suite_linrec(void);
 Suite *fx_suite_ssm(void);
 Suite *fx_suite_exec(void);
+Suite *fx_suite_replay(void);
 
 #endif
