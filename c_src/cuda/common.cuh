@@ -10,8 +10,6 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include <type_traits>
-
 #include "fusex.h"
 #include "fusex_dtype.h"
 #include "fusex_exec.h"
@@ -125,46 +123,6 @@ __device__ __forceinline__ void store_any(void *p, int type, int64_t i, float v)
     case FX_BF16: static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(v); break;
     case FX_F16: static_cast<__half *>(p)[i] = __float2half_rn(v); break;
     default: static_cast<float *>(p)[i] = v; break;
-    }
-}
-
-// with_dtype's and with_float's answer for a type they have no kernel for:
-// the op layer lets none through, so it is fusex's bug, and the message
-// names the type and the op for the report.
-static inline int no_kernel_for(fx_dtype dtype, const char *what, fx_status *st)
-{
-    return fx_fail(st, FX_EINTERNAL, "%s: no CUDA kernel for type %s", what, fx_dtype_name(dtype));
-}
-
-// Calls `body((T *)0)` with T the storage type of `dtype`. Lets a host
-// launcher instantiate one kernel per dtype without a switch in every
-// family. The body answers a status: a size or any other value would be
-// cut to int, so it goes out through a capture instead. A type with no
-// kernel fails in st (no_kernel_for); `what` names the op there.
-template <typename F> static inline int with_dtype(fx_dtype dtype, const char *what, fx_status *st, F &&body)
-{
-    static_assert(std::is_same<decltype(body((float *)0)), int>::value, "with_dtype's body answers a status (int)");
-    switch (dtype) {
-    case FX_F32: return body((float *)0);
-    case FX_F64: return body((double *)0);
-    case FX_BF16: return body((__nv_bfloat16 *)0);
-    case FX_F16: return body((__half *)0);
-    case FX_S32: return body((int32_t *)0);
-    case FX_S64: return body((int64_t *)0);
-    case FX_U8: return body((uint8_t *)0);
-    default: return no_kernel_for(dtype, what, st);
-    }
-}
-
-// Same, for the float types a kernel family computes in f32 (f32, bf16, f16).
-template <typename F> static inline int with_float(fx_dtype dtype, const char *what, fx_status *st, F &&body)
-{
-    static_assert(std::is_same<decltype(body((float *)0)), int>::value, "with_float's body answers a status (int)");
-    switch (dtype) {
-    case FX_F32: return body((float *)0);
-    case FX_BF16: return body((__nv_bfloat16 *)0);
-    case FX_F16: return body((__half *)0);
-    default: return no_kernel_for(dtype, what, st);
     }
 }
 

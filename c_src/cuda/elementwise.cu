@@ -2,6 +2,7 @@
 // grid-stride loops; they exist for tensor plumbing (dtype changes, the
 // benchmarks' trivial op), not as the library's hot path.
 #include "cuda/common.cuh"
+#include "cuda/dispatch.cuh"
 #include "cuda/families.h"
 #include "cuda/launch.cuh"
 
@@ -46,20 +47,19 @@ __global__ void cast_kernel(const S *__restrict__ src, D *__restrict__ dst, int6
         dst[i] = from_f64<D>(to_f64(src[i]));
 }
 
-#define FX_THREADS 256
+// Threads a block of the elementwise kernels.
+constexpr int kThreads = 256;
 
 int cast(const fx_exec *ex, const fx_tensor *src, const fx_tensor *dst, fx_status *st)
 {
     Run r;
     if (enter(ex, &r, st))
         return st->code;
-    const unsigned grid = grid_for(r.d, src->numel, FX_THREADS);
-    return with_dtype(src->dtype, "cast source", st, [&](auto *s_tag) {
-        typedef typename std::remove_pointer<decltype(s_tag)>::type S;
-        return with_dtype(dst->dtype, "cast destination", st, [&](auto *d_tag) {
-            typedef typename std::remove_pointer<decltype(d_tag)>::type D;
-            return launch<cast_kernel<S, D>>(r, grid, FX_THREADS, "cast kernel", st,
-                                                     (const S *)src->data, (D *)dst->data, src->numel);
+    const unsigned grid = grid_for(r.d, src->numel, kThreads);
+    return FX_DISPATCH_ANY(S, src->dtype, "cast source", st, [&] {
+        return FX_DISPATCH_ANY(D, dst->dtype, "cast destination", st, [&] {
+            return launch<cast_kernel<S, D>>(r, grid, kThreads, "cast kernel", st, (const S *)src->data,
+                                             (D *)dst->data, src->numel);
         });
     });
 }
@@ -103,12 +103,10 @@ int binary(const fx_exec *ex, fx_binop op, const fx_tensor *a, const fx_tensor *
     Run r;
     if (enter(ex, &r, st))
         return st->code;
-    const unsigned grid = grid_for(r.d, a->numel, FX_THREADS);
-    return with_dtype(a->dtype, "binary op", st, [&](auto *tag) {
-        typedef typename std::remove_pointer<decltype(tag)>::type T;
-        return launch<binary_kernel<T>>(r, grid, FX_THREADS, "binary kernel", st, (int)op,
-                                                (const T *)a->data, (const T *)b->data, (T *)out->data,
-                                                a->numel);
+    const unsigned grid = grid_for(r.d, a->numel, kThreads);
+    return FX_DISPATCH_ANY(T, a->dtype, "binary op", st, [&] {
+        return launch<binary_kernel<T>>(r, grid, kThreads, "binary kernel", st, (int)op, (const T *)a->data,
+                                        (const T *)b->data, (T *)out->data, a->numel);
     });
 }
 
@@ -126,16 +124,14 @@ int scale(const fx_exec *ex, const fx_tensor *src, double factor, const fx_tenso
     Run r;
     if (enter(ex, &r, st))
         return st->code;
-    const unsigned grid = grid_for(r.d, src->numel, FX_THREADS);
+    const unsigned grid = grid_for(r.d, src->numel, kThreads);
     if (src->dtype == FX_F64)
-        return launch<scale_kernel<double, double>>(r, grid, FX_THREADS, "scale kernel", st,
+        return launch<scale_kernel<double, double>>(r, grid, kThreads, "scale kernel", st,
                                                             (const double *)src->data, factor,
                                                             (double *)dst->data, src->numel);
-    return with_float(src->dtype, "scale", st, [&](auto *tag) {
-        typedef typename std::remove_pointer<decltype(tag)>::type T;
-        return launch<scale_kernel<T, float>>(r, grid, FX_THREADS, "scale kernel", st,
-                                                      (const T *)src->data, (float)factor, (T *)dst->data,
-                                                      src->numel);
+    return FX_DISPATCH_FLOAT(T, src->dtype, "scale", st, [&] {
+        return launch<scale_kernel<T, float>>(r, grid, kThreads, "scale kernel", st, (const T *)src->data,
+                                              (float)factor, (T *)dst->data, src->numel);
     });
 }
 

@@ -1,53 +1,16 @@
-// The linear recurrences' entry points and ops table: the launch context
-// entered, the call handed to the launchers of the input type
-// (linrec/launchers.cuh, compiled per type by linrec_f32.cu,
+// The linear recurrences' entry points and ops table (cuda/entry.cuh): the
+// launch context entered, the call handed to the launchers of the input
+// type (linrec/launchers.cuh, compiled per type by linrec_f32.cu,
 // linrec_bf16.cu, linrec_f16.cu), and the scratch each asks for at most.
 #include <algorithm>
 #include <initializer_list>
-#include <type_traits>
 
+#include "cuda/entry.cuh"
 #include "cuda/families.h"
 #include "cuda/linrec/launchers.cuh"
 
 namespace fx::cuda::linrec {
 namespace {
-
-int op_forward(const fx_exec *ex, const fx_linrec_fwd_args *a, fx_status *st)
-{
-    Run r;
-    if (enter(ex, &r, st))
-        return st->code;
-    return with_float(a->p.dtype, "linrec forward", st, [&](auto *tag) {
-        return forward<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
-    });
-}
-
-int op_backward(const fx_exec *ex, const fx_linrec_bwd_args *a, fx_status *st)
-{
-    Run r;
-    if (enter(ex, &r, st))
-        return st->code;
-    return with_float(a->p.dtype, "linrec backward", st, [&](auto *tag) {
-        return backward<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
-    });
-}
-
-int op_step(const fx_exec *ex, const fx_linrec_step_args *a, fx_status *st)
-{
-    Run r;
-    if (enter(ex, &r, st))
-        return st->code;
-    return with_float(a->p.dtype, "linrec step", st, [&](auto *tag) {
-        return step<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
-    });
-}
-
-// Calls body(std::integral_constant<int, KIND>{}, (T *)0) for the problem.
-template <typename F> int dispatch(const fx_linrec_problem *p, const char *what, fx_status *st, F &&body)
-{
-    return with_float(p->dtype, what, st,
-                      [&](auto *tag) { return with_kind(p, what, st, [&](auto kind) { return body(kind, tag); }); });
-}
 
 // The look-back statuses of the largest plan a launch of these shapes can
 // take, over the register capacities of its kernels: the tiles of the
@@ -65,44 +28,56 @@ size_t lookback_bound(const Device *d, const Args *a, std::initializer_list<int>
     return most;
 }
 
-size_t op_forward_scratch(const fx_exec *ex, const fx_linrec_fwd_args *a)
-{
-    fx_status st;
-    fx_status_clear(&st);
-    const Device *d = enter(ex->device, &st);
-    if (!d)
-        return SIZE_MAX;
-    size_t statuses = 0;
-    dispatch(&a->p, "linrec forward", &st, [&](auto kind, auto *tag) {
-        typedef typename std::remove_pointer<decltype(tag)>::type T;
-        constexpr int KIND = decltype(kind)::value;
-        statuses = lookback_bound<T>(d, a, {fwd_steps<KIND, T, 1>(), fwd_steps<KIND, T, kVec>(), kStagedFwdSteps});
-        return (int)FX_OK;
-    });
-    return statuses ? fx_size_add(FX_SCRATCH_ALIGN, fx_scratch_piece(statuses)) : 0;
-}
+struct Forward : OpEntry<fx_linrec_fwd_args> {
+    static constexpr const char *kWhat = "linrec forward";
+    static fx_dtype type(const Args *a) { return a->p.dtype; }
+    template <typename T> static int launch(const Run &r, const Args *a, fx_status *st) { return forward<T>(r, a, st); }
+    template <typename T> static size_t scratch(const fx_exec *ex, const Args *a)
+    {
+        fx_status st;
+        fx_status_clear(&st);
+        const Device *d = enter(ex->device, &st);
+        if (!d)
+            return SIZE_MAX;
+        size_t statuses = 0;
+        with_kind(&a->p, kWhat, &st, [&](auto kind) {
+            constexpr int KIND = decltype(kind)::value;
+            statuses = lookback_bound<T>(d, a, {fwd_steps<KIND, T, 1>(), fwd_steps<KIND, T, kVec>(), kStagedFwdSteps});
+            return (int)FX_OK;
+        });
+        return statuses ? fx_size_add(FX_SCRATCH_ALIGN, fx_scratch_piece(statuses)) : 0;
+    }
+};
 
-size_t op_backward_scratch(const fx_exec *ex, const fx_linrec_bwd_args *a)
-{
-    fx_status st;
-    fx_status_clear(&st);
-    const Device *d = enter(ex->device, &st);
-    if (!d)
-        return SIZE_MAX;
-    size_t total = FX_SCRATCH_ALIGN;
-    dispatch(&a->p, "linrec backward", &st, [&](auto kind, auto *tag) {
-        typedef typename std::remove_pointer<decltype(tag)>::type T;
-        constexpr int KIND = decltype(kind)::value;
-        total = fx_size_add(total, fx_scratch_piece(lookback_bound<T>(
-                                       d, a, {bwd_steps<KIND, T, 1>(), bwd_steps<KIND, T, kVec>()})));
-        if (KIND == FX_LINREC_LIQUID) {
-            const int64_t sums = std::max(sum_count(a, true, (int)sizeof(T)), sum_count(a, false, (int)sizeof(T)));
-            total = fx_size_add(total, fx_scratch_piece(fx_size_mul(sums, sizeof(float))));
-        }
-        return (int)FX_OK;
-    });
-    return total;
-}
+struct Backward : OpEntry<fx_linrec_bwd_args> {
+    static constexpr const char *kWhat = "linrec backward";
+    static fx_dtype type(const Args *a) { return a->p.dtype; }
+    template <typename T> static int launch(const Run &r, const Args *a, fx_status *st) { return backward<T>(r, a, st); }
+    template <typename T> static size_t scratch(const fx_exec *ex, const Args *a)
+    {
+        fx_status st;
+        fx_status_clear(&st);
+        const Device *d = enter(ex->device, &st);
+        if (!d)
+            return SIZE_MAX;
+        size_t total = FX_SCRATCH_ALIGN;
+        with_kind(&a->p, kWhat, &st, [&](auto kind) {
+            constexpr int KIND = decltype(kind)::value;
+            total = fx_size_add(total, fx_scratch_piece(lookback_bound<T>(
+                                           d, a, {bwd_steps<KIND, T, 1>(), bwd_steps<KIND, T, kVec>()})));
+            if (KIND == FX_LINREC_LIQUID)
+                total = fx_size_add(total, fx_scratch_piece(fx_size_mul(liquid_sum_bound<KIND, T>(d, a), sizeof(float))));
+            return (int)FX_OK;
+        });
+        return total;
+    }
+};
+
+struct Step : OpEntry<fx_linrec_step_args> {
+    static constexpr const char *kWhat = "linrec step";
+    static fx_dtype type(const Args *a) { return a->p.dtype; }
+    template <typename T> static int launch(const Run &r, const Args *a, fx_status *st) { return step<T>(r, a, st); }
+};
 
 } // namespace
 } // namespace fx::cuda::linrec
@@ -110,11 +85,11 @@ size_t op_backward_scratch(const fx_exec *ex, const fx_linrec_bwd_args *a)
 namespace fx::cuda {
 
 const struct fx_linrec_ops linrec_ops = {
-    .forward = linrec::op_forward,
-    .backward = linrec::op_backward,
-    .step = linrec::op_step,
-    .forward_scratch = linrec::op_forward_scratch,
-    .backward_scratch = linrec::op_backward_scratch,
+    .forward = entry<linrec::Forward>,
+    .backward = entry<linrec::Backward>,
+    .step = entry<linrec::Step>,
+    .forward_scratch = scratch_entry<linrec::Forward>,
+    .backward_scratch = scratch_entry<linrec::Backward>,
 };
 
 } // namespace fx::cuda

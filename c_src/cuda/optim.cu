@@ -17,15 +17,17 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
-#include "cuda/launch.cuh"
+#include "cuda/dispatch.cuh"
 #include "cuda/families.h"
+#include "cuda/launch.cuh"
 #include "fusex_optim.h"
 
 namespace fx::cuda::optim {
 namespace {
 
-#define OPTIM_THREADS 512
-#define OPTIM_WARPS (OPTIM_THREADS / 32)
+// Threads and warps a block of both passes.
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
 
 // ---- vectors of 4 elements: float4 for f32, 8 bytes for 16-bit types ----
 
@@ -126,7 +128,7 @@ __device__ __forceinline__ double warp_sum(double v)
 // with a barrier so the scratch can be reused by the next call.
 __device__ double block_sum(double v)
 {
-    __shared__ double warp_sums[OPTIM_WARPS];
+    __shared__ double warp_sums[kWarps];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     v = warp_sum(v);
     if (lane == 0)
@@ -134,7 +136,7 @@ __device__ double block_sum(double v)
     __syncthreads();
     double total = 0;
     if (warp == 0) {
-        total = lane < OPTIM_WARPS ? warp_sums[lane] : 0.0;
+        total = lane < kWarps ? warp_sums[lane] : 0.0;
         total = warp_sum(total);
     }
     __syncthreads();
@@ -192,7 +194,7 @@ __device__ __forceinline__ double clip_factor(double max_norm, double norm)
     return coef < 1.0 || isnan(coef) ? coef : 1.0;
 }
 
-template <typename G> __global__ void __launch_bounds__(OPTIM_THREADS) norm_kernel(fx_optim_args a)
+template <typename G> __global__ void __launch_bounds__(kThreads) norm_kernel(fx_optim_args a)
 {
     double sum = 0;
     bool bad = false;
@@ -356,7 +358,7 @@ __device__ void update_span(const StepCoeffs &k, const Span &s)
 }
 
 template <fx_optim_kind KIND, typename P, typename G>
-__global__ void __launch_bounds__(OPTIM_THREADS) update_kernel(fx_optim_args a)
+__global__ void __launch_bounds__(kThreads) update_kernel(fx_optim_args a)
 {
     // The norm pass's verdict is the same for every block: all return, and
     // nothing (not even the step count) changes.
@@ -388,9 +390,9 @@ static int launch_update(const Run &r, fx_optim_kind kind, unsigned blocks, cons
                          fx_status *st)
 {
     if (kind == FX_OPTIM_ADAMW)
-        return launch<update_kernel<FX_OPTIM_ADAMW, P, G>>(r, blocks, OPTIM_THREADS,
+        return launch<update_kernel<FX_OPTIM_ADAMW, P, G>>(r, blocks, kThreads,
                                                                   "optimizer update kernel", st, a);
-    return launch<update_kernel<FX_OPTIM_SGD, P, G>>(r, blocks, OPTIM_THREADS, "optimizer update kernel",
+    return launch<update_kernel<FX_OPTIM_SGD, P, G>>(r, blocks, kThreads, "optimizer update kernel",
                                                             st, a);
 }
 
@@ -402,17 +404,13 @@ static int op_step(const fx_exec *ex, const fx_optim_args *a, fx_status *st)
     const unsigned blocks = (unsigned)a->blocks;
     int rc = FX_OK;
     if (a->prepass)
-        rc = with_float(a->grad_dtype, "optimizer gradients", st, [&](auto *g_tag) {
-            typedef typename std::remove_pointer<decltype(g_tag)>::type G;
-            return launch<norm_kernel<G>>(r, blocks, OPTIM_THREADS, "optimizer norm kernel", st, *a);
+        rc = FX_DISPATCH_FLOAT(G, a->grad_dtype, "optimizer gradients", st, [&] {
+            return launch<norm_kernel<G>>(r, blocks, kThreads, "optimizer norm kernel", st, *a);
         });
     if (rc == FX_OK)
-        rc = with_float(a->param_dtype, "optimizer parameters", st, [&](auto *p_tag) {
-            typedef typename std::remove_pointer<decltype(p_tag)>::type P;
-            return with_float(a->grad_dtype, "optimizer gradients", st, [&](auto *g_tag) {
-                typedef typename std::remove_pointer<decltype(g_tag)>::type G;
-                return launch_update<P, G>(r, a->kind, blocks, *a, st);
-            });
+        rc = FX_DISPATCH_FLOAT(P, a->param_dtype, "optimizer parameters", st, [&] {
+            return FX_DISPATCH_FLOAT(G, a->grad_dtype, "optimizer gradients", st,
+                                     [&] { return launch_update<P, G>(r, a->kind, blocks, *a, st); });
         });
     return rc;
 }

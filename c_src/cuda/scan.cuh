@@ -2,7 +2,7 @@
 // sequence, for [batch, seqlen, hidden] tensors scanned along seqlen,
 // independently per (batch, hidden) channel. Written once, used by every op
 // whose step is "compute (a, b) elementwise from the inputs, then scan"
-// (c_src/cuda/linrec/: the four forwards, and their backwards, whose
+// (c_src/cuda/linrec/: each recurrence's forward, and its backward, whose
 // adjoint is again such a scan run from the other end).
 //
 // Tiling. A block owns one tile: W = G * V consecutive channels of one batch
@@ -24,9 +24,12 @@
 // status while the tile's own loads are in flight; if its inclusive state
 // (the h after its last step) is there, that is the carry. Otherwise the
 // tile publishes its aggregate map and every group of the block reads one
-// earlier tile's status per round (a window of warps * 32/G tiles):
-// aggregates compose until a tile with its inclusive state is found. The
-// tile then publishes its own inclusive state.
+// earlier tile's status per round (a window of warps * 32/G tiles) until
+// the window holds a tile with its inclusive state behind only aggregates;
+// those are applied to it one by one, oldest first, which gives the same
+// bits as the tiles' states computed one after another (scan_tile), so
+// that the result does not depend on the blocks' timing. The tile then
+// publishes its own inclusive state.
 //
 // Statuses: per tile and channel two 64-bit words, each a float in its low
 // half and a tag in its high half (tag = epoch << 1 | inclusive). An
@@ -43,11 +46,12 @@
 
 #include "cuda/common.cuh"
 
-// A block's shared memory, and its dynamic part (staged inputs). The CPU
-// emulator (test/emu, FX_CUDA_EMULATION) defines them first.
-#ifndef FXSCAN_SHARED
-#define FXSCAN_SHARED(type, name) __shared__ type name
-#define FXSCAN_STAGE(name) extern __shared__ __align__(16) unsigned char name[]
+// A block's shared memory, and its dynamic part (staged inputs):
+// declarations, so macros. The CPU emulator (test/emu, FX_CUDA_EMULATION)
+// defines them first.
+#ifndef FX_SCAN_SHARED
+#define FX_SCAN_SHARED(type, name) __shared__ type name
+#define FX_SCAN_STAGE(name) extern __shared__ __align__(16) unsigned char name[]
 #endif
 
 namespace fx::cuda::scan {
@@ -71,14 +75,14 @@ __device__ __forceinline__ Affine compose(Affine first, Affine then)
 
 __device__ __forceinline__ float apply(Affine m, float h) { return fmaf(m.a, h, m.b); }
 
-// ---- look-back statistics (a diagnostic build: -DFXLR_STATS) ----
-// [0] chained tiles, [1] found by the peek, [2] look-back rounds,
-// [3] rounds that found nothing new (waiting on a predecessor).
-#ifdef FXLR_STATS
-static __device__ unsigned long long stats[4]; // one per unit: a diagnostic
-#define FXSCAN_STAT(i) (threadIdx.x == 0 ? (void)atomicAdd(&fx::cuda::scan::stats[i], 1ull) : (void)0)
-#else
-#define FXSCAN_STAT(i) ((void)0)
+// ---- look-back events ----
+// Hooks for a diagnostic build (dev/lookback_stats.cuh, which defines
+// FX_SCAN_EVENT before this header): a chained tile, one whose peek found
+// its carry, a look-back round, and a round that found nothing new (it
+// waits on a predecessor). A no-op otherwise.
+enum : int { kEventChained = 0, kEventPeekHit = 1, kEventRound = 2, kEventEmptyRound = 3 };
+#ifndef FX_SCAN_EVENT
+#define FX_SCAN_EVENT(event) ((void)0)
 #endif
 
 // ---- tile statuses ----
@@ -230,7 +234,7 @@ template <int W, int SEGW> struct Smem {
     float carry[W];                                          // the tile's carry-in
     float xa[W], xb[W]; // the tile's map, while it looks back
     int wkind[kMaxWarps * SEGW];
-    int used, found;
+    int found;
 };
 
 template <int G, int V> using TileSmem = Smem<G * V, 32 / G>;
@@ -391,9 +395,9 @@ __device__ __forceinline__ void scan_tile(const Tiling &t, const Place &at, cons
     const bool speaker = at.warp == 0 && k == 0;
     const bool found = at.tt == 0 || sm.found;
     if (at.tt > 0) {
-        FXSCAN_STAT(0);
+        FX_SCAN_EVENT(kEventChained);
         if (found)
-            FXSCAN_STAT(1);
+            FX_SCAN_EVENT(kEventPeekHit);
     }
     if (at.warp == 0) {
         Affine total[V];
@@ -428,50 +432,51 @@ __device__ __forceinline__ void scan_tile(const Tiling &t, const Place &at, cons
     }
 
     if (!found) {
-        Affine running[V]; // warp 0: the tiles read so far, oldest first
-#pragma unroll
-        for (int v = 0; v < V; v++)
-            running[v] = identity();
-        int64_t next = at.tt; // the tiles below `next` are still to be read
+        // The carry is the state after the previous tile as the tiles
+        // before compute it one after the other: the nearest published
+        // inclusive state, then each newer tile's aggregate applied to it in
+        // turn, oldest first. A tile's inclusive state is that same value
+        // (its carry, then its map), so the carry's bits do not depend on
+        // which tiles had published what when the window was read, and a
+        // run replays bit for bit. (Composing the aggregates into one map
+        // and applying that rounds differently with how many it composed,
+        // which depends on the blocks' timing.) A window without an
+        // inclusive state behind an unbroken run of aggregates is read again
+        // until it has one: the tiles before publish theirs in turn, the
+        // first time tile's at once.
         for (;;) {
-            read_window<G, V>(t, at, next, sm);
-            FXSCAN_STAT(2);
+            read_window<G, V>(t, at, at.tt, sm);
+            FX_SCAN_EVENT(kEventRound);
             __syncthreads();
             if (at.warp == 0) {
-                int used = 0, done = 0;
-                for (int e = 0; e < warps * SEGW && !done; e++) {
-                    int kind = sm.wkind[e];
+                int nearest = -1; // the window entry of the nearest inclusive state, only aggregates newer
+                for (int e = 0; e < warps * SEGW; e++) {
+                    const int kind = sm.wkind[e];
                     if (kind == kInclusive) {
-                        if (k == 0)
-#pragma unroll
-                            for (int v = 0; v < V; v++)
-                                sm.carry[c0 + v] = apply(running[v], sm.wb[e][c0 + v]);
-                        done = 1;
-                    } else if (kind == kAggregate) {
-#pragma unroll
-                        for (int v = 0; v < V; v++)
-                            running[v] = compose(Affine{sm.wa[e][c0 + v], sm.wb[e][c0 + v]}, running[v]);
-                    } else {
-                        break; // not published yet: read it again next round
+                        nearest = e;
+                        break;
                     }
-                    used = e + 1;
+                    if (kind != kAggregate)
+                        break; // not published yet: read it again next round
                 }
-                if (at.lane == 0) {
-                    sm.used = used;
-                    sm.found = done;
-                }
+                if (nearest >= 0 && k == 0)
+#pragma unroll
+                    for (int v = 0; v < V; v++) {
+                        float h = sm.wb[nearest][c0 + v];
+                        for (int e = nearest - 1; e >= 0; e--)
+                            h = apply(Affine{sm.wa[e][c0 + v], sm.wb[e][c0 + v]}, h);
+                        sm.carry[c0 + v] = h;
+                    }
+                if (at.lane == 0)
+                    sm.found = nearest >= 0;
             }
             __syncthreads();
             if (sm.found)
                 break;
-            // (warp 0 writes sm.used again only after the next round's
+            // (warp 0 writes sm.found again only after the next round's
             // first barrier, which every thread reaches after reading it)
-            const int used = sm.used;
-            next -= used;
-            if (used == 0) {
-                FXSCAN_STAT(3);
-                __nanosleep(64);
-            }
+            FX_SCAN_EVENT(kEventEmptyRound);
+            __nanosleep(64);
         }
         if (speaker && at.tt + 1 < t.ttiles) {
             float incl[V];
@@ -546,7 +551,7 @@ __device__ __forceinline__ void store_stream(T *p, const float (&in)[V])
 #pragma unroll
     for (int v = 0; v < V; v++)
         e[v] = Elem<T>::store(in[v]);
-#ifdef FXSCAN_PLAIN_STORES // dev/linrec_variants: the same kernels with default-policy stores
+#ifdef FX_SCAN_PLAIN_STORES // dev/linrec_variants: the same kernels with default-policy stores
     *reinterpret_cast<R *>(p) = r;
 #else
     __stcs(reinterpret_cast<R *>(p), r);

@@ -1,9 +1,14 @@
-// Gradients reduced over batch and time (the selective scan's da, db, dc,
-// dd, ddt_bias; Liquid's dtau, dA and dt tensor) are summed by atomics or
-// rows of partial sums into f32 scratch, then written to the callers'
-// tensors, of any float type. One launch writes them all: a launch per
-// gradient cost 1.2-2 us of GPU time each on an H200, more than the
-// writing itself (bench/RESULTS.md).
+// Gradients reduced over batch, time, channels or blocks (the selective
+// scan's da, db, dc, dd, ddt_bias; Liquid's dtau, dA and dt tensor) are
+// written by the kernels as rows of partial sums in f32 scratch, one row
+// per block (or per batch row, per channel tile: whatever adds into one
+// element from different blocks), each element of a row written by one
+// thread with a plain store. write_sums then adds the rows in row order
+// and writes the callers' tensors, of any float type. No float atomics
+// into a sum: their order, and so the rounding, would follow the blocks'
+// scheduling, and a run would not replay bit for bit (test/c/test_replay.c).
+// One launch writes them all: a launch per gradient cost 1.2-2 us of GPU
+// time each on an H200, more than the writing itself (bench/RESULTS.md).
 #ifndef FX_CUDA_SUMS_CUH
 #define FX_CUDA_SUMS_CUH
 
@@ -12,12 +17,12 @@
 
 namespace fx::cuda {
 
-// dst[i] = the sum of the `parts` rows of n floats of src at i, i < n.
+// dst[i] = the sum of the `parts` rows of n floats of src at i, i < n,
+// row 0 first (f64: a row count may be in the thousands).
 struct SumRegion {
     const float *src;
     void *dst;
-    int64_t n;
-    int parts;
+    int64_t n, parts;
     int type; // dst's fx_dtype
 };
 
@@ -28,7 +33,7 @@ struct SumRegions {
     int64_t total; // elements over all regions
 
     // A gradient not asked for (dst NULL) or empty adds nothing.
-    void add(const float *src, const fx_tensor *dst, int64_t n, int parts = 1)
+    void add(const float *src, const fx_tensor *dst, int64_t n, int64_t parts)
     {
         if (!dst || n == 0)
             return;
@@ -50,10 +55,10 @@ template <int = 0> __global__ void write_sums(const SumRegions s)
         for (int k = 0; k < SumRegions::kMax; k++) {
             if (k < s.count && j < s.r[k].n) {
                 const SumRegion &r = s.r[k];
-                float sum = 0.f;
-                for (int q = 0; q < r.parts; q++)
+                double sum = 0.0;
+                for (int64_t q = 0; q < r.parts; q++)
                     sum += r.src[q * r.n + j];
-                store_any(r.dst, r.type, j, sum);
+                store_any(r.dst, r.type, j, (float)sum);
                 break;
             }
             j -= s.r[k].n;

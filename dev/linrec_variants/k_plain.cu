@@ -1,5 +1,5 @@
 // The same kernels with default-policy stores of h instead of streaming
-// (evict-first) ones: compiled with FXSCAN_PLAIN_STORES and the kernels'
+// (evict-first) ones: compiled with FX_SCAN_PLAIN_STORES and the kernels'
 // namespaces renamed (see the Makefile), so nothing clashes with the other
 // kernel files.
 #include "launch.cuh"

@@ -63,5 +63,6 @@ Suite *fx_suite_op(void);
 Suite *fx_suite_linear(void);
 Suite *fx_suite_norm(void);
 Suite *fx_suite_conv(void);
+Suite *fx_suite_replay(void);
 
 #endif

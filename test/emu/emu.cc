@@ -529,12 +529,12 @@ void *scan_shared(size_t bytes)
             b->scan_cap = bytes;
             b->scan = static_cast<unsigned char *>(aligned_alloc(128, (bytes + 127) / 128 * 128));
             if (!b->scan)
-                die("no memory for the FXSCAN_SHARED block of " + where(b->index));
+                die("no memory for the FX_SCAN_SHARED block of " + where(b->index));
         }
         memset(b->scan, 0xff, bytes);
         b->scan_bytes = bytes;
     } else if (bytes != b->scan_bytes) {
-        die(where(b->index) + " asks for FXSCAN_SHARED blocks of two sizes");
+        die(where(b->index) + " asks for FX_SCAN_SHARED blocks of two sizes");
     }
     return b->scan;
 }

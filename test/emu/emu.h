@@ -51,7 +51,7 @@
 // logs every launch (kernel, grid, block, shared memory) on stderr.
 //
 // Shared memory is poisoned (every byte 0xFF: NaN) before each block:
-// the dynamic part, the linrec scan's FXSCAN_SHARED block, and every
+// the dynamic part, the linrec scan's FX_SCAN_SHARED block, and every
 // `__shared__` variable a kernel declares (these are statics gathered
 // into one linker section by shared.ld; the scheduler gives each block in
 // flight its own copy, swapped in when the block runs). Writing past the
@@ -210,9 +210,9 @@ inline void fx_emu_bar_sync(int id, int threads) { fx_emu::bar_sync(id, threads)
 // A block's dynamic shared memory (`extern __shared__`).
 inline void *fx_emu_dynamic_smem() { return fx_emu::dynamic_smem(); }
 
-// scan.cuh's shared block and staging (its FXSCAN_* hooks): the block's.
-#define FXSCAN_SHARED(type, name) type &name = *static_cast<type *>(fx_emu::scan_shared(sizeof(type)))
-#define FXSCAN_STAGE(name) unsigned char *name = static_cast<unsigned char *>(fx_emu::dynamic_smem())
+// scan.cuh's shared block and staging (its FX_SCAN_* hooks): the block's.
+#define FX_SCAN_SHARED(type, name) type &name = *static_cast<type *>(fx_emu::scan_shared(sizeof(type)))
+#define FX_SCAN_STAGE(name) unsigned char *name = static_cast<unsigned char *>(fx_emu::dynamic_smem())
 
 // cp.async (async_copy.cuh): copies land at the wait for their group (or,
 // in a random interleaving, maybe when issued).

@@ -19,7 +19,9 @@ struct BwdParams {
     int dstate_f32;
     void *dseq[FX_LINREC_MAX_SEQ];
     void *dh0; // NULL: not wanted (dtype: h0's)
-    // liquid: f32 sums, [hidden] each, and [dt_rows(...)][batch * seqlen]
+    // liquid: f32 partial sums (LiquidRows: a row for each block or warp
+    // that adds into an element), [rows.tau][hidden] each and
+    // [rows.dt][batch * seqlen]
     float *sum_tau, *sum_lam, *sum_dt;
     int reverse; // of the forward
 };
@@ -31,7 +33,7 @@ __global__ void __launch_bounds__(fx::cuda::scan::kBlockThreads, kRegBlocks)
     constexpr int N = nseq<KIND>();
     typedef fx::cuda::scan::Pack<T, V> pk;
     typedef fx::cuda::scan::TileSmem<G, V> shared_t;
-    FXSCAN_SHARED(shared_t, sm);
+    FX_SCAN_SHARED(shared_t, sm);
     const fx::cuda::scan::Place at = fx::cuda::scan::locate<G, V, CHAINED>(t);
     const fx::cuda::scan::Rows r = fx::cuda::scan::rows_of(t, at);
     const int64_t L = t.seqlen, H = t.hidden;
@@ -54,23 +56,15 @@ __global__ void __launch_bounds__(fx::cuda::scan::kBlockThreads, kRegBlocks)
         hp[c] = c < r.count && c != first ? fx::cuda::scan::load_stream<T, V>(static_cast<const T *>(p.h) + off + prev)
                                           : fx::cuda::scan::zero_pack<T, V>();
     }
-    float dt[S];
-#pragma unroll
-    for (int c = 0; c < S; c++)
-        dt[c] = step_dt<KIND, T>(p.in, at, r, t, c);
+    float dt[S], h0v[V], init[V], peek_u[V];
     Chan ch[V];
-    load_chan<KIND, T, V>(p.in, at.h, at.live, ch);
-    float h0v[V], init[V];
-#pragma unroll
-    for (int v = 0; v < V; v++) {
-        h0v[v] = first >= 0 && first < r.count && p.h0 ? fx::cuda::scan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v)
-                                                      : 0.f;
-        init[v] = at.tt == 0 && at.live && p.dstate
-                      ? fx::cuda::scan::load_state<T>(p.dstate, p.dstate_f32, at.b * H + at.h + v)
-                      : 0.f;
-    }
-    float peek_u[V];
-    const bool peeked = fx::cuda::scan::peek<G, V, CHAINED>(t, at, peek_u);
+    const bool peeked = tile_start<KIND, T, V, G, S, CHAINED>(
+        p.in, t, at, r, p.dstate, p.dstate_f32,
+        [&](int v) {
+            h0v[v] = first >= 0 && first < r.count && p.h0 ? fx::cuda::scan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v)
+                                                          : 0.f;
+        },
+        dt, ch, init, peek_u);
 
     // The adjoint's map per step: u -> a * (dh + u).
     Affine mine[V];
@@ -116,10 +110,11 @@ __global__ void __launch_bounds__(fx::cuda::scan::kBlockThreads, kRegBlocks)
             for (int k = 0; k < N; k++)
                 fx::cuda::scan::store_stream<T, V>(static_cast<T *>(p.dseq[k]) + r.off0 + c * r.stride, dx[k]);
         if constexpr (KIND == FX_LINREC_LIQUID) {
-            if (p.sum_dt) { // one atomic per group and row
+            if (p.sum_dt) { // the group's sum, in its channel tile's row
                 row_dt = fx::cuda::scan::group_sum<G>(row_dt);
                 if (at.q == 0 && c < r.count)
-                    atomicAdd(p.sum_dt + at.b * L + r.row0 + (t.flip ? -c : c), row_dt);
+                    p.sum_dt[(at.ct - at.b * t.htiles) * (t.batch * L) + at.b * L + r.row0 + (t.flip ? -c : c)] =
+                        row_dt;
             }
         }
     }
@@ -129,9 +124,10 @@ __global__ void __launch_bounds__(fx::cuda::scan::kBlockThreads, kRegBlocks)
             fx::cuda::scan::store_state<T>(p.dh0, p.h0_f32, at.b * H + at.h + v, u[v]);
 
     if constexpr (KIND == FX_LINREC_LIQUID) {
-        // The block's tau and A sums, one atomic per channel: over the
-        // segments of a warp by shuffles, over warps through the warp-total
-        // arrays (free once every thread is past the barrier).
+        // The block's tau and A sums, stored in its (time tile, batch row)'s
+        // row: over the segments of a warp by shuffles, over warps in warp
+        // order through the warp-total arrays (free once every thread is
+        // past the barrier).
 #pragma unroll
         for (int v = 0; v < V; v++) {
             sum_tau[v] = fx::cuda::scan::segment_sum<G>(sum_tau[v]);
@@ -155,8 +151,9 @@ __global__ void __launch_bounds__(fx::cuda::scan::kBlockThreads, kRegBlocks)
                     st += sm.ta[w][c0 + v];
                     sl += sm.tb[w][c0 + v];
                 }
-                atomicAdd(p.sum_tau + at.h + v, st);
-                atomicAdd(p.sum_lam + at.h + v, sl);
+                const int64_t at_row = (at.tt * t.batch + at.b) * H + at.h + v;
+                p.sum_tau[at_row] = st;
+                p.sum_lam[at_row] = sl;
             }
         }
     }

@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(fx::cuda::scan::kBlockThreads, kRegBlocks)
     constexpr int N = nseq<KIND>();
     typedef fx::cuda::scan::Pack<T, V> pk;
     typedef fx::cuda::scan::TileSmem<G, V> shared_t;
-    FXSCAN_SHARED(shared_t, sm);
+    FX_SCAN_SHARED(shared_t, sm);
     const fx::cuda::scan::Place at = fx::cuda::scan::locate<G, V, CHAINED>(t);
     const fx::cuda::scan::Rows r = fx::cuda::scan::rows_of(t, at);
     const int64_t H = t.hidden;
@@ -40,19 +40,10 @@ __global__ void __launch_bounds__(fx::cuda::scan::kBlockThreads, kRegBlocks)
             x[c][k] = c < r.count
                           ? fx::cuda::scan::load_stream<T, V>(static_cast<const T *>(p.in.seq[k]) + r.off0 + c * r.stride)
                           : pad_pack<KIND, T, V>(k);
-    float dt[S];
-#pragma unroll
-    for (int c = 0; c < S; c++)
-        dt[c] = step_dt<KIND, T>(p.in, at, r, t, c);
+    float dt[S], init[V], peek_h[V];
     Chan ch[V];
-    load_chan<KIND, T, V>(p.in, at.h, at.live, ch);
-    float init[V];
-#pragma unroll
-    for (int v = 0; v < V; v++)
-        init[v] = at.tt == 0 && at.live && p.h0 ? fx::cuda::scan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v)
-                                                : 0.f;
-    float peek_h[V];
-    const bool peeked = fx::cuda::scan::peek<G, V, CHAINED>(t, at, peek_h);
+    const bool peeked = tile_start<KIND, T, V, G, S, CHAINED>(p.in, t, at, r, p.h0, p.h0_f32, [](int) {}, dt, ch,
+                                                              init, peek_h);
 
     // First pass: each step's map, composed.
     Affine mine[V], kept[S][V];
@@ -95,9 +86,6 @@ __global__ void __launch_bounds__(fx::cuda::scan::kBlockThreads, kRegBlocks)
 // thread copies its own runs into its own slots and reads them back
 // itself, so no barrier is needed: slot s of thread i is stage[s *
 // threads + i].
-// Its set-up (dt, channel parameters, h0, peek) repeats forward_kernel's on
-// purpose: sharing it in one helper moved registers and made MinLSTM B16
-// 5 % slower (93.7 -> 98.6 us, A/B twice in one run; bench/RESULTS.md).
 template <int KIND, typename T, int V, int G, int S, bool CG, bool CHAINED>
 __global__ void __launch_bounds__(fx::cuda::scan::kBlockThreads, kStagedBlocks)
     forward_staged_kernel(const FwdParams p, const fx::cuda::scan::Tiling t)
@@ -106,8 +94,8 @@ __global__ void __launch_bounds__(fx::cuda::scan::kBlockThreads, kStagedBlocks)
     typedef fx::cuda::scan::Pack<T, V> pk;
     typedef typename pk::R R;
     typedef fx::cuda::scan::TileSmem<G, V> shared_t;
-    FXSCAN_SHARED(shared_t, sm);
-    FXSCAN_STAGE(stage_bytes);
+    FX_SCAN_SHARED(shared_t, sm);
+    FX_SCAN_STAGE(stage_bytes);
     const R *slots = reinterpret_cast<const R *>(stage_bytes) + threadIdx.x;
     const fx::cuda::scan::Place at = fx::cuda::scan::locate<G, V, CHAINED>(t);
     const fx::cuda::scan::Rows r = fx::cuda::scan::rows_of(t, at);
@@ -121,19 +109,10 @@ __global__ void __launch_bounds__(fx::cuda::scan::kBlockThreads, kStagedBlocks)
             for (int k = 0; k < N; k++)
                 copy_async<sizeof(R)>(reinterpret_cast<R *>(stage_bytes) + (c * N + k) * threads + threadIdx.x,
                                          static_cast<const T *>(p.in.seq[k]) + r.off0 + c * r.stride);
-    float dt[S];
-#pragma unroll
-    for (int c = 0; c < S; c++)
-        dt[c] = step_dt<KIND, T>(p.in, at, r, t, c);
+    float dt[S], init[V], peek_h[V];
     Chan ch[V];
-    load_chan<KIND, T, V>(p.in, at.h, at.live, ch);
-    float init[V];
-#pragma unroll
-    for (int v = 0; v < V; v++)
-        init[v] = at.tt == 0 && at.live && p.h0 ? fx::cuda::scan::load_state<T>(p.h0, p.h0_f32, at.b * H + at.h + v)
-                                                : 0.f;
-    float peek_h[V];
-    const bool peeked = fx::cuda::scan::peek<G, V, CHAINED>(t, at, peek_h);
+    const bool peeked = tile_start<KIND, T, V, G, S, CHAINED>(p.in, t, at, r, p.h0, p.h0_f32, [](int) {}, dt, ch,
+                                                              init, peek_h);
     copy_wait_all();
 
     auto step_map = [&](int c, int v, const pk (&xc)[N]) {

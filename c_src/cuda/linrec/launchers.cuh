@@ -31,14 +31,10 @@ template <typename F> int with_kind(const fx_linrec_problem *p, const char *what
 
 namespace detail {
 
-#ifdef FXLR_STATS
-template <int = 0> __global__ void print_stats(unsigned blocks)
-{
-    unsigned long long *s = fx::cuda::scan::stats;
-    printf("lookback stats: %u tiles, %llu chained, %llu peek hits, %llu rounds, %llu empty rounds\n", blocks, s[0],
-           s[1], s[2], s[3]);
-    s[0] = s[1] = s[2] = s[3] = 0;
-}
+// After a chained launch: a hook for a diagnostic build (dev/lookback_stats.cuh,
+// which prints the look-back events counted there); a no-op otherwise.
+#ifndef FX_SCAN_LAUNCHED
+#define FX_SCAN_LAUNCHED(run, blocks) ((void)0)
 #endif
 
 // Launches the kernel for the plan's tiles: the single-tile one (no
@@ -79,9 +75,7 @@ inline int launch_tiles(const Run &r, const Params &prm, const Plan &pl, fx::cud
         rc = launch_opted<CHAINED>(r, blocks, threads, stage_bytes, what, st, prm, t);
         give_back(r, statuses);
     }
-#ifdef FXLR_STATS
-    print_stats<><<<1, 1, 0, r.stream>>>((unsigned)blocks);
-#endif
+    FX_SCAN_LAUNCHED(r, blocks);
     return rc;
 }
 
@@ -149,69 +143,68 @@ inline int forward_as(const Run &r, const fx_linrec_fwd_args *a, fx_status *st)
     return forward_cg<KIND, T, false>(r, a, st);
 }
 
+// Liquid's partial sums (LiquidRows) from the context, `run(prm)` to
+// launch the kernel on parameters pointing at them, then the sums added up
+// into dtau, dA and ddt. The other ops take no sums.
+template <int KIND, class F>
+inline int with_sums(const Run &r, const fx_linrec_bwd_args *a, LiquidRows rows, fx_status *st, F &&run)
+{
+    float *sums = nullptr;
+    if (KIND == FX_LINREC_LIQUID) {
+        void *mem = nullptr;
+        if (take_scratch(r, fx_size_mul(sum_count(a, rows), sizeof(float)), "liquid sums", &mem, st))
+            return st->code;
+        sums = static_cast<float *>(mem);
+    }
+    const BwdParams prm = make_bwd_params(a, sums, rows);
+    int rc = run(prm);
+    if (sums) {
+        if (rc == FX_OK)
+            rc = launch_sums(r, liquid_sums(a, prm, rows), "liquid sums kernel", st);
+        give_back(r, sums);
+    }
+    return rc;
+}
+
 template <int KIND, typename T, int V, int G, bool CG>
-inline int backward_with(const Run &r, const fx_linrec_bwd_args *a, const BwdParams &prm,
-                         fx_status *st)
+inline int backward_with(const Run &r, const fx_linrec_bwd_args *a, fx_status *st)
 {
     constexpr int S = bwd_steps<KIND, T, V>();
     const Plan pl = make_plan(r.d, &a->p, V, G, S, a->max_tile_steps);
     fx::cuda::scan::Tiling t = make_tiling(&a->p, pl, !a->p.reverse);
-    return launch_tiles<backward_kernel<KIND, T, V, G, S, CG, false>, backward_kernel<KIND, T, V, G, S, CG, true>>(
-        r, prm, pl, t, 0, "linrec backward kernel", st);
+    return with_sums<KIND>(r, a, liquid_rows_tiled(&a->p, pl), st, [&](const BwdParams &prm) {
+        return launch_tiles<backward_kernel<KIND, T, V, G, S, CG, false>, backward_kernel<KIND, T, V, G, S, CG, true>>(
+            r, prm, pl, t, 0, "linrec backward kernel", st);
+    });
 }
 
 // The streaming backward: a warp per 128-byte column, walking back.
 template <int KIND, typename T, bool CG>
-inline int backward_stream(const Run &r, const fx_linrec_bwd_args *a, const BwdParams &prm, fx_status *st)
+inline int backward_stream(const Run &r, const fx_linrec_bwd_args *a, fx_status *st)
 {
-    return launch_stream<backward_stream_kernel<KIND, T, CG>>(r, prm, make_stream_tiling(&a->p, (int)sizeof(T), true),
-                                                              stream_block_bytes<KIND, true, CG>(),
-                                                              "linrec streaming backward kernel", st);
+    return with_sums<KIND>(r, a, liquid_rows_stream(&a->p, (int)sizeof(T)), st, [&](const BwdParams &prm) {
+        return launch_stream<backward_stream_kernel<KIND, T, CG>>(r, prm, make_stream_tiling(&a->p, (int)sizeof(T), true),
+                                                                  stream_block_bytes<KIND, true, CG>(),
+                                                                  "linrec streaming backward kernel", st);
+    });
 }
 
 template <int KIND, typename T, bool CG>
-inline int backward_cg(const Run &r, const fx_linrec_bwd_args *a, const BwdParams &prm,
-                       bool stream, fx_status *st)
+inline int backward_cg(const Run &r, const fx_linrec_bwd_args *a, fx_status *st)
 {
-    if (stream)
-        return backward_stream<KIND, T, CG>(r, a, prm, st);
+    if (stream_wanted(r.d, a, (int)sizeof(T)))
+        return backward_stream<KIND, T, CG>(r, a, st);
     if (bwd_vector_fits(a, kVec))
-        return backward_with<KIND, T, kVec, vec_group<T>(), CG>(r, a, prm, st);
-    return backward_with<KIND, T, 1, 32, CG>(r, a, prm, st);
+        return backward_with<KIND, T, kVec, vec_group<T>(), CG>(r, a, st);
+    return backward_with<KIND, T, 1, 32, CG>(r, a, st);
 }
 
 template <int KIND, typename T>
 inline int backward_as(const Run &r, const fx_linrec_bwd_args *a, fx_status *st)
 {
-    const fx_linrec_problem *p = &a->p;
-    const int elem = (int)sizeof(T);
-    const bool stream = stream_wanted(r.d, a, elem);
-    // Liquid's sums: f32, the added-into ones zeroed, written out after the
-    // scan.
-    float *sums = nullptr;
-    if (KIND == FX_LINREC_LIQUID) {
-        const int64_t nsum = sum_count(a, stream, elem), nzero = zeroed_sum_count(a, stream, elem);
-        void *mem = nullptr;
-        if (take_scratch(r, fx_size_mul(nsum, sizeof(float)), "liquid sums", &mem, st))
-            return st->code;
-        if (fill_zero(r, mem, fx_size_mul(nzero, sizeof(float)), "cudaMemsetAsync (liquid sums)", st)) {
-            give_back(r, mem);
-            return st->code;
-        }
-        sums = static_cast<float *>(mem);
-    }
-    const BwdParams prm = make_bwd_params(a, sums);
-    int rc;
-    if (has_cand<KIND>() && p->candidate_g)
-        rc = backward_cg<KIND, T, has_cand<KIND>()>(r, a, prm, stream, st);
-    else
-        rc = backward_cg<KIND, T, false>(r, a, prm, stream, st);
-    if (sums) {
-        if (rc == FX_OK)
-            rc = launch_sums(r, liquid_sums(a, prm, stream, elem), "liquid sums kernel", st);
-        give_back(r, sums);
-    }
-    return rc;
+    if (has_cand<KIND>() && a->p.candidate_g)
+        return backward_cg<KIND, T, has_cand<KIND>()>(r, a, st);
+    return backward_cg<KIND, T, false>(r, a, st);
 }
 
 template <int KIND, typename T>

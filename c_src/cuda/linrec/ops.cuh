@@ -13,8 +13,9 @@
 // dstate, so its per-step map is (a_t, a_t * dh_t). It reads h_{t-1} from
 // the forward's output and turns g_t into the inputs' gradients with the
 // op's gradient function. Sums over channels or steps (liquid's tau, A and
-// a dt tensor) go through f32 atomics into scratch and are written out by a
-// small second kernel.
+// a dt tensor) are stored as rows of f32 partial sums in scratch, a row per
+// block (or warp) that adds into them, and added up in row order by a small
+// second kernel (sums.cuh): no float atomics, so a run replays bit for bit.
 #ifndef FX_CUDA_LINREC_OPS_CUH
 #define FX_CUDA_LINREC_OPS_CUH
 
@@ -25,6 +26,7 @@
 #include "cuda/scan.cuh"
 #include "cuda/sfu.cuh"
 #include "cuda/sums.cuh"
+#include "cuda/linrec/tuning.cuh"
 #include "cuda/warp_sum.cuh"
 #include "fusex_linrec.h"
 
@@ -40,28 +42,11 @@ template <int KIND> constexpr int nseq()
     return KIND == FX_LINREC_MINLSTM ? 3 : KIND == FX_LINREC_LIQUID ? 1 : 2;
 }
 
-// ---- how much a thread holds ----
+// ---- how much a thread holds (the sizes: linrec/tuning.cuh) ----
 
-// Blocks of up to 256 threads (scan::kBlockThreads). Kernels that hold
-// their steps' inputs in registers run two blocks per SM (up to 128
-// registers a thread, 64 of them the steps' data); the staged forward,
-// whose inputs wait in shared memory (cp.async), runs three.
-constexpr int kRegBlocks = 2;
-constexpr int kStagedBlocks = 3;
-constexpr int kDataRegs = 64;
-// A single-tile launch gives each thread at least this many steps (the
-// scan across segments stays short: latency).
-constexpr int kMinSteps = 4;
-
-// The vector path: 4 channels per lane (16 bytes of f32, 8 of bf16/f16),
-// groups of lanes covering 128 bytes of a row.
-constexpr int kVec = 4;
-#ifndef FXLR_ROW_BYTES // bytes of a tile's time row on the vector path (other widths: measured)
-#define FXLR_ROW_BYTES 128
-#endif
 template <typename T> constexpr int vec_group()
 {
-    constexpr int lanes = FXLR_ROW_BYTES / (kVec * (int)sizeof(T));
+    constexpr int lanes = kRowBytes / (kVec * (int)sizeof(T));
     return lanes < 32 ? lanes : 32; // a row is at most a warp (16-bit rows stop at 256 bytes)
 }
 
@@ -86,10 +71,6 @@ template <int KIND, typename T, int V> constexpr int bwd_steps()
 {
     return clamp_steps(kDataRegs / ((nseq<KIND>() + 2) * V + (KIND == FX_LINREC_LIQUID ? 1 : 0)));
 }
-
-// The staged forward: steps a thread stages (the slots of three blocks
-// fill an SM's shared memory: 3 x 64 KB for MinGRU f32).
-constexpr int kStagedFwdSteps = 8;
 
 // Which large forwards stage their inputs. Measured on the H200
 // (bench/RESULTS.md, decision L5): the staged MinGRU f32 forward
@@ -311,6 +292,36 @@ __device__ __forceinline__ float step_dt(const OpParams &in, const fx::cuda::sca
         return 0.f;
     else
         return c < r.count ? load_dt<KIND, T>(in, at.b * t.seqlen + r.row0 + (t.flip ? -c : c)) : 0.f;
+}
+
+// The set-up every tiled kernel (forward_kernel, forward_staged_kernel,
+// backward_kernel) does once its loads are issued, in this order: each
+// step's dt (liquid), the channels' parameters, the state entering the
+// tile where it is the first time tile (`start`: h0 for a forward, dstate
+// for the backward; NULL: zeros) and the peek at the previous tile's
+// inclusive state (scan::peek, whose answer it returns), so that all of
+// their loads are in flight together. `each_channel(v)` runs first in the
+// loop over the lane's channels (the backward loads h0 there, beside
+// dstate). The kernel's own arrays are filled, so that, forced inline, the
+// kernels compile as with the set-up written out in each.
+template <int KIND, typename T, int V, int G, int S, bool CHAINED, class F>
+__device__ __forceinline__ bool tile_start(const OpParams &in, const fx::cuda::scan::Tiling &t,
+                                           const fx::cuda::scan::Place &at, const fx::cuda::scan::Rows &r,
+                                           const void *start, int start_f32, F &&each_channel, float (&dt)[S],
+                                           Chan (&ch)[V], float (&init)[V], float (&peek_h)[V])
+{
+#pragma unroll
+    for (int c = 0; c < S; c++)
+        dt[c] = step_dt<KIND, T>(in, at, r, t, c);
+    load_chan<KIND, T, V>(in, at.h, at.live, ch);
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        each_channel(v);
+        init[v] = at.tt == 0 && at.live && start
+                      ? fx::cuda::scan::load_state<T>(start, start_f32, at.b * t.hidden + at.h + v)
+                      : 0.f;
+    }
+    return fx::cuda::scan::peek<G, V, CHAINED>(t, at, peek_h);
 }
 
 } // namespace fx::cuda::linrec

@@ -191,8 +191,28 @@ inline bool fwd_vector_fits(const fx_linrec_fwd_args *a, int vec)
     return vector_fits(&a->p, vec, seqs, n);
 }
 
-// `sums`: liquid's f32 sums, sum_count(a, ...) floats.
-inline BwdParams make_bwd_params(const fx_linrec_bwd_args *a, float *sums)
+// Liquid's f32 partial sums (sums.cuh): rows of dtau's and of dA's, and
+// rows of ddt's, one for each block (or warp) that adds into an element.
+// The streaming backward: a batch row's warps for dtau and dA, a column of
+// channels for ddt; the tiled one: a (time tile, batch row) for dtau and
+// dA, a channel tile for ddt. Each row is written whole by the kernels, so
+// nothing needs zeros.
+struct LiquidRows {
+    int64_t tau, dt;
+};
+
+inline LiquidRows liquid_rows_stream(const fx_linrec_problem *p, int elem_bytes)
+{
+    return {p->batch, stream_columns(p, elem_bytes)};
+}
+
+inline LiquidRows liquid_rows_tiled(const fx_linrec_problem *p, const Plan &pl)
+{
+    return {pl.ttiles * p->batch, pl.htiles};
+}
+
+// `sums`: liquid's f32 sums, sum_count(a, rows) floats.
+inline BwdParams make_bwd_params(const fx_linrec_bwd_args *a, float *sums, LiquidRows rows)
 {
     const fx_linrec_problem *p = &a->p;
     BwdParams prm = {};
@@ -209,8 +229,8 @@ inline BwdParams make_bwd_params(const fx_linrec_bwd_args *a, float *sums)
     prm.reverse = p->reverse;
     if (sums) {
         prm.sum_tau = sums;
-        prm.sum_lam = sums + p->hidden;
-        prm.sum_dt = a->ddt ? sums + 2 * p->hidden : nullptr;
+        prm.sum_lam = sums + rows.tau * p->hidden;
+        prm.sum_dt = a->ddt ? sums + 2 * rows.tau * p->hidden : nullptr;
     }
     return prm;
 }
@@ -228,34 +248,35 @@ inline bool bwd_vector_fits(const fx_linrec_bwd_args *a, int vec)
     return vector_fits(&a->p, vec, seqs, n);
 }
 
-// Rows of Liquid's ddt sums: the streaming backward's columns each store
-// a row (no atomics: a row's warps walk the same step together); the tiled
-// backward adds into one row.
-inline int dt_rows(const fx_linrec_problem *p, bool stream, int elem_bytes)
+// Liquid's sums in floats: [rows.tau][hidden] twice, and [rows.dt][batch *
+// seqlen] with a dt tensor. (rows.tau * hidden <= the tiles' count times a
+// tile's channels; rows.dt * batch * seqlen: a few columns of [batch,
+// seqlen], whose product is a shape's; no overflow in int64.)
+inline int64_t sum_count(const fx_linrec_bwd_args *a, LiquidRows rows)
 {
-    return stream ? (int)stream_columns(p, elem_bytes) : 1;
+    return 2 * rows.tau * a->p.hidden + (a->ddt ? rows.dt * a->p.batch * a->p.seqlen : 0);
 }
 
-// Liquid's f32 sums: dtau, dlam, and dt_rows rows of ddt. Only the rows that
-// are added into need zeros (zeroed_sum_count).
-// (dt_rows * batch * seqlen: a few columns of [batch, seqlen], whose
-// product is a shape's; no overflow in int64.)
-inline int64_t sum_count(const fx_linrec_bwd_args *a, bool stream, int elem_bytes)
+// The most floats of Liquid's sums a backward of a's shapes takes, over
+// the kernels it may run (which one runs depends on the addresses too).
+template <int KIND, typename T> inline int64_t liquid_sum_bound(const Device *d, const fx_linrec_bwd_args *a)
 {
-    return 2 * a->p.hidden + (a->ddt ? dt_rows(&a->p, stream, elem_bytes) * a->p.batch * a->p.seqlen : 0);
-}
-inline int64_t zeroed_sum_count(const fx_linrec_bwd_args *a, bool stream, int elem_bytes)
-{
-    return stream ? 2 * a->p.hidden : sum_count(a, stream, elem_bytes);
+    int64_t most = sum_count(a, liquid_rows_stream(&a->p, (int)sizeof(T)));
+    for (const Plan &pl : {make_plan(d, &a->p, 1, 32, bwd_steps<KIND, T, 1>(), a->max_tile_steps),
+                           make_plan(d, &a->p, kVec, vec_group<T>(), bwd_steps<KIND, T, kVec>(), a->max_tile_steps)}) {
+        const int64_t n = sum_count(a, liquid_rows_tiled(&a->p, pl));
+        most = n > most ? n : most;
+    }
+    return most;
 }
 
-// Liquid's sums (make_bwd_params) as written out to dtau, dA and ddt.
-inline SumRegions liquid_sums(const fx_linrec_bwd_args *a, const BwdParams &prm, bool stream, int elem_bytes)
+// Liquid's sums (make_bwd_params) as added up into dtau, dA and ddt.
+inline SumRegions liquid_sums(const fx_linrec_bwd_args *a, const BwdParams &prm, LiquidRows rows)
 {
     SumRegions s = {};
-    s.add(prm.sum_tau, a->dtau, a->p.hidden);
-    s.add(prm.sum_lam, a->dlam, a->p.hidden);
-    s.add(prm.sum_dt, a->ddt, a->p.batch * a->p.seqlen, dt_rows(&a->p, stream, elem_bytes));
+    s.add(prm.sum_tau, a->dtau, a->p.hidden, rows.tau);
+    s.add(prm.sum_lam, a->dlam, a->p.hidden, rows.tau);
+    s.add(prm.sum_dt, a->ddt, a->p.batch * a->p.seqlen, rows.dt);
     return s;
 }
 

@@ -16,56 +16,15 @@ namespace fx::cuda::linrec {
 // (32 lanes of 4 bytes: one f32 channel or two 16-bit ones a lane) of one
 // batch element and walks the whole sequence with h in registers. Its
 // inputs flow through a ring of stages of steps in shared memory
-// (stream_shape), each lane copying 16-byte pieces with cp.async: all
+// (StreamShape), each lane copying 16-byte pieces with cp.async: all
 // stages but the one being computed are in flight, so a warp always has its
 // next ~80-96 steps' loads outstanding and never waits for a predecessor
 // tile.
 // (The tiled kernels' block life of load, scan, store leaves memory idle
-// between blocks: bench/RESULTS.md, decision L1.) The warps of a block share no
-// data, but they walk the neighbouring columns of the same rows in lockstep,
-// a stage at a time (stream_ring::lockstep). 16 steps a stage, 6 stages and
-// 2-warp blocks measured best of 8 x 6, 8 x 12, 8 x 20, 16 x 6, 16 x 8,
-// 32 x 4 and 4-warp blocks (H200) for the kernels that stage two sequences
-// (MinGRU's and the scan's forwards); lockstep in 2-warp blocks beat free
-// warps, in 4-warp blocks it did not.
-#ifndef FXLR_STREAM_STEPS // other stage shapes, measured against this one
-#define FXLR_STREAM_STEPS 16
-#endif
-#ifndef FXLR_STREAM_STAGES
-#define FXLR_STREAM_STAGES 6
-#endif
-#ifndef FXLR_STREAM_WARPS
-#define FXLR_STREAM_WARPS 2
-#endif
-#ifndef FXLR_STREAM_LOCKSTEP // 0: each warp runs free (stream_ring::lockstep)
-#define FXLR_STREAM_LOCKSTEP 1
-#endif
-// The forwards that stage other than two sequences have shapes of their
-// own (stream_shape below): 32 x 4 measured best for MinLSTM's with the
-// identity candidate (three sequences: 73.6 against 75.9 us at 16 x 6 and
-// 74.4 at 8 x 12, B16 L1024 H1024; with the candidate g, 76.7 against 73.3
-// at 16 x 6, which it keeps) and for Liquid's (one: 40.4 against 41.2 at
-// 16 x 6, 48.0 against 61.3 with a dt tensor; 8 x 12, 32 x 8, 32 x 12 and
-// 16 x 12 slower).
-#ifndef FXLR_STREAM_MINLSTM_FWD_STEPS
-#define FXLR_STREAM_MINLSTM_FWD_STEPS 32
-#endif
-#ifndef FXLR_STREAM_MINLSTM_FWD_STAGES
-#define FXLR_STREAM_MINLSTM_FWD_STAGES 4
-#endif
-#ifndef FXLR_STREAM_LIQUID_FWD_STEPS
-#define FXLR_STREAM_LIQUID_FWD_STEPS 32
-#endif
-#ifndef FXLR_STREAM_LIQUID_FWD_STAGES
-#define FXLR_STREAM_LIQUID_FWD_STAGES 4
-#endif
-constexpr int kStreamSteps = FXLR_STREAM_STEPS;
-constexpr int kStreamWarps = FXLR_STREAM_WARPS;
-constexpr int kStreamStages = FXLR_STREAM_STAGES;
-constexpr bool kStreamLockstep = FXLR_STREAM_LOCKSTEP;
-// The most steps a stage of any streaming kernel: a stage's row offsets
-// are 32-bit below hidden * kStreamMaxSteps < 2^31 (stream_fits).
-constexpr int kStreamMaxSteps = 32;
+// between blocks: bench/RESULTS.md, decision L1.) The warps of a block share
+// no data, but they walk the neighbouring columns of the same rows in
+// lockstep, a stage at a time (StreamRing::lockstep). The stage shapes and
+// block sizes: linrec/tuning.cuh.
 
 template <typename T> constexpr int stream_vec() { return 4 / (int)sizeof(T); }
 
@@ -105,11 +64,11 @@ template <int KIND, bool BACKWARD, bool CG> struct StreamShape {
     static constexpr int SEQS = nseq<KIND>() + (BACKWARD ? 2 : 0);
     static constexpr bool MINLSTM = !BACKWARD && !CG && KIND == FX_LINREC_MINLSTM;
     static constexpr bool LIQUID = !BACKWARD && KIND == FX_LINREC_LIQUID;
-    static constexpr int STEPS = MINLSTM  ? FXLR_STREAM_MINLSTM_FWD_STEPS
-                                 : LIQUID ? FXLR_STREAM_LIQUID_FWD_STEPS
+    static constexpr int STEPS = MINLSTM  ? kStreamMinlstmFwdSteps
+                                 : LIQUID ? kStreamLiquidFwdSteps
                                           : kStreamSteps;
-    static constexpr int OWN_STAGES = MINLSTM  ? FXLR_STREAM_MINLSTM_FWD_STAGES
-                                      : LIQUID ? FXLR_STREAM_LIQUID_FWD_STAGES
+    static constexpr int OWN_STAGES = MINLSTM  ? kStreamMinlstmFwdStages
+                                      : LIQUID ? kStreamLiquidFwdStages
                                                : kStreamStages;
     static constexpr int WORDS = SEQS * STEPS * 32; // a stage's 4-byte words: sequence, step, lane
     static constexpr int FIT = 56 * 1024 / (WORDS * 4); // stages in 56 KB: two 2-warp blocks an SM
@@ -254,9 +213,9 @@ struct StreamColumn {
 };
 
 // Liquid's dt of a walk's steps (0 for the other ops). A scalar dt is a
-// constant: nothing is tested per step (the first version tested every
-// step of every stage against the sequence's end and selected the scalar,
-// which cost the backward 97 against 80 us: bench/RESULTS.md). A dt
+// constant: nothing is tested per step (testing every step of every stage
+// against the sequence's end and selecting the scalar cost the backward 97
+// against 80 us: bench/RESULTS.md). A dt
 // tensor's values are loaded a stage ahead, each lane loading every step's
 // (the 32 loads of a stage read one line), long before their use. Passing
 // a stage's values through shared memory or by shuffles from one load a
@@ -302,8 +261,8 @@ template <int KIND, typename T, int K> struct StreamDt {
 
 // With one warp per scheduler nothing hides a warp's own latencies, so the
 // loop is lean: pointers step by a row, no 64-bit index maths or branch
-// per step (a first version spent 42 instructions a step on them and ran
-// at half the tiled kernels' speed: bench/RESULTS.md).
+// per step (with them, 42 instructions a step, the loop ran at half the
+// tiled kernels' speed: bench/RESULTS.md).
 template <int KIND, typename T, bool CG>
 __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const FwdParams p, const StreamTiling s)
 {
@@ -311,7 +270,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) forward_stream_kernel(const
     constexpr int N = nseq<KIND>(), V = stream_vec<T>(), K = shape::STEPS;
     typedef fx::cuda::scan::Pack<T, V> pk;
     static_assert(sizeof(typename pk::R) == 4, "a lane's part of a row is one 4-byte word");
-    FXSCAN_STAGE(stage_bytes);
+    FX_SCAN_STAGE(stage_bytes);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t column = (int64_t)blockIdx.x * kStreamWarps + warp;
     if (column >= s.batch * s.columns)
@@ -395,7 +354,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
     constexpr int N = nseq<KIND>(), SEQS = shape::SEQS, V = stream_vec<T>(), K = shape::STEPS;
     constexpr int STAGES = shape::STAGES;
     typedef fx::cuda::scan::Pack<T, V> pk;
-    FXSCAN_STAGE(stage_bytes);
+    FX_SCAN_STAGE(stage_bytes);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t column = (int64_t)blockIdx.x * kStreamWarps + warp;
     if (column >= s.batch * s.columns)
@@ -483,7 +442,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
         // its scheduler. A row's warps (one a column) would hit one address
         // at once with atomics (the Liquid fwd+bwd with a dt tensor took 240
         // us against 137 with a scalar), so each column stores its own row
-        // of sums (dt_rows), which write_sums adds up.
+        // of sums (LiquidRows), which write_sums adds up.
         if constexpr (KIND == FX_LINREC_LIQUID) {
             if (dt_sums) {
                 // one sum a lane: step j's (the 32 / K lanes of a step hold the same)
@@ -501,8 +460,8 @@ __global__ void __launch_bounds__(32 * kStreamWarps) backward_stream_kernel(cons
         if (live)
 #pragma unroll
             for (int v = 0; v < V; v++) {
-                atomicAdd(p.sum_tau + mine + v, sum_tau[v]);
-                atomicAdd(p.sum_lam + mine + v, sum_lam[v]);
+                p.sum_tau[b * H + mine + v] = sum_tau[v]; // batch row b's part
+                p.sum_lam[b * H + mine + v] = sum_lam[v];
             }
     }
 }

@@ -30,9 +30,10 @@ namespace fx::cuda::ssm {
 //              gradients of b and c summed over the warp's channels by a
 //              transposing butterfly (each lane ends with one sum);
 //   epilogue   per pair: the parts summed, dx, ddt, dz written;
-//   block      the warps' b and c gradients added, one vector atomic per
-//              (step, 4 states) and block (a one-warp block's warp adds its
-//              own from the adjoint, bwd_direct).
+//   block      the warps' b and c gradients added, one vector store per
+//              (step, 4 states) into the block's channel tile's row of
+//              partial sums (a one-warp block's warp stores its own from
+//              the adjoint, bwd_direct); write_sums adds the rows up.
 // Nothing of size [batch, seqlen, dim, dstate] exists: the states of a
 // chunk live in registers.
 
@@ -274,9 +275,10 @@ template <typename T, class C, bool FAST, bool SL = false> struct BwdStage {
     }
 
     // Sliced: the slice's parts of the chunk's per-channel sums (y before d
-    // x and the gate, sum g decay h a, sum g b) added into bp.parts, a lane
-    // a step and 4 channels (one vector atomic each); dx, ddt, dz come from
-    // the totals (ssm_bwd_finish_kernel).
+    // x and the gate, sum g decay h a, sum g b) stored in its rows of
+    // bp.parts, a lane a step and 4 channels (one vector store each); dx,
+    // ddt, dz come from the totals, added slice by slice
+    // (ssm_bwd_finish_kernel).
     __device__ __forceinline__ void epilogue_sliced(const BwdParams &bp, const Tile &t, int t0, const float *sm) const
     {
         static_assert(KS * C::WCH == 4 * 32 && C::LANES == 4, "a lane a step and 4 channels");
@@ -286,6 +288,7 @@ template <typename T, class C, bool FAST, bool SL = false> struct BwdStage {
             return;
         const float *from[3] = {sm + S::PY + s * 32, sm + S::PR + s * 64, sm + S::PR + s * 64 + 32};
         const int64_t n = (int64_t)p.batch * p.seqlen * p.dim, at = at_btd(p, t.b, t0 + s, t.d0 + c0);
+        const int slices = p.dstate / kWsStates, slice = n_off / kWsStates;
 #pragma unroll
         for (int m = 0; m < 3; m++) {
             float v[4];
@@ -294,26 +297,30 @@ template <typename T, class C, bool FAST, bool SL = false> struct BwdStage {
                 const float4 q = *reinterpret_cast<const float4 *>(from[m] + 4 * (c0 + j));
                 v[j] = (q.x + q.y) + (q.z + q.w);
             }
-            red_add4(bp.parts + m * n + at, make_float4(v[0], v[1], v[2], v[3]));
+            *reinterpret_cast<float4 *>(bp.parts + (int64_t)(m * slices + slice) * n + at) =
+                make_float4(v[0], v[1], v[2], v[3]);
         }
     }
 };
 
-// Adds 4 gradient sums at `dst` (n0..n0+3 of a row of dstate).
-__device__ __forceinline__ void add4(float *dst, int n0, int dstate, float4 v)
+// Stores 4 gradient sums at `dst` (n0..n0+3 of a row of dstate): one
+// vector store where rows start on 16 bytes, else those inside the row.
+__device__ __forceinline__ void put4(float *dst, int n0, int dstate, float4 v)
 {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (dstate % 4 == 0) { // row starts are 16-byte aligned: one vector atomic
-        red_add4(dst, v);
+    if (dstate % 4 == 0) {
+        *reinterpret_cast<float4 *>(dst) = v;
         return;
     }
-#endif
     float e[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; i++)
         if (n0 + i < dstate)
-            atomicAdd(dst + i, e[i]);
+            dst[i] = e[i];
 }
+
+// The block's row of the b and c gradients' partial sums: its channel
+// tile's (the tiles of a group are the blocks that add into one element).
+__device__ __forceinline__ int64_t bc_row_of(const BwdParams &bp, int unit) { return (int64_t)(unit % bp.f.tiles) * bp.bc_row; }
 
 // SL: a block is one slice of 16 states of a larger dstate (C = Cfg<4, 4>,
 // FAST; grid: tiles x slices, neighbouring blocks a tile's slices), as in
@@ -333,7 +340,8 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
     float *dbc = block_smem() + S::DBC;
     const int slices = SL ? p.dstate / kWsStates : 1;
     const int n_off = SL ? kWsStates * ((int)blockIdx.x % slices) : 0; // the slice's first state
-    Tile tile = tile_at(p, SL ? (int)blockIdx.x / slices : (int)blockIdx.x, C::BW * C::WCH);
+    const int unit = SL ? (int)blockIdx.x / slices : (int)blockIdx.x;
+    Tile tile = tile_at(p, unit, C::BW * C::WCH);
     tile.d0 += warp * C::WCH;
     tile.nvalid = max(0, min(C::WCH, tile.nvalid - warp * C::WCH));
     const int c = lane / C::LANES, q = lane % C::LANES, d = tile.d0 + c;
@@ -481,9 +489,9 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
 #pragma unroll
                     for (int j = 0; j < CNT; j += 4) {
                         const int o = first + j, n0 = state_of<C>(q, o % NPL);
-                        float *acc = o / NPL == 0 ? bp.acc_db : bp.acc_dc;
+                        float *acc = (o / NPL == 0 ? bp.acc_db : bp.acc_dc) + bc_row_of(bp, unit);
                         if (n0 < p.dstate)
-                            add4(acc + at_btg(p, tile.b, t0 + s, tile.g) + n0, n0, p.dstate,
+                            put4(acc + at_btg(p, tile.b, t0 + s, tile.g) + n0, n0, p.dstate,
                                  make_float4(pbc[j], pbc[j + 1], pbc[j + 2], pbc[j + 3]));
                     }
                 }
@@ -508,8 +516,8 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
             sum_bias += acc_bias;
         }
 
-        // the block's b and c gradients: the warps' sums added, one vector
-        // atomic per (step, 4 states)
+        // the block's b and c gradients: the warps' sums added in warp
+        // order, one vector store per (step, 4 states) into its row
         if constexpr (!DIRECT) {
             __syncthreads();
             const float *src = dbc;
@@ -525,8 +533,8 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
                     const float4 v = *reinterpret_cast<const float4 *>(src + (w * KS + tl) * 2 * C::NPAD + 4 * rest);
                     sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
                 }
-                float *acc = which == 0 ? bp.acc_db : bp.acc_dc;
-                add4(acc + at_btg(p, tile.b, t0 + tl, tile.g) + n_off + n0, n0, p.dstate, sum);
+                float *acc = (which == 0 ? bp.acc_db : bp.acc_dc) + bc_row_of(bp, unit);
+                put4(acc + at_btg(p, tile.b, t0 + tl, tile.g) + n_off + n0, n0, p.dstate, sum);
             }
             __syncthreads(); // the buffer is read
         }
@@ -538,13 +546,14 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
             const int n = n_off + state_of<C>(q, i);
             if (n >= p.dstate)
                 continue;
-            atomicAdd(bp.acc_da + (int64_t)d * p.dstate + n, (float)sum_a[i]);
+            bp.acc_da[at_state(p, tile.b, d) + n] = (float)sum_a[i]; // batch row b's part
             if (bp.dh0) // after step 0, gs is dL/dh0
                 store_any(bp.dh0, bp.dh0_type, at_state(p, tile.b, d) + n, gs[i]);
         }
     }
     // dd and ddt_bias (sliced: ssm_bwd_finish_kernel's): the lanes of one
-    // staging channel hold its rows' sums
+    // staging channel hold its rows' sums, batch row b's part (stored also
+    // where d or dt_bias was not given: no gradient then reads it)
     if constexpr (!SL) {
         float fd = (float)sum_d, fb = (float)sum_bias;
 #pragma unroll
@@ -553,17 +562,16 @@ __global__ void __launch_bounds__(C::BW * 32, bwd_min_blocks<T, C>()) ssm_bwd_ke
             fb += __shfl_xor_sync(kFullMask, fb, m);
         }
         if (stage.cs_ok && stage.r0 == 0) {
-            if (p.d)
-                atomicAdd(bp.acc_dd + stage.ds, fd);
-            if (p.dt_bias)
-                atomicAdd(bp.acc_dbias + stage.ds, fb);
+            bp.acc_dd[(int64_t)tile.b * p.dim + stage.ds] = fd;
+            bp.acc_dbias[(int64_t)tile.b * p.dim + stage.ds] = fb;
         }
     }
 }
 
 // The sliced backward's per-channel gradients from its slices' sums
-// (bp.parts): dx, ddt, dz, and the sums of dd and ddt_bias; a thread takes
-// 4 channels of kBwdFinishRows (batch, step) rows, in a grid-stride loop.
+// (bp.parts, added slice by slice): dx, ddt, dz, and the partial sums of dd
+// and ddt_bias, a row for each kBwdFinishRows (batch, step) rows; a thread
+// takes 4 channels of those rows, in a grid-stride loop.
 // The per-pair terms are ssm_bwd_kernel's (gate_grads, pair_grads).
 constexpr int kBwdFinishRows = 16;
 template <typename T> __global__ void __launch_bounds__(kFinishThreads) ssm_bwd_finish_kernel(const BwdParams bp)
@@ -572,6 +580,7 @@ template <typename T> __global__ void __launch_bounds__(kFinishThreads) ssm_bwd_
     const int quads = p.dim / 4;
     const int64_t rows = (int64_t)p.batch * p.seqlen, n = rows * p.dim;
     const int64_t items = quads * ((rows + kBwdFinishRows - 1) / kBwdFinishRows);
+    const int slices = p.dstate / kWsStates;
     const T *xs = static_cast<const T *>(p.x), *dts = static_cast<const T *>(p.dt);
     const T *zs = static_cast<const T *>(p.z), *dys = static_cast<const T *>(bp.dy);
     for (int64_t item = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; item < items;
@@ -592,9 +601,17 @@ template <typename T> __global__ void __launch_bounds__(kFinishThreads) ssm_bwd_
             ld_vec<T, 4>(dy, dys + i);
             if (zs)
                 ld_vec<T, 4>(z, zs + i);
-            const float4 y4 = *reinterpret_cast<const float4 *>(bp.parts + i);
-            const float4 ra4 = *reinterpret_cast<const float4 *>(bp.parts + n + i);
-            const float4 rb4 = *reinterpret_cast<const float4 *>(bp.parts + 2 * n + i);
+            float4 y4 = *reinterpret_cast<const float4 *>(bp.parts + i);
+            float4 ra4 = *reinterpret_cast<const float4 *>(bp.parts + slices * n + i);
+            float4 rb4 = *reinterpret_cast<const float4 *>(bp.parts + 2 * slices * n + i);
+            for (int sl = 1; sl < slices; sl++) {
+                const float4 y = *reinterpret_cast<const float4 *>(bp.parts + sl * n + i);
+                const float4 a = *reinterpret_cast<const float4 *>(bp.parts + (slices + sl) * n + i);
+                const float4 b = *reinterpret_cast<const float4 *>(bp.parts + (2 * slices + sl) * n + i);
+                y4.x += y.x, y4.y += y.y, y4.z += y.z, y4.w += y.w;
+                ra4.x += a.x, ra4.y += a.y, ra4.z += a.z, ra4.w += a.w;
+                rb4.x += b.x, rb4.y += b.y, rb4.z += b.z, rb4.w += b.w;
+            }
             const float ys[4] = {y4.x, y4.y, y4.z, y4.w}, ra[4] = {ra4.x, ra4.y, ra4.z, ra4.w};
             const float rb[4] = {rb4.x, rb4.y, rb4.z, rb4.w};
 #pragma unroll
@@ -614,12 +631,11 @@ template <typename T> __global__ void __launch_bounds__(kFinishThreads) ssm_bwd_
             if (bp.dz)
                 st_vec<T, 4>(static_cast<T *>(bp.dz) + i, dz);
         }
+        const int64_t row = item / quads; // its rows' row of dd's and ddt_bias's partial sums
 #pragma unroll
         for (int v = 0; v < 4; v++) {
-            if (p.d)
-                atomicAdd(bp.acc_dd + d + v, acc_d[v]);
-            if (p.dt_bias)
-                atomicAdd(bp.acc_dbias + d + v, acc_bias[v]);
+            bp.acc_dd[row * p.dim + d + v] = acc_d[v];
+            bp.acc_dbias[row * p.dim + d + v] = acc_bias[v];
         }
     }
 }

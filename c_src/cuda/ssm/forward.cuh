@@ -119,17 +119,6 @@ __device__ __forceinline__ void sched_fence(unsigned &clocks)
 #endif
 }
 
-// Adds v to the 4 floats at dst (16-byte aligned): one vector atomic on
-// sm_90, four before it (and in the emulator).
-__device__ __forceinline__ void red_add4(float *dst, float4 v)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    atomicAdd(reinterpret_cast<float4 *>(dst), v);
-#else
-    atomicAdd(dst, v.x), atomicAdd(dst + 1, v.y), atomicAdd(dst + 2, v.z), atomicAdd(dst + 3, v.w);
-#endif
-}
-
 // CV consecutive elements of the input type (aligned to their size) as floats.
 template <typename T, int CV> __device__ __forceinline__ void ld_vec(float (&v)[CV], const T *p)
 {

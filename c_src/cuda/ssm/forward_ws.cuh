@@ -130,8 +130,9 @@ template <typename T> inline bool ws_sliced_fits(const ScanParams &p)
 // test is a reload of the parameter and a few uniform instructions a chunk
 // (bench/RESULTS.md).
 // SL: a block is one slice of 16 states of a larger dstate (fwd_launch):
-// its part of y's sum goes to the f32 sums p.ysum, which a second kernel
-// turns into y (ssm_fwd_finish_kernel), and it saves its states at each
+// its part of y's sum goes to its own row of the f32 sums p.ysum, which a
+// second kernel adds up in slice order and turns into y
+// (ssm_fwd_finish_kernel), and it saves its states at each
 // chunk's end, every 16 steps, the sliced backward's chunk. The gate is the
 // second kernel's, so a slice never has Z (nor copies z).
 template <bool Z_, bool SP_, bool SAVE_, bool SL_ = false> struct WsOpts {
@@ -242,8 +243,8 @@ template <typename T, class O> struct WsStaging {
         for (int m = 0; m < 4; m++) // (no z: x's pieces stand in, never copied)
             src[m] = (in[m] ? in[m] : in[0]) + (m < 3 ? gx : gb);
         chunk_x = (int64_t)TS * p.dim, chunk_b = (int64_t)TS * row_b;
-        if constexpr (O::SL)
-            y = p.ysum + x0 + (int64_t)r * p.dim + c0;
+        if constexpr (O::SL) // the slice's row of sums
+            y = p.ysum + (int64_t)(n0 / kWsStates) * p.batch * p.seqlen * p.dim + x0 + (int64_t)r * p.dim + c0;
         else
             y = static_cast<T *>(p.y) + x0 + (int64_t)r * p.dim + c0;
     }
@@ -366,7 +367,7 @@ template <typename T, class O> struct WsStaging {
             sum.x += q.x, sum.y += q.y, sum.z += q.z, sum.w += q.w;
         }
         if constexpr (O::SL) // the slice's part; d x and the gate come after every slice's
-            red_add4(out_y, sum);
+            *reinterpret_cast<float4 *>(out_y) = sum;
         else
             write_y(out_y, sum, my_raw + S::raw_at(slot));
     }
@@ -516,13 +517,15 @@ __global__ void __launch_bounds__(kWsThreads, 3) ssm_fwd_ws_kernel(const ScanPar
     }
 }
 
-// y of the sliced forward: (the slices' f32 sums + d x) silu(z), 4
-// channels a thread (dim is a multiple of 32 there), in a grid-stride loop.
+// y of the sliced forward: (the slices' f32 sums, added slice by slice,
+// + d x) silu(z), 4 channels a thread (dim is a multiple of 32 there), in a
+// grid-stride loop.
 constexpr int kFinishThreads = 256;
 template <typename T, bool Z> __global__ void __launch_bounds__(kFinishThreads) ssm_fwd_finish_kernel(const ScanParams p)
 {
-    const int64_t quads = (int64_t)p.batch * p.seqlen * p.dim / 4;
+    const int64_t n = (int64_t)p.batch * p.seqlen * p.dim, quads = n / 4;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const int slices = p.dstate / kWsStates;
     const T *x = static_cast<const T *>(p.x), *z = static_cast<const T *>(p.z);
     T *y = static_cast<T *>(p.y);
     for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < quads; q += stride) {
@@ -532,7 +535,12 @@ template <typename T, bool Z> __global__ void __launch_bounds__(kFinishThreads) 
 #pragma unroll
         for (int v = 0; v < 4; v++)
             dskip[v] = p.d ? load_any(p.d, p.d_type, d + v) : 0.0f;
-        store_y4<T, Z>(y + i, *reinterpret_cast<const float4 *>(p.ysum + i), dskip, x + i, z + i);
+        float4 sum = *reinterpret_cast<const float4 *>(p.ysum + i);
+        for (int s = 1; s < slices; s++) {
+            const float4 part = *reinterpret_cast<const float4 *>(p.ysum + s * n + i);
+            sum.x += part.x, sum.y += part.y, sum.z += part.z, sum.w += part.w;
+        }
+        store_y4<T, Z>(y + i, sum, dskip, x + i, z + i);
     }
 }
 

@@ -103,8 +103,8 @@ template <typename T, class C> int launch_forward(const Run &r, const FwdLaunch 
     });
 }
 
-// The sliced forward: its slices add their parts of y into zeroed f32 sums,
-// then a second kernel writes y from them.
+// The sliced forward: its slices store their parts of y in rows of f32
+// sums, then a second kernel adds them up and writes y.
 template <typename T, class C>
 int launch_sliced_forward(const Run &r, const fx_ssm_fwd_args *a, FwdLaunch l, fx_status *st)
 {
@@ -115,8 +115,7 @@ int launch_sliced_forward(const Run &r, const fx_ssm_fwd_args *a, FwdLaunch l, f
          realign_input(r, ra, l.p.c, bytes_of(a->c), st) || realign_output(r, ra, l.p.y, bytes_of(a->y), st)))
         return realign_finish(r, ra, st->code, st);
     void *ysum = nullptr;
-    int rc = take_zeroed_scratch(r, fx_size_mul(ysum_floats(l.p), sizeof(float)), "selective_scan sums of y",
-                                    &ysum, st);
+    int rc = take_scratch(r, fx_size_mul(ysum_floats(l.p), sizeof(float)), "selective_scan sums of y", &ysum, st);
     l.p.ysum = static_cast<float *>(ysum);
     if (rc == FX_OK)
         rc = launch_forward<T, C>(r, l, st);
@@ -177,14 +176,15 @@ inline int realign_backward(const Run &r, const fx_ssm_bwd_args *a, BwdParams &b
 }
 
 // The backward with configuration C (SL: the sliced kernel, C = Cfg<4, 4>):
-// its zeroed f32 sums, the kernel, for SL the per-channel gradients from
-// the slices' sums, the sums written out.
+// its f32 partial sums (every element written by the kernels), the kernel,
+// for SL the per-channel gradients from the slices' sums, the sums added
+// up and written out.
 template <typename T, class C, bool SL>
 int launch_backward(const Run &r, const fx_ssm_bwd_args *a, fx_status *st)
 {
-    const BwdScratch sz(a->fwd.n, SL);
+    const BwdScratch sz = bwd_scratch<C, SL>(a->fwd.n);
     void *scratch = nullptr;
-    if (take_zeroed_scratch(r, fx_size_mul(sz.total, sizeof(float)), "selective_scan_backward sums", &scratch, st))
+    if (take_scratch(r, fx_size_mul(sz.total, sizeof(float)), "selective_scan_backward sums", &scratch, st))
         return st->code;
     BwdParams bp = bwd_params<C>(a, static_cast<float *>(scratch), sz);
     Realigned ra;

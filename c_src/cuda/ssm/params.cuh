@@ -73,7 +73,7 @@ template <int LANES_, int NPL_> struct Cfg {
 // Calls body(Cfg<...>()) for the configuration that covers dstate (<= 256).
 // Above dstate 32 a lane holds 8 states: with 4, dstate 64 and 128 ran
 // 1.2-1.6x slower (each warp had too little independent work, and twice
-// the atomics of the b and c gradients; bench/RESULTS.md).
+// the adds of the b and c gradients to memory; bench/RESULTS.md).
 template <typename F> static auto with_cfg(int64_t dstate, F &&body) -> decltype(body(Cfg<4, 4>()))
 {
     if (dstate <= 4) return body(Cfg<1, 4>());
@@ -299,7 +299,7 @@ struct ScanParams {
     float *state;  // forward output, or NULL
     float *saved;  // [batch, nsaved, dim, dstate]: written by the forward, read by the backward
     int nsaved;
-    float *ysum;   // the sliced forward's f32 sums of y over states, [batch, seqlen, dim], zeroed
+    float *ysum;   // the sliced forward's f32 sums of y over each slice's states, [slices][batch, seqlen, dim]
 };
 
 struct BwdParams {
@@ -310,9 +310,15 @@ struct BwdParams {
     void *dx, *ddt, *dz; // the input type (dz NULL without z)
     void *dh0;           // or NULL
     int dh0_type;
-    float *acc_db, *acc_dc, *acc_da, *acc_dd, *acc_dbias; // f32 sums, zeroed
-    // the sliced backward's sums over states, [3][batch * seqlen * dim]: y
-    // before d x and the gate, sum g decay h a, sum g b (zeroed); else NULL
+    // f32 partial sums (sums.cuh), a row per block that adds into an
+    // element: db, dc [channel tile][batch, seqlen, groups, dstate] (rows of
+    // bc_row floats), da [batch][dim, dstate], dd, ddt_bias [batch][dim]
+    // (sliced: [(batch * seqlen) / kBwdFinishRows, rounded up][dim])
+    float *acc_db, *acc_dc, *acc_da, *acc_dd, *acc_dbias;
+    int64_t bc_row;
+    // the sliced backward's sums over each slice's states,
+    // [3][slices][batch * seqlen * dim]: y before d x and the gate, sum g
+    // decay h a, sum g b; else NULL
     float *parts;
 };
 

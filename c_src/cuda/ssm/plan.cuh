@@ -106,8 +106,13 @@ struct FwdLaunch {
     bool realign; // the sliced kernel is required and a row does not start on 16 bytes
 };
 
-// WS_SLICED: the f32 sums of y the launcher provides (p.ysum, zeroed), in floats.
-inline int64_t ysum_floats(const ScanParams &p) { return (int64_t)p.batch * p.seqlen * p.dim; }
+// WS_SLICED: the f32 sums of y the launcher provides (p.ysum: a row for
+// each slice, every element of it written), in floats. (x's elements, a
+// shape's: at most 2^48, times at most 16 slices.)
+inline int64_t ysum_floats(const ScanParams &p)
+{
+    return (int64_t)p.batch * p.seqlen * p.dim * (p.dstate / kWsStates);
+}
 
 // l as the sliced warp-specialized launch of p (ws_sliced_shape<T>(p)).
 template <typename T> inline void ws_sliced_launch(const ScanParams &p, FwdLaunch *l)
@@ -185,25 +190,39 @@ template <typename T, class F> inline auto with_finish_kernel(const ScanParams &
     return body(KernelIs<ssm_fwd_finish_kernel<T, false>>());
 }
 
-// One f32 scratch for the summed gradients: [db][dc][da][dd][ddt_bias]
-// (db first so that its rows are 16-byte aligned for vector atomics).
-// Sliced, the per-channel sums over states come first:
-// [parts (3 x batch * seqlen * dim)][db]... (dim a multiple of 32 there, so
-// that db's rows stay 16-byte aligned).
-// Counts, not bytes (the launchers form those with fx_size_mul): batch *
-// seqlen * groups <= batch * seqlen * dim, x's elements (a shape: at most
-// 2^48), times dstate <= kMaxDstate (256), stays far inside int64.
+// One f32 scratch for the reduced gradients' partial sums (BwdParams:
+// their rows), [db][dc][da][dd][ddt_bias], db first so that its rows are
+// 16-byte aligned for vector stores. Sliced, the per-channel sums over
+// each slice's states come first: [parts (3 x slices x batch * seqlen *
+// dim)][db]... (dim a multiple of 32 there, so that db's rows stay 16-byte
+// aligned). `ch`: the channels of a backward block (C::BW * C::WCH), whose
+// tiles of a group each add a row of db and dc. Every element of every row
+// is written by the kernels, so nothing needs zeros. Counts, not bytes
+// (the launchers form those with fx_size_mul): each region is at most
+// x's elements (a shape: at most 2^48) times 48 (3 x 16 slices) or times
+// dstate <= kMaxDstate (256), far inside int64.
 struct BwdScratch {
-    int64_t n_parts, n_bc, n_a, n_d, total;
-    explicit BwdScratch(const fx_ssm_dims &n, bool sliced = false)
+    int64_t tiles, dd_rows;              // rows of db and dc; of dd and ddt_bias
+    int64_t n_parts, n_bc, n_a, n_d;     // parts in all; one row of db, of da, of dd
+    int64_t total;
+    BwdScratch(const fx_ssm_dims &n, int64_t ch, bool sliced)
     {
-        n_parts = sliced ? 3 * n.batch * n.seqlen * n.dim : 0;
+        const int64_t cpg = n.groups > 0 ? n.dim / n.groups : 0;
+        tiles = (cpg + ch - 1) / ch;
+        dd_rows = sliced ? (n.batch * n.seqlen + kBwdFinishRows - 1) / kBwdFinishRows : n.batch;
+        n_parts = sliced ? 3 * (n.dstate / kWsStates) * n.batch * n.seqlen * n.dim : 0;
         n_bc = n.batch * n.seqlen * n.groups * n.dstate;
         n_a = n.dim * n.dstate;
         n_d = n.dim;
-        total = n_parts + 2 * n_bc + n_a + 2 * n_d;
+        total = n_parts + 2 * tiles * n_bc + n.batch * n_a + 2 * dd_rows * n_d;
     }
 };
+
+// The backward's partial sums for configuration C (SL: sliced).
+template <class C, bool SL> inline BwdScratch bwd_scratch(const fx_ssm_dims &n)
+{
+    return BwdScratch(n, C::BW * C::WCH, SL);
+}
 
 inline StepParams step_params(const fx_ssm_step_args *a)
 {
@@ -224,7 +243,7 @@ template <class C> inline int64_t step_grid(const StepParams &p)
     return p.dim > 0 ? (int64_t)p.batch * step_row_blocks<C>(p.dim) : 0;
 }
 
-// `scratch`: BwdScratch::total zeroed floats.
+// `scratch`: BwdScratch::total floats.
 template <class C>
 inline BwdParams bwd_params(const fx_ssm_bwd_args *a, float *scratch, const BwdScratch &sz)
 {
@@ -237,10 +256,11 @@ inline BwdParams bwd_params(const fx_ssm_bwd_args *a, float *scratch, const BwdS
     bp.dh0 = a->dh0 ? a->dh0->data : nullptr, bp.dh0_type = type_of(a->dh0);
     bp.parts = sz.n_parts ? scratch : nullptr;
     bp.acc_db = scratch + sz.n_parts;
-    bp.acc_dc = bp.acc_db + sz.n_bc;
-    bp.acc_da = bp.acc_dc + sz.n_bc;
-    bp.acc_dd = bp.acc_da + sz.n_a;
-    bp.acc_dbias = bp.acc_dd + sz.n_d;
+    bp.acc_dc = bp.acc_db + sz.tiles * sz.n_bc;
+    bp.acc_da = bp.acc_dc + sz.tiles * sz.n_bc;
+    bp.acc_dd = bp.acc_da + a->fwd.n.batch * sz.n_a;
+    bp.acc_dbias = bp.acc_dd + sz.dd_rows * sz.n_d;
+    bp.bc_row = sz.n_bc;
     return bp;
 }
 
@@ -276,16 +296,26 @@ template <typename T, class F> inline int with_bwd_config(const fx_ssm_bwd_args 
     return with_cfg(a->fwd.n.dstate, [&](auto cfg) { return body(cfg, std::false_type{}); });
 }
 
-// The f32 sums of bwd_params, as written out to the gradients asked for.
+// The partial sums of bwd_params, as added up into the gradients asked for.
 inline SumRegions bwd_sums(const fx_ssm_bwd_args *a, const BwdParams &bp, const BwdScratch &sz)
 {
     SumRegions s = {};
-    s.add(bp.acc_db, a->db, sz.n_bc);
-    s.add(bp.acc_dc, a->dc, sz.n_bc);
-    s.add(bp.acc_da, a->da, sz.n_a);
-    s.add(bp.acc_dd, a->dd, sz.n_d);
-    s.add(bp.acc_dbias, a->ddt_bias, sz.n_d);
+    s.add(bp.acc_db, a->db, sz.n_bc, sz.tiles);
+    s.add(bp.acc_dc, a->dc, sz.n_bc, sz.tiles);
+    s.add(bp.acc_da, a->da, sz.n_a, a->fwd.n.batch);
+    s.add(bp.acc_dd, a->dd, sz.n_d, sz.dd_rows);
+    s.add(bp.acc_dbias, a->ddt_bias, sz.n_d, sz.dd_rows);
     return s;
+}
+
+// The backward's partial sums for a's shapes, as with_bwd_config would
+// pick the kernel (for the scratch query: without its check of the saved
+// states, which the op itself makes).
+template <typename T> inline BwdScratch bwd_scratch_of(const fx_ssm_bwd_args *a)
+{
+    if (bwd_sliced_shape<T>(scan_params(&a->fwd, kWsChannels)))
+        return bwd_scratch<Cfg<4, 4>, true>(a->fwd.n);
+    return with_cfg(a->fwd.n.dstate, [&](auto cfg) { return bwd_scratch<decltype(cfg), false>(a->fwd.n); });
 }
 
 } // namespace fx::cuda::ssm
