@@ -4,6 +4,7 @@
 // that kernel, and the deterministic column sums of a bias gradient.
 #include "cuda/activation.cuh"
 #include "cuda/blas_plan.cuh"
+#include "cuda/dispatch.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/sums.cuh"
 
@@ -181,8 +182,7 @@ int run_epilogue(const Run &r, const Gemm &g, const Plan &p, const char *what, f
     e.stride_c = g.batch > 1 ? g.stride_c : 0;
     e.batch = g.batch;
     const int64_t total = g.m * g.n * g.batch;
-    return with_float(g.c_type, what, st, [&](auto *tag) {
-        typedef typename std::remove_pointer<decltype(tag)>::type C;
+    return FX_DISPATCH_FLOAT(C, g.c_type, what, st, [&] {
         return launch<epilogue_kernel<C>>(r, grid_for(r.d, total, 256), 256, "blas epilogue kernel", st, e);
     });
 }
@@ -272,8 +272,7 @@ int column_sums(const Run &r, const ColumnSums &s, const char *what, fx_status *
     if (parts > 1 && take_scratch(r, column_sums_scratch(s.rows, s.cols), what, &partial, st))
         return st->code;
     p.partial = static_cast<float *>(partial);
-    const int rc = with_float(s.src_type, what, st, [&](auto *tag) {
-        typedef typename std::remove_pointer<decltype(tag)>::type S;
+    const int rc = FX_DISPATCH_FLOAT(S, s.src_type, what, st, [&] {
         return launch<column_sums_kernel<S>>(r, p.col_blocks * parts, kSumCols * kSumLanes, "column sums kernel", st,
                                              p);
     });

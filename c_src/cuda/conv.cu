@@ -2,6 +2,7 @@
 // the call handed to the launchers of the input type (conv/launchers.cuh,
 // compiled per type by conv_f32.cu, conv_bf16.cu, conv_f16.cu).
 #include "cuda/conv/launchers.cuh"
+#include "cuda/dispatch.cuh"
 #include "cuda/families.h"
 
 namespace fx::cuda::conv {
@@ -12,8 +13,8 @@ int op_forward(const fx_exec *ex, const fx_conv_fwd_args *a, fx_status *st)
     Run r;
     if (enter(ex, &r, st))
         return st->code;
-    return with_float(a->x->dtype, "causal_conv1d", st, [&](auto *tag) {
-        return forward<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
+    return FX_DISPATCH_FLOAT(T, a->x->dtype, "causal_conv1d", st, [&] {
+        return forward<T>(r, a, st);
     });
 }
 
@@ -22,8 +23,8 @@ int op_backward(const fx_exec *ex, const fx_conv_bwd_args *a, fx_status *st)
     Run r;
     if (enter(ex, &r, st))
         return st->code;
-    return with_float(a->fwd.x->dtype, "causal_conv1d_backward", st, [&](auto *tag) {
-        return backward<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
+    return FX_DISPATCH_FLOAT(T, a->fwd.x->dtype, "causal_conv1d_backward", st, [&] {
+        return backward<T>(r, a, st);
     });
 }
 
@@ -32,8 +33,8 @@ int op_step(const fx_exec *ex, const fx_conv_step_args *a, fx_status *st)
     Run r;
     if (enter(ex, &r, st))
         return st->code;
-    return with_float(a->x->dtype, "causal_conv1d_step", st, [&](auto *tag) {
-        return step<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
+    return FX_DISPATCH_FLOAT(T, a->x->dtype, "causal_conv1d_step", st, [&] {
+        return step<T>(r, a, st);
     });
 }
 

@@ -4,6 +4,7 @@
 // column sums), and the backend's general product (fusex_linear.h's gemm).
 #include "cuda/activation.cuh"
 #include "cuda/blas.cuh"
+#include "cuda/dispatch.cuh"
 #include "cuda/families.h"
 #include "cuda/launch.cuh"
 #include "fusex_linear.h"
@@ -185,8 +186,8 @@ int op_backward(const fx_exec *ex, const fx_linear_bwd_args *a, fx_status *st)
     Run r;
     if (enter(ex, &r, st))
         return st->code;
-    return with_float(a->fwd.x->dtype, "linear_backward", st, [&](auto *tag) {
-        return backward<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
+    return FX_DISPATCH_FLOAT(T, a->fwd.x->dtype, "linear_backward", st, [&] {
+        return backward<T>(r, a, st);
     });
 }
 

@@ -1,6 +1,7 @@
 // The norms' entry points and ops table: the launch context entered, the
 // call handed to the launchers of the input type (norm/launchers.cuh,
 // compiled per type by norm_f32.cu, norm_bf16.cu, norm_f16.cu).
+#include "cuda/dispatch.cuh"
 #include "cuda/families.h"
 #include "cuda/norm/launchers.cuh"
 
@@ -19,8 +20,8 @@ int op_forward(const fx_exec *ex, const fx_norm_fwd_args *a, fx_status *st)
     Run r;
     if (enter(ex, &r, st))
         return st->code;
-    return with_float(a->x->dtype, op_name(a->kind, false), st, [&](auto *tag) {
-        return forward<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
+    return FX_DISPATCH_FLOAT(T, a->x->dtype, op_name(a->kind, false), st, [&] {
+        return forward<T>(r, a, st);
     });
 }
 
@@ -29,8 +30,8 @@ int op_backward(const fx_exec *ex, const fx_norm_bwd_args *a, fx_status *st)
     Run r;
     if (enter(ex, &r, st))
         return st->code;
-    return with_float(a->dy->dtype, op_name(a->kind, true), st, [&](auto *tag) {
-        return backward<typename std::remove_pointer<decltype(tag)>::type>(r, a, st);
+    return FX_DISPATCH_FLOAT(T, a->dy->dtype, op_name(a->kind, true), st, [&] {
+        return backward<T>(r, a, st);
     });
 }
 

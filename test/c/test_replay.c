@@ -378,7 +378,6 @@ typedef struct lr_set {
 typedef struct lr_data {
     lr_case c;
     fx_tensor seq[FX_LINREC_MAX_SEQ], tau, lam, dt, h0, dh;
-    fx_linrec_problem p; /* as the first forward filled it in */
 } lr_data;
 
 static const char *lr_out_name(const lr_data *d, int i)
@@ -422,35 +421,32 @@ static void lr_set_free(lr_set *o)
         fx_tensor_release(&o->t[i]);
 }
 
-static fx_linrec_problem lr_problem(const lr_data *d)
+static fx_linrec_inputs lr_inputs(const lr_data *d)
 {
-    fx_linrec_problem p;
-    memset(&p, 0, sizeof p);
-    p.kind = d->c.kind;
+    fx_linrec_inputs in;
+    memset(&in, 0, sizeof in);
+    in.kind = d->c.kind;
     for (int k = 0; k < fx_linrec_nseq(d->c.kind); k++)
-        p.seq[k] = &d->seq[k];
+        in.seq[k] = &d->seq[k];
     if (d->c.kind == FX_LINREC_LIQUID) {
-        p.tau = &d->tau;
-        p.lam = &d->lam;
-        p.dt = &d->dt;
+        in.tau = &d->tau;
+        in.lam = &d->lam;
+        in.dt = &d->dt;
     }
-    return p;
+    in.h0 = &d->h0;
+    return in;
 }
 
 static void lr_forward(lr_data *d, lr_set *o, lane *l)
 {
     fx_status st;
     fx_status_clear(&st);
-    fx_linrec_problem p = lr_problem(d);
+    const fx_linrec_inputs in = lr_inputs(d);
     const fx_exec *ex = NULL;
-    if (l) {
-        fx_linrec_fwd_args q = {.p = d->p, .h0 = &d->h0, .h = &o->t[0], .state = &o->t[1],
-                                .max_tile_steps = d->c.max_tile};
-        ex = lane_exec(l, l->dev->backend->linrec->forward_scratch(&l->ex, &q));
-    }
-    fx_op_linrec_forward_into(ex, &p, &d->h0, d->c.max_tile, &o->t[0], &o->t[1], &st);
+    if (l)
+        ex = lane_exec(l, fx_op_linrec_forward_scratch(&l->ex, &in, d->c.max_tile, &o->t[0], &o->t[1]));
+    fx_op_linrec_forward_into(ex, &in, d->c.max_tile, &o->t[0], &o->t[1], &st);
     FX_CK_OK(st);
-    d->p = p;
 }
 
 /* The backward of `h` (the first forward's output) into o's gradients. */
@@ -458,6 +454,7 @@ static void lr_backward(const lr_data *d, const fx_tensor *h, lr_set *o, lane *l
 {
     fx_status st;
     fx_status_clear(&st);
+    const fx_linrec_inputs in = lr_inputs(d);
     fx_linrec_grad_outs g;
     memset(&g, 0, sizeof g);
     for (int k = 0; k < fx_linrec_nseq(d->c.kind); k++)
@@ -469,14 +466,9 @@ static void lr_backward(const lr_data *d, const fx_tensor *h, lr_set *o, lane *l
     }
     g.h0 = &o->t[8];
     const fx_exec *ex = NULL;
-    if (l) {
-        fx_linrec_bwd_args q = {.p = d->p, .h0 = &d->h0, .h = h, .dh = &d->dh, .dtau = g.tau, .dlam = g.lam,
-                                .ddt = g.dt, .dh0 = g.h0, .max_tile_steps = d->c.max_tile};
-        for (int k = 0; k < d->p.nseq; k++)
-            q.dseq[k] = g.seq[k];
-        ex = lane_exec(l, l->dev->backend->linrec->backward_scratch(&l->ex, &q));
-    }
-    fx_op_linrec_backward_into(ex, &d->p, &d->h0, h, &d->dh, NULL, d->c.max_tile, &g, &st);
+    if (l)
+        ex = lane_exec(l, fx_op_linrec_backward_scratch(&l->ex, &in, h, &d->dh, NULL, d->c.max_tile, &g));
+    fx_op_linrec_backward_into(ex, &in, h, &d->dh, NULL, d->c.max_tile, &g, &st);
     FX_CK_OK(st);
 }
 
