@@ -6,8 +6,8 @@ description's names: ``forward(op, args, **options)`` for a forward,
 ``step(op, args, **options)`` for a step. From the description alone:
 
   * the options: a tensor option is an input (None: not given), a flag a
-    boolean, a flag with choices one of its two names, a number a concrete
-    real scalar; an option that is both a number and an input (a tensor or
+    boolean (Python's, numpy's, a 0-d boolean array), a flag with choices
+    one of its two names, a number a concrete real scalar; an option that is both a number and an input (a tensor or
     a number) is the number when it is a concrete scalar and the input
     otherwise (an array of shape ``()`` broadcast to the input's layout);
   * the operands in the description's order, the presence attributes set
@@ -89,11 +89,12 @@ def _show(value):
 
 
 def _flag(name, value):
-    """True or False (Python's, numpy's, a 0-d boolean array), or 0 or 1."""
+    """A boolean: Python's, numpy's, or a 0-d boolean array (the Erlang
+    API's and Fusex.Defn's words for what else came)."""
     s = _scalar(value)
-    if s is not None and (s[0] == "bool" or (s[0] == "int" and s[1] in (0, 1))):
-        return float(bool(s[1]))
-    raise ArgumentError(f"{name}: expected True or False, got {_show(value)}")
+    if s is not None and s[0] == "bool":
+        return float(s[1])
+    raise ArgumentError(f"{name}: expected true or false, got {_show(value)}")
 
 
 def _choice(name, value, choices):
