@@ -41,10 +41,19 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
     Parameters are initialized as in Mamba: `a_log[d, n] = log(n + 1)`,
     `d = 1`, `dt_bias` the inverse softplus of a log-uniform step.
     """
-    def selective_scan(%Axon{} = x, opts \\ []) do
+    def selective_scan(x, opts \\ []) do
+      input!(x)
+
       opts =
-        Keyword.validate!(opts, [:name, :dt_rank, state_size: 16, dt_min: 0.001, dt_max: 0.1,
+        Fusex.Opts.keyword!(opts, [:name, :dt_rank, state_size: 16, dt_min: 0.001, dt_max: 0.1,
           kernel_initializer: :glorot_uniform])
+
+      name!(opts)
+      Fusex.Opts.value!(opts, :state_size, "a positive integer", &Fusex.Opts.positive_integer?/1)
+      Fusex.Opts.value!(opts, :dt_rank, "nil or a positive integer", &(&1 == nil or Fusex.Opts.positive_integer?(&1)))
+      dt_min = Fusex.Opts.value!(opts, :dt_min, "a positive number", &Fusex.Opts.positive_number?/1)
+      Fusex.Opts.value!(opts, :dt_max, "a number at least dt_min (#{dt_min})", &(Fusex.Opts.positive_number?(&1) and &1 >= dt_min))
+      initializer!(opts, :kernel_initializer)
 
       n = opts[:state_size]
       rank = fn dim -> opts[:dt_rank] || div(dim + 15, 16) end
@@ -97,7 +106,9 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
     b_h)` (`Fusex.Defn.mingru/4`). Options: `:name`, `:reverse`,
     `:candidate_activation` (`:identity` or `:g`), initializers.
     """
-    def min_gru(%Axon{} = x, units, opts \\ []) when is_integer(units) and units > 0 do
+    def min_gru(x, units, opts \\ []) do
+      input!(x)
+      units!(units)
       opts = validate_gated(opts)
       params = projections(["z", "h"], units, opts)
 
@@ -118,7 +129,9 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
     MinLSTM: forget and input gates from `x`, normalised (`Fusex.Defn.minlstm/5`).
     Options as `min_gru/3`.
     """
-    def min_lstm(%Axon{} = x, units, opts \\ []) when is_integer(units) and units > 0 do
+    def min_lstm(x, units, opts \\ []) do
+      input!(x)
+      units!(units)
       opts = validate_gated(opts)
       params = projections(["f", "i", "h"], units, opts)
 
@@ -141,10 +154,18 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
     `:reverse`, `:dt` (a positive number, default 1.0), initializers,
     `:a_initializer` (default `:ones`).
     """
-    def liquid(%Axon{} = x, units, opts \\ []) when is_integer(units) and units > 0 do
+    def liquid(x, units, opts \\ []) do
+      input!(x)
+      units!(units)
+
       opts =
-        Keyword.validate!(opts, [:name, reverse: false, dt: 1.0, kernel_initializer: :glorot_uniform,
+        Fusex.Opts.keyword!(opts, [:name, reverse: false, dt: 1.0, kernel_initializer: :glorot_uniform,
           bias_initializer: :zeros, a_initializer: :ones])
+
+      name!(opts)
+      Fusex.Opts.boolean!(opts, :reverse)
+      Fusex.Opts.value!(opts, :dt, "a positive number", &Fusex.Opts.positive_number?/1)
+      Enum.each([:kernel_initializer, :bias_initializer, :a_initializer], &initializer!(opts, &1))
 
       [kernel, bias] = projections([""], units, opts)
       log_tau = Axon.param("log_tau", {units}, initializer: :zeros)
@@ -166,8 +187,40 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
     # ---- shared ----
 
     defp validate_gated(opts) do
-      Keyword.validate!(opts, [:name, reverse: false, candidate_activation: :identity,
-        kernel_initializer: :glorot_uniform, bias_initializer: :zeros])
+      opts =
+        Fusex.Opts.keyword!(opts, [:name, reverse: false, candidate_activation: :identity,
+          kernel_initializer: :glorot_uniform, bias_initializer: :zeros])
+
+      name!(opts)
+      Fusex.Opts.boolean!(opts, :reverse)
+      Fusex.Opts.value!(opts, :candidate_activation, ":identity or :g", &(&1 in [:identity, :g]))
+      Enum.each([:kernel_initializer, :bias_initializer], &initializer!(opts, &1))
+      opts
+    end
+
+    # ---- the arguments, checked with the house message ----
+
+    defp input!(%Axon{}), do: :ok
+    defp input!(other), do: Fusex.Opts.fail("input", "an %Axon{} layer", other)
+
+    defp units!(units) do
+      unless Fusex.Opts.positive_integer?(units), do: Fusex.Opts.fail("units", "a positive integer", units)
+    end
+
+    # A layer name as Axon takes it: nil, a string, or a function of the op
+    # and the op counts.
+    defp name!(opts),
+      do: Fusex.Opts.value!(opts, :name, "nil, a string or a function of arity 2", &(&1 == nil or is_binary(&1) or is_function(&1, 2)))
+
+    # An initializer as Axon takes it: one of Axon.Initializers' names or a
+    # function of arity 2 or 3.
+    defp initializer!(opts, key) do
+      Code.ensure_loaded(Axon.Initializers)
+
+      Fusex.Opts.value!(opts, key, "an Axon initializer (a function of Axon.Initializers by name, or a function of arity 2 or 3)", fn
+        v when is_atom(v) and v not in [nil, true, false, :module_info] -> function_exported?(Axon.Initializers, v, 0)
+        v -> is_function(v, 2) or is_function(v, 3)
+      end)
     end
 
     defp gated_opts(opts), do: [reverse: opts[:reverse], candidate_activation: opts[:candidate_activation]]

@@ -12,8 +12,13 @@ defmodule Fusex.Bench do
 
   @doc "Runs the selected cases and prints the table; returns the rows."
   def run(opts \\ []) do
-    opts = Keyword.validate!(opts, [:ops, :device, :reps, :out])
-    :fusex_bench.run(Map.new(opts, &erl_opt/1))
+    opts = Fusex.Opts.keyword!(opts, [:ops, :device, :reps, :out])
+    name? = &(is_binary(&1) or is_atom(&1))
+    Fusex.Opts.value!(opts, :ops, "an op name or a list of them", &(&1 == nil or name?.(&1) or (is_list(&1) and Enum.all?(&1, name?))))
+    Fusex.Opts.value!(opts, :device, ":cpu, :cuda or {:cuda, n}", &(&1 in [nil, :cpu, :cuda] or match?({:cuda, n} when is_integer(n) and n >= 0, &1)))
+    Fusex.Opts.value!(opts, :reps, "a positive integer", &(&1 == nil or Fusex.Opts.positive_integer?(&1)))
+    Fusex.Opts.value!(opts, :out, "a file name", &(&1 == nil or is_binary(&1) or (is_list(&1) and List.ascii_printable?(&1))))
+    :fusex_bench.run(opts |> Enum.reject(fn {_k, v} -> v == nil end) |> Map.new(&erl_opt/1))
   end
 
   defp erl_opt({:ops, ops}) when is_list(ops), do: {:ops, Enum.map(ops, &to_string/1)}

@@ -5,11 +5,12 @@ defmodule Fusex.Op do
   zero-copy view where possible, else through a binary), call the Erlang
   API, and hand the results back in the form the caller asked for.
 
-  A wrapper for an Erlang op is one call, e.g. for
-  `fusex:mingru(ZLogits, Cand, Opts)`:
+  A wrapper for an Erlang op is one call, e.g. for `fusex:add(A, B)`:
 
-      def mingru(z_logits, cand, opts \\\\ []),
-        do: Fusex.Op.run(:mingru, [z_logits: z_logits, cand: cand], opts, erl_opts: true)
+      def add(a, b, opts \\\\ []), do: Fusex.Op.run(:add, [a: a, b: b], opts)
+
+  and for an op with options of its own (passed as the Erlang options
+  map), `erl_opts: true`.
 
   * `args` is a keyword list of the positional arguments, named as in the
     Erlang docs (the names appear in error messages). Tensor-like values
@@ -34,8 +35,8 @@ defmodule Fusex.Op do
   @wrapper_opts [:resident, :device, :backend]
 
   @doc false
-  def run(fun, args, opts, spec \\ []) when is_list(args) and is_list(opts) do
-    unless Keyword.keyword?(opts) do
+  def run(fun, args, opts, spec \\ []) when is_list(args) do
+    unless is_list(opts) and Keyword.keyword?(opts) do
       raise ArgumentError, "opts: expected a keyword list, got #{inspect(opts)}"
     end
 
@@ -46,7 +47,7 @@ defmodule Fusex.Op do
             "opts: expected only the options #{inspect(@wrapper_opts)}, got #{inspect(Keyword.keys(op_opts))}"
     end
 
-    check_resident!(wrapper)
+    check_wrapper!(wrapper)
     in_place = Keyword.get(spec, :in_place, [])
     device = resolve_device(wrapper[:device], args, op_opts)
     state = %{device: device, in_place: in_place, temps: [], origin: nil, all_resident: true, views: false}
@@ -65,11 +66,34 @@ defmodule Fusex.Op do
     end
   end
 
-  defp check_resident!(wrapper) do
+  defp check_wrapper!(wrapper) do
     case Keyword.get(wrapper, :resident, false) do
       r when is_boolean(r) -> :ok
       other -> raise ArgumentError, "resident: expected true or false, got #{inspect(other)}"
     end
+
+    backend!(wrapper[:backend])
+  end
+
+  @doc false
+  # An Nx backend: a module implementing Nx.Backend, or {module, options}.
+  def backend!(nil), do: :ok
+
+  def backend!(backend) do
+    module =
+      case backend do
+        {module, opts} when is_atom(module) and is_list(opts) -> module
+        module when is_atom(module) -> module
+        _ -> nil
+      end
+
+    unless module && Code.ensure_loaded?(module) && function_exported?(module, :from_binary, 3) do
+      raise ArgumentError,
+            "backend: expected an Nx backend (a module implementing Nx.Backend, or {module, options}), " <>
+              "got #{inspect(backend)}"
+    end
+
+    :ok
   end
 
   # ---- the device: explicit, else the first resident tensor's, else the

@@ -48,13 +48,13 @@ defmodule Fusex.Tensor do
   (allocate memory that `to_pointer/3` can export as a CUDA IPC handle).
   """
   def from_binary(binary, type, shape, opts \\ []) do
-    opts = Keyword.validate!(opts, [:device, :ipc])
+    opts = Fusex.Opts.keyword!(opts, [:device, :ipc])
     wrap(Fusex.Erl.call(:tensor, [binary, type, shape, erl_alloc_opts(opts)]))
   end
 
   @doc "A zero-filled tensor; options as in `from_binary/4`."
   def zeros(type, shape, opts \\ []) do
-    opts = Keyword.validate!(opts, [:device, :ipc])
+    opts = Fusex.Opts.keyword!(opts, [:device, :ipc])
     wrap(Fusex.Erl.call(:zeros, [type, shape, erl_alloc_opts(opts)]))
   end
 
@@ -74,7 +74,9 @@ defmodule Fusex.Tensor do
   `:copy` (`true` forces a copy even where a view is possible).
   """
   def from_nx(tensor, opts \\ []) do
-    opts = Keyword.validate!(opts, [:device, :ipc, :copy])
+    opts = Fusex.Opts.keyword!(opts, [:device, :ipc, :copy])
+    Fusex.Opts.value!(opts, :copy, "true or false", &(&1 in [nil, true, false]))
+    Fusex.Opts.value!(opts, :ipc, "true or false", &(&1 in [nil, true, false]))
     Fusex.Interop.from_nx(tensor, "tensor", opts)
   end
 
@@ -83,13 +85,14 @@ defmodule Fusex.Tensor do
   `:backend` (default `Nx.default_backend/0`). Requires Nx.
   """
   def to_nx(%__MODULE__{} = t, opts \\ []) do
-    opts = Keyword.validate!(opts, [:backend])
+    opts = Fusex.Opts.keyword!(opts, [:backend])
+    Fusex.Op.backend!(opts[:backend])
     Fusex.Interop.to_nx_copy(t, opts[:backend])
   end
 
   @doc "A copy on `device`; `ipc: true` makes it exportable by IPC."
   def copy(%__MODULE__{ref: ref}, device, opts \\ []) do
-    opts = Keyword.validate!(opts, [:ipc])
+    opts = Fusex.Opts.keyword!(opts, [:ipc])
     wrap(Fusex.Erl.call(:copy, [ref, device, Map.new(opts)]))
   end
 
@@ -105,7 +108,7 @@ defmodule Fusex.Tensor do
   `:fusex.to_pointer/3`. Option `:sync` (default `true`).
   """
   def to_pointer(%__MODULE__{ref: ref}, kind, opts \\ []) do
-    opts = Keyword.validate!(opts, sync: true)
+    opts = Fusex.Opts.keyword!(opts, sync: true)
     Fusex.Erl.call(:to_pointer, [ref, kind, Map.new(opts)])
   end
 
@@ -115,7 +118,7 @@ defmodule Fusex.Tensor do
   `:offset` (IPC only).
   """
   def from_pointer(pointer, type, shape, opts \\ []) do
-    opts = Keyword.validate!(opts, [:device, :sync, :offset])
+    opts = Fusex.Opts.keyword!(opts, [:device, :sync, :offset])
     wrap(Fusex.Erl.call(:from_pointer, [pointer, type, shape, Map.new(opts)]))
   end
 

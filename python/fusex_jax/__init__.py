@@ -1,6 +1,5 @@
-"""fusex for JAX: fused recurrences (Mamba's selective scan, linear scans,
-MinGRU, MinLSTM, Liquid) as XLA custom calls, with their own backward
-kernels, under ``jax.jit`` and ``jax.grad``.
+"""fusex for JAX: fused recurrences and state-space models as XLA custom
+calls, with their own backward kernels, under ``jax.jit`` and ``jax.grad``.
 
 Importing the package loads ``priv/fusex_xla.so`` (or ``FUSEX_XLA_LIB``) and
 registers its targets for the ``cpu`` and ``CUDA`` platforms. The CPU
@@ -8,15 +7,26 @@ handlers run fusex's CPU backend (f64 accumulation); the CUDA ones launch
 fusex's kernels on XLA's stream, with scratch from XLA's allocator.
 Semantics are those of the Erlang API (docs/SSM.md, docs/LINREC.md);
 the targets themselves are documented in docs/XLA.md.
+
+Each kernel family the library describes has its public functions in the
+module of the family's name (``fusex_jax.ssm``, ``fusex_jax.linrec``, ...),
+all exported here.
 """
 
-from ._lib import TARGETS, library_path
-from ._ops import (cuda_unavailable_reason, linear_scan, linear_scan_step, liquid, liquid_step, mingru,
-                   mingru_step, minlstm, minlstm_step, selective_scan, selective_scan_saved_shape,
-                   selective_scan_step)
+import importlib
+import importlib.util
 
-__all__ = [
-    "TARGETS", "library_path", "cuda_unavailable_reason", "selective_scan", "selective_scan_step",
-    "selective_scan_saved_shape", "linear_scan", "linear_scan_step", "mingru", "mingru_step", "minlstm",
-    "minlstm_step", "liquid", "liquid_step",
-]
+from ._lib import DESCRIPTIONS, TARGETS, ArgumentError, cuda_unavailable_reason, library_path
+
+__all__ = ["DESCRIPTIONS", "FAMILIES", "TARGETS", "ArgumentError", "library_path", "cuda_unavailable_reason"]
+
+# The families in the library's order, each module's public functions.
+FAMILIES = tuple(dict.fromkeys(d["family"] for d in DESCRIPTIONS))
+for _family in FAMILIES:
+    if importlib.util.find_spec(f".{_family}", __name__) is None:
+        continue
+    _module = importlib.import_module(f".{_family}", __name__)
+    for _name in _module.__all__:
+        globals()[_name] = getattr(_module, _name)
+    __all__ += _module.__all__
+del _family, _module, _name

@@ -1,373 +1,418 @@
-"""fusex's recurrences as JAX functions: each is one XLA custom call
-(docs/XLA.md), differentiable through ``jax.custom_vjp`` whose backward is
-the op's backward target. Semantics, shapes and types are the Erlang API's
-(docs/SSM.md, docs/LINREC.md); the handlers check every operand with the
-Erlang API's messages, which reach the caller as ``jax.errors.JaxRuntimeError``
-("INVALID_ARGUMENT: fusex_mingru_fwd: cand: expected type {f,32}, got {f,16}").
+"""The one call path of every fusex_jax function, over the op layer's
+descriptions (``_lib.DESCRIPTIONS``; docs/XLA.md).
+
+A family's public functions name their op and pass their arguments by the
+description's names: ``forward(op, args, **options)`` for a forward,
+``step(op, args, **options)`` for a step. From the description alone:
+
+  * the options: a tensor option is an input (None: not given), a flag a
+    boolean (Python's, numpy's, a 0-d boolean array), a flag with choices
+    one of its two names, a number a concrete real scalar; an option that is both a number and an input (a tensor or
+    a number) is the number when it is a concrete scalar and the input
+    otherwise (an array of shape ``()`` broadcast to the input's layout);
+  * the operands in the description's order, the presence attributes set
+    from the tensors given;
+  * the results' types and shapes from the op layer's check
+    (``fusex_xla_op_check`` with the Host rules), which refuses bad input
+    when the function is called (at trace time) with the op layer's
+    message (``ArgumentError``); the CUDA handler checks the CUDA
+    backend's limits again when the program runs;
+  * the gradient: a forward's ``jax.custom_vjp`` runs the training forward
+    (its ``save`` attribute 1) and the backward the description names,
+    feeding it by role (the forward's inputs and kept results by name, the
+    cotangents ``d`` + a result) and taking ``d`` + each input back; a
+    step's is that backward on sequences of one step from ``h0 = state``.
 """
 
 import functools
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from . import _lib
+from ._lib import ArgumentError
 
-# ---- helpers ----
-
-
-def _flag(value):
-    return np.int64(1 if value else 0)
+_INDEX = {d["name"]: i for i, d in enumerate(_lib.DESCRIPTIONS)}
 
 
-def _array(x):
-    return None if x is None else jnp.asarray(x)
+def _desc(op):
+    return _lib.DESCRIPTIONS[op]
 
 
-def _dims(x, rank):
-    """x's shape padded or cut to `rank` entries: output shapes of a call
-    whose inputs are malformed (the handler refuses the inputs before it
-    looks at the outputs)."""
-    shape = tuple(x.shape)[:rank]
-    return shape + (0,) * (rank - len(shape))
+def _find(name):
+    try:
+        return _INDEX[name]
+    except KeyError:
+        raise LookupError(f"fusex_jax: the library describes no op {name!r}") from None
 
 
-def _state_dtype(dtype):
-    """States are f32 for f32/bf16/f16 inputs, f64 for f64 ones."""
-    return jnp.dtype(jnp.float64) if jnp.dtype(dtype) == jnp.float64 else jnp.dtype(jnp.float32)
+def _index_of(items, name):
+    for i, item in enumerate(items):
+        if item["name"] == name:
+            return i
+    return -1
 
 
-def _like(x):
-    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+# ---- option values ----
 
 
-def _call(target, results, operands, attrs, aliases=None):
-    fn = jax.ffi.ffi_call(target, tuple(results), vmap_method="sequential",
-                          input_output_aliases=aliases)
-    return fn(*operands, **attrs)
+def _scalar(value):
+    """``(kind, value)`` of a concrete scalar (a Python or numpy number, a
+    0-d array that is not traced): kind ``bool``, ``int``, ``float`` or
+    ``complex``; None for anything else."""
+    if isinstance(value, jax.core.Tracer):
+        return None
+    for kind in (bool, int, float, complex):
+        if isinstance(value, kind):
+            return kind.__name__, value
+    try:
+        arr = np.asarray(value)
+    except Exception:  # noqa: BLE001 - not array-like: not a scalar
+        return None
+    if arr.ndim != 0 or arr.dtype == object:
+        return None
+    if arr.dtype == np.bool_:
+        return "bool", bool(arr)
+    for kind, base in (("int", jnp.integer), ("float", jnp.floating), ("complex", jnp.complexfloating)):
+        if jnp.issubdtype(arr.dtype, base):
+            return kind, {"int": int, "float": float, "complex": complex}[kind](arr)
+    return None
 
 
-def _present(*xs):
-    return [x for x in xs if x is not None]
+def _show(value):
+    if isinstance(value, jax.core.Tracer):
+        return "a traced value (options are static)"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _candidate_g(candidate_activation):
-    if candidate_activation not in ("identity", "g"):
-        raise ValueError(f"candidate_activation: expected identity or g, got {candidate_activation!r}")
-    return candidate_activation == "g"
+def _flag(name, value):
+    """A boolean: Python's, numpy's, or a 0-d boolean array (the Erlang
+    API's and Fusex.Defn's words for what else came)."""
+    s = _scalar(value)
+    if s is not None and s[0] == "bool":
+        return float(s[1])
+    raise ArgumentError(f"{name}: expected true or false, got {_show(value)}")
 
 
-# ---- selective scan ----
+def _choice(name, value, choices):
+    if isinstance(value, str) and value in choices:
+        return float(choices.index(value))
+    raise ArgumentError(f"{name}: expected {choices[0]} or {choices[1]}, got {_show(value)}")
 
 
-def selective_scan_saved_shape(x_shape, a_shape, b_shape, dtype):
-    """The shape of the states a training forward saves for its backward,
-    ``(batch, nsaved, dim, dstate)`` of the state type, from the shapes of
-    x ``[batch, seqlen, dim]``, a ``[dim, dstate]`` and b (rank 3, or rank 4
-    with groups) and x's dtype."""
-    batch, seqlen, dim = (tuple(x_shape) + (0, 0, 0))[:3]
-    dstate = a_shape[-1] if len(a_shape) else 0
-    groups = b_shape[2] if len(b_shape) == 4 else 1
-    return _lib.saved_shape(batch, seqlen, dim, dstate, groups, jnp.dtype(dtype).name)
+def _number(name, value, expected):
+    """A concrete real scalar as a float (the op layer checks its range);
+    None where value is not a scalar at all."""
+    s = _scalar(value)
+    if s is None:
+        return None
+    kind, v = s
+    if kind in ("int", "float"):
+        try:
+            return float(v)
+        except OverflowError:
+            pass
+    raise ArgumentError(f"{name}: expected {expected}, got {_show(value)}")
 
 
-def _ssm_attrs(dt_softplus, d, z, dt_bias):
-    return dict(dt_softplus=_flag(dt_softplus), has_d=_flag(d is not None), has_z=_flag(z is not None),
-                has_dt_bias=_flag(dt_bias is not None))
+def _tensor(name, value, expected):
+    """An array argument; ArgumentError where `value` is none."""
+    if isinstance(value, (str, bytes)):
+        raise ArgumentError(f"{name}: expected {expected}, got {_show(value)}")
+    try:
+        return jnp.asarray(value)
+    except (TypeError, ValueError):
+        raise ArgumentError(f"{name}: expected {expected}, got {_show(value)}") from None
 
 
-def _ssm_fwd_call(dt_softplus, return_state, save, x, dt, a, b, c, d, z, dt_bias, h0):
-    batch, _, dim = _dims(x, 3)
-    dstate = _dims(a, 2)[1]
-    results = [_like(x)]
-    if return_state:
-        results.append(jax.ShapeDtypeStruct((batch, dim, dstate), _state_dtype(x.dtype)))
-    # A sequence of one chunk saves nothing: then there is no such result
-    # (docs/XLA.md), and the backward gets None.
-    saved_shape = selective_scan_saved_shape(x.shape, a.shape, b.shape, x.dtype) if save else None
-    has_saved = saved_shape is not None and saved_shape[1] > 0
-    if has_saved:
-        results.append(jax.ShapeDtypeStruct(saved_shape, _state_dtype(x.dtype)))
-    attrs = _ssm_attrs(dt_softplus, d, z, dt_bias)
-    attrs.update(has_h0=_flag(h0 is not None), return_state=_flag(return_state), save=_flag(save))
-    outs = _call("fusex_selective_scan_fwd", results, [x, dt, a, b, c] + _present(d, z, dt_bias, h0), attrs)
-    return tuple(outs) + ((None,) if save and not has_saved else ())
+def _layout(layout):
+    """A layout's axis names (``[batch, seqlen, 1]``), or None where it has
+    an optional part (``[batch, seqlen, [groups,] dstate]``)."""
+    names = layout.strip("[]").split(", ")
+    return None if any("[" in n or "]" in n for n in names) else names
 
 
-def _ssm_bwd_call(dt_softplus, inputs, saved, dy, dstate):
-    x, dt, a, b, c, d, z, dt_bias, h0 = inputs
-    attrs = _ssm_attrs(dt_softplus, d, z, dt_bias)
-    attrs.update(has_h0=_flag(h0 is not None), has_dstate=_flag(dstate is not None))
-    given = [t for t in inputs if t is not None]
-    operands = given + _present(saved) + [dy] + _present(dstate)
-    grads = iter(_call("fusex_selective_scan_bwd", [_like(t) for t in given], operands, attrs))
-    return tuple(None if t is None else next(grads) for t in inputs)
+def _broadcast(d, inputs, i, value):
+    """An array of shape () as input i: broadcast to its layout (sizes
+    from the other inputs given), in the first positional tensor's type."""
+    sizes = {}
+    for spec, t in zip(d["inputs"], inputs):
+        names = _layout(spec["layout"])
+        if t is not None and names and len(names) == t.ndim:
+            for n, size in zip(names, t.shape):
+                sizes.setdefault(n, size)
+    names = _layout(d["inputs"][i]["layout"]) or []
+    if not all(n.isdigit() or n in sizes for n in names):
+        return value  # the check refuses what the sizes come from
+    first = next(t for s, t in zip(d["inputs"], inputs) if s["role"] == "arg")
+    shape = tuple(int(n) if n.isdigit() else sizes[n] for n in names)
+    return jnp.broadcast_to(value.astype(first.dtype), shape)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _selective_scan(dt_softplus, return_state, x, dt, a, b, c, d, z, dt_bias, h0):
-    outs = _ssm_fwd_call(dt_softplus, return_state, False, x, dt, a, b, c, d, z, dt_bias, h0)
-    return (outs[0], outs[1]) if return_state else outs[0]
+class _Call(NamedTuple):
+    """What is fixed at trace time: the description and its attributes
+    (one number each, in its order; presence ones as the tensors say)."""
+    op: int
+    attrs: tuple
 
 
-def _selective_scan_fwd(dt_softplus, return_state, x, dt, a, b, c, d, z, dt_bias, h0):
-    outs = _ssm_fwd_call(dt_softplus, return_state, True, x, dt, a, b, c, d, z, dt_bias, h0)
-    primal = (outs[0], outs[1]) if return_state else outs[0]
-    return primal, ((x, dt, a, b, c, d, z, dt_bias, h0), outs[-1])
+def _prepare(name, args, options):
+    """The call of description `name` and its inputs (a tuple aligned with
+    the description's, None where absent) from the public function's
+    positional tensors and options."""
+    op = _find(name)
+    d = _desc(op)
+    positional = [s["name"] for s in d["inputs"] if s["role"] in ("arg", "state")]
+    if list(args) != positional:
+        raise TypeError(f"fusex_jax: {name} takes the tensors {positional}, got {list(args)}")
+    inputs = [None] * len(d["inputs"])
+    for k, v in args.items():
+        i = _index_of(d["inputs"], k)
+        inputs[i] = _tensor(k, v, f"an array {d['inputs'][i]['layout']}")
+    attrs = [float(a["default"]) for a in d["attrs"]]
+    known = [o for o in d["options"] if o != "save_for_backward"]
+    unknown = [k for k in options if k not in known]
+    if unknown:
+        raise TypeError(f"fusex_jax: {name} has no options {unknown} (its options: {known})")
+    deferred = []
+    for key, value in options.items():
+        i = _index_of(d["inputs"], key)
+        a = next((k for k, at in enumerate(d["attrs"]) if (at["option"] or at["name"]) == key and
+                  at["role"] == "option"), -1)
+        if a >= 0 and d["attrs"][a]["kind"] == "number":
+            positive = "positive " if d["attrs"][a]["positive"] else ""
+            expected = f"a {positive}number" + (f" or a tensor ({d['inputs'][i]['layout']})" if i >= 0 else "")
+            number = _number(key, value, expected)
+            if number is not None:
+                attrs[a] = number
+                continue
+            if i < 0:
+                raise ArgumentError(f"{key}: expected {expected}, got {_show(value)}")
+        elif a >= 0:
+            choices = d["attrs"][a]["choices"]
+            attrs[a] = _choice(key, value, choices) if choices else _flag(key, value)
+            continue
+        if i < 0:
+            raise TypeError(f"fusex_jax: {name}: the option {key} is neither an input nor an attribute")
+        if value is not None:
+            what = expected if a >= 0 else f"an array {d['inputs'][i]['layout']}"
+            inputs[i] = _tensor(key, value, what)
+            if inputs[i].ndim == 0:
+                deferred.append(i)
+    for i in deferred:
+        inputs[i] = _broadcast(d, inputs, i, inputs[i])
+    return _Call(op, tuple(attrs)), tuple(inputs)
 
 
-def _selective_scan_bwd(dt_softplus, return_state, residuals, cotangent):
-    inputs, saved = residuals
-    dy, dstate = cotangent if return_state else (cotangent, None)
-    return _ssm_bwd_call(dt_softplus, inputs, saved, dy, dstate)
+# ---- one custom call ----
 
 
-_selective_scan.defvjp(_selective_scan_fwd, _selective_scan_bwd)
-
-
-def selective_scan(x, dt, a, b, c, *, d=None, z=None, dt_bias=None, dt_softplus=False, h0=None,
-                   return_state=False):
-    """Mamba's selective scan (S6), docs/SSM.md.
-
-    x, dt, z: ``[batch, seqlen, dim]``; a: ``[dim, dstate]``; b, c:
-    ``[batch, seqlen, dstate]`` or ``[batch, seqlen, groups, dstate]``; d,
-    dt_bias: ``[dim]``; h0: ``[batch, dim, dstate]``. Returns y (x's shape
-    and type) or ``(y, state)`` with ``return_state`` (state
-    ``[batch, dim, dstate]``, f32; f64 for f64 inputs). Differentiable in
-    every array argument; a training forward keeps the states entering
-    each chunk (``selective_scan_saved_shape``) for its backward.
-    """
-    return _selective_scan(bool(dt_softplus), bool(return_state), *map(_array, (x, dt, a, b, c, d, z, dt_bias, h0)))
-
-
-def _ssm_step_call(dt_softplus, state, x, dt, a, b, c, d, z, dt_bias):
-    attrs = _ssm_attrs(dt_softplus, d, z, dt_bias)
-    operands = [state, x, dt, a, b, c] + _present(d, z, dt_bias)
-    y, new_state = _call("fusex_selective_scan_step", [_like(x), _like(state)], operands, attrs, {0: 1})
-    return y, new_state
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _selective_scan_step(dt_softplus, state, x, dt, a, b, c, d, z, dt_bias):
-    return _ssm_step_call(dt_softplus, state, x, dt, a, b, c, d, z, dt_bias)
-
-
-def _selective_scan_step_fwd(dt_softplus, state, x, dt, a, b, c, d, z, dt_bias):
-    out = _ssm_step_call(dt_softplus, state, x, dt, a, b, c, d, z, dt_bias)
-    return out, (state, x, dt, a, b, c, d, z, dt_bias)
-
-
-def _frame(t):
-    """A step's frame as a sequence of one step: [batch, ...] -> [batch, 1, ...]."""
-    return None if t is None else jnp.expand_dims(t, 1)
-
-
-def _unframe(t):
-    return None if t is None else jnp.squeeze(t, 1)
-
-
-def _selective_scan_step_bwd(dt_softplus, residuals, cotangent):
-    # The step is the scan of one step from h0 = state: its backward is the
-    # scan's backward on that sequence of one (no saved states: one chunk).
-    state, x, dt, a, b, c, d, z, dt_bias = residuals
-    dy, dnew_state = cotangent
-    seq = (_frame(x), _frame(dt), a, _frame(b), _frame(c), d, _frame(z), dt_bias, state)
-    dx, ddt, da, db, dc, dd, dz, ddt_bias, dstate = _ssm_bwd_call(dt_softplus, seq, None, _frame(dy), dnew_state)
-    return (dstate, _unframe(dx), _unframe(ddt), da, _unframe(db), _unframe(dc), dd, _unframe(dz), ddt_bias)
-
-
-_selective_scan_step.defvjp(_selective_scan_step_fwd, _selective_scan_step_bwd)
-
-
-def selective_scan_step(state, x, dt, a, b, c, *, d=None, z=None, dt_bias=None, dt_softplus=False):
-    """One step of the selective scan: state ``[batch, dim, dstate]`` (f32;
-    f64 on the CPU for f64 inputs), x, dt, z ``[batch, dim]``, b, c
-    ``[batch, dstate]`` or ``[batch, groups, dstate]``. Returns
-    ``(y, new_state)``, y ``[batch, dim]``. XLA updates the state in place
-    when the caller donates it (the call aliases new_state to state)."""
-    return _selective_scan_step(bool(dt_softplus), *map(_array, (state, x, dt, a, b, c, d, z, dt_bias)))
-
-
-# ---- linear recurrences ----
-
-
-class _Linrec(NamedTuple):
-    """What is fixed at trace time: the op and its options."""
-    op: str
-    reverse: bool
-    candidate_g: bool
-    dt: float  # liquid's scalar dt (used when no dt tensor is given)
-
-
-def _linrec_attrs(cfg, dt_tensor):
-    attrs = dict(reverse=_flag(cfg.reverse))
-    if cfg.op in ("mingru", "minlstm"):
-        attrs["candidate_g"] = _flag(cfg.candidate_g)
-    if cfg.op == "liquid":
-        attrs["has_dt"] = _flag(dt_tensor is not None)
-        attrs["dt"] = np.float64(cfg.dt)
+def _presence(d, attrs, inputs):
+    """The attributes with every presence flag set from the inputs given."""
+    attrs = list(attrs)
+    for spec, t in zip(d["inputs"], inputs):
+        if spec["presence"] == "flag":
+            a = _index_of(d["attrs"], spec["flag"])
+            if d["attrs"][a]["role"] == "presence":
+                attrs[a] = float(t is not None)
     return attrs
 
 
-def _linrec_fwd_call(cfg, return_state, seq, params, dt, h0):
-    first = seq[0]
-    results = [_like(first)]
-    if return_state:
-        batch, hidden = _dims(first, 3)[0], _dims(first, 3)[2]
-        results.append(jax.ShapeDtypeStruct((batch, hidden), _state_dtype(first.dtype)))
-    attrs = _linrec_attrs(cfg, dt)
-    attrs.update(has_h0=_flag(h0 is not None), return_state=_flag(return_state))
-    operands = list(seq) + list(params) + _present(dt, h0)
-    return _call(f"fusex_{cfg.op}_fwd", results, operands, attrs)
+def _specs(op, attrs, inputs):
+    """The op layer's check of the call: each result's (dtype, shape), None
+    where absent; ArgumentError with its message for bad input."""
+    d = _desc(op)
+    return _lib.check(op, [None if t is None else (t.dtype, t.shape) for t in inputs], _presence(d, attrs, inputs))
 
 
-def _linrec_bwd_call(cfg, seq, params, dt, h0, h, dh, dstate):
-    attrs = _linrec_attrs(cfg, dt)
-    attrs.update(has_h0=_flag(h0 is not None), has_dstate=_flag(dstate is not None))
-    given = list(seq) + list(params) + _present(dt, h0)
-    operands = given + [h, dh] + _present(dstate)
-    grads = list(_call(f"fusex_{cfg.op}_bwd", [_like(t) for t in given], operands, attrs))
-    nseq, nparams = len(seq), len(params)
-    dseq, dparams = tuple(grads[:nseq]), tuple(grads[nseq:nseq + nparams])
-    rest = iter(grads[nseq + nparams:])
-    ddt = None if dt is None else next(rest)
-    dh0 = None if h0 is None else next(rest)
-    return dseq, dparams, ddt, dh0
+def _run(op, attrs, inputs):
+    """Description `op`'s custom call on `inputs` (aligned with the
+    description's, None where absent): its results, aligned likewise."""
+    d = _desc(op)
+    attrs = _presence(d, attrs, inputs)
+    specs = _specs(op, attrs, inputs)
+    given = [i for i, t in enumerate(inputs) if t is not None]
+    made = [r for r, s in enumerate(specs) if s is not None]
+    values = {a["name"]: np.int64(v) if a["kind"] == "flag" else np.float64(v) for a, v in zip(d["attrs"], attrs)}
+    # A step's state is updated in place where the caller donates it.
+    state_in = [k for k, i in enumerate(given) if d["inputs"][i]["role"] == "state"]
+    state_out = [k for k, r in enumerate(made) if d["results"][r]["role"] == "state"]
+    aliases = {state_in[0]: state_out[0]} if state_in and state_out else None
+    fn = jax.ffi.ffi_call(d["target"], tuple(jax.ShapeDtypeStruct(specs[r][1], specs[r][0]) for r in made),
+                          vmap_method="sequential", input_output_aliases=aliases)
+    outs = iter(fn(*(inputs[i] for i in given), **values))
+    return tuple(None if s is None else next(outs) for s in specs)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _linrec(cfg, return_state, seq, params, dt, h0):
-    outs = _linrec_fwd_call(cfg, return_state, seq, params, dt, h0)
-    return (outs[0], outs[1]) if return_state else outs[0]
+def _shown(d, results):
+    """The results the public function returns: its outputs and a step's
+    new state, in order."""
+    return [k for k, (r, v) in enumerate(zip(d["results"], results)) if v is not None and
+            r["role"] in ("output", "state")]
 
 
-def _linrec_fwd(cfg, return_state, seq, params, dt, h0):
-    outs = _linrec_fwd_call(cfg, return_state, seq, params, dt, h0)
-    primal = (outs[0], outs[1]) if return_state else outs[0]
-    # The backward reads h_{t-1} from the forward's output.
-    return primal, (seq, params, dt, h0, outs[0])
+def _public(op, results):
+    """What the public function returns: one result alone, several as a tuple."""
+    outs = tuple(results[k] for k in _shown(_desc(op), results))
+    return outs[0] if len(outs) == 1 else outs
 
 
-def _linrec_bwd(cfg, return_state, residuals, cotangent):
-    seq, params, dt, h0, h = residuals
-    dh, dstate = cotangent if return_state else (cotangent, None)
-    return _linrec_bwd_call(cfg, seq, params, dt, h0, h, dh, dstate)
+def _cotangents(op, specs, cotangent):
+    """The cotangent of each result the public function returned, by name."""
+    d = _desc(op)
+    given = cotangent if isinstance(cotangent, tuple) else (cotangent,)
+    return {d["results"][k]["name"]: g for k, g in zip(_shown(d, specs), given)}
 
 
-_linrec.defvjp(_linrec_fwd, _linrec_bwd)
+def _with_save(op, attrs, save):
+    d = _desc(op)
+    return tuple(float(save) if a["role"] == "save" else v for a, v in zip(d["attrs"], attrs))
 
 
-def _step_call(cfg, state, seq, params, dt):
-    operands = [state] + list(seq) + list(params) + _present(dt)
-    h, new_state = _call(f"fusex_{cfg.op}_step", [_like(seq[0]), _like(state)], operands,
-                         _linrec_attrs(cfg, dt), {0: 1})
-    return h, new_state
+def _attrs_from(op, source_op, source_attrs):
+    """Description `op`'s attributes, its options taken by name from a
+    related call's (the forward's for its backward, a step's)."""
+    d, s = _desc(op), _desc(source_op)
+    attrs = []
+    for a in d["attrs"]:
+        k = _index_of(s["attrs"], a["name"])
+        attrs.append(source_attrs[k] if k >= 0 and a["role"] == "option" else float(a["default"]))
+    return tuple(attrs)
+
+
+def _backward(fwd_op, inputs, saved, cotangents, source_op, source_attrs):
+    """The forward's backward: its inputs by role (the forward's `inputs`
+    by name, `saved` results by name, `cotangents` by result name; absent
+    where None), its gradients by forward input name."""
+    fwd = _desc(fwd_op)
+    bwd_op = _find(fwd["backward"])
+    bwd = _desc(bwd_op)
+    operands = []
+    for spec in bwd["inputs"]:
+        name, role = spec["name"], spec["role"]
+        if role == "forward":
+            operands.append(inputs.get(name))
+        elif role == "saved":
+            operands.append(saved.get(name))
+        elif role == "cotangent":
+            operands.append(cotangents.get(name[1:]))
+        else:
+            raise TypeError(f"fusex_jax: {bwd['name']}: no source for an input of role {role!r}")
+    grads = _run(bwd_op, _attrs_from(bwd_op, source_op, source_attrs), tuple(operands))
+    return {r["name"][1:]: g for r, g in zip(bwd["results"], grads) if g is not None}
+
+
+# ---- forwards ----
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _linrec_step(cfg, state, seq, params, dt):
-    return _step_call(cfg, state, seq, params, dt)
+def _forward(call, inputs):
+    return _public(call.op, _run(call.op, _with_save(call.op, call.attrs, False), inputs))
 
 
-def _linrec_step_fwd(cfg, state, seq, params, dt):
-    h, new_state = _step_call(cfg, state, seq, params, dt)
-    return (h, new_state), (state, seq, params, dt, h)
+def _forward_fwd(call, inputs):
+    results = _run(call.op, _with_save(call.op, call.attrs, True), inputs)
+    kept = tuple(v if r["kept"] else None for r, v in zip(_desc(call.op)["results"], results))
+    return _public(call.op, results), (inputs, kept)
 
 
-def _linrec_step_bwd(cfg, residuals, cotangent):
+def _forward_bwd(call, residuals, cotangent):
+    inputs, kept = residuals
+    d = _desc(call.op)
+    specs = _specs(call.op, _with_save(call.op, call.attrs, False), inputs)
+    grads = _backward(call.op, {s["name"]: t for s, t in zip(d["inputs"], inputs)},
+                      {r["name"]: v for r, v in zip(d["results"], kept)}, _cotangents(call.op, specs, cotangent),
+                      call.op, call.attrs)
+    return (tuple(None if t is None else grads[s["name"]] for s, t in zip(d["inputs"], inputs)),)
+
+
+_forward.defvjp(_forward_fwd, _forward_bwd)
+
+
+def forward(name, args, **options):
+    """Op `name`'s forward (description ``<name>_fwd``) on the positional
+    tensors `args` (a dict, in the description's order) with `options`:
+    its outputs, differentiable in every tensor."""
+    call, inputs = _prepare(name + "_fwd", args, options)
+    return _forward(call, inputs)
+
+
+# ---- steps ----
+
+
+def _seq_axis(layout):
+    names = layout.strip("[]").split(", ")
+    return names.index("seqlen") if "seqlen" in names else -1
+
+
+def _framing(fwd_layout, step_layout):
+    """The axis a step's tensor gains as the forward's (its sequence axis,
+    where the forward's layout has one and the step's has not), or -1."""
+    axis = _seq_axis(fwd_layout)
+    return axis if axis >= 0 and _seq_axis(step_layout) < 0 else -1
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _step(call, inputs):
+    return _public(call.op, _run(call.op, call.attrs, inputs))
+
+
+def _step_fwd(call, inputs):
+    results = _run(call.op, call.attrs, inputs)
+    return _public(call.op, results), (inputs, results)
+
+
+def _step_bwd(call, residuals, cotangent):
     # A step is the forward of one step from h0 = state: its backward is
     # that forward's backward on sequences of one step.
-    state, seq, params, dt, h = residuals
-    dh, dnew_state = cotangent
-    frames = tuple(_frame(t) for t in seq)
-    dseq, dparams, ddt, dstate = _linrec_bwd_call(cfg, frames, params, _frame(dt), state, _frame(h), _frame(dh),
-                                                  dnew_state)
-    return dstate, tuple(_unframe(t) for t in dseq), dparams, _unframe(ddt)
+    inputs, results = residuals
+    step = _desc(call.op)
+    fwd_op = _find(step["op"] + "_fwd")
+    fwd = _desc(fwd_op)
+    bwd = _desc(_find(fwd["backward"]))
+    layouts = {s["name"]: s["layout"] for s in fwd["inputs"] + fwd["results"]}
+
+    # The step's tensors under the forward's names: its state is h0 (in),
+    # the final state (out).
+    def forward_name(spec):
+        if spec["role"] != "state":
+            return spec["name"]
+        return {"state": "h0", "new_state": "state"}[spec["name"]]
+
+    def framing(spec):
+        return _framing(layouts.get(forward_name(spec), spec["layout"]), spec["layout"])
+
+    def as_sequence(spec, t):
+        axis = framing(spec)
+        return t if t is None or axis < 0 else jnp.expand_dims(t, axis)
+
+    seq_in = {forward_name(s): as_sequence(s, t) for s, t in zip(step["inputs"], inputs)}
+    seq_out = {forward_name(r): as_sequence(r, v) for r, v in zip(step["results"], results)}
+    given = cotangent if isinstance(cotangent, tuple) else (cotangent,)
+    shown = [step["results"][k] for k in _shown(step, results)]
+    cotangents = {forward_name(r): as_sequence(r, g) for r, g in zip(shown, given)}
+    saved = {s["name"]: seq_out.get(s["name"]) for s in bwd["inputs"] if s["role"] == "saved"}
+    grads = _backward(fwd_op, seq_in, saved, cotangents, call.op, call.attrs)
+    out = []
+    for spec, t in zip(step["inputs"], inputs):
+        if t is None:
+            out.append(None)
+            continue
+        g = grads[forward_name(spec)]
+        axis = framing(spec)
+        out.append(g if axis < 0 else jnp.squeeze(g, axis))
+    return (tuple(out),)
 
 
-_linrec_step.defvjp(_linrec_step_fwd, _linrec_step_bwd)
+_step.defvjp(_step_fwd, _step_bwd)
 
 
-def _liquid_dt(dt, first, frame):
-    """A Python number stays a static attribute (the handler checks that it
-    is positive); an array of shape () is broadcast to dt's tensor layout
-    ([batch, seqlen, 1], [batch, 1] for a step) so that it has a gradient."""
-    if isinstance(dt, (int, float)) and not isinstance(dt, bool):
-        return float(dt), None
-    dt = jnp.asarray(dt)
-    if dt.ndim == 0:
-        shape = (_dims(first, 2)[0], 1) if frame else (_dims(first, 3)[0], _dims(first, 3)[1], 1)
-        dt = jnp.broadcast_to(dt.astype(first.dtype), shape)
-    return 1.0, dt
-
-
-def _run(op, seq, *, params=(), dt=1.0, h0=None, reverse=False, candidate_activation="identity",
-         return_state=False):
-    seq = tuple(jnp.asarray(t) for t in seq)
-    params = tuple(jnp.asarray(t) for t in params)
-    dt_value, dt_tensor = _liquid_dt(dt, seq[0], False) if op == "liquid" else (1.0, None)
-    cfg = _Linrec(op, bool(reverse), _candidate_g(candidate_activation), dt_value)
-    return _linrec(cfg, bool(return_state), seq, params, dt_tensor, _array(h0))
-
-
-def _step(op, state, seq, *, params=(), dt=1.0, candidate_activation="identity"):
-    seq = tuple(jnp.asarray(t) for t in seq)
-    params = tuple(jnp.asarray(t) for t in params)
-    dt_value, dt_tensor = _liquid_dt(dt, seq[0], True) if op == "liquid" else (1.0, None)
-    cfg = _Linrec(op, False, _candidate_g(candidate_activation), dt_value)
-    return _linrec_step(cfg, jnp.asarray(state), seq, params, dt_tensor)
-
-
-def linear_scan(a, b, *, h0=None, reverse=False, return_state=False):
-    """``h_t = a_t * h_{t-1} + b_t`` over ``[batch, seqlen, hidden]``
-    (docs/LINREC.md). Returns h, or ``(h, state)`` with ``return_state``
-    (``[batch, hidden]``, f32; f64 for f64 inputs)."""
-    return _run("linear_scan", (a, b), h0=h0, reverse=reverse, return_state=return_state)
-
-
-def mingru(z_logits, cand, *, h0=None, reverse=False, candidate_activation="identity", return_state=False):
-    """MinGRU: ``h_t = (1 - z_t) h_{t-1} + z_t c~_t``, ``z = sigmoid(z_logits)``
-    (docs/LINREC.md)."""
-    return _run("mingru", (z_logits, cand), h0=h0, reverse=reverse, candidate_activation=candidate_activation,
-                return_state=return_state)
-
-
-def minlstm(f_logits, i_logits, cand, *, h0=None, reverse=False, candidate_activation="identity",
-            return_state=False):
-    """MinLSTM with normalised gates (docs/LINREC.md)."""
-    return _run("minlstm", (f_logits, i_logits, cand), h0=h0, reverse=reverse,
-                candidate_activation=candidate_activation, return_state=return_state)
-
-
-def liquid(f_logits, tau, a, *, dt=1.0, h0=None, reverse=False, return_state=False):
-    """Liquid (LTC), the fused semi-implicit Euler step (docs/LINREC.md):
-    tau, a ``[hidden]``; dt a positive number, or an array
-    ``[batch, seqlen, 1]`` (or of shape ``()``) that gets a gradient."""
-    return _run("liquid", (f_logits,), params=(tau, a), dt=dt, h0=h0, reverse=reverse, return_state=return_state)
-
-
-def linear_scan_step(state, a, b):
-    """One frame: ``(h, new_state)``; state ``[batch, hidden]`` of the inputs'
-    type or the state type, frames ``[batch, hidden]``."""
-    return _step("linear_scan", state, (a, b))
-
-
-def mingru_step(state, z_logits, cand, *, candidate_activation="identity"):
-    return _step("mingru", state, (z_logits, cand), candidate_activation=candidate_activation)
-
-
-def minlstm_step(state, f_logits, i_logits, cand, *, candidate_activation="identity"):
-    return _step("minlstm", state, (f_logits, i_logits, cand), candidate_activation=candidate_activation)
-
-
-def liquid_step(state, f_logits, tau, a, *, dt=1.0):
-    """dt: a positive number or an array ``[batch, 1]`` (or ``()``)."""
-    return _step("liquid", state, (f_logits,), params=(tau, a), dt=dt)
-
-
-def cuda_unavailable_reason() -> Optional[str]:
-    """None when fusex's CUDA handlers can run in this process (its CUDA
-    backend, priv/fusex_cuda.so, loaded and found a GPU), else why not."""
-    return _lib.cuda_unavailable_reason()
+def step(name, args, **options):
+    """Op `name`'s step (description ``<name>_step``) on the positional
+    tensors `args` (the state first) with `options`: ``(output,
+    new_state)``, differentiable in every tensor."""
+    call, inputs = _prepare(name + "_step", args, options)
+    return _step(call, inputs)

@@ -142,4 +142,83 @@ defmodule FusexAxonTest do
   end
 
   defp dense(x, k, b), do: x |> Nx.dot([2], k, [0]) |> Nx.add(b)
+
+  # =====================================================================
+  # every option out of range: an ArgumentError naming it
+  # =====================================================================
+
+  # Each layer's options and, for each, values it refuses with the message
+  # they get (the layer's own checks, before Axon sees anything).
+  @positive_integer "a positive integer"
+  @boolean "true or false"
+  @initializer "an Axon initializer (a function of Axon.Initializers by name, or a function of arity 2 or 3)"
+  @name "nil, a string or a function of arity 2"
+
+  defp layers do
+    [
+      {"selective_scan", &Fusex.Axon.selective_scan(&1, &2),
+       [
+         state_size: {@positive_integer, [0, -3, 1.5, nil, :many]},
+         dt_rank: {"nil or a positive integer", [0, -1, 2.0, "2"]},
+         dt_min: {"a positive number", [0, -1.0, :small, nil, Integer.pow(10, 400)]},
+         dt_max: {"a number at least dt_min (0.001)", [0.0001, -1, :big]},
+         kernel_initializer: {@initializer, [:bogus, nil, fn -> 0 end, 3]},
+         name: {@name, [3, :ssm, fn x -> x end]}
+       ]},
+      {"min_gru", &Fusex.Axon.min_gru(&1, 4, &2),
+       [
+         reverse: {@boolean, [1, nil, "true"]},
+         candidate_activation: {":identity or :g", [:tanh, "g", nil]},
+         kernel_initializer: {@initializer, [:bogus]},
+         bias_initializer: {@initializer, [:module_info, 0]},
+         name: {@name, [3]}
+       ]},
+      {"min_lstm", &Fusex.Axon.min_lstm(&1, 4, &2),
+       [
+         reverse: {@boolean, [0]},
+         candidate_activation: {":identity or :g", [:relu]},
+         kernel_initializer: {@initializer, ["glorot_uniform"]},
+         bias_initializer: {@initializer, [:bogus]}
+       ]},
+      {"liquid", &Fusex.Axon.liquid(&1, 4, &2),
+       [
+         reverse: {@boolean, [:yes]},
+         dt: {"a positive number", [0, -0.5, nil, :fast, Integer.pow(10, 400)]},
+         kernel_initializer: {@initializer, [:bogus]},
+         bias_initializer: {@initializer, [:bogus]},
+         a_initializer: {@initializer, [:bogus, 1.0]},
+         name: {@name, [1]}
+       ]}
+    ]
+  end
+
+  test "every option of every layer out of range: an ArgumentError naming the option" do
+    input = Axon.input("x", shape: {nil, @seqlen, @features})
+
+    tried =
+      for {layer, build, options} <- layers(), {option, {expected, values}} <- options, value <- values do
+      message = "#{option}: expected #{expected}, got #{inspect(value, limit: 5, printable_limit: 80)}"
+
+      err = assert_raise ArgumentError, fn -> build.(input, [{option, value}]) end
+      assert err.message == message, "#{layer} #{option}: #{err.message}"
+    end
+
+    assert length(tried) > 40
+
+    # an unknown option, options that are not a keyword list, units and
+    # inputs that are not
+    assert_raise ArgumentError, ~r/^opts: expected only the options name, reverse, candidate_activation, .*, got :units$/, fn ->
+      Fusex.Axon.min_gru(input, 4, units: 3)
+    end
+
+    assert_raise ArgumentError, "opts: expected a keyword list, got %{}", fn -> Fusex.Axon.liquid(input, 4, %{}) end
+
+    for units <- [0, -1, 2.0, nil, :four] do
+      for build <- [&Fusex.Axon.min_gru/2, &Fusex.Axon.min_lstm/2, &Fusex.Axon.liquid/2] do
+        assert_raise ArgumentError, "units: expected a positive integer, got #{inspect(units)}", fn -> build.(input, units) end
+      end
+    end
+
+    assert_raise ArgumentError, "input: expected an %Axon{} layer, got :x", fn -> Fusex.Axon.selective_scan(:x) end
+  end
 end

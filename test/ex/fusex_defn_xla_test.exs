@@ -15,8 +15,7 @@ defmodule FusexDefnXlaTest do
     block = %Block{
       op: :selective_scan,
       direction: :fwd,
-      attrs: [dt_softplus: 1, has_d: 1, has_z: 0, has_dt_bias: 0, has_h0: 0, return_state: 1, save: 1],
-      save_every: 16
+      attrs: [dt_softplus: 1, has_d: 1, has_z: 0, has_dt_bias: 0, has_h0: 0, return_state: 1, save: 1]
     }
 
     seq = t(type, {2, 40, 8})
@@ -28,12 +27,12 @@ defmodule FusexDefnXlaTest do
     on_exit(fn -> XLA.__put_registration__(nil) end)
   end
 
-  test "the fifteen target names and their attributes as MLIR" do
-    names =
-      for op <- [:selective_scan, :linear_scan, :mingru, :minlstm, :liquid], dir <- [:fwd, :bwd, :step],
-          do: Block.target_name(%Block{op: op, direction: dir})
+  test "every described op's target name, and attributes as MLIR" do
+    descs = :fusex.op_list()
+    names = for d <- descs, do: Block.target_name(%Block{op: d.op, direction: d.dir})
 
-    assert length(Enum.uniq(names)) == 15
+    assert names == Enum.map(descs, & &1.target)
+    assert length(Enum.uniq(names)) == length(descs)
     assert "fusex_minlstm_bwd" in names and "fusex_selective_scan_step" in names
 
     block = %Block{op: :liquid, direction: :fwd, attrs: [reverse: 1, dt: 0.25, has_dt: 0, has_h0: 1, return_state: 0]}
@@ -87,16 +86,22 @@ defmodule FusexDefnXlaTest do
 
     # a backward whose forward saved no states (seqlen <= K) still runs as
     # the target: it takes no saved operand then (docs/XLA.md)
-    bwd = %Block{block | direction: :bwd, save_every: nil, attrs: Keyword.drop(block.attrs, [:return_state, :save]) ++ [has_dstate: 0]}
+    bwd = %Block{block | direction: :bwd, attrs: Keyword.drop(block.attrs, [:return_state, :save]) ++ [has_dstate: 0]}
     assert {:ok, "fusex_selective_scan_bwd", _} = XLA.lowering(bwd, args ++ [t({:f, 32}, {2, 40, 8})], :host)
 
-    # a selective-scan step whose state is not the state type of its input
+    # a selective-scan step: its state {f,32}, or {f,64} on the host (the
+    # op layer's check takes it there), never {bf,16}
     step = %Block{op: :selective_scan, direction: :step, attrs: [dt_softplus: 0, has_d: 0, has_z: 0, has_dt_bias: 0]}
     frame = t({:f, 32}, {2, 8})
     rows = t({:f, 32}, {2, 16})
-    step_args = [t({:f, 64}, {2, 8, 16}), frame, frame, t({:f, 32}, {8, 16}), rows, rows]
+    step_args = [t({:bf, 16}, {2, 8, 16}), frame, frame, t({:f, 32}, {8, 16}), rows, rows]
     assert XLA.lowering(step, step_args, :host) == :skip
     assert {:ok, "fusex_selective_scan_step", _} = XLA.lowering(step, List.replace_at(step_args, 0, t({:f, 32}, {2, 8, 16})), :host)
+    assert {:ok, "fusex_selective_scan_step", _} = XLA.lowering(step, List.replace_at(step_args, 0, t({:f, 64}, {2, 8, 16})), :host)
+
+    # a block no description has, or operands its description does not take
+    assert XLA.lowering(%Block{op: :nope, direction: :fwd, attrs: []}, args, :host) == :skip
+    assert XLA.lowering(block, Enum.drop(args, 1), :host) == :skip
   end
 
   test "where registration fails every block runs its default, and a warning says why, once" do

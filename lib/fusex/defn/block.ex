@@ -1,35 +1,32 @@
 defmodule Fusex.Defn.Block do
   @moduledoc """
   The tag of a fusex `Nx.block/4`: which op and direction it computes, and
-  its options as the attributes of the XLA custom-call target
+  its attributes, those of the XLA custom-call target
   `fusex_<op>_<direction>` (docs/XLA.md).
 
-  Its inputs and results are that target's operands and results, in their
-  order, so that EXLA can run the block as that target (`EXLA.CustomCall`)
+  A block is made from the op layer's description of that op
+  (`:fusex.op_list/0`): its inputs are the description's inputs present in
+  the call, its results the results the op layer's check
+  (`:fusex.op_check/4`) says the call has, both in the description's
+  order, so that EXLA can run the block as the target (`EXLA.CustomCall`)
   and every other compiler and backend runs the default implementation of
   `Fusex.Defn` on the same operands, with the same results.
 
-    * `:op` - `:selective_scan`, `:linear_scan`, `:mingru`, `:minlstm`,
-      `:liquid`;
+    * `:op` - the op (`fusex:op_list/0`'s `op`);
     * `:direction` - `:fwd`, `:bwd`, `:step`;
-    * `:attrs` - `[{name, value}]` in the contract's order: flags are 0 or
-      1 (`i64`), liquid's `dt` a float (`f64`);
-    * `:save_every` - for the selective scan's forward and backward, the
-      steps between saved states (`K` of docs/XLA.md), or `nil` where there
-      are none (`seqlen <= K`): the forward then returns no `saved` and the
-      backward takes none, as docs/XLA.md has it.
+    * `:attrs` - `[{name, value}]`, every attribute of the description in
+      its order: flags are 0 or 1 (`i64`), numbers floats (`f64`).
 
   Needs no Nx: it is data.
   """
 
   @enforce_keys [:op, :direction]
-  defstruct [:op, :direction, attrs: [], save_every: nil]
+  defstruct [:op, :direction, attrs: []]
 
   @type t :: %__MODULE__{
-          op: :selective_scan | :linear_scan | :mingru | :minlstm | :liquid,
+          op: atom(),
           direction: :fwd | :bwd | :step,
-          attrs: [{atom(), integer() | float()}],
-          save_every: pos_integer() | nil
+          attrs: [{atom(), integer() | float()}]
         }
 
   @doc "The XLA custom-call target: `fusex_<op>_<direction>`."

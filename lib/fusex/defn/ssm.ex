@@ -106,7 +106,7 @@ if Code.ensure_loaded?(Nx.Defn) do
         c: group_rows(inputs.c, n, s)
       }
 
-      save = if flag?(block, :save), do: {block.save_every, saved_count(n, block.save_every)}, else: nil
+      save = if flag?(block, :save), do: saved_layout(inputs.x, inputs.b), else: nil
       {state, ysum, saved} = forward_loop(initial_state(inputs, n, s), loop_inputs, n, s, save)
 
       y = if d = inputs[:d], do: Nx.add(ysum, Nx.multiply(Nx.as_type(d, s), x)), else: ysum
@@ -120,7 +120,16 @@ if Code.ensure_loaded?(Nx.Defn) do
       tuple_or_single(results)
     end
 
-    defp saved_count(n, every), do: div(n.seqlen + every - 1, every) - 1
+    @doc false
+    # {K, nsaved} for the forward of x and b (the steps between saved
+    # states and their number), or nil when the forward saves none (one
+    # chunk: docs/XLA.md leaves the operand out then). The rule is fusex's,
+    # one C function (fusex:selective_scan_saved_shape/3, _save_every/3).
+    def saved_layout(x, b) do
+      args = [x.shape, b.shape, x.type]
+      {_, nsaved, _, _} = Fusex.Erl.call(:selective_scan_saved_shape, args)
+      if nsaved == 0, do: nil, else: {Fusex.Erl.call(:selective_scan_save_every, args), nsaved}
+    end
 
     # The walk over time: the final state, y's sums over states
     # [batch, seqlen, dim], and the saved states where `save` is {K, nsaved}.
@@ -172,12 +181,14 @@ if Code.ensure_loaded?(Nx.Defn) do
     def backward(block, args) do
       {inputs, rest} = take_inputs(block, args)
 
+      # The saved states are there where the forward saved some (more
+      # than one chunk).
       {saved, dy, dstate} =
-        case {block.save_every, flag?(block, :has_dstate), rest} do
-          {nil, false, [dy]} -> {nil, dy, nil}
-          {nil, true, [dy, ds]} -> {nil, dy, ds}
-          {_, false, [sv, dy]} -> {sv, dy, nil}
-          {_, true, [sv, dy, ds]} -> {sv, dy, ds}
+        case {flag?(block, :has_dstate), rest} do
+          {false, [dy]} -> {nil, dy, nil}
+          {true, [dy, ds]} -> {nil, dy, ds}
+          {false, [sv, dy]} -> {sv, dy, nil}
+          {true, [sv, dy, ds]} -> {sv, dy, ds}
         end
 
       n = dims(inputs.x, inputs.a, inputs.b)
@@ -185,7 +196,7 @@ if Code.ensure_loaded?(Nx.Defn) do
       loop_inputs = backward_inputs(block, inputs, saved, Nx.as_type(dy, s), n, s)
       grads0 = initial_grads(inputs, dstate, n, s)
 
-      every = block.save_every || n.seqlen
+      every = if saved, do: elem(saved_layout(inputs.x, inputs.b), 0), else: n.seqlen
       chunks = div(n.seqlen + every - 1, every)
       ctx = %{n: n, every: every, z?: inputs[:z] != nil, saved?: saved != nil}
       body = fn grads, inp, chunk -> backward_chunk(grads, inp, chunk, ctx) end

@@ -14,19 +14,17 @@ defmodule Fusex.Defn.XLA do
       (`:fusex.xla_register/0`, called here once per VM before the first
       compilation that needs it: if it fails, every block runs its default
       implementation and a warning says why, once);
-    * the handler takes the operands' types: `{f,32}`, `{bf,16}`, `{f,16}`
-      (and `{f,64}` on `:host`); on `:cuda` the selective scan's `dstate`
-      is at most 256.
+    * the handler takes the operands: the op layer's check
+      (`:fusex.op_check/4`) accepts them on the device the handler runs on
+      (`:cpu` for `:host`; for `:cuda` this node's first CUDA device, whose
+      limits are the CUDA handlers': types, the selective scan's `dstate`).
 
   Otherwise the answer is `:skip`, and EXLA compiles the block's default
   implementation (plain Nx) instead.
   """
 
   require Logger
-  alias Fusex.Defn.Block
-
-  @types [{:f, 32}, {:bf, 16}, {:f, 16}]
-  @cuda_max_dstate 256
+  alias Fusex.Defn.{Block, Desc}
 
   @doc """
   `{:ok, target_name, attributes}` (attributes as `EXLA.CustomCall.Spec`
@@ -35,43 +33,39 @@ defmodule Fusex.Defn.XLA do
   and `:shape`).
   """
   def lowering(%Block{} = block, args, platform) when is_list(args) do
-    if platform in [:host, :cuda] and handles?(block, args, platform) and
-         registered?() and platform_ready?(platform) do
+    device = device(platform)
+
+    if device != nil and handles?(block, args, device) and registered?() do
       {:ok, Block.target_name(block), Block.mlir_attributes(block)}
     else
       :skip
     end
   end
 
-  # ---- what the handlers take ----
+  # ---- what the handlers take: the op layer's check on their device ----
 
-  defp handles?(block, args, platform) do
-    types = if platform == :host, do: [{:f, 64} | @types], else: @types
-    main = main_operand(block, args)
+  defp handles?(block, args, device) do
+    case Desc.find(block.op, block.direction) do
+      nil ->
+        false
 
-    Enum.all?(args, &(&1.type in types)) and state_type?(block, args, main) and dstate_ok?(block, args, platform)
+      desc ->
+        names = Desc.operand_names(desc, block.attrs, length(args))
+        specs = Map.new(Enum.zip(names, args), fn {name, t} -> {name, {t.type, t.shape}} end)
+        length(names) == length(args) and match?({:ok, _}, Desc.check(desc, specs, block.attrs, device))
+    end
   end
 
-  # The operand whose type is the op's input type (a step's first operand
-  # is its state).
-  defp main_operand(%Block{direction: :step}, [_state, main | _]), do: main
-  defp main_operand(_block, [main | _]), do: main
+  defp device(:host), do: :cpu
 
-  # The selective scan step's state is the state type of its input type.
-  defp state_type?(%Block{op: :selective_scan, direction: :step}, [state | _], main),
-    do: state.type == Fusex.Defn.Check.state_type(main.type)
-
-  defp state_type?(_block, _args, _main), do: true
-
-  defp dstate_ok?(%Block{op: :selective_scan, direction: dir}, args, :cuda) do
-    a = if dir == :step, do: Enum.at(args, 3), else: Enum.at(args, 2)
-    elem(a.shape, 1) <= @cuda_max_dstate
+  defp device(:cuda) do
+    Enum.find_value(:fusex.devices(), fn
+      %{kind: :cuda, id: id} -> id
+      _ -> nil
+    end)
   end
 
-  defp dstate_ok?(_block, _args, _platform), do: true
-
-  defp platform_ready?(:host), do: true
-  defp platform_ready?(:cuda), do: Enum.any?(:fusex.devices(), &(&1.kind == :cuda))
+  defp device(_other), do: nil
 
   # ---- registration ----
 
