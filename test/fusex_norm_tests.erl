@@ -228,7 +228,10 @@ gradient_case(Kind, Shape, Variant, UseDs) ->
         Gpu ->
             Got = Grads(Gpu, {f, 32}),
             Want = Grads(cpu, {f, 32}),
-            [close(maps:get(K, Got), maps:get(K, Want), 1.0e-5) || K <- maps:keys(Want)]
+            %% a row of one element: dx is rstd * dn * (1 - n^2) with n^2
+            %% near 1, which f32 arithmetic resolves to a few digits only
+            Tol = case hidden(Shape) of 1 -> 1.0e-3; _ -> 1.0e-5 end,
+            [close(maps:get(K, Got), maps:get(K, Want), Tol) || K <- maps:keys(Want)]
     end.
 
 %% ---- bad input ----

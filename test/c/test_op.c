@@ -21,53 +21,13 @@
 
 /* The sizes the layouts' names stand for: a sequence long enough for the
  * selective scan to save states (seqlen 37: two chunks after the first),
- * a convolution of width 4, a linear layer 6 -> 5. */
-static int64_t size_of(const char *name, size_t len)
-{
-    static const struct {
-        const char *name;
-        int64_t size;
-    } sizes[] = {{"batch", 2}, {"seqlen", 37}, {"dim", 8},  {"dstate", 4},   {"hidden", 5},
-                 {"width", 4}, {"width - 1", 3}, {"in", 6}, {"out", 5}};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        if (strlen(sizes[i].name) == len && strncmp(sizes[i].name, name, len) == 0)
-            return sizes[i].size;
-    char *end;
-    long long v = strtoll(name, &end, 10);
-    ck_assert_msg(end == name + len, "a layout's size %.*s the test does not know", (int)len, name);
-    return v;
-}
-
-/* The leading axes a layout's "..." stands for (any number of them). */
+ * a convolution of width 4, a linear layer 6 -> 5, "..." two axes. */
+static const fx_test_size size_names[] = {{"batch", 2}, {"seqlen", 37}, {"dim", 8},      {"dstate", 4}, {"hidden", 5},
+                                          {"width", 4}, {"width - 1", 3}, {"in", 6}, {"out", 5}};
 static const int64_t leading[] = {3, 7};
+static const fx_test_sizes sizes = {size_names, (int)(sizeof size_names / sizeof size_names[0]), leading, 2};
 
-/* "[batch, seqlen, [groups,] dstate]" -> {2, 37, 4}: optional axes left
- * out; "[..., hidden]" -> {3, 7, 5}. */
-static int parse_layout(const char *layout, int64_t *dims)
-{
-    int rank = 0;
-    const char *p = layout;
-    ck_assert_msg(*p == '[', "layout %s", layout);
-    p++;
-    while (*p && *p != ']') {
-        while (*p == ' ' || *p == ',')
-            p++;
-        if (*p == '[') { /* an optional axis: left out */
-            p = strchr(p, ']') + 1;
-            continue;
-        }
-        const char *start = p;
-        while (*p && *p != ',' && *p != ']')
-            p++;
-        if (p - start == 3 && strncmp(start, "...", 3) == 0) {
-            for (size_t k = 0; k < sizeof leading / sizeof leading[0]; k++)
-                dims[rank++] = leading[k];
-            continue;
-        }
-        dims[rank++] = size_of(start, (size_t)(p - start));
-    }
-    return rank;
-}
+static int parse_layout(const char *layout, int64_t *dims) { return fx_test_layout(layout, &sizes, dims); }
 
 static void make_tensor(fx_device *dev, fx_dtype type, int rank, const int64_t *dims, fx_tensor *t)
 {
