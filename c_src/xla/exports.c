@@ -103,7 +103,8 @@ EXPORT int fusex_xla_register(const void *api_ptr, char *msg, size_t msglen)
         goto done;
     }
     if (fx_op_xla_count() > FX_XLA_MAX_OPS) {
-        say(msg, msglen, "fusex describes %d XLA targets, more than the %d its handlers were built for (FX_XLA_MAX_OPS)",
+        say(msg, msglen,
+            "fusex describes %d XLA targets, more than the %d its handlers were built for (FX_XLA_MAX_OPS)",
             fx_op_xla_count(), FX_XLA_MAX_OPS);
         rc = -1;
     }

@@ -832,7 +832,8 @@ static void layer_errors(void)
                  "fusex_rms_norm_fwd: eps: expected a finite number >= 0, got -1");
     c.attrs[0].f64 = 1e-5;
     c.attrs[5].i64 = 1; /* save: rstd is a result */
-    expect_error(&c, "host", XLA_FFI_Error_Code_INVALID_ARGUMENT, "fusex_rms_norm_fwd: results: expected 2 (y, rstd), got 1");
+    expect_error(&c, "host", XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                 "fusex_rms_norm_fwd: results: expected 2 (y, rstd), got 1");
     free_call(&c);
     checks++;
     if (fusex_xla_op_index("linear_fwd") != -1 || fusex_xla_op_index("fusex_linear_bwd") != -1)
