@@ -43,6 +43,15 @@
 -export_type([selective_scan_opts/0, selective_scan_step_opts/0, selective_scan_ctx/0,
               selective_scan_grads/0]).
 
+%% The rest of a Mamba block: causal conv1d, the norms, linear layers (see docs/LAYERS.md).
+-export([causal_conv1d/2, causal_conv1d/3, causal_conv1d_backward/2, causal_conv1d_backward/3,
+         causal_conv1d_step/3, causal_conv1d_step/4, rms_norm/2, rms_norm/3, rms_norm_backward/2,
+         rms_norm_backward/3, layer_norm/3, layer_norm/4, layer_norm_backward/2, layer_norm_backward/3,
+         linear/2, linear/3, linear_backward/2, linear_backward/3]).
+-export_type([conv_opts/0, conv_step_opts/0, conv_result/0, conv_ctx/0, conv_grads/0,
+              norm_opts/0, layer_norm_opts/0, norm_result/0, norm_ctx/0, norm_grads/0,
+              linear_opts/0, linear_ctx/0, linear_grads/0, activation/0]).
+
 %% XLA custom-call targets (see docs/XLA.md).
 -export([op_list/0, op_check/4]).
 -export_type([op_description/0]).
@@ -746,19 +755,203 @@ selective_scan_save_every(XShape, BShape, Type) ->
     ?NIF:ssm_save_every(XShape, BShape, Type).
 
 %% ---------------------------------------------------------------------
+%% The rest of a Mamba block: causal conv1d, the norms, linear layers
+%% ---------------------------------------------------------------------
+%%
+%% docs/LAYERS.md has the equations, layouts and types. Every forward takes
+%% `save_for_backward' (then a context comes last in its result, for the
+%% op's `_backward'); every backward returns one gradient per input the
+%% forward was given, keyed by the input's name, of its shape and type.
+
+-type activation() :: none | relu | gelu | silu | tanh | sigmoid.
+%% The pointwise activations (include/fusex_activation.h); gelu is the tanh
+%% form. causal_conv1d takes `none' and `silu', linear all six.
+
+-type conv_opts() :: #{bias => tensor(), activation => none | silu, initial_state => tensor(),
+                       return_state => boolean(), save_for_backward => boolean()}.
+%% `bias' `[dim]'; `activation' (default `none'); `initial_state' `[batch,
+%% dim, width - 1]' (the inputs before the first, oldest first; default
+%% zeros); `return_state': also return the final state (the last `width - 1'
+%% inputs, oldest first); `save_for_backward': also return a context.
+-type conv_step_opts() :: #{bias => tensor(), activation => none | silu}.
+-type conv_result() :: tensor() | {tensor(), tensor()} | {tensor(), conv_ctx()}
+                     | {tensor(), tensor(), conv_ctx()}.
+%% `Y', `{Y, FinalState}' with `return_state', `{Y, Ctx}' with
+%% `save_for_backward', `{Y, FinalState, Ctx}' with both.
+-type conv_ctx() :: reference().
+%% What a forward with `save_for_backward' keeps: references to its inputs
+%% (no copies) and its options.
+-type conv_grads() :: #{x := tensor(), w := tensor(), bias => tensor(), initial_state => tensor()}.
+
+%% @equiv causal_conv1d(X, W, #{})
+-spec causal_conv1d(tensor(), tensor()) -> conv_result().
+causal_conv1d(X, W) -> causal_conv1d(X, W, #{}).
+
+%% @doc The causal depthwise convolution over time of a Mamba block:
+%% `X' `[batch, seqlen, dim]' (channels last), `W' `[dim, width]' (width 1
+%% to 16),
+%% ```
+%% y_t[d] = act(bias[d] + sum_k W[d, k] * x_{t - (width - 1) + k}[d])
+%% '''
+%% so `W[:, width - 1]' multiplies the current input (causal-conv1d's and a
+%% left-padded PyTorch conv1d's convention), and the inputs before the
+%% first are the initial state's (zeros without one). Options: see
+%% {@type conv_opts()}. `X', `Y' and the states share one type (`{f,32}',
+%% `{bf,16}', `{f,16}'; `{f,64}' on `cpu'); `W' and `bias' any float type.
+%% Sums are f32 on CUDA (f64 on the CPU).
+-spec causal_conv1d(X :: tensor(), W :: tensor(), conv_opts()) -> conv_result().
+causal_conv1d(X, W, Opts) -> ?NIF:op(causal_conv1d_fwd, [X, W], Opts).
+
+%% @equiv causal_conv1d_backward(Dy, Ctx, #{})
+-spec causal_conv1d_backward(tensor(), conv_ctx()) -> conv_grads().
+causal_conv1d_backward(Dy, Ctx) -> causal_conv1d_backward(Dy, Ctx, #{}).
+
+%% @doc The gradients of a {@link causal_conv1d/3} that ran with
+%% `save_for_backward', from `Dy' (the gradient of `Y') and, optionally,
+%% `dfinal_state' (the final state's, `[batch, dim, width - 1]'): `#{x, w}',
+%% and `bias', `initial_state' where given. `w' and `bias' are summed over
+%% batch and time in an order the shapes fix (deterministic: no float
+%% atomics).
+-spec causal_conv1d_backward(tensor(), conv_ctx(), #{dfinal_state => tensor()}) -> conv_grads().
+causal_conv1d_backward(Dy, Ctx, Opts) -> ?NIF:op_backward(causal_conv1d_bwd, Dy, Ctx, Opts).
+
+%% @equiv causal_conv1d_step(State, Xt, W, #{})
+-spec causal_conv1d_step(tensor(), tensor(), tensor()) -> tensor().
+causal_conv1d_step(State, Xt, W) -> causal_conv1d_step(State, Xt, W, #{}).
+
+%% @doc One time step of {@link causal_conv1d/3}, for inference a frame at a
+%% time: `Xt' `[batch, dim]'; `State' `[batch, dim, width - 1]' (the last
+%% `width - 1' inputs, oldest first: a forward's final state, or zeros) is
+%% updated in place (the oldest input leaves, `Xt' enters). Returns `Yt'
+%% `[batch, dim]'. Options `bias' and `activation'. One kernel launch on
+%% CUDA; it allocates only `Yt'.
+-spec causal_conv1d_step(State :: tensor(), Xt :: tensor(), W :: tensor(), conv_step_opts()) -> tensor().
+causal_conv1d_step(State, Xt, W, Opts) -> ?NIF:op(causal_conv1d_step, [State, Xt, W], Opts).
+
+-type norm_opts() :: #{bias => tensor(), residual => tensor(), gate => tensor(), eps => number(),
+                       residual_in_f32 => boolean(), save_for_backward => boolean()}.
+%% `bias' `[hidden]' (rms_norm; layer_norm takes it as an argument);
+%% `residual' `[..., hidden]': normalise `s = x + residual' and return `s'
+%% too (what the next block adds to), in the residual's type or, with
+%% `residual_in_f32', f32; `gate' `[..., hidden]': `y * silu(gate)'
+%% (Mamba-2's gated norm); `eps' (default 1.0e-5, finite and >= 0);
+%% `save_for_backward': also return a context (it keeps the statistics).
+-type layer_norm_opts() :: #{residual => tensor(), gate => tensor(), eps => number(),
+                             residual_in_f32 => boolean(), save_for_backward => boolean()}.
+-type norm_result() :: tensor() | {tensor(), tensor()} | {tensor(), norm_ctx()}
+                     | {tensor(), tensor(), norm_ctx()}.
+%% `Y', `{Y, S}' with a `residual', `{Y, Ctx}' with `save_for_backward',
+%% `{Y, S, Ctx}' with both.
+-type norm_ctx() :: reference().
+%% What a forward with `save_for_backward' keeps: references to its inputs
+%% and to `S', and the statistics (`[rows]' f32, `rows' the product of x's
+%% leading dimensions: rstd, and layer_norm's mean).
+-type norm_grads() :: #{x := tensor(), weight := tensor(), bias => tensor(), residual => tensor(),
+                        gate => tensor()}.
+
+%% @equiv rms_norm(X, Weight, #{})
+-spec rms_norm(tensor(), tensor()) -> norm_result().
+rms_norm(X, Weight) -> rms_norm(X, Weight, #{}).
+
+%% @doc RMSNorm over the last dimension, fused with the residual add before
+%% it and the gate after it: `s = x + residual' (x without one), `y =
+%% s / sqrt(mean(s^2) + eps) * weight + bias', times `silu(gate)' with a
+%% gate. `X' `[..., hidden]', `Weight' `[hidden]'. Options: see
+%% {@type norm_opts()}. `X', `gate' and `Y' share one type (`{f,32}',
+%% `{bf,16}', `{f,16}'; `{f,64}' on `cpu'); the residual is of `X''s type
+%% or `{f,32}'; weight and bias any float type. The statistics are f32
+%% (f64 for f64 inputs), from `s' before it is rounded.
+-spec rms_norm(X :: tensor(), Weight :: tensor(), norm_opts()) -> norm_result().
+rms_norm(X, Weight, Opts) -> ?NIF:op(rms_norm_fwd, [X, Weight], Opts).
+
+%% @equiv rms_norm_backward(Dy, Ctx, #{})
+-spec rms_norm_backward(tensor(), norm_ctx()) -> norm_grads().
+rms_norm_backward(Dy, Ctx) -> rms_norm_backward(Dy, Ctx, #{}).
+
+%% @doc The gradients of a {@link rms_norm/3} that ran with
+%% `save_for_backward', from `Dy' and, optionally, `ds' (the gradient that
+%% reached `S' from the next block, of `S''s type): `#{x, weight}', and
+%% `bias', `residual', `gate' where given (`x' and `residual' get the same
+%% gradient). `weight' and `bias' are summed over the rows in a fixed order.
+-spec rms_norm_backward(tensor(), norm_ctx(), #{ds => tensor()}) -> norm_grads().
+rms_norm_backward(Dy, Ctx, Opts) -> ?NIF:op_backward(rms_norm_bwd, Dy, Ctx, Opts).
+
+%% @equiv layer_norm(X, Weight, Bias, #{})
+-spec layer_norm(tensor(), tensor(), tensor()) -> norm_result().
+layer_norm(X, Weight, Bias) -> layer_norm(X, Weight, Bias, #{}).
+
+%% @doc LayerNorm over the last dimension, fused as {@link rms_norm/3}:
+%% `y = (s - mean(s)) / sqrt(var(s) + eps) * weight + bias', times
+%% `silu(gate)' with a gate; `Bias' `[hidden]' (zeros for a norm without
+%% one). Options and types as {@link rms_norm/3}'s (`bias' is the argument).
+-spec layer_norm(X :: tensor(), Weight :: tensor(), Bias :: tensor(), layer_norm_opts()) -> norm_result().
+layer_norm(X, Weight, Bias, Opts) -> ?NIF:op(layer_norm_fwd, [X, Weight, Bias], Opts).
+
+%% @equiv layer_norm_backward(Dy, Ctx, #{})
+-spec layer_norm_backward(tensor(), norm_ctx()) -> norm_grads().
+layer_norm_backward(Dy, Ctx) -> layer_norm_backward(Dy, Ctx, #{}).
+
+%% @doc The gradients of a {@link layer_norm/4} that ran with
+%% `save_for_backward', as {@link rms_norm_backward/3}'s: `#{x, weight,
+%% bias}', and `residual', `gate' where given.
+-spec layer_norm_backward(tensor(), norm_ctx(), #{ds => tensor()}) -> norm_grads().
+layer_norm_backward(Dy, Ctx, Opts) -> ?NIF:op_backward(layer_norm_bwd, Dy, Ctx, Opts).
+
+-type linear_opts() :: #{bias => tensor(), activation => activation(), allow_tf32 => boolean(),
+                         save_for_backward => boolean()}.
+%% `bias' `[out]'; `activation' (default `none'); `allow_tf32' (f32 products
+%% on TF32 tensor cores; default false: exact f32); `save_for_backward':
+%% also return a context.
+-type linear_ctx() :: reference().
+%% What a forward with `save_for_backward' keeps: references to its inputs
+%% and to what the activation's derivative reads, `Y' (relu, tanh,
+%% sigmoid) or the pre-activation (gelu, silu: `[..., out]' of `X''s type,
+%% which the forward then also writes).
+-type linear_grads() :: #{x := tensor(), w := tensor(), bias => tensor()}.
+
+%% @equiv linear(X, W, #{})
+-spec linear(tensor(), tensor()) -> tensor() | {tensor(), linear_ctx()}.
+linear(X, W) -> linear(X, W, #{}).
+
+%% @doc A linear layer, `y = act(x W^T + bias)' over the last dimension of
+%% `X' `[..., in]', with `W' `[out, in]' (PyTorch's layout: Axon's kernel
+%% transposed); `Y' `[..., out]'. On CUDA one cuBLASLt product with the bias
+%% and the activation as its epilogue (a kernel of fusex's where cuBLASLt
+%% has none); exact f32 unless `allow_tf32', bf16 and f16 on tensor cores
+%% accumulating in f32. `X', `W' and `Y' share one type; the bias any float
+%% type. For Erlang and eager Elixir: inside XLA programs XLA's own
+%% products are the right ones, and this op is no XLA target. Returns `Y',
+%% or `{Y, Ctx}' with `save_for_backward'.
+-spec linear(X :: tensor(), W :: tensor(), linear_opts()) -> tensor() | {tensor(), linear_ctx()}.
+linear(X, W, Opts) -> ?NIF:op(linear_fwd, [X, W], Opts).
+
+%% @equiv linear_backward(Dy, Ctx, #{})
+-spec linear_backward(tensor(), linear_ctx()) -> linear_grads().
+linear_backward(Dy, Ctx) -> linear_backward(Dy, Ctx, #{}).
+
+%% @doc The gradients of a {@link linear/3} that ran with
+%% `save_for_backward', from `Dy' `[..., out]': `#{x, w}', and `bias' where
+%% given (`dx = dpre W', `dw = dpre^T x', `dbias' the column sums of `dpre',
+%% in a fixed order). No options yet; the map is there for symmetry.
+-spec linear_backward(tensor(), linear_ctx(), #{}) -> linear_grads().
+linear_backward(Dy, Ctx, Opts) -> ?NIF:op_backward(linear_bwd, Dy, Ctx, Opts).
+
+%% ---------------------------------------------------------------------
 %% The ops' descriptions
 %% ---------------------------------------------------------------------
 
 -type op_description() :: #{index := non_neg_integer(), name := atom(), op := atom(),
-                            family := atom(), dir := fwd | bwd | step, target := binary(),
+                            family := atom(), dir := fwd | bwd | step, target => binary(),
                             attrs := [map()], inputs := [map()], results := [map()],
                             options := [atom()], backward => atom(), saved_by => binary()}.
 %% One op as the op layer describes it (`c_src/core/op.h'): `name'
-%% (`mingru_fwd'), the XLA `target' (`<<"fusex_mingru_fwd">>'), its
-%% attributes (`#{name, kind => flag | number, role => option | presence |
-%% save, default, positive}', with `option' (the public option's name where
-%% it differs) and `choices' (a flag given as one of two atoms) where they
-%% apply), its inputs and results in the XLA binder's order (`#{name,
+%% (`mingru_fwd'), the XLA `target' (`<<"fusex_mingru_fwd">>'; none for an
+%% op that is no XLA target, the linear layers), its attributes (`#{name,
+%% kind => flag | number | enum, role => option | presence | save, default,
+%% positive}', with `option' (the public option's name where it differs)
+%% and `choices' (a flag given as one of two atoms, an enum as one of its
+%% atoms; an enum's `default' is an index into them) where they apply), its
+%% inputs and results in the XLA binder's order (`#{name,
 %% layout => binary(), role => arg | option | state | forward | saved |
 %% cotangent | output | grad, presence => always | flag | rule, kept}', with
 %% `flag', the attribute announcing it, where `presence' is `flag'), the
@@ -773,8 +966,9 @@ op_list() -> ?NIF:op_list().
 %% @doc The op layer's check of a call of op `Name' (an `op_list/0' name,
 %% `mingru_fwd') on shapes and types alone, for `Device': `Inputs' maps
 %% input names to `{Type, Shape}', `Attrs' attribute names (or their
-%% option names) to numbers, booleans or a flag's choices (defaults where
-%% left out; presence attributes follow from the inputs given). Returns
+%% option names) to numbers, booleans, a flag's choices or an enum's
+%% (an index or an atom; defaults where left out; presence attributes
+%% follow from the inputs given). Returns
 %% each result the call would have with its type and shape, or `{badarg,
 %% Msg}' with the message a run of the op would raise.
 -spec op_check(Name :: atom(), Inputs :: #{atom() => {type(), shape()}},

@@ -7,7 +7,8 @@
 %% {cuda_error, Code, Msg}) or returns a result that is right: calls that
 %% are valid by construction must succeed, and their results are checked
 %% against pure-Erlang references (elementwise ops, conversions, copies,
-%% the linear recurrences, the selective scan, the optimizers) or, for
+%% the linear recurrences, the selective scan, the layers (causal conv1d,
+%% the norms, linear), the optimizers) or, for
 %% gradients, against central differences of the forward in f64. Anything
 %% else fails: another exception, a hang, a wrong or unwritten value (the
 %% heap is filled with freed NaN tensors before the valid cases, so memory
@@ -296,6 +297,8 @@ gen_case() ->
                     {4, fun reshape/0}, {4, fun copy_into/0}, {5, fun pointers/0},
                     {8, fun linrec_forward/0}, {5, fun linrec_backward/0}, {4, fun linrec_step/0},
                     {8, fun ssm_forward/0}, {5, fun ssm_backward/0}, {4, fun ssm_step/0},
+                    {8, fun layer_forward/0}, {5, fun layer_backward/0}, {3, fun layer_step/0},
+                    {3, fun layer_bad_input/0}, {6, fun mutated_layer/0},
                     {6, fun optimizer/0}, {3, fun optimizer_misuse/0},
                     {5, fun freed_input/0}, {4, fun huge_empty/0}, {10, fun mutated_scan/0},
                     {3, fun nonfinite_scan/0}, {2, fun killed_call/0}, {20, fun junk_call/0}]),
@@ -979,6 +982,263 @@ optimizer_misuse() ->
           end,
     #{kind => optimizer_misuse, desc => {Kind, Mode, Shapes}, run => Run, expect => error}.
 
+%% -- the layers: causal conv1d, the norms, linear --
+
+-define(LAYERS, [causal_conv1d, rms_norm, layer_norm, linear]).
+-define(ACTIVATIONS, [none, relu, gelu, silu, tanh, sigmoid]).
+
+%% A random valid problem of a layer op: #{op, type, dims, values (lists,
+%% rounded to the type), given (the optional inputs passed), and the op's
+%% other options}.
+layer_problem(Type) -> layer_problem(pick(?LAYERS), Type).
+layer_problem(causal_conv1d, Type) ->
+    B = dim(), L = dim(), D = dim(), W = weighted([{4, ri(4)}, {1, ri(16)}]),
+    R = fun(N) -> rounded(Type, [rand:normal() || _ <- lists:seq(1, N)]) end,
+    #{op => causal_conv1d, type => Type, dims => {B, L, D, W}, act => pick([none, silu]),
+      given => [K || K <- [bias, initial_state], chance(0.5)], return_state => chance(0.5),
+      values => #{x => R(B * L * D), w => R(D * W), bias => R(D), initial_state => R(B * D * (W - 1))}};
+layer_problem(Norm, Type) when Norm =:= rms_norm; Norm =:= layer_norm ->
+    Shape = list_to_tuple([dim() || _ <- lists:seq(1, ri(3) - 1)] ++ [pos_dim()]),
+    N = numel(Shape), H = element(tuple_size(Shape), Shape),
+    ResType = pick([Type, {f, 32}]),
+    Given = [bias || Norm =:= layer_norm orelse chance(0.5)] ++ [K || K <- [residual, gate], chance(0.5)],
+    R = fun(T, M) -> rounded(T, [rand:normal() || _ <- lists:seq(1, M)]) end,
+    #{op => Norm, type => Type, dims => Shape, res_type => ResType, given => Given,
+      eps => pick([1.0e-5, 1.0e-3, 0.1]), residual_in_f32 => chance(0.3),
+      values => #{x => R(Type, N), weight => R(Type, H), bias => R(Type, H), residual => R(ResType, N),
+                  gate => R(Type, N)}};
+layer_problem(linear, Type) ->
+    In = pick([1, 2, 3, 5, 7, 33]), Out = dim(),
+    XShape = list_to_tuple([dim() || _ <- lists:seq(1, ri(3) - 1)] ++ [In]),
+    R = fun(M, S) -> rounded(Type, [S * rand:normal() || _ <- lists:seq(1, M)]) end,
+    #{op => linear, type => Type, dims => XShape, out => Out, act => pick(?ACTIVATIONS),
+      given => [bias || chance(0.5)],
+      values => #{x => R(numel(XShape), 1.0), w => R(Out * In, 1 / math:sqrt(In)), bias => R(Out, 1.0)}}.
+
+%% Each input's shape.
+layer_shapes(#{op := causal_conv1d, dims := {B, L, D, W}}) ->
+    #{x => {B, L, D}, w => {D, W}, bias => {D}, initial_state => {B, D, W - 1}};
+layer_shapes(#{op := linear, dims := XShape, out := Out}) ->
+    #{x => XShape, w => {Out, element(tuple_size(XShape), XShape)}, bias => {Out}};
+layer_shapes(#{dims := Shape}) ->
+    H = {element(tuple_size(Shape), Shape)},
+    #{x => Shape, weight => H, bias => H, residual => Shape, gate => Shape}.
+
+layer_type(#{res_type := R}, residual) -> R;
+layer_type(#{type := T}, _) -> T.
+
+%% The call's positional arguments and options, tensors made by Mk.
+layer_args(P = #{op := Op, values := Vs, given := Given}, Mk) ->
+    Shapes = layer_shapes(P),
+    T = fun(K) -> Mk(layer_type(P, K), maps:get(K, Shapes), maps:get(K, Vs)) end,
+    Opts = maps:from_list([{K, T(K)} || K <- Given, not (Op =:= layer_norm andalso K =:= bias)]),
+    case Op of
+        causal_conv1d ->
+            {[T(x), T(w)], Opts#{activation => maps:get(act, P), return_state => maps:get(return_state, P)}};
+        linear -> {[T(x), T(w)], Opts#{activation => maps:get(act, P)}};
+        rms_norm -> {[T(x), T(weight)], norm_opts(P, Opts)};
+        layer_norm -> {[T(x), T(weight), T(bias)], norm_opts(P, Opts)}
+    end.
+
+norm_opts(#{eps := Eps, residual_in_f32 := F32}, Opts) -> Opts#{eps => Eps, residual_in_f32 => F32}.
+
+%% The reference's results: [Y] and the extra result (the final state, s)
+%% where the call returns one.
+layer_ref(P = #{op := causal_conv1d, dims := Dims, values := Vs, given := Given, act := Act}) ->
+    {Y, F} = fusex_test_util:conv_reference(Dims, maps:with([x, w | Given], Vs), Act),
+    case maps:get(return_state, P) of true -> [Y, F]; false -> [Y] end;
+layer_ref(#{op := linear, dims := XShape, out := Out, values := Vs, given := Given, act := Act}) ->
+    In = element(tuple_size(XShape), XShape),
+    [fusex_test_util:linear_reference({numel(XShape) div In, In, Out}, maps:with([x, w | Given], Vs), Act)];
+layer_ref(#{op := Norm, dims := Shape, values := Vs, given := Given, eps := Eps}) ->
+    H = element(tuple_size(Shape), Shape),
+    case fusex_test_util:norm_reference(Norm, {numel(Shape) div H, H}, maps:with([x, weight | Given], Vs), Eps) of
+        {Y, none} -> [Y];
+        {Y, S} -> [Y, S]
+    end.
+
+%% The types of the call's results, in the reference's order.
+layer_result_types(P = #{op := Op, type := Type}) ->
+    case Op of
+        _ when Op =:= rms_norm; Op =:= layer_norm ->
+            SType = case maps:get(residual_in_f32, P) of true -> {f, 32}; false -> maps:get(res_type, P) end,
+            [Type | [SType || lists:member(residual, maps:get(given, P))]];
+        _ -> [Type, Type]
+    end.
+
+layer_forward() ->
+    Type = pick(floats()),
+    P = layer_problem(Type),
+    #{op := Op} = P,
+    Run = fun() ->
+                  {Args, Opts} = layer_args(P, fun t/3),
+                  poison_heap([4096, 65536]),
+                  case apply(fusex, Op, Args ++ [Opts]) of
+                      {Y, E} -> [vals(Y), vals(E)];
+                      Y -> [vals(Y)]
+                  end
+          end,
+    Want = layer_ref(P),
+    Check = fun(Got) when length(Got) =:= length(Want) ->
+                    all_ok([close_l2(G, rounded(RT, W), tol(Type))
+                            || {G, W, RT} <- lists:zip3(Got, Want, lists:sublist(layer_result_types(P), length(Got)))]);
+               (Got) -> {fail, {results, length(Got), expected, length(Want)}}
+            end,
+    #{kind => layer_forward, desc => {Op, Type, maps:get(dims, P), maps:get(given, P)}, run => Run,
+      expect => valid, check => Check}.
+
+%% Gradients against central differences of the forward, in f64 on the
+%% CPU, along a random direction (as linrec_backward): L = <Wy, Y> (+ <We,
+%% the extra result> and its cotangent). No relu: a kink within the step
+%% of a difference would fail a right gradient.
+layer_backward() ->
+    put(fuzz_device, cpu),
+    P0 = layer_problem({f, 64}),
+    %% the residual f64 and eps not too small: the differences resolve the
+    %% forward's curvature at f64's precision
+    P = case P0 of
+            #{op := linear, act := relu} -> P0#{act := pick([gelu, tanh])};
+            #{op := causal_conv1d} -> P0;
+            #{op := linear} -> P0;
+            _ -> P0#{res_type := {f, 64}, residual_in_f32 := false, eps := pick([1.0e-3, 0.1])}
+        end,
+    #{op := Op, values := Vs, given := Given} = P,
+    Shapes = layer_shapes(P),
+    Inputs = case Op of causal_conv1d -> [x, w]; linear -> [x, w]; _ -> [x, weight] end ++
+        lists:usort(Given),
+    Dir = maps:from_list([{K, [rand:normal() || _ <- maps:get(K, Vs)]} || K <- Inputs]),
+    [YShape | ExtraShape] = case Op of
+                                causal_conv1d -> [maps:get(x, Shapes) | [maps:get(initial_state, Shapes)
+                                                                         || maps:get(return_state, P)]];
+                                linear -> [setelement(tuple_size(maps:get(x, Shapes)), maps:get(x, Shapes),
+                                                      maps:get(out, P))];
+                                _ -> [maps:get(x, Shapes) | [maps:get(x, Shapes) || lists:member(residual, Given)]]
+                            end,
+    Wy = [rand:normal() || _ <- lists:seq(1, numel(YShape))],
+    We = [[rand:normal() || _ <- lists:seq(1, numel(S))] || S <- ExtraShape],
+    UseExtra = We =/= [] andalso chance(0.7),
+    Loss = fun(Q) ->
+                   {Args, Opts} = layer_args(Q, fun t/3),
+                   case apply(fusex, Op, Args ++ [Opts]) of
+                       {Y, E} when UseExtra -> dot(Wy, vals(Y)) + dot(hd(We), vals(E));
+                       {Y, _} -> dot(Wy, vals(Y));
+                       Y -> dot(Wy, vals(Y))
+                   end
+           end,
+    Cotangent = #{causal_conv1d => dfinal_state, rms_norm => ds, layer_norm => ds},
+    Run = fun() ->
+                  {Args, Opts} = layer_args(P, fun t/3),
+                  Out = apply(fusex, Op, Args ++ [Opts#{save_for_backward => true}]),
+                  Ctx = element(tuple_size(Out), Out),
+                  poison_heap([4096, 65536]),
+                  BOpts = case UseExtra of
+                              true -> #{maps:get(Op, Cotangent) => tr(hd(ExtraShape), hd(We))};
+                              false -> #{}
+                          end,
+                  Back = list_to_atom(atom_to_list(Op) ++ "_backward"),
+                  Grads = fusex:Back(tr(YShape, Wy), Ctx, BOpts),
+                  An = lists:sum([dot(vals(maps:get(K, Grads)), maps:get(K, Dir)) || K <- Inputs]),
+                  E = 1.0e-6,
+                  Along = fun(S) -> P#{values := maps:map(fun(K, V) -> case Dir of
+                                                                             #{K := Dv} -> axpy(S, Dv, V);
+                                                                             _ -> V
+                                                                         end end, Vs)} end,
+                  Fd = (Loss(Along(E)) - Loss(Along(-E))) / (2 * E),
+                  {lists:sort(maps:keys(Grads)), An, Fd, Loss(P)}
+          end,
+    WantKeys = lists:sort(Inputs),
+    Check = fun({Keys, An, Fd, L0}) when Keys =:= WantKeys -> fd_close(An, Fd, L0);
+               ({Keys, _, _, _}) -> {fail, {gradient_keys, Keys, expected, WantKeys}}
+            end,
+    #{kind => layer_backward, desc => {Op, maps:get(dims, P), Given, UseExtra}, run => Run, expect => valid,
+      check => Check}.
+
+%% One frame of causal_conv1d_step against the reference's first step from
+%% the state.
+layer_step() ->
+    Type = pick(floats()),
+    P0 = layer_problem(causal_conv1d, Type),
+    #{dims := {B, _, D, W}, values := Vs, act := Act} = P0,
+    P = P0#{dims := {B, 1, D, W}, values := Vs#{x := rounded(Type, [rand:normal() || _ <- lists:seq(1, B * D)])}},
+    WithBias = chance(0.5),
+    Run = fun() ->
+                  S = t(Type, {B, D, W - 1}, maps:get(initial_state, Vs)),
+                  Opts = maps:from_list([{bias, t(Type, {D}, maps:get(bias, Vs))} || WithBias] ++
+                                        [{activation, Act}]),
+                  Yt = fusex:causal_conv1d_step(S, t(Type, {B, D}, maps:get(x, maps:get(values, P))),
+                                                t(Type, {D, W}, maps:get(w, Vs)), Opts),
+                  {vals(Yt), vals(S)}
+          end,
+    {WantY, WantS} = fusex_test_util:conv_reference(
+                       maps:get(dims, P), maps:with([x, w, initial_state | [bias || WithBias]], maps:get(values, P)),
+                       Act),
+    Check = fun({GotY, GotS}) ->
+                    all_ok([close_l2(GotY, rounded(Type, WantY), tol(Type)), close_each(Type, GotS, WantS)])
+            end,
+    #{kind => layer_step, desc => {causal_conv1d_step, Type, {B, D, W}}, run => Run, expect => valid,
+      check => Check}.
+
+%% A valid layer call with one input of a wrong shape or type: refused,
+%% naming it.
+layer_bad_input() ->
+    P = layer_problem({f, 32}),
+    #{op := Op} = P,
+    Shapes = layer_shapes(P),
+    Wider = fun(Shape) -> setelement(tuple_size(Shape), Shape, element(tuple_size(Shape), Shape) + 1) end,
+    Taller = fun(Shape) -> setelement(1, Shape, element(1, Shape) + 1) end,
+    {K, Shape, Type} =
+        case {Op, ri(3)} of
+            {causal_conv1d, 1} -> {w, Taller(maps:get(w, Shapes)), {f, 32}};
+            {causal_conv1d, 2} -> {bias, Wider(maps:get(bias, Shapes)), {f, 32}};
+            {causal_conv1d, 3} -> {initial_state, Wider(maps:get(initial_state, Shapes)), {f, 32}};
+            {linear, 1} -> {w, Wider(maps:get(w, Shapes)), {f, 32}};
+            {linear, 2} -> {bias, Wider(maps:get(bias, Shapes)), {f, 32}};
+            {linear, 3} -> {w, maps:get(w, Shapes), {f, 16}};
+            {_, 1} -> {weight, Wider(maps:get(weight, Shapes)), {f, 32}};
+            {_, 2} -> {residual, Wider(maps:get(residual, Shapes)), {f, 32}};
+            {_, 3} -> {gate, maps:get(gate, Shapes), pick([{f, 16}, {s, 32}])}
+        end,
+    %% the input under test given (then replaced by the wrong one)
+    Bad = P#{given := lists:usort([K || not lists:member(K, [x, w, weight])] ++ maps:get(given, P))},
+    Run = fun() ->
+                  {Args, Opts} = layer_args(Bad, fun t/3),
+                  Wrong = t(Type, Shape, values(Type, numel(Shape))),
+                  {Args2, Opts2} = put_input(Op, K, Wrong, Args, Opts),
+                  apply(fusex, Op, Args2 ++ [Opts2])
+          end,
+    #{kind => layer_bad_input, desc => {Op, K, Shape, Type}, run => Run, expect => error, arg => atom_to_binary(K)}.
+
+%% Args and Opts with input K replaced.
+put_input(Op, K, T, Args, Opts) ->
+    Positional = case Op of layer_norm -> [x, weight, bias]; rms_norm -> [x, weight]; _ -> [x, w] end,
+    case string:str(Positional, [K]) of
+        0 -> {Args, Opts#{K => T}};
+        I -> {replace(I, Args, T), Opts}
+    end.
+
+%% A valid layer call with one thing changed (an argument or an option's
+%% value replaced by junk, an unknown option, junk in an optional input):
+%% a clean error or a sane result; junk that is no tensor in an argument's
+%% place is refused naming that argument.
+mutated_layer() ->
+    P = layer_problem(pick([{f, 32}, {f, 64}])),
+    #{op := Op} = P,
+    {Args, Opts} = layer_args(P, fun t/3),
+    Positional = case Op of layer_norm -> [x, weight, bias]; rms_norm -> [x, weight]; _ -> [x, w] end,
+    Mutation = pick([arg, arg, opt_value, opt_key, opt_tensor]),
+    {Args2, Opts2, Arg} =
+        case Mutation of
+            arg ->
+                I = ri(length(Args)), J = junk(),
+                {replace(I, Args, J), Opts, [atom_to_binary(lists:nth(I, Positional)) || not is_reference(J)]};
+            opt_value when map_size(Opts) > 0 -> K = pick(maps:keys(Opts)), {Args, Opts#{K := junk()}, []};
+            opt_key -> {Args, Opts#{junk_key() => junk()}, []};
+            _ -> {Args, Opts#{pick([bias, initial_state, residual, gate, activation]) => junk_tensor()}, []}
+        end,
+    Case = #{kind => mutated_layer, desc => {Op, Mutation, [summary(A) || A <- Args2], summary(Opts2)},
+             run => fun() -> apply(fusex, Op, Args2 ++ [Opts2]) end, expect => any},
+    case Arg of [Name] -> Case#{expect => error, arg => Name}; [] -> Case end.
+
 %% -- freed tensors, huge empty ones, mutated calls, junk --
 
 %% A valid scan call with one input freed first: refused, naming it.
@@ -1010,7 +1270,7 @@ freed_input() ->
 %% once, with empty outputs and zero gradients.
 huge_empty() ->
     Big = fun() -> 1 bsl (10 + ri(28)) end,
-    case pick([ssm, linrec, step]) of
+    case pick([ssm, linrec, step, layer]) of
         ssm ->
             {B, L, D} = pick([{Big(), 0, ri(8)}, {0, Big(), ri(8)}, {ri(3), ri(3), 0}, {Big(), 0, 0}]),
             N = ri(4), G = case D of 0 -> ri(3); _ -> 1 end,
@@ -1051,7 +1311,25 @@ huge_empty() ->
                                                                 Z({B, 4}), Z({B, 4}), #{}))
                   end,
             #{kind => huge_empty, desc => {selective_scan_step, {B, D}}, run => Run, expect => valid,
-              check => fun(S) when S =:= {B, D} -> ok; (S) -> {fail, {got, S}} end}
+              check => fun(S) when S =:= {B, D} -> ok; (S) -> {fail, {got, S}} end};
+        layer -> % no rows: y empty, the parameters' gradients zero
+            Op = pick(?LAYERS), N = Big(),
+            Run = fun() ->
+                          Z = fun(S) -> fusex:zeros({f, 32}, S, #{device => dev()}) end,
+                          X = Z({N, 0, 3}), P = Z({3}), Opts = #{save_for_backward => true},
+                          {Y, C} = case Op of
+                                       causal_conv1d -> fusex:causal_conv1d(X, Z({3, 4}), Opts#{bias => P});
+                                       linear -> fusex:linear(X, Z({3, 3}), Opts#{bias => P, activation => gelu});
+                                       rms_norm -> fusex:rms_norm(X, P, Opts#{bias => P});
+                                       layer_norm -> fusex:layer_norm(X, P, P, Opts)
+                                   end,
+                          poison_heap([64]),
+                          Back = list_to_atom(atom_to_list(Op) ++ "_backward"),
+                          Gr = fusex:Back(Z(fusex:shape(Y)), C),
+                          {fusex:shape(Y), [vals(T) || {K, T} <- maps:to_list(Gr), K =/= x]}
+                  end,
+            #{kind => huge_empty, desc => {Op, {N, 0, 3}}, run => Run, expect => valid,
+              check => fun({{N1, 0, 3}, Vs}) when N1 =:= N -> all_zero(Vs); (Got) -> {fail, {got, Got}} end}
     end.
 
 %% NaN and infinities in the inputs of valid scans: they flow through,

@@ -5,7 +5,8 @@
 
 -export([check_badarg/2, settled_memory/1, device/0, seed/0, uniform/3, normal/1, encode/2, decode/2, tensor/3, tensor/4,
          values/1, rel_l2/2, assert_close/3, poisoned/2, poisoned/3,
-         ssm_reference/3, linrec_reference/4, sig/1, softplus/1, cand/2]).
+         ssm_reference/3, linrec_reference/4, sig/1, softplus/1, cand/2,
+         conv_reference/3, norm_reference/4, linear_reference/3, act/2, central_differences/2, dot/2]).
 
 %% The device the suites run on: the default device (FUSEX_DEVICE), which
 %% must be CUDA when FUSEX_REQUIRE_CUDA=1 (make test-gpu).
@@ -237,3 +238,77 @@ softplus(X) -> max(X, 0.0) + math:log(1 + math:exp(-abs(X))).
 cand(true, X) when X >= 0 -> X + 0.5;
 cand(true, X) -> sig(X);
 cand(false, X) -> X.
+
+%% The causal depthwise convolution (include/fusex_conv.h) over dims {B, L,
+%% D, W}: {Y, FinalState} as flat lists ([B, L, D] and [B, D, W - 1]).
+%% Values holds the flat lists x, w and, where given, bias and
+%% initial_state; Act is none or silu.
+conv_reference({B, L, D, W}, Values, Act) ->
+    X = list_to_tuple(maps:get(x, Values)),
+    Wt = list_to_tuple(maps:get(w, Values)),
+    Bias = fun(Di) -> case Values of #{bias := Bs} -> lists:nth(Di + 1, Bs); _ -> 0.0 end end,
+    Init = case Values of #{initial_state := I} -> list_to_tuple(I); _ -> none end,
+    %% x_t[d] of sequence Bi, the initial state's before the first step
+    In = fun(Bi, T, Di) when T >= 0 -> element((Bi * L + T) * D + Di + 1, X);
+            (_, _, _) when Init =:= none -> 0.0;
+            (Bi, T, Di) -> element((Bi * D + Di) * (W - 1) + (W - 1 + T) + 1, Init)
+         end,
+    Y = [act(Act, Bias(Di) + lists:sum([element(Di * W + K + 1, Wt) * In(Bi, T - (W - 1) + K, Di)
+                                        || K <- lists:seq(0, W - 1)]))
+         || Bi <- lists:seq(0, B - 1), T <- lists:seq(0, L - 1), Di <- lists:seq(0, D - 1)],
+    Final = [In(Bi, L - (W - 1) + J, Di)
+             || Bi <- lists:seq(0, B - 1), Di <- lists:seq(0, D - 1), J <- lists:seq(0, W - 2)],
+    {Y, Final}.
+
+%% rms_norm or layer_norm (include/fusex_norm.h) over {Rows, Hidden}: {Y,
+%% S} as flat lists (S = x + residual; the atom none without a residual).
+%% Values holds x and weight and, where given, bias, residual and gate.
+norm_reference(Kind, {Rows, H}, Values, Eps) ->
+    Row = fun(K, R) -> lists:sublist(maps:get(K, Values), R * H + 1, H) end,
+    Has = fun(K) -> maps:is_key(K, Values) end,
+    Weight = maps:get(weight, Values),
+    Bias = maps:get(bias, Values, lists:duplicate(H, 0.0)),
+    Rs = [begin
+              X = Row(x, R),
+              S = case Has(residual) of true -> [A + B || {A, B} <- lists:zip(X, Row(residual, R))]; false -> X end,
+              Mu = case Kind of layer_norm -> lists:sum(S) / H; rms_norm -> 0.0 end,
+              Rstd = 1 / math:sqrt(lists:sum([(V - Mu) * (V - Mu) || V <- S]) / H + Eps),
+              O = [(V - Mu) * Rstd * Wv + Bv || {V, Wv, Bv} <- lists:zip3(S, Weight, Bias)],
+              Y = case Has(gate) of true -> [Ov * act(silu, G) || {Ov, G} <- lists:zip(O, Row(gate, R))]; false -> O end,
+              {Y, S}
+          end || R <- lists:seq(0, Rows - 1)],
+    Ys = lists:append([Y || {Y, _} <- Rs]),
+    case Has(residual) of
+        true -> {Ys, lists:append([S || {_, S} <- Rs])};
+        false -> {Ys, none}
+    end.
+
+%% A linear layer (include/fusex_linear.h) over {Rows, In, Out}: y =
+%% act(x W^T + bias), flat [Rows, Out]. Values holds x, w and, where
+%% given, bias.
+linear_reference({Rows, In, Out}, Values, Act) ->
+    X = list_to_tuple(maps:get(x, Values)),
+    Wt = list_to_tuple(maps:get(w, Values)),
+    Bias = list_to_tuple(maps:get(bias, Values, lists:duplicate(Out, 0.0))),
+    [act(Act, element(O + 1, Bias) + lists:sum([element(R * In + K + 1, X) * element(O * In + K + 1, Wt)
+                                                 || K <- lists:seq(0, In - 1)]))
+     || R <- lists:seq(0, Rows - 1), O <- lists:seq(0, Out - 1)].
+
+%% The activations (include/fusex_activation.h; gelu in its tanh form).
+act(none, U) -> U;
+act(relu, U) -> max(U, 0.0);
+act(gelu, U) -> 0.5 * U * (1 + math:tanh(math:sqrt(2 / math:pi()) * (U + 0.044715 * U * U * U)));
+act(silu, U) -> U * sig(U);
+act(tanh, U) -> math:tanh(U);
+act(sigmoid, U) -> sig(U).
+
+%% d Loss / d Xs[i] for every i by central differences (step 1e-5), where
+%% Loss(Xs') is a number.
+central_differences(Loss, Xs) ->
+    N = length(Xs),
+    [begin
+         {Pre, [X | Post]} = lists:split(I - 1, Xs),
+         (Loss(Pre ++ [X + 1.0e-5 | Post]) - Loss(Pre ++ [X - 1.0e-5 | Post])) / 2.0e-5
+     end || I <- lists:seq(1, N)].
+
+dot(Xs, Ys) -> lists:sum([X * Y || {X, Y} <- lists:zip(Xs, Ys)]).

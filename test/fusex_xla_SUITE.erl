@@ -19,10 +19,15 @@ all() ->
     [before_xla_is_loaded, library_not_loaded, bad_library, after_exla_is_loaded, again_is_a_no_op,
      by_path, concurrently].
 
+%% Every op's forward, backward and step (the norms have no step); the
+%% linear layers are no XLA targets.
 -define(TARGETS,
         [<<"fusex_", Op/binary, "_", Dir/binary>>
-         || Op <- [<<"selective_scan">>, <<"linear_scan">>, <<"mingru">>, <<"minlstm">>, <<"liquid">>],
-            Dir <- [<<"fwd">>, <<"bwd">>, <<"step">>]]).
+         || Op <- [<<"selective_scan">>, <<"linear_scan">>, <<"mingru">>, <<"minlstm">>, <<"liquid">>,
+                   <<"causal_conv1d">>],
+            Dir <- [<<"fwd">>, <<"bwd">>, <<"step">>]]
+        ++ [<<"fusex_", Op/binary, "_", Dir/binary>>
+            || Op <- [<<"rms_norm">>, <<"layer_norm">>], Dir <- [<<"fwd">>, <<"bwd">>]]).
 
 init_per_suite(Config) ->
     Dir = os:getenv("FUSEX_TEST_XLA_DIR", ""),
@@ -81,7 +86,7 @@ expect_all_registered() ->
     Want = lists:sort([{T, P, <<"0.2">>} || T <- ?TARGETS, P <- [<<"Host">>, <<"CUDA">>]]),
     Got = lists:sort(registrations()),
     ct:log("~p registrations: ~p", [length(Got), Got]),
-    ?assertEqual(30, length(Want)),
+    ?assertEqual(44, length(Want)),
     ?assertEqual(Want, Got).
 
 registrations() ->

@@ -180,8 +180,8 @@ static int expect_grad(fx_status *st, const char *arg, const fx_tensor *grad, co
     return input ? expect_like(st, arg, grad, x, input->dtype, input->rank, input->dims, layout) : FX_OK;
 }
 
-static int check_backward(const fx_conv_inputs *in, const fx_tensor *dy, const fx_tensor *dfinal_state,
-                          const fx_conv_grad_outs *g, fx_conv_dims *n, fx_status *st)
+int fx_conv_check_backward(const fx_conv_inputs *in, const fx_tensor *dy, const fx_tensor *dfinal_state,
+                           fx_conv_dims *n, fx_status *st)
 {
     if (fx_conv_check(in, n, st) || expect_conv(st, in->x->device, "causal_conv1d_backward"))
         return st->code;
@@ -189,8 +189,18 @@ static int check_backward(const fx_conv_inputs *in, const fx_tensor *dy, const f
     int64_t sd[3];
     state_dims(n, sd);
     if (expect_like(st, "dy", dy, x, x->dtype, 3, x->dims, LAYOUT_X) ||
-        (dfinal_state && expect_like(st, "dfinal_state", dfinal_state, x, x->dtype, 3, sd, LAYOUT_STATE)) ||
-        expect_grad(st, "dx", g->dx, x, x, LAYOUT_X) || expect_grad(st, "dw", g->dw, in->w, x, LAYOUT_W) ||
+        (dfinal_state && expect_like(st, "dfinal_state", dfinal_state, x, x->dtype, 3, sd, LAYOUT_STATE)))
+        return st->code;
+    return FX_OK;
+}
+
+static int check_backward(const fx_conv_inputs *in, const fx_tensor *dy, const fx_tensor *dfinal_state,
+                          const fx_conv_grad_outs *g, fx_conv_dims *n, fx_status *st)
+{
+    if (fx_conv_check_backward(in, dy, dfinal_state, n, st))
+        return st->code;
+    const fx_tensor *x = in->x;
+    if (expect_grad(st, "dx", g->dx, x, x, LAYOUT_X) || expect_grad(st, "dw", g->dw, in->w, x, LAYOUT_W) ||
         expect_grad(st, "dbias", g->dbias, in->bias, x, LAYOUT_CH) ||
         expect_grad(st, "dinitial_state", g->dinitial_state, in->initial_state, x, LAYOUT_STATE))
         return st->code;

@@ -34,6 +34,10 @@ typedef struct fx_conv_grad_outs {
 
 /* A forward's inputs; fills the dimensions. */
 int fx_conv_check(const fx_conv_inputs *in, fx_conv_dims *n, fx_status *st);
+/* A backward's inputs: the forward's, dy and dfinal_state (NULL: not
+ * given); not the gradients. */
+int fx_conv_check_backward(const fx_conv_inputs *in, const fx_tensor *dy, const fx_tensor *dfinal_state,
+                           fx_conv_dims *n, fx_status *st);
 /* A step's: x [batch, dim] and the state. */
 int fx_conv_check_step(const fx_tensor *state, const fx_conv_inputs *in, fx_conv_dims *n, fx_status *st);
 

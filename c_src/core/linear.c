@@ -141,8 +141,8 @@ static int expect_saved(fx_status *st, const char *arg, const fx_tensor *t, bool
     return t ? expect_like(st, arg, t, x, x->dtype, rank, dims, LAYOUT_Y) : FX_OK;
 }
 
-static int check_backward(const fx_linear_inputs *in, const fx_tensor *y, const fx_tensor *pre, const fx_tensor *dy,
-                          const fx_linear_grad_outs *g, fx_linear_dims *n, fx_status *st)
+int fx_linear_check_backward(const fx_linear_inputs *in, const fx_tensor *y, const fx_tensor *pre,
+                             const fx_tensor *dy, fx_linear_dims *n, fx_status *st)
 {
     if (fx_linear_check(in, n, st) || expect_linear(st, in->x->device, true))
         return st->code;
@@ -151,8 +151,18 @@ static int check_backward(const fx_linear_inputs *in, const fx_tensor *y, const 
     const int rank = fx_linear_output_shape(x, n->out, dims);
     if (expect_saved(st, "y", y, fx_linear_reads_output(in->activation), in->activation, x, rank, dims) ||
         expect_saved(st, "pre", pre, fx_linear_reads_pre(in->activation), in->activation, x, rank, dims) ||
-        expect_like(st, "dy", dy, x, x->dtype, rank, dims, LAYOUT_Y) ||
-        expect_like(st, "dx", g->dx, x, x->dtype, x->rank, x->dims, LAYOUT_X) ||
+        expect_like(st, "dy", dy, x, x->dtype, rank, dims, LAYOUT_Y))
+        return st->code;
+    return FX_OK;
+}
+
+static int check_backward(const fx_linear_inputs *in, const fx_tensor *y, const fx_tensor *pre, const fx_tensor *dy,
+                          const fx_linear_grad_outs *g, fx_linear_dims *n, fx_status *st)
+{
+    if (fx_linear_check_backward(in, y, pre, dy, n, st))
+        return st->code;
+    const fx_tensor *x = in->x;
+    if (expect_like(st, "dx", g->dx, x, x->dtype, x->rank, x->dims, LAYOUT_X) ||
         expect_like(st, "dw", g->dw, x, in->w->dtype, 2, in->w->dims, LAYOUT_W))
         return st->code;
     if (!in->bias != !g->dbias)

@@ -32,6 +32,10 @@ typedef struct fx_linear_grad_outs {
 
 /* Checks the inputs and the attributes and fills the dimensions. */
 int fx_linear_check(const fx_linear_inputs *in, fx_linear_dims *n, fx_status *st);
+/* A backward's inputs: the forward's, y and pre (each exactly where the
+ * activation's derivative reads it), dy; not the gradients. */
+int fx_linear_check_backward(const fx_linear_inputs *in, const fx_tensor *y, const fx_tensor *pre,
+                             const fx_tensor *dy, fx_linear_dims *n, fx_status *st);
 /* The shape of y, pre and dy: x's with the last dimension `out`. */
 int fx_linear_output_shape(const fx_tensor *x, int64_t out, int64_t dims[FX_MAX_RANK]);
 

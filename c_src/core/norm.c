@@ -127,7 +127,7 @@ static int check_forward(const fx_norm_inputs *in, const fx_tensor *y, const fx_
         return st->code;
     const fx_tensor *x = in->x;
     if (expect_like(st, "y", y, x, x->dtype, x->rank, x->dims, LAYOUT_X) ||
-        expect_residual_out(st, "residual_out", in, residual_out))
+        expect_residual_out(st, "s", in, residual_out))
         return st->code;
     if (in->kind == FX_NORM_RMS && mean)
         return fx_fail(st, FX_EBADARG, "mean: expected none (rms_norm keeps no mean), got a tensor");
@@ -185,15 +185,15 @@ static int expect_grad(fx_status *st, const char *arg, const fx_tensor *grad, co
     return input ? expect_like(st, arg, grad, x, input->dtype, input->rank, input->dims, layout) : FX_OK;
 }
 
-static int check_backward(const fx_norm_inputs *in, const fx_tensor *residual_out, const fx_tensor *mean,
-                          const fx_tensor *rstd, const fx_tensor *dy, const fx_tensor *dresidual_out,
-                          const fx_norm_grad_outs *g, fx_norm_dims *n, fx_status *st)
+int fx_norm_check_backward(const fx_norm_inputs *in, const fx_tensor *residual_out, const fx_tensor *mean,
+                           const fx_tensor *rstd, const fx_tensor *dy, const fx_tensor *dresidual_out,
+                           fx_norm_dims *n, fx_status *st)
 {
     if (fx_norm_check(in, n, st) || expect_norm(st, in->x->device, in->kind, true))
         return st->code;
     const fx_tensor *x = in->x;
     const bool layer = in->kind == FX_NORM_LAYER;
-    if (expect_residual_out(st, "residual_out", in, residual_out) ||
+    if (expect_residual_out(st, "s", in, residual_out) ||
         expect_presence(st, "mean", mean, layer, "the forward's statistics [rows]", "rms_norm keeps no mean") ||
         expect_presence(st, "rstd", rstd, true, "the forward's statistics [rows]", "") ||
         (mean && expect_stat(st, "mean", mean, x, n)) || expect_stat(st, "rstd", rstd, x, n) ||
@@ -201,11 +201,21 @@ static int check_backward(const fx_norm_inputs *in, const fx_tensor *residual_ou
         return st->code;
     if (dresidual_out) {
         if (!in->residual)
-            return fx_fail(st, FX_EBADARG, "dresidual_out: expected none (no residual was given), got a tensor");
-        if (expect_like(st, "dresidual_out", dresidual_out, x, fx_norm_residual_out_type(in), x->rank, x->dims,
+            return fx_fail(st, FX_EBADARG, "ds: expected none (no residual was given), got a tensor");
+        if (expect_like(st, "ds", dresidual_out, x, fx_norm_residual_out_type(in), x->rank, x->dims,
                         LAYOUT_X))
             return st->code;
     }
+    return FX_OK;
+}
+
+static int check_backward(const fx_norm_inputs *in, const fx_tensor *residual_out, const fx_tensor *mean,
+                          const fx_tensor *rstd, const fx_tensor *dy, const fx_tensor *dresidual_out,
+                          const fx_norm_grad_outs *g, fx_norm_dims *n, fx_status *st)
+{
+    if (fx_norm_check_backward(in, residual_out, mean, rstd, dy, dresidual_out, n, st))
+        return st->code;
+    const fx_tensor *x = in->x;
     if (expect_grad(st, "dx", g->dx, x, x, LAYOUT_X) || expect_grad(st, "dweight", g->dweight, in->weight, x, LAYOUT_H) ||
         expect_grad(st, "dbias", g->dbias, in->bias, x, LAYOUT_H) ||
         expect_grad(st, "dresidual", g->dresidual, in->residual, x, LAYOUT_X) ||

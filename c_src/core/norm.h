@@ -6,11 +6,12 @@
  * Inputs:     x [..., hidden], weight [hidden], bias [hidden] (optional),
  *             residual [..., hidden] (optional), gate [..., hidden] (optional)
  * Attributes: kind (rms or layer), eps, residual_in_f32
- * Forward:    y [..., hidden]; residual_out [..., hidden] (exactly where a
- *             residual is given); mean [rows] (layer only) and rstd [rows]
+ * Forward:    y [..., hidden]; residual_out [..., hidden] (s = x + residual,
+ *             exactly where a residual is given; "s" in messages); mean [rows] (layer only) and rstd [rows]
  *             (optional: what the backward reads)
  * Backward:   reads residual_out (where a residual was given), weight,
- *             bias, gate, mean, rstd, dy, dresidual_out (optional); writes
+ *             bias, gate, mean, rstd, dy, dresidual_out (optional; "ds" in
+ *             messages, the gradient reaching s); writes
  *             dx, dweight, and dbias, dresidual, dgate where their inputs
  *             were given
  *
@@ -38,6 +39,11 @@ typedef struct fx_norm_grad_outs {
 const char *fx_norm_name(int kind);
 /* Checks the inputs and attributes and fills the dimensions. */
 int fx_norm_check(const fx_norm_inputs *in, fx_norm_dims *n, fx_status *st);
+/* A backward's inputs (the forward's, what it saved, dy, dresidual_out
+ * or NULL); not the gradients. */
+int fx_norm_check_backward(const fx_norm_inputs *in, const fx_tensor *residual_out, const fx_tensor *mean,
+                           const fx_tensor *rstd, const fx_tensor *dy, const fx_tensor *dresidual_out,
+                           fx_norm_dims *n, fx_status *st);
 /* mean's and rstd's type: f32, or f64 for f64 x. */
 fx_dtype fx_norm_stat_type(fx_dtype x_type);
 /* residual_out's type (a residual given): f32 when residual_in_f32, else

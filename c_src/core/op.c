@@ -13,8 +13,9 @@
 #include "fusex_dtype.h"
 
 /* Every family's descriptions, in the order the registry lists them
- * (docs/XLA.md's order). */
-#define FX_OP_FAMILIES(X) X(ssm) X(linrec)
+ * (docs/XLA.md's order). Families whose ops are no XLA targets (`no_xla`)
+ * come last: the XLA library's ops are the registry's first. */
+#define FX_OP_FAMILIES(X) X(ssm) X(linrec) X(conv) X(norm) X(linear)
 
 #define DECLARE(family)                                                                                      \
     extern const fx_op_desc fx_##family##_op_descs[];                                                        \
@@ -43,7 +44,7 @@ typedef struct op_info {
 } op_info;
 
 static op_info infos[MAX_OPS];
-static int nops;
+static int nops, nxla;
 static pthread_once_t infos_once = PTHREAD_ONCE_INIT;
 
 static int index_of(const char *name, const char *const *names, int n)
@@ -91,6 +92,8 @@ static void build_infos(void)
                 if (d->results[i].role == FX_IO_STATE)
                     info->new_state_out = (signed char)i;
             }
+            if (!d->no_xla && nxla == nops - 1)
+                nxla = nops;
         }
 }
 
@@ -107,6 +110,12 @@ int fx_op_count(void)
 {
     pthread_once(&infos_once, build_infos);
     return nops;
+}
+
+int fx_op_xla_count(void)
+{
+    pthread_once(&infos_once, build_infos);
+    return nxla;
 }
 
 const fx_op_desc *fx_op_at(int index)
@@ -128,6 +137,48 @@ int fx_op_index(const fx_op_desc *d)
 {
     const op_info *info = info_of(d);
     return info ? (int)(info - infos) : -1;
+}
+
+int fx_op_choice_count(const fx_op_attr *a)
+{
+    int n = 0;
+    while (n < FX_OP_MAX_CHOICES && a->choices[n])
+        n++;
+    return n;
+}
+
+int fx_op_choice_index(const fx_op_attr *a, const char *name)
+{
+    for (int k = 0; k < fx_op_choice_count(a) && name; k++)
+        if (strcmp(a->choices[k], name) == 0)
+            return k;
+    return -1;
+}
+
+bool fx_op_enum_valid(const fx_op_attr *a, double v)
+{
+    return v == floor(v) && v >= 0 && v < fx_op_choice_count(a);
+}
+
+int fx_op_enum_error(const fx_op_attr *a, const char *got, fx_status *st)
+{
+    char names[160];
+    fx_op_choice_list(a, ", ", names, sizeof names);
+    return fx_fail(st, FX_EBADARG, "%s: expected 0 to %d (%s), got %s", a->name, fx_op_choice_count(a) - 1, names,
+                   got);
+}
+
+void fx_op_choice_list(const fx_op_attr *a, const char *sep, char *out, size_t len)
+{
+    int n = fx_op_choice_count(a);
+    size_t used = 0;
+    if (len)
+        out[0] = '\0';
+    for (int k = 0; k < n && used < len; k++) {
+        const char *before = k == 0 ? "" : k == n - 1 ? " or " : sep;
+        int w = snprintf(out + used, len - used, "%s%s", before, a->choices[k]);
+        used += w > 0 ? (size_t)w : 0;
+    }
 }
 
 /* ---- the registry's own check ---- */
@@ -154,7 +205,7 @@ static int check_io(const fx_op_desc *d, const fx_op_io *io, int n, const char *
         if ((e->when == FX_WHEN_FLAG) != (flag >= 0))
             return fault(st, d, "%s %s: a flag attribute exactly when its `when` is a flag", which, e->name);
         if (flag >= 0 && d->attrs[flag].kind != FX_ATTR_FLAG)
-            return fault(st, d, "%s %s: its flag %s is a number", which, e->name, e->flag);
+            return fault(st, d, "%s %s: its flag %s is no flag attribute", which, e->name, e->flag);
         if (e->when == FX_WHEN_RULE && !d->present)
             return fault(st, d, "%s %s: a rule, but no `present` hook", which, e->name);
     }
@@ -220,6 +271,33 @@ static int check_backward(const fx_op_desc *fwd, fx_status *st)
     return FX_OK;
 }
 
+/* Choices: none for a number, none or two for a flag, two or more
+ * distinct names for an enum, whose default is one of them. */
+static int check_choices(const fx_op_desc *d, const fx_op_attr *at, fx_status *st)
+{
+    int n = fx_op_choice_count(at);
+    for (int k = n; k < FX_OP_MAX_CHOICES; k++)
+        if (at->choices[k])
+            return fault(st, d, "attribute %s: a choice after the list's end", at->name);
+    for (int k = 0; k < n; k++)
+        if (fx_op_choice_index(at, at->choices[k]) != k)
+            return fault(st, d, "attribute %s: choice %s listed twice", at->name, at->choices[k]);
+    switch (at->kind) {
+    case FX_ATTR_NUMBER:
+        return n ? fault(st, d, "attribute %s: choices for a number", at->name) : FX_OK;
+    case FX_ATTR_FLAG:
+        return n != 0 && n != 2 ? fault(st, d, "attribute %s: a flag has two choices or none, got %d", at->name, n)
+                                : FX_OK;
+    case FX_ATTR_ENUM:
+        if (n < 2)
+            return fault(st, d, "attribute %s: an enum has two choices or more, got %d", at->name, n);
+        if (at->dflt != floor(at->dflt) || at->dflt < 0 || at->dflt >= n)
+            return fault(st, d, "attribute %s: its default %g is no index of its choices", at->name, at->dflt);
+        return FX_OK;
+    default: return fault(st, d, "attribute %s: an unknown kind %d", at->name, (int)at->kind);
+    }
+}
+
 static int check_desc(const fx_op_desc *d, fx_status *st)
 {
     if (!d->name || !d->op || !d->family || !d->check || !d->run)
@@ -229,8 +307,8 @@ static int check_desc(const fx_op_desc *d, fx_status *st)
     for (int a = 0; a < d->nattrs; a++) {
         if (fx_op_attr_index(d, d->attrs[a].name) != a)
             return fault(st, d, "attribute %s: listed twice", d->attrs[a].name);
-        if (d->attrs[a].choices[0] && d->attrs[a].kind != FX_ATTR_FLAG)
-            return fault(st, d, "attribute %s: choices for a number", d->attrs[a].name);
+        if (check_choices(d, &d->attrs[a], st))
+            return st->code;
     }
     if (check_io(d, d->inputs, d->ninputs, "input", st) || check_io(d, d->results, d->nresults, "result", st) ||
         check_options(d, st))
@@ -243,6 +321,8 @@ static int check_desc(const fx_op_desc *d, fx_status *st)
         return fault(st, d, "the step's state is the input \"state\" and the result \"new_state\"");
     if (d->backward && d->dir != FX_OP_FWD)
         return fault(st, d, "only a forward has a backward");
+    if (d->backward && fx_op_find(d->backward) && fx_op_find(d->backward)->no_xla != d->no_xla)
+        return fault(st, d, "its backward %s: an XLA target exactly when the forward is", d->backward);
     return d->backward ? check_backward(d, st) : FX_OK;
 }
 
@@ -255,6 +335,9 @@ int fx_op_registry_check(fx_status *st)
                 return fault(st, d, "described twice");
         if (check_desc(d, st))
             return st->code;
+        if (!d->no_xla && i > 0 && fx_op_at(i - 1)->no_xla)
+            return fault(st, d, "an XLA target listed after %s, which is none (XLA targets come first)",
+                         fx_op_at(i - 1)->name);
     }
     return FX_OK;
 }
@@ -323,6 +406,11 @@ int fx_op_check(const fx_op_call *c, fx_op_spec results[FX_OP_MAX_IO], fx_status
     for (int a = 0; a < d->nattrs; a++)
         if (d->attrs[a].kind == FX_ATTR_FLAG && c->attrs[a] != 0 && c->attrs[a] != 1)
             return fx_fail(st, FX_EBADARG, "%s: expected 0 or 1, got %g", d->attrs[a].name, c->attrs[a]);
+        else if (d->attrs[a].kind == FX_ATTR_ENUM && !fx_op_enum_valid(&d->attrs[a], c->attrs[a])) {
+            char got[32];
+            snprintf(got, sizeof got, "%g", c->attrs[a]);
+            return fx_op_enum_error(&d->attrs[a], got, st);
+        }
     for (int i = 0; i < d->ninputs; i++) {
         bool want;
         if (present(info, c, false, i, &want, st))
@@ -448,6 +536,59 @@ static void keep(fx_tensor *dst, const fx_tensor *src)
         fx_buffer_ref(src->buffer);
 }
 
+/* The backward's call from what a context holds (the forward's attributes,
+ * inputs and kept results): attributes by name, forward inputs by name,
+ * saved inputs from the kept results where the backward's call wants them
+ * (by flag or rule, given the inputs before them), cotangents as given,
+ * presence flags from what is there. */
+static int backward_call(const fx_op_desc *fwd, const double *attrs, const fx_tensor *const *in,
+                         const fx_tensor *const *kept, const fx_tensor *const *cotangents, fx_device *dev,
+                         fx_op_call *bwd, fx_status *st)
+{
+    const fx_op_desc *d = fx_op_find(fwd->backward);
+    if (!d)
+        return fx_fail(st, FX_EINTERNAL, "%s: its backward %s is not described", fwd->name, fwd->backward);
+    fx_op_call_init(bwd, d, dev);
+    for (int a = 0; a < d->nattrs; a++) {
+        int f = fx_op_attr_index(fwd, d->attrs[a].name);
+        if (f >= 0)
+            bwd->attrs[a] = attrs[f];
+    }
+    const op_info *info = info_of(d);
+    for (int i = 0; i < d->ninputs; i++) {
+        const fx_op_io *io = &d->inputs[i];
+        int f;
+        bool wanted;
+        switch (io->role) {
+        case FX_IO_FORWARD:
+            f = fx_op_input_index(fwd, io->name);
+            bwd->in[i] = f >= 0 ? in[f] : NULL;
+            break;
+        case FX_IO_SAVED:
+            f = fx_op_result_index(fwd, io->name);
+            bwd->in[i] = f >= 0 ? kept[f] : NULL;
+            if (bwd->in[i] && fx_op_input_present(bwd, i, &wanted, st))
+                return st->code;
+            if (bwd->in[i] && !wanted)
+                bwd->in[i] = NULL;
+            break;
+        default: bwd->in[i] = cotangents ? cotangents[i] : NULL; break;
+        }
+        if (info->in_flag[i] >= 0 && d->attrs[info->in_flag[i]].role == FX_ATTR_PRESENCE)
+            bwd->attrs[info->in_flag[i]] = bwd->in[i] != NULL;
+    }
+    return FX_OK;
+}
+
+/* The context's inputs and kept results as the backward call takes them. */
+static void ctx_tensors(const fx_op_ctx *ctx, const fx_tensor *in[FX_OP_MAX_IO], const fx_tensor *kept[FX_OP_MAX_IO])
+{
+    for (int i = 0; i < FX_OP_MAX_IO; i++) {
+        in[i] = ctx->has_in[i] ? &ctx->in[i] : NULL;
+        kept[i] = ctx->has_kept[i] ? &ctx->kept[i] : NULL;
+    }
+}
+
 int fx_op_ctx_new(const fx_op_call *fwd, fx_op_ctx **out, fx_status *st)
 {
     const fx_op_desc *d = fwd->op;
@@ -470,6 +611,23 @@ int fx_op_ctx_new(const fx_op_call *fwd, fx_op_ctx **out, fx_status *st)
             keep(&ctx->kept[r], fwd->out[r]);
             ctx->has_kept[r] = true;
         }
+    /* Only what the backward reads stays (a linear layer's y only where
+     * the activation's derivative reads it). */
+    const fx_tensor *in[FX_OP_MAX_IO], *kept[FX_OP_MAX_IO];
+    ctx_tensors(ctx, in, kept);
+    fx_op_call bwd;
+    if (backward_call(d, ctx->attrs, in, kept, NULL, ctx->dev, &bwd, st)) {
+        fx_op_ctx_free(ctx);
+        return st->code;
+    }
+    for (int r = 0; r < d->nresults; r++) {
+        int b = fx_op_input_index(bwd.op, d->results[r].name);
+        if (ctx->has_kept[r] && (b < 0 || bwd.op->inputs[b].role != FX_IO_SAVED || !bwd.in[b])) {
+            fx_tensor_release(&ctx->kept[r]);
+            memset(&ctx->kept[r], 0, sizeof ctx->kept[r]);
+            ctx->has_kept[r] = false;
+        }
+    }
     *out = ctx;
     return FX_OK;
 }
@@ -499,34 +657,9 @@ size_t fx_op_ctx_saved_bytes(const fx_op_ctx *ctx)
 int fx_op_ctx_backward(const fx_op_ctx *ctx, const fx_tensor *const cotangents[FX_OP_MAX_IO], fx_op_call *bwd,
                        fx_status *st)
 {
-    const fx_op_desc *fwd = ctx->op, *d = fx_op_find(fwd->backward);
-    if (!d)
-        return fx_fail(st, FX_EINTERNAL, "%s: its backward %s is not described", fwd->name, fwd->backward);
-    fx_op_call_init(bwd, d, ctx->dev);
-    for (int a = 0; a < d->nattrs; a++) {
-        int f = fx_op_attr_index(fwd, d->attrs[a].name);
-        if (f >= 0)
-            bwd->attrs[a] = ctx->attrs[f];
-    }
-    const op_info *info = info_of(d);
-    for (int i = 0; i < d->ninputs; i++) {
-        const fx_op_io *io = &d->inputs[i];
-        int f;
-        switch (io->role) {
-        case FX_IO_FORWARD:
-            f = fx_op_input_index(fwd, io->name);
-            bwd->in[i] = f >= 0 && ctx->has_in[f] ? &ctx->in[f] : NULL;
-            break;
-        case FX_IO_SAVED:
-            f = fx_op_result_index(fwd, io->name);
-            bwd->in[i] = f >= 0 && ctx->has_kept[f] ? &ctx->kept[f] : NULL;
-            break;
-        default: bwd->in[i] = cotangents ? cotangents[i] : NULL; break;
-        }
-        if (info->in_flag[i] >= 0 && d->attrs[info->in_flag[i]].role == FX_ATTR_PRESENCE)
-            bwd->attrs[info->in_flag[i]] = bwd->in[i] != NULL;
-    }
-    return FX_OK;
+    const fx_tensor *in[FX_OP_MAX_IO], *kept[FX_OP_MAX_IO];
+    ctx_tensors(ctx, in, kept);
+    return backward_call(ctx->op, ctx->attrs, in, kept, cotangents, ctx->dev, bwd, st);
 }
 
 /* ---- JSON ---- */
@@ -574,7 +707,7 @@ static void put_key(writer *w, const char *key, const char *value, bool first)
 }
 
 static const char *const dir_names[] = {"fwd", "bwd", "step"};
-static const char *const kind_names[] = {"flag", "number"};
+static const char *const kind_names[] = {"flag", "number", "enum"};
 static const char *const attr_role_names[] = {"option", "presence", "save"};
 static const char *const io_role_names[] = {"arg", "option", "state", "forward", "saved", "cotangent", "output",
                                             "grad"};
@@ -615,7 +748,7 @@ size_t fx_op_describe_json(const fx_op_desc *d, char *out, size_t len)
     put_key(&w, "op", d->op, false);
     put_key(&w, "family", d->family, false);
     put_key(&w, "dir", dir_names[d->dir], false);
-    put_key(&w, "target", target, false);
+    put_key(&w, "target", d->no_xla ? NULL : target, false);
     put(&w, ", \"attrs\": [");
     for (int a = 0; a < d->nattrs; a++) {
         const fx_op_attr *at = &d->attrs[a];
@@ -629,9 +762,10 @@ size_t fx_op_describe_json(const fx_op_desc *d, char *out, size_t len)
         put(&w, ", \"choices\": ");
         if (at->choices[0]) {
             put(&w, "[");
-            put_string(&w, at->choices[0]);
-            put(&w, ", ");
-            put_string(&w, at->choices[1]);
+            for (int k = 0; k < fx_op_choice_count(at); k++) {
+                put(&w, "%s", k ? ", " : "");
+                put_string(&w, at->choices[k]);
+            }
             put(&w, "]");
         } else {
             put(&w, "null");

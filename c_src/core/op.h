@@ -43,6 +43,8 @@ extern "C" {
 
 #define FX_OP_MAX_IO 16
 #define FX_OP_MAX_ATTRS 16
+/* The most names an enumerated attribute has (FX_ATTR_ENUM). */
+#define FX_OP_MAX_CHOICES 8
 
 typedef enum fx_op_dir { FX_OP_FWD = 0, FX_OP_BWD, FX_OP_STEP } fx_op_dir;
 
@@ -62,8 +64,12 @@ typedef enum fx_attr_role {
 } fx_attr_role;
 
 typedef enum fx_attr_kind {
-    FX_ATTR_FLAG = 0, /* 0 or 1: XLA `i64`; a boolean (or one of `choices`) elsewhere */
+    FX_ATTR_FLAG = 0, /* 0 or 1: XLA `i64`; a boolean (or one of two `choices`) elsewhere */
     FX_ATTR_NUMBER,   /* a double: XLA `f64` (an integer attribute is taken too) */
+    /* One of `choices` (two or more), by its index: XLA `i64` 0 .. n - 1 (an
+     * integer attribute of any width); its name elsewhere (an atom in
+     * Erlang and Elixir, a string in JAX): an activation. */
+    FX_ATTR_ENUM,
 } fx_attr_kind;
 
 typedef struct fx_op_attr {
@@ -75,8 +81,10 @@ typedef struct fx_op_attr {
      * ("candidate_activation" for candidate_g), else NULL. */
     const char *option;
     /* A flag given as one of two names: choices[0] is 0, choices[1] is 1
-     * ({"identity", "g"}); NULL for a boolean. */
-    const char *choices[2];
+     * ({"identity", "g"}); an enum's names, choices[i] for index i
+     * ({"none", "silu"}); NULL after the last, all NULL for a boolean and
+     * a number. An enum's `dflt` is an index. */
+    const char *choices[FX_OP_MAX_CHOICES];
     /* A number that must be positive and finite (liquid's dt): the check
      * refuses others, and a surface parsing the option may refuse them
      * first, in its own words ("a positive number or a fusex tensor"). */
@@ -116,7 +124,10 @@ typedef struct fx_op_io {
     fx_io_when when;
     const char *flag;   /* FX_WHEN_FLAG: the attribute; else NULL */
     /* A forward's result its backward reads (linrec's h, the selective
-     * scan's saved states): a context keeps a reference to it. */
+     * scan's saved states): a context keeps a reference to it where the
+     * backward's input of its name is present for the forward's call (a
+     * linear layer's y only for the activations whose derivative reads
+     * it). */
     bool kept;
 } fx_op_io;
 
@@ -189,10 +200,19 @@ typedef struct fx_op_desc {
      * saves (the CPU's recomputes: fx_ssm_ops.reads_saved). NULL: always.
      * XLA programs set the attribute themselves. */
     bool (*saves_on)(const fx_device *dev);
+    /* Not an XLA target (the linear layers: inside XLA programs XLA's own
+     * products are the right ones): priv/fusex_xla.so neither registers
+     * nor describes it. The registry lists such ops after every XLA
+     * target, so the XLA library's ops are the registry's first
+     * fx_op_xla_count(), by the same indices. */
+    bool no_xla;
 } fx_op_desc;
 
 /* ---- the registry ---- */
 int fx_op_count(void);
+/* How many of the first descriptions are XLA targets (all but the
+ * trailing `no_xla` ones). */
+int fx_op_xla_count(void);
 const fx_op_desc *fx_op_at(int index);      /* NULL past the last */
 const fx_op_desc *fx_op_find(const char *name); /* NULL when unknown */
 /* Indices by name; -1 when the description has none. */
@@ -205,6 +225,18 @@ int fx_op_input_flag(const fx_op_desc *d, int index);
 int fx_op_result_flag(const fx_op_desc *d, int index);
 /* The description's place in the registry (fx_op_at(i) == d), or -1. */
 int fx_op_index(const fx_op_desc *d);
+/* An attribute's names (FX_ATTR_FLAG with two, FX_ATTR_ENUM): how many
+ * (0 for a boolean or a number), the index of `name` (-1: none of them),
+ * and the names as a list for messages, "none, relu, gelu or silu" (`sep`
+ * between all but the last two, " or " before the last). */
+int fx_op_choice_count(const fx_op_attr *a);
+int fx_op_choice_index(const fx_op_attr *a, const char *name);
+void fx_op_choice_list(const fx_op_attr *a, const char *sep, char *out, size_t len);
+/* An enum's value is an index of its choices; where not, the message
+ * every surface gives ("activation: expected 0 to 1 (none or silu), got
+ * 2"; `got` as the surface writes the value). */
+bool fx_op_enum_valid(const fx_op_attr *a, double v);
+int fx_op_enum_error(const fx_op_attr *a, const char *got, fx_status *st);
 /* Every description follows the conventions above and names only what it
  * has (flags, options, its backward, gradient and cotangent names, counts
  * within FX_OP_MAX_*); else the first fault, named. For the tests. */
@@ -218,8 +250,9 @@ void fx_op_call_init(fx_op_call *c, const fx_op_desc *d, fx_device *dev);
  * malformed, with their check's message). */
 int fx_op_input_present(const fx_op_call *c, int index, bool *present, fx_status *st);
 int fx_op_result_present(const fx_op_call *c, int index, bool *present, fx_status *st);
-/* The flags are 0 or 1 (numbers are the description's check's: liquid's
- * dt says "a positive number"), every input that should be present is and
+/* The flags are 0 or 1, the enums an index of their choices (numbers
+ * are the description's check's: liquid's dt says "a positive number"),
+ * every input that should be present is and
  * no other (an FX_IO_SAVED input with a rule may be missing: the check
  * says whether the device's backward reads it), then the description's
  * check: the results' specs (the first nresults entries), `present` for
@@ -269,10 +302,11 @@ int fx_op_ctx_backward(const fx_op_ctx *ctx, const fx_tensor *const cotangents[F
  *   {"index": 3, "name": "linear_scan_fwd", "op": "linear_scan",
  *    "family": "linrec", "dir": "fwd" | "bwd" | "step",
  *    "target": "fusex_linear_scan_fwd",
- *    "attrs": [{"name", "kind": "flag" | "number",
+ *    "attrs": [{"name", "kind": "flag" | "number" | "enum",
  *               "role": "option" | "presence" | "save", "default": 0,
  *               "option": null | "candidate_activation",
- *               "choices": null | ["identity", "g"], "positive": false}],
+ *               "choices": null | ["identity", "g"] | ["none", "silu"],
+ *               "positive": false}],
  *    "inputs": [{"name", "layout", "role": "arg" | "option" | "state" |
  *                "forward" | "saved" | "cotangent" | "output" | "grad",
  *                "presence": "always" | "flag" | "rule", "flag": null | "has_h0",
@@ -280,7 +314,8 @@ int fx_op_ctx_backward(const fx_op_ctx *ctx, const fx_tensor *const cotangents[F
  *    "results": [the same],
  *    "options": ["h0", "return_state", ...],
  *    "backward": null | "linear_scan_bwd", "saved_by": "fusex:linear_scan"}
- * ("saved_by" is null where the op has no backward). Writes at most `len`
+ * ("saved_by" is null where the op has no backward; "target" null where
+ * it is no XLA target; an enum's "default" is an index). Writes at most `len`
  * bytes (NUL included; cut where it does not fit); returns the length it
  * needs, NUL excluded. */
 size_t fx_op_describe_json(const fx_op_desc *d, char *out, size_t len);

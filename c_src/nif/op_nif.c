@@ -9,8 +9,8 @@
  *   op_list()                              the descriptions as terms
  *
  * The options of a call are the description's (its `options`: optional
- * tensors by input name, option attributes by name or alias, choices as
- * atoms, save_for_backward), checked against the allowed keys. */
+ * tensors by input name, option attributes by name or alias, choices and
+ * enums as atoms, save_for_backward), checked against the allowed keys. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -150,6 +150,19 @@ static int flag_option(fx_call *c, const fx_op_attr *at, const char *name, ERL_N
     return bad_value(c, name, expected, v);
 }
 
+/* An enum option: one of its choices, as an atom. */
+static int enum_option(fx_call *c, const fx_op_attr *at, const char *name, ERL_NIF_TERM v, double *out)
+{
+    for (int k = 0; k < fx_op_choice_count(at); k++)
+        if (enif_is_identical(v, fx_atom(c->env, at->choices[k]))) {
+            *out = k;
+            return FX_OK;
+        }
+    char expected[160];
+    fx_op_choice_list(at, ", ", expected, sizeof expected);
+    return bad_value(c, name, expected, v);
+}
+
 /* Reads every option given into the call (tensors into `held`); `save`
  * says whether save_for_backward was asked. */
 static int read_opts(fx_call *c, ERL_NIF_TERM opts, fx_op_call *call, fx_tensor *held, bool *save)
@@ -170,8 +183,10 @@ static int read_opts(fx_call *c, ERL_NIF_TERM opts, fx_op_call *call, fx_tensor 
             call->in[o.input] = &held[o.input];
         } else if (o.attr >= 0) {
             const fx_op_attr *at = &d->attrs[o.attr];
-            if ((at->kind == FX_ATTR_NUMBER ? number_option(c, d, &o, v, &call->attrs[o.attr])
-                                             : flag_option(c, at, *name, v, &call->attrs[o.attr])))
+            double *value = &call->attrs[o.attr];
+            if (at->kind == FX_ATTR_NUMBER ? number_option(c, d, &o, v, value)
+                : at->kind == FX_ATTR_ENUM ? enum_option(c, at, *name, v, value)
+                                           : flag_option(c, at, *name, v, value))
                 return c->st.code;
         } else if (o.save && fx_arg_bool(c, v, *name, save)) {
             return c->st.code;
@@ -388,24 +403,29 @@ static int arg_specs(fx_call *c, ERL_NIF_TERM map, fx_op_call *call, fx_tensor *
     return rc ? c->st.code : FX_OK;
 }
 
-/* An attribute's value in op_check: a number, true or false, or one of
- * a flag's choices. */
+/* An attribute's value in op_check: a number, true or false (not for an
+ * enum), or one of a flag's or an enum's choices. */
 static int attr_value(fx_call *c, const fx_op_attr *at, ERL_NIF_TERM v, double *out)
 {
-    if (enif_is_identical(v, fx_atom(c->env, "true")) || enif_is_identical(v, fx_atom(c->env, "false"))) {
+    const bool is_enum = at->kind == FX_ATTR_ENUM;
+    if (!is_enum &&
+        (enif_is_identical(v, fx_atom(c->env, "true")) || enif_is_identical(v, fx_atom(c->env, "false")))) {
         *out = enif_is_identical(v, fx_atom(c->env, "true"));
         return FX_OK;
     }
     if (enif_is_number(c->env, v))
         return fx_arg_double(c, v, at->name, out);
-    for (int k = 0; at->choices[0] && k < 2; k++)
+    for (int k = 0; k < fx_op_choice_count(at); k++)
         if (enif_is_identical(v, fx_atom(c->env, at->choices[k]))) {
             *out = k;
             return FX_OK;
         }
-    char expected[96];
-    if (at->choices[0])
-        snprintf(expected, sizeof expected, "a number, true, false, %s or %s", at->choices[0], at->choices[1]);
+    char names[160], expected[200];
+    fx_op_choice_list(at, ", ", names, sizeof names);
+    if (is_enum)
+        snprintf(expected, sizeof expected, "a number, %s", names);
+    else if (at->choices[0])
+        snprintf(expected, sizeof expected, "a number, true, false, %s", names);
     else
         snprintf(expected, sizeof expected, "a number, true or false");
     return bad_value(c, at->name, expected, v);
@@ -508,7 +528,7 @@ ERL_NIF_TERM nif_op_check(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 /* ---- op_list ---- */
 
 static const char *const dir_names[] = {"fwd", "bwd", "step"};
-static const char *const kind_names[] = {"flag", "number"};
+static const char *const kind_names[] = {"flag", "number", "enum"};
 static const char *const attr_role_names[] = {"option", "presence", "save"};
 static const char *const io_role_names[] = {"arg", "option", "state", "forward", "saved", "cotangent", "output",
                                             "grad"};
@@ -529,13 +549,18 @@ static ERL_NIF_TERM attr_term(ErlNifEnv *env, const fx_op_attr *a)
     m = put(env, m, "kind", fx_atom(env, kind_names[a->kind]));
     m = put(env, m, "role", fx_atom(env, attr_role_names[a->role]));
     m = put(env, m, "default",
-            a->kind == FX_ATTR_FLAG ? enif_make_int(env, a->dflt != 0) : enif_make_double(env, a->dflt));
+            a->kind == FX_ATTR_FLAG   ? enif_make_int(env, a->dflt != 0)
+            : a->kind == FX_ATTR_ENUM ? enif_make_int(env, (int)a->dflt)
+                                      : enif_make_double(env, a->dflt));
     m = put(env, m, "positive", bool_term(env, a->positive));
     if (a->option)
         m = put(env, m, "option", fx_atom(env, a->option));
-    if (a->choices[0])
-        m = put(env, m, "choices",
-                enif_make_list2(env, fx_atom(env, a->choices[0]), fx_atom(env, a->choices[1])));
+    if (a->choices[0]) {
+        ERL_NIF_TERM choices = enif_make_list(env, 0);
+        for (int k = fx_op_choice_count(a) - 1; k >= 0; k--)
+            choices = enif_make_list_cell(env, fx_atom(env, a->choices[k]), choices);
+        m = put(env, m, "choices", choices);
+    }
     return m;
 }
 
@@ -574,7 +599,8 @@ static ERL_NIF_TERM desc_term(ErlNifEnv *env, int index, const fx_op_desc *d)
     m = put(env, m, "op", fx_atom(env, d->op));
     m = put(env, m, "family", fx_atom(env, d->family));
     m = put(env, m, "dir", fx_atom(env, dir_names[d->dir]));
-    m = put(env, m, "target", fx_make_string(env, target));
+    if (!d->no_xla)
+        m = put(env, m, "target", fx_make_string(env, target));
     m = put(env, m, "attrs", attrs);
     m = put(env, m, "inputs", io_list(env, d->inputs, d->ninputs));
     m = put(env, m, "results", io_list(env, d->results, d->nresults));
@@ -586,8 +612,9 @@ static ERL_NIF_TERM desc_term(ErlNifEnv *env, int index, const fx_op_desc *d)
     return m;
 }
 
-/* op_list() -> [#{name, op, family, dir, target, attrs, inputs, results,
- * options[, backward, saved_by]}] in the registry's order. */
+/* op_list() -> [#{name, op, family, dir[, target], attrs, inputs, results,
+ * options[, backward, saved_by]}] in the registry's order (no target: not
+ * an XLA target). */
 ERL_NIF_TERM nif_op_list(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;

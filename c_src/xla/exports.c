@@ -102,12 +102,13 @@ EXPORT int fusex_xla_register(const void *api_ptr, char *msg, size_t msglen)
         rc = -1;
         goto done;
     }
-    if (fx_op_count() > FX_XLA_MAX_OPS) {
-        say(msg, msglen, "fusex describes %d ops, more than the %d its XLA handlers were built for (FX_XLA_MAX_OPS)",
-            fx_op_count(), FX_XLA_MAX_OPS);
+    if (fx_op_xla_count() > FX_XLA_MAX_OPS) {
+        say(msg, msglen,
+            "fusex describes %d XLA targets, more than the %d its handlers were built for (FX_XLA_MAX_OPS)",
+            fx_op_xla_count(), FX_XLA_MAX_OPS);
         rc = -1;
     }
-    for (int op = 0; op < fx_op_count() && rc == 0; op++)
+    for (int op = 0; op < fx_op_xla_count() && rc == 0; op++)
         for (int p = 0; p < FX_XLA_PLATFORM_COUNT && rc == 0; p++)
             rc = register_one(api, op, p, msg, msglen);
     if (rc == 0)
@@ -199,7 +200,8 @@ EXPORT const char *fusex_xla_cuda_unavailable_reason(void) { return fx_xla_cuda_
 
 /* ---- the ops, for the front ends ---- */
 
-EXPORT int fusex_xla_op_count(void) { return fx_op_count(); }
+/* The ops that are XLA targets: the registry's first (core/op.h). */
+EXPORT int fusex_xla_op_count(void) { return fx_op_xla_count(); }
 
 /* Each description's JSON, made once and kept for the process. */
 static char *descriptions[FX_XLA_MAX_OPS];
@@ -208,7 +210,7 @@ static pthread_once_t descriptions_once = PTHREAD_ONCE_INIT;
 
 static void describe_all(void)
 {
-    for (int i = 0; i < fx_op_count() && i < FX_XLA_MAX_OPS; i++) {
+    for (int i = 0; i < fx_op_xla_count() && i < FX_XLA_MAX_OPS; i++) {
         const fx_op_desc *d = fx_op_at(i);
         size_t len = fx_op_describe_json(d, NULL, 0) + 1;
         descriptions[i] = malloc(len);
@@ -221,7 +223,7 @@ static void describe_all(void)
 EXPORT const char *fusex_xla_op_describe(int op)
 {
     pthread_once(&descriptions_once, describe_all);
-    return op >= 0 && op < fx_op_count() && op < FX_XLA_MAX_OPS ? descriptions[op] : NULL;
+    return op >= 0 && op < fx_op_xla_count() && op < FX_XLA_MAX_OPS ? descriptions[op] : NULL;
 }
 
 EXPORT const char *fusex_xla_dtypes_json(void)
@@ -237,12 +239,12 @@ EXPORT int fusex_xla_op_index(const char *name)
     if (strncmp(name, "fusex_", 6) == 0 && !fx_op_find(name))
         name += 6;
     const fx_op_desc *d = fx_op_find(name);
-    return d ? fx_op_index(d) : -1;
+    return d && !d->no_xla ? fx_op_index(d) : -1;
 }
 
 EXPORT void *fusex_xla_op_handler(int op, int platform)
 {
-    return op >= 0 && op < fx_op_count() ? fx_xla_handler(op, platform) : NULL;
+    return op >= 0 && op < fx_op_xla_count() ? fx_xla_handler(op, platform) : NULL;
 }
 
 EXPORT int fusex_xla_op_check(int op, int platform, const int32_t *present, const int32_t *dtypes,

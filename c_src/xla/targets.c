@@ -25,14 +25,14 @@ static pthread_once_t names_once = PTHREAD_ONCE_INIT;
 
 static void make_names(void)
 {
-    for (int i = 0; i < fx_op_count() && i < FX_XLA_MAX_OPS; i++)
+    for (int i = 0; i < fx_op_xla_count() && i < FX_XLA_MAX_OPS; i++)
         snprintf(target_names[i], sizeof target_names[i], "fusex_%s", fx_op_at(i)->name);
 }
 
 const char *fx_xla_target_name(int op)
 {
     pthread_once(&names_once, make_names);
-    return op >= 0 && op < fx_op_count() && op < FX_XLA_MAX_OPS ? target_names[op] : NULL;
+    return op >= 0 && op < fx_op_xla_count() && op < FX_XLA_MAX_OPS ? target_names[op] : NULL;
 }
 
 /* ---- buffers ---- */
@@ -144,6 +144,27 @@ static int flag_attr(const fx_xla_call *c, const char *name, double *out, fx_sta
     return FX_OK;
 }
 
+/* An enum: an integer attribute, the index of one of its choices. */
+static int enum_attr(const fx_xla_call *c, const fx_op_attr *at, double *out, fx_status *st)
+{
+    const fx_xla_attr *a = find_attr(c, at->name);
+    char names[160];
+    fx_op_choice_list(at, ", ", names, sizeof names);
+    const int last = fx_op_choice_count(at) - 1;
+    if (!a)
+        return fx_fail(st, FX_EBADARG, "%s: expected an attribute 0 to %d (i64: %s), got none", at->name, last, names);
+    if (a->kind != FX_XLA_ATTR_INT)
+        return fx_fail(st, FX_EBADARG, "%s: expected an integer attribute 0 to %d (i64: %s), got %s", at->name, last,
+                       names, a->what);
+    if (a->i < 0 || a->i > last) {
+        char got[32];
+        snprintf(got, sizeof got, "%lld", (long long)a->i);
+        return fx_op_enum_error(at, got, st);
+    }
+    *out = (double)a->i;
+    return FX_OK;
+}
+
 static int number_attr(const fx_xla_call *c, const char *name, double *out, fx_status *st)
 {
     const fx_xla_attr *a = find_attr(c, name);
@@ -166,8 +187,11 @@ static int read_attrs(const fx_xla_call *c, fx_op_call *call, fx_status *st)
         return st->code;
     for (int a = 0; a < d->nattrs; a++) {
         const fx_op_attr *at = &d->attrs[a];
-        if ((at->kind == FX_ATTR_FLAG ? flag_attr : number_attr)(c, at->name, &call->attrs[a], st))
-            return st->code;
+        int rc = at->kind == FX_ATTR_FLAG   ? flag_attr(c, at->name, &call->attrs[a], st)
+                 : at->kind == FX_ATTR_ENUM ? enum_attr(c, at, &call->attrs[a], st)
+                                            : number_attr(c, at->name, &call->attrs[a], st);
+        if (rc)
+            return rc;
     }
     return FX_OK;
 }
@@ -306,7 +330,7 @@ static int bind_and_run(const fx_xla_call *c, frame *f, fx_status *st)
 
 int fx_xla_run(const fx_xla_call *c, fx_status *st)
 {
-    const fx_op_desc *d = fx_op_at(c->op);
+    const fx_op_desc *d = c->op < fx_op_xla_count() ? fx_op_at(c->op) : NULL;
     if (!d)
         return fx_fail(st, FX_EINTERNAL, "fusex XLA handler: unknown op %d", c->op);
     frame f;
@@ -331,9 +355,9 @@ int fx_xla_check(int op, int platform, const int32_t *present, const int32_t *dt
                  const int64_t *dims, const double *attrs, int32_t *out_present, int32_t *out_dtypes,
                  int32_t *out_ranks, int64_t *out_dims, fx_status *st)
 {
-    const fx_op_desc *d = fx_op_at(op);
+    const fx_op_desc *d = op < fx_op_xla_count() ? fx_op_at(op) : NULL;
     if (!d)
-        return fx_fail(st, FX_EBADARG, "op: expected an index below %d, got %d", fx_op_count(), op);
+        return fx_fail(st, FX_EBADARG, "op: expected an index below %d, got %d", fx_op_xla_count(), op);
     if (platform != FX_XLA_HOST && platform != FX_XLA_CUDA)
         return fx_fail(st, FX_EBADARG, "platform: expected 0 (Host) or 1 (CUDA), got %d", platform);
     fx_xla_call xc;

@@ -5,13 +5,16 @@
  * tensors the test allocated and poisoned. Every result must equal the CPU
  * backend's on the same inputs. Each op gets an arena of exactly the bytes
  * its scratch query names (a launcher that asks more fails), and an arena
- * too small for the scratch it takes first is refused with a clean error. */
+ * too small for the scratch it takes first is refused with a clean error.
+ * The layers (conv, norm, linear) run through their descriptions
+ * (core/op.h), as an XLA custom call runs them. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/linrec.h"
+#include "core/op.h"
 #include "core/ops.h"
 #include "core/optim.h"
 #include "core/ssm.h"
@@ -30,7 +33,7 @@ typedef struct lane {
     fx_exec ex;
 } lane;
 
-static void lane_open(fx_device *dev, lane *l)
+static void lane_open_sized(fx_device *dev, size_t arena_bytes, lane *l)
 {
     fx_status st;
     fx_status_clear(&st);
@@ -40,17 +43,19 @@ static void lane_open(fx_device *dev, lane *l)
         dev->backend->stream_create(dev->ordinal, &l->stream, &st);
         FX_CK_OK(st);
     }
-    int64_t bytes[1] = {(int64_t)ARENA_BYTES};
+    int64_t bytes[1] = {(int64_t)(arena_bytes ? arena_bytes : 1)};
     ck_assert_int_eq(fx_tensor_alloc(dev, FX_U8, 1, bytes, &l->memory, &st), FX_OK);
     l->ex.device = dev->ordinal;
     l->ex.stream = l->stream;
 }
 
+static void lane_open(fx_device *dev, lane *l) { lane_open_sized(dev, ARENA_BYTES, l); }
+
 /* The lane's context with a fresh arena of `bytes`: work enqueued earlier
  * on the lane's stream is done with the memory before the next op's runs. */
 static const fx_exec *lane_exec(lane *l, size_t bytes)
 {
-    ck_assert_msg(bytes <= ARENA_BYTES, "a scratch query of %zu bytes", bytes);
+    ck_assert_msg(bytes <= l->memory.nbytes, "a scratch query of %zu bytes", bytes);
     l->arena.base = l->memory.data;
     l->arena.size = bytes;
     l->arena.used = 0;
@@ -630,6 +635,197 @@ START_TEST(elementwise_and_optimizer_on_a_caller_stream)
 }
 END_TEST
 
+
+/* ---- the layers (conv, norm, linear), through their descriptions ---- */
+
+/* Each lane's problem: the layouts' sizes, two different shapes (a dim
+ * of 37: the single-channel kernels; a row of 1030: several packs). */
+static const fx_test_size layer_names[2][8] = {
+    {{"batch", 2}, {"seqlen", 45}, {"dim", 64}, {"width", 4}, {"width - 1", 3}, {"hidden", 96}, {"in", 48},
+     {"out", 40}},
+    {{"batch", 3}, {"seqlen", 37}, {"dim", 37}, {"width", 7}, {"width - 1", 6}, {"hidden", 1030}, {"in", 33},
+     {"out", 17}},
+};
+static const int64_t layer_leading[2][2] = {{5, 3}, {7, 1}};
+
+/* A described op's call on both devices: inputs (the same values),
+ * results poisoned; a forward's backward call through its context. */
+typedef struct op_pair {
+    fx_op_call dut, cpu;
+    fx_tensor in_dut[FX_OP_MAX_IO], in_cpu[FX_OP_MAX_IO];
+    fx_tensor out_dut[FX_OP_MAX_IO], out_cpu[FX_OP_MAX_IO];
+    int64_t terms; /* what the reduced results sum over, at most */
+} op_pair;
+
+typedef struct layer_run {
+    op_pair fwd, bwd;
+    fx_op_ctx *ctx_dut, *ctx_cpu;
+    size_t fwd_bytes, bwd_bytes;
+} layer_run;
+
+static void tensor_pair(fx_device *dev, fx_dtype type, int rank, const int64_t *dims, fx_tensor *dut, fx_tensor *cpu)
+{
+    int64_t n = numel(rank, dims);
+    double *v = values(n, -1, 1);
+    fx_test_tensor(dev, type, rank, dims, v, dut);
+    fx_test_tensor(fx_cpu_device(), type, rank, dims, v, cpu);
+    free(v);
+}
+
+/* The call's results on both devices, poisoned (a step's new_state is its
+ * state, in place). */
+static void results_of(fx_device *dev, op_pair *p)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    fx_op_spec specs[FX_OP_MAX_IO];
+    ck_assert_msg(fx_op_check(&p->dut, specs, &st) == FX_OK, "%s: %s", p->dut.op->name, st.msg);
+    const fx_op_desc *d = p->dut.op;
+    for (int r = 0; r < d->nresults; r++) {
+        if (!specs[r].present)
+            continue;
+        if (d->results[r].role == FX_IO_STATE) {
+            int s = fx_op_input_index(d, "state");
+            p->dut.out[r] = p->dut.in[s];
+            p->cpu.out[r] = p->cpu.in[s];
+            continue;
+        }
+        fx_test_poisoned(dev, specs[r].dtype, specs[r].rank, specs[r].dims, &p->out_dut[r]);
+        fx_test_poisoned(fx_cpu_device(), specs[r].dtype, specs[r].rank, specs[r].dims, &p->out_cpu[r]);
+        p->dut.out[r] = &p->out_dut[r];
+        p->cpu.out[r] = &p->out_cpu[r];
+    }
+}
+
+/* Every optional input given, every option flag set, an enum at gelu
+ * (lane 0; its last choice where it has none) or at its first (lane 1). */
+static void layer_make(fx_device *dev, const fx_op_desc *d, int k, layer_run *r)
+{
+    memset(r, 0, sizeof *r);
+    const fx_test_sizes sizes = {layer_names[k], 8, layer_leading[k], 2};
+    op_pair *f = &r->fwd;
+    fx_op_call_init(&f->dut, d, dev);
+    fx_op_call_init(&f->cpu, d, fx_cpu_device());
+    for (int a = 0; a < d->nattrs; a++) {
+        const fx_op_attr *at = &d->attrs[a];
+        double v = at->kind == FX_ATTR_FLAG ? 1 : at->dflt;
+        if (at->kind == FX_ATTR_ENUM) {
+            int gelu = fx_op_choice_index(at, "gelu");
+            v = k ? 0 : gelu >= 0 ? gelu : fx_op_choice_count(at) - 1;
+        }
+        f->dut.attrs[a] = f->cpu.attrs[a] = v;
+    }
+    f->terms = 1;
+    for (int i = 0; i < d->ninputs; i++) {
+        int64_t dims[FX_MAX_RANK];
+        int rank = fx_test_layout(d->inputs[i].layout, &sizes, dims);
+        tensor_pair(dev, FX_F32, rank, dims, &f->in_dut[i], &f->in_cpu[i]);
+        f->dut.in[i] = &f->in_dut[i];
+        f->cpu.in[i] = &f->in_cpu[i];
+        if (numel(rank, dims) > f->terms)
+            f->terms = numel(rank, dims);
+    }
+    results_of(dev, f);
+    lane probe; /* the queries read the context's device only */
+    memset(&probe, 0, sizeof probe);
+    probe.ex.device = dev->ordinal;
+    r->fwd_bytes = fx_op_scratch(&probe.ex, &f->dut);
+    if (!d->backward)
+        return;
+    fx_status st;
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_op_ctx_new(&f->dut, &r->ctx_dut, &st), FX_OK);
+    ck_assert_int_eq(fx_op_ctx_new(&f->cpu, &r->ctx_cpu, &st), FX_OK);
+    const fx_op_desc *b = fx_op_find(d->backward);
+    op_pair *g = &r->bwd;
+    const fx_tensor *cot_dut[FX_OP_MAX_IO] = {0}, *cot_cpu[FX_OP_MAX_IO] = {0};
+    for (int i = 0; i < b->ninputs; i++)
+        if (b->inputs[i].role == FX_IO_COTANGENT) {
+            const fx_tensor *like = f->dut.out[fx_op_result_index(d, b->inputs[i].name + 1)];
+            tensor_pair(dev, like->dtype, like->rank, like->dims, &g->in_dut[i], &g->in_cpu[i]);
+            cot_dut[i] = &g->in_dut[i];
+            cot_cpu[i] = &g->in_cpu[i];
+        }
+    ck_assert_int_eq(fx_op_ctx_backward(r->ctx_dut, cot_dut, &g->dut, &st), FX_OK);
+    ck_assert_int_eq(fx_op_ctx_backward(r->ctx_cpu, cot_cpu, &g->cpu, &st), FX_OK);
+    g->terms = f->terms;
+    results_of(dev, g);
+    r->bwd_bytes = fx_op_scratch(&probe.ex, &g->dut);
+}
+
+static void op_pair_run(op_pair *p, lane *l, size_t bytes)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    fx_op_run_into(lane_exec(l, bytes), &p->dut, &st);
+    ck_assert_msg(st.code == FX_OK, "%s on a caller's stream: %s", p->dut.op->name, st.msg);
+    fx_op_run_into(NULL, &p->cpu, &st);
+    ck_assert_msg(st.code == FX_OK, "%s on the cpu: %s", p->cpu.op->name, st.msg);
+}
+
+/* Every result against the CPU's: a step's state too; a result without
+ * the inputs' leading axes (a parameter's gradient) is a sum. */
+static void op_pair_check(const op_pair *p)
+{
+    const fx_op_desc *d = p->dut.op;
+    for (int r = 0; r < d->nresults; r++) {
+        if (!p->dut.out[r])
+            continue;
+        pair q = {.dut = *p->dut.out[r], .cpu = *p->cpu.out[r], .n = p->dut.out[r]->numel};
+        const char *layout = d->results[r].layout;
+        const bool summed = !strstr(layout, "batch") && !strstr(layout, "...") && !strstr(layout, "rows");
+        char what[96];
+        snprintf(what, sizeof what, "%s %s", d->name, d->results[r].name);
+        pair_check(what, &q, summed ? sum_tol(p->terms) : 2e-5);
+    }
+}
+
+static void op_pair_free(op_pair *p)
+{
+    for (int i = 0; i < FX_OP_MAX_IO; i++) {
+        fx_tensor_release(&p->in_dut[i]);
+        fx_tensor_release(&p->in_cpu[i]);
+        fx_tensor_release(&p->out_dut[i]);
+        fx_tensor_release(&p->out_cpu[i]);
+    }
+}
+
+/* Each layer op (a forward with its backward, a step) of two shapes on two
+ * caller streams at once, on arenas of exactly its scratch, against the
+ * CPU's: the path an XLA custom call takes (fx_op_run_into). */
+START_TEST(layers_on_two_caller_streams)
+{
+    fx_device *dev = fx_test_device();
+    const fx_op_desc *d = fx_op_at(_i);
+    if (d->dir == FX_OP_BWD ||
+        (strcmp(d->family, "conv") && strcmp(d->family, "norm") && strcmp(d->family, "linear")))
+        return;
+    layer_run runs[2];
+    lane lanes[2];
+    for (int k = 0; k < 2; k++) {
+        layer_make(dev, d, k, &runs[k]);
+        size_t bytes = runs[k].fwd_bytes > runs[k].bwd_bytes ? runs[k].fwd_bytes : runs[k].bwd_bytes;
+        lane_open_sized(dev, bytes, &lanes[k]);
+    }
+    own_stream_done(dev);
+    for (int k = 0; k < 2; k++)
+        op_pair_run(&runs[k].fwd, &lanes[k], runs[k].fwd_bytes);
+    for (int k = 0; k < 2 && d->backward; k++)
+        op_pair_run(&runs[k].bwd, &lanes[k], runs[k].bwd_bytes);
+    for (int k = 0; k < 2; k++) {
+        lane_wait(&lanes[k]);
+        op_pair_check(&runs[k].fwd);
+        if (d->backward)
+            op_pair_check(&runs[k].bwd);
+        lane_close(&lanes[k]);
+        fx_op_ctx_free(runs[k].ctx_dut);
+        fx_op_ctx_free(runs[k].ctx_cpu);
+        op_pair_free(&runs[k].fwd);
+        op_pair_free(&runs[k].bwd);
+    }
+}
+END_TEST
+
 /* ---- scratch: the queries are enough, and too little is refused ---- */
 
 START_TEST(too_little_scratch_is_refused)
@@ -669,6 +865,7 @@ Suite *fx_suite_exec(void)
     tcase_add_test(tc, selective_scan_on_two_caller_streams);
     tcase_add_loop_test(tc, linear_recurrences_on_two_caller_streams, 0, FX_LINREC_KIND_COUNT);
     tcase_add_test(tc, elementwise_and_optimizer_on_a_caller_stream);
+    tcase_add_loop_test(tc, layers_on_two_caller_streams, 0, fx_op_count());
     tcase_add_test(tc, too_little_scratch_is_refused);
     suite_add_tcase(s, tc);
     return s;

@@ -6,11 +6,13 @@
  * backward, and the JSON. Inputs are made from the descriptions' layouts
  * ("[batch, seqlen, dim]"), so a new family's descriptions are tested
  * here as they are added. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/check.h"
+#include "core/linear.h"
 #include "core/linrec.h"
 #include "core/op.h"
 #include "core/ops.h"
@@ -18,43 +20,14 @@
 #include "testutil.h"
 
 /* The sizes the layouts' names stand for: a sequence long enough for the
- * selective scan to save states (seqlen 37: two chunks after the first). */
-static int64_t size_of(const char *name, size_t len)
-{
-    static const struct {
-        const char *name;
-        int64_t size;
-    } sizes[] = {{"batch", 2}, {"seqlen", 37}, {"dim", 8}, {"dstate", 4}, {"hidden", 5}};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        if (strlen(sizes[i].name) == len && strncmp(sizes[i].name, name, len) == 0)
-            return sizes[i].size;
-    char *end;
-    long long v = strtoll(name, &end, 10);
-    ck_assert_msg(end == name + len, "a layout's size %.*s the test does not know", (int)len, name);
-    return v;
-}
+ * selective scan to save states (seqlen 37: two chunks after the first),
+ * a convolution of width 4, a linear layer 6 -> 5, "..." two axes. */
+static const fx_test_size size_names[] = {{"batch", 2}, {"seqlen", 37}, {"dim", 8},      {"dstate", 4}, {"hidden", 5},
+                                          {"width", 4}, {"width - 1", 3}, {"in", 6}, {"out", 5}};
+static const int64_t leading[] = {3, 7};
+static const fx_test_sizes sizes = {size_names, (int)(sizeof size_names / sizeof size_names[0]), leading, 2};
 
-/* "[batch, seqlen, [groups,] dstate]" -> {2, 37, 4}: optional axes left out. */
-static int parse_layout(const char *layout, int64_t *dims)
-{
-    int rank = 0;
-    const char *p = layout;
-    ck_assert_msg(*p == '[', "layout %s", layout);
-    p++;
-    while (*p && *p != ']') {
-        while (*p == ' ' || *p == ',')
-            p++;
-        if (*p == '[') { /* an optional axis: left out */
-            p = strchr(p, ']') + 1;
-            continue;
-        }
-        const char *start = p;
-        while (*p && *p != ',' && *p != ']')
-            p++;
-        dims[rank++] = size_of(start, (size_t)(p - start));
-    }
-    return rank;
-}
+static int parse_layout(const char *layout, int64_t *dims) { return fx_test_layout(layout, &sizes, dims); }
 
 static void make_tensor(fx_device *dev, fx_dtype type, int rank, const int64_t *dims, fx_tensor *t)
 {
@@ -100,21 +73,37 @@ static void made_release(made *m)
         fx_tensor_release(&m->in[i]);
 }
 
+/* The most choices of an op's enums (1 where it has none). */
+static int most_choices(const fx_op_desc *d)
+{
+    int n = 1;
+    for (int a = 0; a < d->nattrs; a++)
+        if (d->attrs[a].kind == FX_ATTR_ENUM && fx_op_choice_count(&d->attrs[a]) > n)
+            n = fx_op_choice_count(&d->attrs[a]);
+    return n;
+}
+
 /* A forward or a step with every optional input given and every option
- * flag set (the choices' second), numbers at their defaults; a forward
- * keeps what its backward on `dev` reads. */
-static void make_call(fx_device *dev, const fx_op_desc *d, made *m)
+ * flag set (the choices' second), each enum at its choice `choice` (its
+ * last where it has fewer), numbers at their defaults; a forward keeps
+ * what its backward on `dev` reads. */
+static void make_call_with(fx_device *dev, const fx_op_desc *d, int choice, made *m)
 {
     memset(m, 0, sizeof *m);
     fx_op_call_init(&m->call, d, dev);
     for (int a = 0; a < d->nattrs; a++)
         if (d->attrs[a].kind == FX_ATTR_FLAG)
             m->call.attrs[a] = d->attrs[a].role == FX_ATTR_SAVE ? (!d->saves_on || d->saves_on(dev)) : 1;
+        else if (d->attrs[a].kind == FX_ATTR_ENUM)
+            m->call.attrs[a] = choice < fx_op_choice_count(&d->attrs[a]) ? choice
+                                                                          : fx_op_choice_count(&d->attrs[a]) - 1;
     for (int i = 0; i < d->ninputs; i++) {
         make_from_layout(dev, d->inputs[i].layout, &m->in[i]);
         m->call.in[i] = &m->in[i];
     }
 }
+
+static void make_call(fx_device *dev, const fx_op_desc *d, made *m) { make_call_with(dev, d, INT32_MAX, m); }
 
 /* The ops' results as the check gives them equal what a run allocates. */
 static void expect_specs_are_results(const fx_op_desc *d, const fx_op_spec *specs, const fx_op_call *run)
@@ -182,19 +171,15 @@ static void run_on_exact_scratch(fx_op_call *c, fx_tensor outs[FX_OP_MAX_IO])
     fx_tensor_release(&memory);
 }
 
-/* Every forward with its backward through the context, every step: the
- * check's specs are the run's results, on shapes alone too, each on its
- * exact scratch. */
-START_TEST(every_op_runs_as_described)
+/* Every forward with its backward through the context, every step, with
+ * each of its enums' choices: the check's specs are the run's results, on
+ * shapes alone too, each on its exact scratch. */
+static void runs_as_described(fx_device *dev, const fx_op_desc *d, int choice)
 {
-    fx_device *dev = fx_test_device();
-    const fx_op_desc *d = fx_op_at(_i);
-    if (d->dir == FX_OP_BWD)
-        return; /* run from its forward's context below */
     fx_status st;
     fx_status_clear(&st);
     made m;
-    make_call(dev, d, &m);
+    make_call_with(dev, d, choice, &m);
     fx_op_spec specs[FX_OP_MAX_IO];
     ck_assert_msg(fx_op_check(&m.call, specs, &st) == FX_OK, "%s: %s", d->name, st.msg);
     expect_shape_only_check(&m.call, specs);
@@ -242,6 +227,16 @@ START_TEST(every_op_runs_as_described)
     for (int r = 0; r < FX_OP_MAX_IO; r++)
         fx_tensor_release(&outs[r]);
     made_release(&m);
+}
+
+START_TEST(every_op_runs_as_described)
+{
+    fx_device *dev = fx_test_device();
+    const fx_op_desc *d = fx_op_at(_i);
+    if (d->dir == FX_OP_BWD)
+        return; /* run from its forward's context */
+    for (int choice = 0; choice < most_choices(d); choice++)
+        runs_as_described(dev, d, choice);
 }
 END_TEST
 
@@ -307,18 +302,26 @@ START_TEST(the_registry_is_consistent)
     fx_status st;
     fx_status_clear(&st);
     ck_assert_msg(fx_op_registry_check(&st) == FX_OK, "%s", st.msg);
-    /* docs/XLA.md's order, each op's forward, backward and step */
-    static const char *const ops[] = {"selective_scan", "linear_scan", "mingru", "minlstm", "liquid"};
-    static const char *const dirs[] = {"fwd", "bwd", "step"};
-    ck_assert_int_eq(fx_op_count(), 15);
+    /* docs/XLA.md's order: each op's forward, backward and step; the ops
+     * that are no XLA targets last */
+    static const char *const names[] = {
+        "selective_scan_fwd", "selective_scan_bwd", "selective_scan_step", "linear_scan_fwd", "linear_scan_bwd",
+        "linear_scan_step",   "mingru_fwd",         "mingru_bwd",          "mingru_step",     "minlstm_fwd",
+        "minlstm_bwd",        "minlstm_step",       "liquid_fwd",          "liquid_bwd",      "liquid_step",
+        "causal_conv1d_fwd",  "causal_conv1d_bwd",  "causal_conv1d_step",  "rms_norm_fwd",    "rms_norm_bwd",
+        "layer_norm_fwd",     "layer_norm_bwd",     "linear_fwd",          "linear_bwd"};
+    const int count = (int)(sizeof names / sizeof names[0]);
+    ck_assert_int_eq(fx_op_count(), count);
+    ck_assert_int_eq(fx_op_xla_count(), count - 2);
     for (int i = 0; i < fx_op_count(); i++) {
-        char name[64];
-        snprintf(name, sizeof name, "%s_%s", ops[i / 3], dirs[i % 3]);
         const fx_op_desc *d = fx_op_at(i);
-        ck_assert_str_eq(d->name, name);
-        ck_assert_ptr_eq(fx_op_find(name), d);
+        ck_assert_str_eq(d->name, names[i]);
+        ck_assert_ptr_eq(fx_op_find(names[i]), d);
         ck_assert_int_eq(fx_op_index(d), i);
-        ck_assert_int_eq((int)d->dir, i % 3);
+        const char *dir = strrchr(names[i], '_') + 1;
+        ck_assert_int_eq((int)d->dir, strcmp(dir, "fwd") == 0 ? FX_OP_FWD : strcmp(dir, "bwd") == 0 ? FX_OP_BWD
+                                                                                                     : FX_OP_STEP);
+        ck_assert(d->no_xla == (i >= fx_op_xla_count()));
     }
     ck_assert_ptr_null(fx_op_at(fx_op_count()));
     ck_assert_ptr_null(fx_op_at(-1));
@@ -369,6 +372,32 @@ START_TEST(the_xla_contract)
     expect_names("liquid_step", "inputs", "state f_logits tau a dt");
     expect_names("minlstm_step", "inputs", "state f_logits i_logits cand");
     expect_names("mingru_step", "results", "h new_state");
+    expect_names("causal_conv1d_fwd", "attrs", "activation has_bias has_initial_state return_state");
+    expect_names("causal_conv1d_fwd", "inputs", "x w bias initial_state");
+    expect_names("causal_conv1d_fwd", "results", "y final_state");
+    expect_names("causal_conv1d_bwd", "attrs", "activation has_bias has_initial_state has_dfinal_state");
+    expect_names("causal_conv1d_bwd", "inputs", "x w bias initial_state dy dfinal_state");
+    expect_names("causal_conv1d_bwd", "results", "dx dw dbias dinitial_state");
+    expect_names("causal_conv1d_step", "attrs", "activation has_bias");
+    expect_names("causal_conv1d_step", "inputs", "state x w bias");
+    expect_names("causal_conv1d_step", "results", "y new_state");
+    expect_names("rms_norm_fwd", "attrs", "eps residual_in_f32 has_bias has_residual has_gate save");
+    expect_names("rms_norm_fwd", "inputs", "x weight bias residual gate");
+    expect_names("rms_norm_fwd", "results", "y s rstd");
+    expect_names("rms_norm_bwd", "attrs", "eps residual_in_f32 has_bias has_residual has_gate has_ds");
+    expect_names("rms_norm_bwd", "inputs", "x weight bias residual gate s rstd dy ds");
+    expect_names("rms_norm_bwd", "results", "dx dweight dbias dresidual dgate");
+    expect_names("layer_norm_fwd", "attrs", "eps residual_in_f32 has_residual has_gate save");
+    expect_names("layer_norm_fwd", "inputs", "x weight bias residual gate");
+    expect_names("layer_norm_fwd", "results", "y s mean rstd");
+    expect_names("layer_norm_bwd", "attrs", "eps residual_in_f32 has_residual has_gate has_ds");
+    expect_names("layer_norm_bwd", "inputs", "x weight bias residual gate s mean rstd dy ds");
+    expect_names("layer_norm_bwd", "results", "dx dweight dbias dresidual dgate");
+    expect_names("linear_fwd", "attrs", "activation allow_tf32 has_bias save");
+    expect_names("linear_fwd", "inputs", "x w bias");
+    expect_names("linear_fwd", "results", "y pre");
+    expect_names("linear_bwd", "inputs", "x w bias y pre dy");
+    expect_names("linear_bwd", "results", "dx dw dbias");
 }
 END_TEST
 
@@ -414,6 +443,20 @@ START_TEST(the_json)
     fx_op_describe_json(fx_op_find("mingru_bwd"), out, sizeof out);
     ck_assert_ptr_nonnull(strstr(out, "\"option\": \"candidate_activation\", \"choices\": [\"identity\", \"g\"]"));
     ck_assert_ptr_nonnull(strstr(out, "\"role\": \"saved\""));
+    /* an enum: its choices by index, the default an index */
+    fx_op_describe_json(fx_op_find("causal_conv1d_fwd"), out, sizeof out);
+    ck_assert_ptr_nonnull(strstr(out, "{\"name\": \"activation\", \"kind\": \"enum\", \"role\": \"option\", "
+                                      "\"default\": 0, \"option\": null, \"choices\": [\"none\", \"silu\"], "
+                                      "\"positive\": false}"));
+    ck_assert_ptr_nonnull(strstr(out, "\"target\": \"fusex_causal_conv1d_fwd\""));
+    fx_op_describe_json(fx_op_find("rms_norm_fwd"), out, sizeof out);
+    ck_assert_ptr_nonnull(strstr(out, "{\"name\": \"eps\", \"kind\": \"number\", \"role\": \"option\", "
+                                      "\"default\": 1.0000000000000001e-05, "));
+    /* no XLA target */
+    fx_op_describe_json(fx_op_find("linear_fwd"), out, sizeof out);
+    ck_assert_ptr_nonnull(strstr(out, "\"dir\": \"fwd\", \"target\": null, \"attrs\": [{\"name\": \"activation\", "
+                                      "\"kind\": \"enum\", \"role\": \"option\", \"default\": 0, \"option\": null, "
+                                      "\"choices\": [\"none\", \"relu\", \"gelu\", \"silu\", \"tanh\", \"sigmoid\"]"));
     ck_assert_uint_eq(fx_op_dtypes_json(out, sizeof out), strlen(out));
     ck_assert_str_eq(out, "[\"f32\", \"f64\", \"bf16\", \"f16\", \"s32\", \"s64\", \"u8\"]");
 }
@@ -475,6 +518,99 @@ START_TEST(a_context_keeps_the_forwards_tensors)
     ck_assert_ptr_null(none);
     made_release(&s);
     fx_op_ctx_free(ctx);
+}
+END_TEST
+
+/* An enum's value is an index of its choices; the check says which. */
+START_TEST(enums)
+{
+    fx_device *dev = fx_test_device();
+    fx_status st;
+    fx_op_spec specs[FX_OP_MAX_IO];
+    made m;
+    const fx_op_desc *d = fx_op_find("causal_conv1d_fwd");
+    make_call(dev, d, &m);
+    const int act = fx_op_attr_index(d, "activation");
+    ck_assert_int_eq(fx_op_choice_count(&d->attrs[act]), 2);
+    ck_assert_int_eq(fx_op_choice_index(&d->attrs[act], "silu"), 1);
+    ck_assert_int_eq(fx_op_choice_index(&d->attrs[act], "relu"), -1);
+    const double bad[] = {2, -1, 0.5};
+    const char *const msgs[] = {"activation: expected 0 to 1 (none or silu), got 2",
+                                "activation: expected 0 to 1 (none or silu), got -1",
+                                "activation: expected 0 to 1 (none or silu), got 0.5"};
+    for (int k = 0; k < 3; k++) {
+        m.call.attrs[act] = bad[k];
+        fx_status_clear(&st);
+        ck_assert_int_eq(fx_op_check(&m.call, specs, &st), FX_EBADARG);
+        ck_assert_str_eq(st.msg, msgs[k]);
+    }
+    made_release(&m);
+    const fx_op_desc *lin = fx_op_find("linear_fwd");
+    char names[128];
+    fx_op_choice_list(&lin->attrs[fx_op_attr_index(lin, "activation")], ", ", names, sizeof names);
+    ck_assert_str_eq(names, "none, relu, gelu, silu, tanh or sigmoid");
+    ck_assert_int_eq(fx_op_choice_count(&fx_op_find("mingru_fwd")->attrs[1]), 2);
+    ck_assert_int_eq(fx_op_choice_count(&fx_op_find("mingru_fwd")->attrs[0]), 0);
+}
+END_TEST
+
+/* A context keeps a kept result only where the backward reads it: a
+ * linear layer's y for relu, its pre-activation (saved) for gelu,
+ * neither for none; the backward through it equals the family's own. */
+START_TEST(a_context_keeps_what_the_backward_reads)
+{
+    fx_device *dev = fx_test_device();
+    const fx_op_desc *d = fx_op_find("linear_fwd"), *b = fx_op_find("linear_bwd");
+    const int acts[] = {FX_ACT_NONE, FX_ACT_RELU, FX_ACT_GELU};
+    for (int k = 0; k < 3; k++) {
+        fx_status st;
+        fx_status_clear(&st);
+        made m;
+        make_call(dev, d, &m);
+        m.call.attrs[fx_op_attr_index(d, "activation")] = acts[k];
+        fx_tensor outs[FX_OP_MAX_IO];
+        ck_assert_int_eq(fx_op_run(&m.call, outs, &st), FX_OK);
+        ck_assert((outs[1].buffer != NULL) == (acts[k] == FX_ACT_GELU)); /* pre: a result where it is read */
+        fx_op_ctx *ctx;
+        ck_assert_int_eq(fx_op_ctx_new(&m.call, &ctx, &st), FX_OK);
+        ck_assert_int_eq(atomic_load(&outs[0].buffer->refs), acts[k] == FX_ACT_RELU ? 2 : 1);
+        ck_assert_uint_eq(fx_op_ctx_saved_bytes(ctx), acts[k] == FX_ACT_GELU ? outs[1].nbytes : 0);
+        /* the family's own forward and backward on the same tensors */
+        fx_linear_inputs in = {.x = &m.in[0], .w = &m.in[1], .bias = &m.in[2], .activation = acts[k],
+                               .allow_tf32 = true};
+        fx_tensor y;
+        fx_linear_ctx *lctx;
+        ck_assert_int_eq(fx_op_linear_forward(&in, &y, &lctx, &st), FX_OK);
+        fx_tensor dy;
+        make_tensor(dev, FX_F32, y.rank, y.dims, &dy);
+        fx_linear_grads want;
+        ck_assert_int_eq(fx_op_linear_backward(lctx, &dy, &want, &st), FX_OK);
+        const fx_tensor *cotangents[FX_OP_MAX_IO] = {0};
+        cotangents[fx_op_input_index(b, "dy")] = &dy;
+        fx_op_call bwd;
+        ck_assert_int_eq(fx_op_ctx_backward(ctx, cotangents, &bwd, &st), FX_OK);
+        ck_assert((bwd.in[fx_op_input_index(b, "y")] != NULL) == (acts[k] == FX_ACT_RELU));
+        ck_assert((bwd.in[fx_op_input_index(b, "pre")] != NULL) == (acts[k] == FX_ACT_GELU));
+        fx_tensor grads[FX_OP_MAX_IO];
+        ck_assert_int_eq(fx_op_run(&bwd, grads, &st), FX_OK);
+        const fx_tensor *theirs[] = {&want.dx, &want.dw, &want.dbias};
+        for (int g = 0; g < 3; g++) {
+            double *a = fx_test_read(&grads[g]), *w = fx_test_read(theirs[g]);
+            fx_assert_close(a, w, grads[g].numel, 0);
+            free(a);
+            free(w);
+        }
+        for (int r = 0; r < FX_OP_MAX_IO; r++) {
+            fx_tensor_release(&grads[r]);
+            fx_tensor_release(&outs[r]);
+        }
+        fx_linear_grads_release(&want);
+        fx_linear_ctx_free(lctx);
+        fx_tensor_release(&y);
+        fx_tensor_release(&dy);
+        fx_op_ctx_free(ctx);
+        made_release(&m);
+    }
 }
 END_TEST
 
@@ -540,6 +676,8 @@ Suite *fx_suite_op(void)
     tcase_add_test(tc, the_json);
     tcase_add_test(tc, presence_and_flags);
     tcase_add_test(tc, a_context_keeps_the_forwards_tensors);
+    tcase_add_test(tc, enums);
+    tcase_add_test(tc, a_context_keeps_what_the_backward_reads);
     tcase_add_loop_test(tc, every_op_runs_as_described, 0, fx_op_count());
     tcase_add_loop_test(tc, messages_on_shapes_alone_are_the_runs, 0, fx_op_count());
     suite_add_tcase(s, tc);

@@ -151,3 +151,42 @@ double fx_rel_l2(const double *a, const double *b, int64_t n)
         return diff == 0 ? 0 : INFINITY;
     return diff / ref;
 }
+
+static int64_t size_named(const fx_test_sizes *s, const char *name, size_t len)
+{
+    for (int i = 0; i < s->nnames; i++)
+        if (strlen(s->names[i].name) == len && strncmp(s->names[i].name, name, len) == 0)
+            return s->names[i].size;
+    char *end;
+    long long v = strtoll(name, &end, 10);
+    ck_assert_msg(end == name + len, "a layout's size %.*s the test does not know", (int)len, name);
+    return v;
+}
+
+int fx_test_layout(const char *layout, const fx_test_sizes *s, int64_t dims[FX_MAX_RANK])
+{
+    int rank = 0;
+    const char *p = layout;
+    ck_assert_msg(*p == '[', "layout %s", layout);
+    p++;
+    while (*p && *p != ']') {
+        while (*p == ' ' || *p == ',')
+            p++;
+        if (*p == '[') { /* an optional axis: left out */
+            p = strchr(p, ']') + 1;
+            continue;
+        }
+        const char *start = p;
+        while (*p && *p != ',' && *p != ']')
+            p++;
+        const size_t len = (size_t)(p - start);
+        if (len == 3 && strncmp(start, "...", 3) == 0) {
+            for (int k = 0; k < s->nleading && rank < FX_MAX_RANK; k++)
+                dims[rank++] = s->leading[k];
+            continue;
+        }
+        ck_assert_msg(rank < FX_MAX_RANK, "layout %s: more than %d axes", layout, FX_MAX_RANK);
+        dims[rank++] = size_named(s, start, len);
+    }
+    return rank;
+}

@@ -41,6 +41,25 @@ double fx_rel_l2(const double *a, const double *b, int64_t n);
 double fx_l2(const double *v, int64_t n);
 double fx_l2_diff(const double *a, const double *b, int64_t n);
 
+/* What a description's layout stands for (core/op.h): its named sizes
+ * ("batch" -> 2, "width - 1" -> 3) and the leading axes of "...". */
+typedef struct fx_test_size {
+    const char *name;
+    int64_t size;
+} fx_test_size;
+
+typedef struct fx_test_sizes {
+    const fx_test_size *names;
+    int nnames;
+    const int64_t *leading;
+    int nleading;
+} fx_test_sizes;
+
+/* "[batch, seqlen, [groups,] dstate]" -> {2, 37, 4} (optional axes left
+ * out, "..." the leading axes, a number itself); the rank. A name `s`
+ * does not know fails the test. */
+int fx_test_layout(const char *layout, const fx_test_sizes *s, int64_t dims[FX_MAX_RANK]);
+
 /* ck_assert with the measured error in the message. */
 #define fx_assert_close(got, want, n, tol)                                          \
     do {                                                                            \

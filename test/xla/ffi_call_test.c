@@ -593,6 +593,9 @@ static const char *grad_name(const char *input)
     return "?";
 }
 
+/* eps, a norm's f64 attribute. */
+static void c_eps(call *c) { c->attrs[c->nattrs++] = (attr){.name = "eps", .type = 'd', .f64 = 1e-5}; }
+
 static void op_attrs(call *c, int op, int candidate_g, int has_dt)
 {
     flag(c, "reverse", 1);
@@ -683,6 +686,158 @@ static void linrec(int op, int64_t B, int64_t L, int64_t H, fx_dtype t)
     ret(&s, "new_state", FX_F32, DIMS(B, H), 1);
     op_attrs(&s, op, 0, 0);
     run(&s);
+}
+
+/* ---- the layers: causal conv1d and the norms ---- */
+
+static void expect_error(call *c, const char *platform, XLA_FFI_Error_Code code, const char *message);
+
+/* A causal conv1d's forward with every option, its backward (gradients
+ * of every input from dy and dfinal_state) and a step with a bias. */
+static void causal_conv1d(int64_t B, int64_t L, int64_t D, int64_t W, fx_dtype t)
+{
+    call f = {.target = "fusex_causal_conv1d_fwd"};
+    arg(&f, "x", 'n', t, DIMS(B, L, D));
+    arg(&f, "w", 'n', t, DIMS(D, W));
+    arg(&f, "bias", 'n', t, DIMS(D));
+    arg(&f, "initial_state", 'n', t, DIMS(B, D, W - 1));
+    ret(&f, "y", t, DIMS(B, L, D), (int)W);
+    ret(&f, "final_state", t, DIMS(B, D, W - 1), 1);
+    flag(&f, "activation", 1);
+    flag(&f, "has_bias", 1);
+    flag(&f, "has_initial_state", 1);
+    flag(&f, "return_state", 1);
+    call bw = {.target = "fusex_causal_conv1d_bwd"};
+    for (int i = 0; i < 4; i++)
+        like(bw.args, &bw.nargs, f.args[i].name, &f.args[i]);
+    arg(&bw, "dy", 'n', t, DIMS(B, L, D));
+    arg(&bw, "dfinal_state", 'n', t, DIMS(B, D, W - 1));
+    static const char *const grads[] = {"dx", "dw", "dbias", "dinitial_state"};
+    for (int i = 0; i < 4; i++) /* dw and dbias sum over batch and time */
+        like(bw.rets, &bw.nrets, grads[i], &f.args[i])->terms = i == 1 || i == 2 ? (int)(B * L) : (int)W;
+    flag(&bw, "activation", 1);
+    flag(&bw, "has_bias", 1);
+    flag(&bw, "has_initial_state", 1);
+    flag(&bw, "has_dfinal_state", 1);
+    run(&f);
+    run(&bw);
+    call s = {.target = "fusex_causal_conv1d_step"};
+    arg(&s, "state", 'n', t, DIMS(B, D, W - 1));
+    arg(&s, "x", 'n', t, DIMS(B, D));
+    arg(&s, "w", 'n', t, DIMS(D, W));
+    arg(&s, "bias", 'n', t, DIMS(D));
+    ret(&s, "y", t, DIMS(B, D), (int)W);
+    ret(&s, "new_state", t, DIMS(B, D, W - 1), 1);
+    flag(&s, "activation", 0);
+    flag(&s, "has_bias", 1);
+    run(&s);
+}
+
+/* rms_norm's or layer_norm's training forward with a bias, a residual
+ * (of type `rt`; s in f32 when residual_in_f32) and a gate, and its
+ * backward on what that forward returned (s, the statistics), dy and ds. */
+static void norm(const char *op, int64_t rows, int64_t H, fx_dtype t, fx_dtype rt, int residual_in_f32)
+{
+    const int layer = strcmp(op, "layer_norm") == 0;
+    const fx_dtype s_type = residual_in_f32 ? FX_F32 : rt;
+    char target[64], btarget[64];
+    snprintf(target, sizeof target, "fusex_%s_fwd", op);
+    snprintf(btarget, sizeof btarget, "fusex_%s_bwd", op);
+    call f = {.target = target};
+    arg(&f, "x", 'n', t, DIMS(rows, H));
+    arg(&f, "weight", 'p', FX_F32, DIMS(H));
+    arg(&f, "bias", 'n', t, DIMS(H));
+    arg(&f, "residual", 'n', rt, DIMS(rows, H));
+    arg(&f, "gate", 'n', t, DIMS(rows, H));
+    ret(&f, "y", t, DIMS(rows, H), (int)H);
+    ret(&f, "s", s_type, DIMS(rows, H), 1);
+    if (layer)
+        ret(&f, "mean", FX_F32, DIMS(rows), (int)H);
+    ret(&f, "rstd", FX_F32, DIMS(rows), (int)H);
+    c_eps(&f);
+    flag(&f, "residual_in_f32", residual_in_f32);
+    if (!layer)
+        flag(&f, "has_bias", 1);
+    flag(&f, "has_residual", 1);
+    flag(&f, "has_gate", 1);
+    flag(&f, "save", 1);
+    if (run_host(&f) != 0) {
+        free_call(&f);
+        return;
+    }
+    call bw = {.target = btarget};
+    for (int i = 0; i < 5; i++)
+        like(bw.args, &bw.nargs, f.args[i].name, &f.args[i]);
+    for (int r = 1; r < f.nrets; r++) /* s, the statistics */
+        like(bw.args, &bw.nargs, f.rets[r].name, &f.rets[r]);
+    arg(&bw, "dy", 'n', t, DIMS(rows, H));
+    arg(&bw, "ds", 'n', s_type, DIMS(rows, H));
+    static const char *const grads[] = {"dx", "dweight", "dbias", "dresidual", "dgate"};
+    for (int i = 0; i < 5; i++) /* dweight and dbias sum over the rows */
+        like(bw.rets, &bw.nrets, grads[i], &f.args[i])->terms = i == 1 || i == 2 ? (int)rows : (int)H;
+    c_eps(&bw);
+    flag(&bw, "residual_in_f32", residual_in_f32);
+    if (!layer)
+        flag(&bw, "has_bias", 1);
+    flag(&bw, "has_residual", 1);
+    flag(&bw, "has_gate", 1);
+    flag(&bw, "has_ds", 1);
+#ifdef FX_XLA_TEST_CUDA
+    run_cuda_against_host(&f);
+#endif
+    free_call(&f);
+    run(&bw);
+}
+
+/* The layers' attributes and operands: an enum by index, the linear
+ * layer no target. */
+static void layer_errors(void)
+{
+    call c = {.target = "fusex_causal_conv1d_fwd"};
+    arg(&c, "x", 'n', FX_F32, DIMS(2, 5, 3));
+    arg(&c, "w", 'n', FX_F32, DIMS(3, 4));
+    ret(&c, "y", FX_F32, DIMS(2, 5, 3), 1);
+    flag(&c, "activation", 2);
+    flag(&c, "has_bias", 0);
+    flag(&c, "has_initial_state", 0);
+    flag(&c, "return_state", 0);
+    expect_error(&c, "host", XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                 "fusex_causal_conv1d_fwd: activation: expected 0 to 1 (none or silu), got 2");
+    c.attrs[0] = (attr){.name = "activation", .type = 'd', .f64 = 1};
+    expect_error(&c, "host", XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                 "fusex_causal_conv1d_fwd: activation: expected an integer attribute 0 to 1 (i64: none or silu), "
+                 "got an f64");
+    c.attrs[0] = (attr){.name = "activation", .type = 'i', .i32 = 1}; /* any integer width */
+    run_host(&c);
+    c.attrs[0] = c.attrs[3]; /* activation left out */
+    c.nattrs = 3;
+    expect_error(&c, "host", XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                 "fusex_causal_conv1d_fwd: activation: expected an attribute 0 to 1 (i64: none or silu), got none");
+    c.nattrs = 4;
+    c.attrs[0] = (attr){.name = "activation", .type = 'l'};
+    c.args[1].dims[1] = 17;
+    expect_error(&c, "host", XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                 "fusex_causal_conv1d_fwd: w: expected a width of 1 to 16 [dim, width], got shape {3,17}");
+    c.args[1].dims[1] = 4;
+    free_call(&c);
+    c = (call){.target = "fusex_rms_norm_fwd"};
+    arg(&c, "x", 'n', FX_F32, DIMS(4, 8));
+    arg(&c, "weight", 'n', FX_F32, DIMS(8));
+    ret(&c, "y", FX_F32, DIMS(4, 8), 1);
+    c.attrs[c.nattrs++] = (attr){.name = "eps", .type = 'd', .f64 = -1};
+    const char *flags[] = {"residual_in_f32", "has_bias", "has_residual", "has_gate", "save"};
+    for (int i = 0; i < 5; i++)
+        flag(&c, flags[i], 0);
+    expect_error(&c, "host", XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                 "fusex_rms_norm_fwd: eps: expected a finite number >= 0, got -1");
+    c.attrs[0].f64 = 1e-5;
+    c.attrs[5].i64 = 1; /* save: rstd is a result */
+    expect_error(&c, "host", XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                 "fusex_rms_norm_fwd: results: expected 2 (y, rstd), got 1");
+    free_call(&c);
+    checks++;
+    if (fusex_xla_op_index("linear_fwd") != -1 || fusex_xla_op_index("fusex_linear_bwd") != -1)
+        fail("the linear layer is an XLA target");
 }
 
 /* A linear recurrence with nothing to scan (batch or seqlen 0): the final
@@ -789,8 +944,35 @@ static void attribute_widths(void)
     free_call(&c[1]);
 }
 
-/* A step whose new_state is its state (XLA aliased them) equals one that
- * copies. */
+/* A step (its state the first operand; its output, then new_state, the
+ * results) whose new_state is its state (XLA aliased them) equals one
+ * that copies; frees the call. */
+static void expect_aliased_step(call *c)
+{
+    if (run_host(c) == 0) {
+        const size_t state_bytes = c->args[0].nbytes, out_bytes = c->rets[0].nbytes;
+        void *state_before = malloc(state_bytes ? state_bytes : 1), *out = malloc(out_bytes ? out_bytes : 1);
+        memcpy(state_before, c->args[0].host, state_bytes);
+        memcpy(out, c->rets[0].host, out_bytes);
+        void *separate = c->rets[1].host;
+        c->rets[1].host = c->args[0].host; /* aliased */
+        XLA_FFI_Error *err = invoke(handler(c->target, "host"), c, &host_ctx, 0);
+        checks++;
+        if (err) {
+            fail("%s aliased: %s", c->target, fake_xla_error_message(err));
+            fake_xla_error_free(err);
+        } else if (memcmp(c->args[0].host, separate, state_bytes) != 0 ||
+                   memcmp(c->rets[0].host, out, out_bytes) != 0 ||
+                   (state_bytes && memcmp(state_before, separate, state_bytes) == 0)) {
+            fail("%s aliased: the state updated in place differs from the copy's", c->target);
+        }
+        c->rets[1].host = separate;
+        free(state_before);
+        free(out);
+    }
+    free_call(c);
+}
+
 static void aliased_step(void)
 {
     call c = {.target = "fusex_mingru_step"};
@@ -801,25 +983,17 @@ static void aliased_step(void)
     ret(&c, "new_state", FX_F32, DIMS(3, 5), 1);
     flag(&c, "reverse", 0);
     flag(&c, "candidate_g", 0);
-    if (run_host(&c) == 0) {
-        float state_before[15];
-        memcpy(state_before, c.args[0].host, sizeof state_before);
-        void *separate = c.rets[1].host;
-        c.rets[1].host = c.args[0].host; /* aliased */
-        float h[15];
-        memcpy(h, c.rets[0].host, sizeof h);
-        XLA_FFI_Error *err = invoke(handler(c.target, "host"), &c, &host_ctx, 0);
-        checks++;
-        if (err) {
-            fail("aliased step: %s", fake_xla_error_message(err));
-            fake_xla_error_free(err);
-        } else if (memcmp(c.args[0].host, separate, sizeof h) != 0 || memcmp(c.rets[0].host, h, sizeof h) != 0 ||
-                   memcmp(state_before, separate, sizeof h) == 0) {
-            fail("aliased step: the state updated in place differs from the copy's");
-        }
-        c.rets[1].host = separate;
-    }
-    free_call(&c);
+    expect_aliased_step(&c);
+    /* a convolution's state: the oldest input leaves, the frame enters */
+    c = (call){.target = "fusex_causal_conv1d_step"};
+    arg(&c, "state", 'n', FX_F32, DIMS(2, 6, 3));
+    arg(&c, "x", 'n', FX_F32, DIMS(2, 6));
+    arg(&c, "w", 'n', FX_F32, DIMS(6, 4));
+    ret(&c, "y", FX_F32, DIMS(2, 6), 1);
+    ret(&c, "new_state", FX_F32, DIMS(2, 6, 3), 1);
+    flag(&c, "activation", 1);
+    flag(&c, "has_bias", 0);
+    expect_aliased_step(&c);
 }
 
 static void expect_error(call *c, const char *platform, XLA_FFI_Error_Code code, const char *message)
@@ -994,9 +1168,10 @@ static void check_entry_agrees(call *c)
 static void check_entry(void)
 {
     checks++;
-    if (fusex_xla_op_count() != 15 || fusex_xla_op_index("fusex_mingru_fwd") != 6 ||
+    if (fusex_xla_op_count() != 22 || fusex_xla_op_index("fusex_mingru_fwd") != 6 ||
         fusex_xla_op_index("mingru_fwd") != 6 || fusex_xla_op_index("fusex_nothing") != -1 ||
-        fusex_xla_op_describe(15) || fusex_xla_op_handler(15, 0) || fusex_xla_op_handler(0, 2) ||
+        fusex_xla_op_index("fusex_layer_norm_bwd") != 21 || fusex_xla_op_index("linear_fwd") != -1 ||
+        fusex_xla_op_describe(22) || fusex_xla_op_handler(22, 0) || fusex_xla_op_handler(0, 2) ||
         strncmp(fusex_xla_op_describe(0), "{\"index\": 0, \"name\": \"selective_scan_fwd\"", 40) ||
         strcmp(fusex_xla_dtypes_json(), "[\"f32\", \"f64\", \"bf16\", \"f16\", \"s32\", \"s64\", \"u8\"]"))
         fail("the ops' index, descriptions, handlers or element types");
@@ -1054,6 +1229,39 @@ static void check_entry(void)
         flag(&c, flags[i], 0);
     check_entry_agrees(&c);
     free_call(&c);
+    /* the layers: an enum out of range, a bias of the wrong size, a norm's ds without a residual */
+    c = (call){.target = "fusex_causal_conv1d_fwd"};
+    arg(&c, "x", 'n', FX_F32, DIMS(2, 5, 3));
+    arg(&c, "w", 'n', FX_F32, DIMS(3, 4));
+    arg(&c, "bias", 'n', FX_F32, DIMS(4));
+    ret(&c, "y", FX_F32, DIMS(2, 5, 3), 1);
+    flag(&c, "activation", 1);
+    flag(&c, "has_bias", 1);
+    flag(&c, "has_initial_state", 0);
+    flag(&c, "return_state", 0);
+    check_entry_agrees(&c); /* bias [4] for dim 3 */
+    c.args[2].dims[0] = 3;
+    c.attrs[0].i64 = 5;
+    check_entry_agrees(&c);
+    free_call(&c);
+    c = (call){.target = "fusex_layer_norm_bwd"};
+    arg(&c, "x", 'n', FX_F32, DIMS(3, 4));
+    arg(&c, "weight", 'n', FX_F32, DIMS(4));
+    arg(&c, "bias", 'n', FX_F32, DIMS(4));
+    arg(&c, "mean", 'n', FX_F32, DIMS(3));
+    arg(&c, "rstd", 'p', FX_F32, DIMS(3));
+    arg(&c, "dy", 'n', FX_F32, DIMS(3, 4));
+    arg(&c, "ds", 'n', FX_F32, DIMS(3, 4));
+    ret(&c, "dx", FX_F32, DIMS(3, 4), 1);
+    ret(&c, "dweight", FX_F32, DIMS(4), 1);
+    ret(&c, "dbias", FX_F32, DIMS(4), 1);
+    c_eps(&c);
+    const char *norm_flags[] = {"residual_in_f32", "has_residual", "has_gate"};
+    for (int i = 0; i < 3; i++)
+        flag(&c, norm_flags[i], 0);
+    flag(&c, "has_ds", 1);
+    check_entry_agrees(&c);
+    free_call(&c);
 }
 
 static void registration(void)
@@ -1070,8 +1278,8 @@ static void registration(void)
         fake_registration regs[64];
         int n = fake_xla_registrations(regs, 64);
         checks++;
-        if (n != 30)
-            fail("registrations: %d, expected 30", n);
+        if (n != 44)
+            fail("registrations: %d, expected 44 (22 targets, two platforms)", n);
         for (int i = 0; i < n && i < 64; i++)
             if (regs[i].major != 0 || regs[i].minor != 2 || regs[i].traits != 0 ||
                 regs[i].execute != handler(regs[i].name, strcmp(regs[i].platform, "Host") == 0 ? "host" : "cuda"))
@@ -1117,6 +1325,14 @@ int main(void)
         linrec(op, 3, 129, 96, FX_F32);
         linrec(op, 2, 17, 16, FX_BF16);
     }
+    layer_errors();
+    causal_conv1d(2, 37, 64, 4, FX_F32);
+    causal_conv1d(1, 3, 5, 7, FX_BF16); /* a sequence shorter than the state */
+    causal_conv1d(2, 19, 37, 1, FX_F32); /* width 1: no state */
+    norm("rms_norm", 37, 96, FX_F32, FX_F32, 0);
+    norm("rms_norm", 5, 1024, FX_BF16, FX_F32, 1);
+    norm("layer_norm", 9, 65, FX_F32, FX_F32, 1);
+    norm("layer_norm", 16, 256, FX_BF16, FX_BF16, 0);
     for (int has_h0 = 0; has_h0 < 2; has_h0++) {
         empty_selective_scan(2, 0, has_h0); /* seqlen 0 */
         empty_selective_scan(0, 3, has_h0); /* batch 0 */
