@@ -58,6 +58,7 @@ Suite *fx_suite_pointer(void);
 Suite *fx_suite_optim(void);
 Suite *fx_suite_linrec(void);
 Suite *fx_suite_ssm(void);
+Suite *fx_suite_rnn(void);
 Suite *fx_suite_exec(void);
 
 #endif
