@@ -158,10 +158,13 @@ $(XLA_TEST_DIR)/ffi_call_test_cuda: $(XLA_CTEST_SRC) test/xla/fake_xla_api.h $(H
 	$(CC) $(XLA_TEST_FLAGS) -DFX_XLA_TEST_CUDA -isystem $(CUDA_INC) $(XLA_CTEST_SRC) $(XLA_SO) \
 	  -Wl,-rpath,$(abspath priv) -L$(CUDA_LIB) -lcudart_static -lrt -ldl -lm -lpthread -o $@
 
-# Static cudart: the backend needs only the driver (libcuda.so.1) at run time.
+# Static cudart: the backend needs the driver (libcuda.so.1) at run time,
+# and cuBLASLt and cuBLAS (blas.cu), found through the toolkit's library
+# directory recorded as the run path (or the loader's own path).
 priv/fusex_cuda.so: $(CUDA_OBJ)
 	@mkdir -p priv
-	$(NVCC) -shared $(NVCC_GENCODE) -cudart static -o $@ $^ -lgomp
+	$(NVCC) -shared $(NVCC_GENCODE) -cudart static -o $@ $^ -L$(CUDA_LIB) -Xlinker -rpath=$(CUDA_LIB) \
+	  -lcublasLt -lcublas -lgomp
 
 # ---- tests ----
 
@@ -175,16 +178,20 @@ test-c: nif $(BUILD)/fusex_check
 # The CUDA kernels on the CPU (test/emu; test/emu/emu.h says what is
 # emulated and what is not): build/emu/fusex_cuda.so stands in for
 # priv/fusex_cuda.so, made of the real launchers (every c_src/cuda/*.cu but
-# the backend and pointer interop) compiled by $(CXX), the emulator's
-# scheduler and backend, and the CPU backend's memory ops; then the Check
+# the backend, pointer interop and cuBLASLt) compiled by $(CXX), the
+# emulator's scheduler, backend and products, and the CPU backend's memory
+# ops; then the Check
 # suites run with cuda:0 as that device, every CUDA result compared with
 # the CPU. Needs the CUDA headers (cuda_runtime.h, cuda_fp16.h,
 # cuda_bf16.h), not a GPU or nvcc itself. FUSEX_QUICK=1 for the smaller
 # sweeps; FUSEX_EMU_SEED picks the interleaving (a fresh one each run,
 # printed; 0 for the fixed order).
 EMU_HAVE    := $(if $(CUDA_INC),$(wildcard $(CUDA_INC)/cuda_runtime.h))
-EMU_KERNELS := $(filter-out c_src/cuda/backend.cu c_src/cuda/interop.cu,$(CUDA_SRC))
-EMU_OBJ     := $(EMU_KERNELS:%.cu=$(BUILD)/emu/%.o) $(BUILD)/emu/test/emu/emu.o $(BUILD)/emu/test/emu/backend.o
+# cuBLASLt (blas.cu) has no emulation: test/emu/blas.cc stands in for it
+# (the same checks and epilogue split, the product a loop).
+EMU_KERNELS := $(filter-out c_src/cuda/backend.cu c_src/cuda/interop.cu c_src/cuda/blas.cu,$(CUDA_SRC))
+EMU_OBJ     := $(EMU_KERNELS:%.cu=$(BUILD)/emu/%.o) $(BUILD)/emu/test/emu/emu.o $(BUILD)/emu/test/emu/backend.o \
+               $(BUILD)/emu/test/emu/blas.o
 # -O1: the kernels' templates take g++ half as long again at -O2 and run
 # ~10 % faster. -march=native where the compiler takes it: the kernels' fmaf
 # is an instruction rather than a libm call (twice as fast), and the
@@ -212,7 +219,7 @@ $(BUILD)/emu/fusex_cuda.so: $(EMU_OBJ) $(BUILD)/libfusex_core.a test/emu/shared.
 	$(CXX) -shared -o $@ $(EMU_OBJ) $(BUILD)/libfusex_core.a -Wl,--exclude-libs,ALL -Wl,--no-undefined \
 	  -Wl,-T,test/emu/shared.ld $(LDLIBS)
 
-EMU_SUITES  := ops optim linrec ssm exec
+EMU_SUITES  := ops optim linrec ssm exec linear
 EMU_SEED     = $${FUSEX_EMU_SEED:-$$(date +%s)}
 
 test-emu:

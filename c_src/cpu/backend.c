@@ -9,6 +9,7 @@
 #include "cpu/cpu.h"
 #include "fusex_dtype.h"
 #include "fusex_exec.h"
+#include "fusex_linear.h"
 
 int fx_cpu_threads(void) { return omp_get_max_threads(); }
 
@@ -289,7 +290,7 @@ const fx_backend fx_cpu_backend = {
     .rnn = &fx_cpu_rnn_ops,
     .conv = NULL,
     .norm = NULL,
-    .linear = NULL,
+    .linear = &fx_cpu_linear_ops,
     /* Local pointers are host addresses; host memory has no IPC handle
      * here and nothing to check a foreign address against. */
     .alloc_exportable = NULL,

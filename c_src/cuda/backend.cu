@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cuda/blas.cuh"
 #include "cuda/common.cuh"
 #include "cuda/families.h"
 
@@ -373,6 +374,7 @@ static void cuda_shutdown(void)
         }
         pthread_mutex_unlock(&s->lock);
     }
+    blas::shutdown();
 }
 
 static int cuda_device_count(void) { return device_total; }
@@ -612,7 +614,7 @@ static const fx_backend cuda_backend = {
     .rnn = nullptr,
     .conv = nullptr,
     .norm = nullptr,
-    .linear = nullptr,
+    .linear = &linear_ops,
     .alloc_exportable = alloc_exportable,
     .release_exportable = release_exportable,
     .ipc_export = ipc_export,

@@ -32,6 +32,8 @@ extern const struct fx_ssm_ops ssm_ops;
 extern const struct fx_linrec_ops linrec_ops;
 // optim.cu
 extern const struct fx_optim_ops optim_ops;
+// linear.cu
+extern const struct fx_linear_ops linear_ops;
 
 } // namespace fx::cuda
 

@@ -31,6 +31,7 @@ int main(void)
     srunner_add_suite(sr, fx_suite_ssm());
     srunner_add_suite(sr, fx_suite_rnn());
     srunner_add_suite(sr, fx_suite_exec());
+    srunner_add_suite(sr, fx_suite_linear());
     if (dev->kind == FX_DEVICE_CUDA)
         srunner_set_fork_status(sr, CK_NOFORK);
     srunner_run_all(sr, CK_NORMAL);

@@ -60,5 +60,6 @@ Suite *fx_suite_linrec(void);
 Suite *fx_suite_ssm(void);
 Suite *fx_suite_rnn(void);
 Suite *fx_suite_exec(void);
+Suite *fx_suite_linear(void);
 
 #endif

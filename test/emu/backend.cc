@@ -184,6 +184,7 @@ __attribute__((visibility("default"))) const fx_backend *fusex_cuda_backend(void
     table.ssm = &fx::cuda::ssm_ops;
     table.linrec = &fx::cuda::linrec_ops;
     table.optim = &fx::cuda::optim_ops;
+    table.linear = &fx::cuda::linear_ops;
     return &table;
 }
 
