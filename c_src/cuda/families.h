@@ -34,6 +34,8 @@ extern const struct fx_linrec_ops linrec_ops;
 extern const struct fx_optim_ops optim_ops;
 // linear.cu
 extern const struct fx_linear_ops linear_ops;
+// rnn.cu
+extern const struct fx_rnn_ops rnn_ops;
 
 } // namespace fx::cuda
 

@@ -1,0 +1,528 @@
+// The persistent GRU and LSTM kernels: one cooperative grid walks the whole
+// sequence, each block keeping its slice of the recurrent weights on chip
+// (shared memory) for every step, and the blocks meet at one barrier a
+// step (Diamos et al., "Persistent RNNs", 2016; NX-AI flashrnn's fused
+// kernel). All blocks are resident at once (a cooperative launch), so a
+// block may wait for the others.
+//
+// Forward (wave_forward): a block owns `units` hidden units of one layer
+// (all G gate rows of each, so the pointwise step is local) and the batch
+// rows of its group. At step s, layer l of the launch takes time t = s - l:
+// the layers run as a wavefront, layer l + 1 reading at step s the h_t
+// that layer l wrote at step s - 1. Launch layer 0 takes its input
+// projection precomputed (a GEMM over all time steps) or, for a step,
+// forms it from x; the layers above form theirs on chip from the layer
+// below's h_t (their w_ih sits beside w_hh). States cross blocks through a
+// ring of two f32 slots per layer in global memory (L2), read with
+// L1-bypassing loads.
+//
+// Backward (wave_backward, one layer a launch): a block owns units J and
+// keeps the columns W_hh[:, J] (as rows of K = G*hidden), so that
+// dh_{t-1}[J] = dah_t W_hh[:, J] needs only the gradient of every gate at
+// step t, which crosses blocks through the same kind of ring.
+//
+// The products (an engine, the kernels' template parameter) accumulate in
+// f32: on the CUDA cores (Ffma: each warp takes 4 rows and, where there are
+// fewer row groups than warps, a share of K; lanes stride K, and one
+// warp-transposing sum reduces 4 x BT values at once, warp_sum.cuh; h in
+// f32), or on the tensor cores for 16-bit weights (Mma: mma.cuh, h
+// rounded to the weights' type for the product, as cuDNN does). The
+// pointwise steps read h_{t-1} in f32 either way.
+#ifndef FX_CUDA_RNN_PERSISTENT_CUH
+#define FX_CUDA_RNN_PERSISTENT_CUH
+
+#include "cuda/common.cuh"
+#include "cuda/rnn/cells.cuh"
+#include "cuda/rnn/mma.cuh"
+#include "cuda/warp_sum.cuh"
+
+namespace fx::cuda::rnn {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kRowsPerWarp = 4;
+// Layers one launch takes as a wavefront (the parameter block's size).
+constexpr int kMaxWave = 8;
+
+// ---- the grid barrier: a counter that only grows ----
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned *p)
+{
+#ifdef FX_CUDA_EMULATION
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#else
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+#endif
+}
+
+__device__ __forceinline__ void arrive_release(unsigned *p)
+{
+#ifdef FX_CUDA_EMULATION
+    __atomic_fetch_add(p, 1u, __ATOMIC_RELEASE);
+#else
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
+#endif
+}
+
+// Every block of the group has arrived `target / blocks` times: what each
+// wrote before is visible to all after (the block's writes are ordered
+// before thread 0's release by the first __syncthreads, the acquire
+// before everyone's later reads by the second).
+__device__ __forceinline__ void group_barrier(unsigned *counter, unsigned target)
+{
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        arrive_release(counter);
+        while (load_acquire(counter) < target)
+            __nanosleep(32);
+    }
+    __syncthreads();
+}
+
+// Cross-block data: at L2, never a stale L1 line (the ring's slots are
+// rewritten every other step).
+__device__ __forceinline__ float load_shared_state(const float *p) { return __ldcg(p); }
+
+template <typename T> __device__ __forceinline__ float load_elem(const T *p, int64_t i)
+{
+    return Elem<T>::load(p[i]);
+}
+__device__ __forceinline__ float load_elem(const float *p, int64_t i) { return p[i]; }
+
+// ---- the block's products ----
+
+// out[q][b] = sum_k W[row q][k] v[b][k] for q < rows, b < BT, where row q is
+// at base + ((q / units) * gate_stride + q % units) * ld and only units
+// below `valid` exist (the others give 0). v is [BT][ldv] f32 in shared
+// memory (rows past the batch tile zero); out [rows][BT] and part
+// (kWarps * rows * BT floats) in shared memory. Every thread of the block
+// calls it; it ends with a __syncthreads.
+template <int BT, typename TW>
+__device__ __forceinline__ void matvec(const TW *base, int64_t gate_stride, int64_t ld, int units, int valid,
+                                       int rows, int K, const float *v, int ldv, float *out, float *part)
+{
+    constexpr int V = kRowsPerWarp * BT;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int groups = (rows + kRowsPerWarp - 1) / kRowsPerWarp;
+    const int splits = groups >= kWarps ? 1 : kWarps / groups;
+    const int chunk = ((K + splits - 1) / splits + 31) / 32 * 32;
+    float *dst = splits == 1 ? out : part;
+    for (int w = warp; w < groups * splits; w += kWarps) {
+        const int rg = w % groups, ks = w / groups;
+        const int k0 = ks * chunk, k1 = k0 + chunk < K ? k0 + chunk : K;
+        const TW *row[kRowsPerWarp];
+#pragma unroll
+        for (int i = 0; i < kRowsPerWarp; i++) {
+            const int q = rg * kRowsPerWarp + i;
+            row[i] = q < rows && q % units < valid ? base + ((q / units) * gate_stride + q % units) * ld : nullptr;
+        }
+        float acc[V];
+#pragma unroll
+        for (int i = 0; i < V; i++)
+            acc[i] = 0.f;
+        for (int k = k0 + lane; k < k1; k += 32) {
+            float w_k[kRowsPerWarp];
+#pragma unroll
+            for (int i = 0; i < kRowsPerWarp; i++)
+                w_k[i] = row[i] ? load_elem(row[i], k) : 0.f;
+#pragma unroll
+            for (int b = 0; b < BT; b++) {
+                const float x = v[b * ldv + k];
+#pragma unroll
+                for (int i = 0; i < kRowsPerWarp; i++)
+                    acc[i * BT + b] = fmaf(w_k[i], x, acc[i * BT + b]);
+            }
+        }
+        const int index = warp::transpose_sum<V, 0>(acc, lane);
+        if ((lane & (32 / V - 1)) == 0) {
+            const int q = rg * kRowsPerWarp + index / BT;
+            if (q < rows)
+                dst[(ks * rows + q) * BT + index % BT] = acc[0];
+        }
+    }
+    __syncthreads();
+    if (splits > 1) {
+        for (int i = threadIdx.x; i < rows * BT; i += kThreads) {
+            float sum = 0.f;
+            for (int ks = 0; ks < splits; ks++)
+                sum += part[ks * rows * BT + i];
+            out[i] = sum;
+        }
+        __syncthreads();
+    }
+}
+
+// ---- the engines ----
+
+template <typename T, int BT> struct Ffma {
+    static constexpr int kBT = BT;
+    typedef float V; // how a batch tile of h is staged
+    __host__ __device__ static int64_t ld(int64_t k) { return k; }
+    __device__ static V to_v(float x) { return x; }
+    __device__ static void product(const T *base, int64_t gate_stride, int64_t ld, int units, int valid, int rows,
+                                   int K, const V *v, int ldv, float *out, float *part)
+    {
+        matvec<BT>(base, gate_stride, ld, units, valid, rows, K, v, ldv, out, part);
+    }
+};
+
+// Rows padded to whole k-steps of 16, plus 8 elements (16 bytes) so that
+// the 8 rows a fragment load touches fall in distinct banks.
+__host__ __device__ inline int64_t mma_ld(int64_t k) { return k > 0 ? (k + 15) / 16 * 16 + 8 : 0; }
+
+template <typename T, int NT> struct Mma {
+    static constexpr int kBT = 8 * NT;
+    typedef T V;
+    __host__ __device__ static int64_t ld(int64_t k) { return mma_ld(k); }
+    __device__ static V to_v(float x) { return Elem<T>::store(x); }
+    __device__ static void product(const T *base, int64_t gate_stride, int64_t ld, int units, int valid, int rows,
+                                   int K, const V *v, int ldv, float *out, float *part)
+    {
+        matvec_mma<NT, T>(base, gate_stride, ld, units, valid, rows, (K + 15) / 16 * 16, v, ldv, out, part);
+    }
+};
+
+// ---- shared memory layouts (the host's plan computes the same) ----
+
+__host__ __device__ constexpr int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+struct WaveSmem {
+    int64_t w_hh, w_ih, v, vin, pre_h, pre_x, part, bias, total; // byte offsets; total the size
+};
+
+// `rows`: G * units; `ld_h`, `ld_w`: the staged rows' strides for K =
+// hidden and for the widest on-chip projection (0: none), elements of
+// `esize_w` bytes (weights) and `esize_v` (the staged batch tiles);
+// `stage`: the weights in shared memory.
+__host__ __device__ inline WaveSmem wave_smem(int64_t rows, int64_t ld_h, int64_t ld_w, int bt, int64_t esize_w,
+                                              int64_t esize_v, bool stage)
+{
+    WaveSmem s;
+    int64_t at = 0;
+    s.w_hh = at;
+    at += stage ? align16(rows * ld_h * esize_w) : 0;
+    s.w_ih = at;
+    at += stage ? align16(rows * ld_w * esize_w) : 0;
+    s.v = at;
+    at += align16(bt * ld_h * esize_v);
+    s.vin = at;
+    at += align16(bt * ld_w * esize_v);
+    s.pre_h = at;
+    at += align16(rows * bt * 4);
+    s.pre_x = at;
+    at += align16(rows * bt * 4);
+    s.part = at;
+    at += align16(kWarps * rows * bt * 4);
+    s.bias = at;
+    at += align16(2 * rows * 4);
+    s.total = at;
+    return s;
+}
+
+// The backward's: W_hh's columns of the block's units as rows of
+// G * hidden (stride `ld`), the gate gradients of a batch tile, the
+// products.
+struct BackSmem {
+    int64_t wt, v, m, part, total;
+};
+
+__host__ __device__ inline BackSmem back_smem(int64_t units, int64_t ld, int bt, int64_t esize_w, int64_t esize_v)
+{
+    BackSmem s;
+    int64_t at = 0;
+    s.wt = at;
+    at += align16(units * ld * esize_w);
+    s.v = at;
+    at += align16(bt * ld * esize_v);
+    s.m = at;
+    at += align16(units * bt * 4);
+    s.part = at;
+    at += align16(kWarps * units * bt * 4);
+    s.total = at;
+    return s;
+}
+
+__device__ __forceinline__ unsigned char *dynamic_smem()
+{
+#ifdef FX_CUDA_EMULATION
+    return static_cast<unsigned char *>(fx_emu_dynamic_smem()); // test/emu: the block's
+#else
+    extern __shared__ __align__(16) unsigned char smem[];
+    return smem;
+#endif
+}
+
+// ---- forward ----
+
+struct WaveLayer {
+    const void *w_ih;         // [G*hidden, in_width] of T (an on-chip projection), or nullptr
+    const void *w_hh;         // [G*hidden, hidden] of T
+    const void *b_ih, *b_hh;  // [G*hidden], or nullptr
+    int b_ih_type, b_hh_type;
+    const void *h0, *c0;      // the layer's [batch, hidden], or nullptr
+    int h0_type, c0_type;
+    float *h_n, *c_n;         // the layer's [batch, hidden], or nullptr
+    float *saved;             // the layer's [batch, seqlen, saved width], or nullptr
+    void *out;                // [batch, seqlen, hidden] of T, or nullptr
+    int64_t in_width;         // w_ih's columns
+};
+
+struct WaveParams {
+    int cell, layers; // the layers of this launch
+    int64_t batch, seqlen, hidden;
+    const float *gx;  // launch layer 0's projection [batch, seqlen, G*hidden] (no bias), or nullptr:
+    const void *x;    // then formed on chip from this [batch, seqlen, in_width] of T
+    WaveLayer layer[kMaxWave];
+    float *ring;      // [layers][2][batch][hidden]
+    float *cstate;    // [layers][batch][hidden]
+    unsigned *counters; // [groups], zero at the launch
+    int units, tiles, groups;
+    int64_t group_rows;
+    int stage;        // weights in shared memory (else read from global memory: a step)
+    int defer_final;  // the final states alias the initial ones: written one barrier later
+    int64_t wmax;     // the widest on-chip projection of the launch (the layout)
+};
+
+template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wave_forward(const WaveParams p)
+{
+    typedef typename E::V V;
+    constexpr int BT = E::kBT;
+    const int per_group = p.layers * p.tiles;
+    const int g = blockIdx.x / per_group, l = blockIdx.x % per_group / p.tiles, u = blockIdx.x % p.tiles;
+    const WaveLayer &ly = p.layer[l];
+    const int64_t H = p.hidden, L = p.seqlen, B = p.batch;
+    const int G = gates_of(p.cell), U = p.units, rows = G * U;
+    const int64_t GH = G * H, S = saved_width(p.cell, H);
+    const int64_t j0 = (int64_t)u * U;
+    const int nu = (int)(H - j0 < U ? H - j0 : U);
+    const bool proj = l > 0 || !p.gx;
+    const int64_t K = proj ? ly.in_width : 0;
+    // staged rows' strides; rows read in place (a step) are as stored
+    const int64_t ld_h = E::ld(H), ld_w = E::ld(p.wmax);
+    const WaveSmem lay = wave_smem(rows, ld_h, ld_w, BT, sizeof(T), sizeof(V), p.stage);
+    unsigned char *smem = dynamic_smem();
+    T *w_hh_s = reinterpret_cast<T *>(smem + lay.w_hh), *w_ih_s = reinterpret_cast<T *>(smem + lay.w_ih);
+    V *v = reinterpret_cast<V *>(smem + lay.v), *vin = reinterpret_cast<V *>(smem + lay.vin);
+    float *pre_h = reinterpret_cast<float *>(smem + lay.pre_h), *pre_x = reinterpret_cast<float *>(smem + lay.pre_x);
+    float *part = reinterpret_cast<float *>(smem + lay.part), *bias = reinterpret_cast<float *>(smem + lay.bias);
+    const T *w_hh = static_cast<const T *>(ly.w_hh), *w_ih = static_cast<const T *>(ly.w_ih);
+
+    // the block's rows (gate q / U of unit j0 + q % U), staged once, zero
+    // past their columns
+    if (p.stage) {
+        for (int64_t i = threadIdx.x; i < rows * ld_h; i += kThreads) {
+            const int q = (int)(i / ld_h), jj = q % U;
+            const int64_t k = i % ld_h;
+            w_hh_s[i] = jj < nu && k < H ? w_hh[((q / U) * H + j0 + jj) * H + k] : Elem<T>::store(0.f);
+        }
+        for (int64_t i = threadIdx.x; proj && i < rows * ld_w; i += kThreads) {
+            const int q = (int)(i / ld_w), jj = q % U;
+            const int64_t k = i % ld_w;
+            w_ih_s[i] = jj < nu && k < K ? w_ih[((q / U) * H + j0 + jj) * K + k] : Elem<T>::store(0.f);
+        }
+    }
+    for (int q = threadIdx.x; q < rows; q += kThreads) {
+        const int64_t r = (q / U) * H + j0 + q % U;
+        const bool ok = q % U < nu;
+        bias[q] = ok && ly.b_ih ? load_any(ly.b_ih, ly.b_ih_type, r) : 0.f;
+        bias[rows + q] = ok && ly.b_hh ? load_any(ly.b_hh, ly.b_hh_type, r) : 0.f;
+    }
+    __syncthreads();
+    // the products read the staged rows, or the rows in place
+    const T *hh_base = p.stage ? w_hh_s : w_hh + j0 * H;
+    const T *ih_base = p.stage ? w_ih_s : w_ih + j0 * K;
+    const int64_t hh_gate = p.stage ? U : H, ih_gate = p.stage ? U : H;
+    const int64_t hh_ld = p.stage ? ld_h : H, ih_ld = p.stage ? ld_w : K;
+
+    const int64_t b_lo = (int64_t)g * p.group_rows, b_hi = b_lo + p.group_rows < B ? b_lo + p.group_rows : B;
+    const int64_t steps = L + p.layers - 1 + p.defer_final;
+    float *ring_l = p.ring + (int64_t)l * 2 * B * H;
+    float *cst = p.cstate + (int64_t)l * B * H;
+    for (int64_t s = 0; s < steps; s++) {
+        const int64_t t = s - l;
+        if (t >= 0 && t < L) {
+            const float *h_prev = ring_l + ((t - 1) & 1) * B * H;
+            const float *below = l > 0 ? p.ring + ((int64_t)(l - 1) * 2 + (t & 1)) * B * H : nullptr;
+            float *h_now = ring_l + (t & 1) * B * H;
+            for (int64_t b0 = b_lo; b0 < b_hi; b0 += BT) {
+                const int nb = (int)(b_hi - b0 < BT ? b_hi - b0 : BT);
+                // the batch tile's h_{t-1} and input, zero past the tile and past K
+                for (int64_t i = threadIdx.x; i < BT * ld_h; i += kThreads) {
+                    const int64_t b = i / ld_h, k = i % ld_h, bb = b0 + b;
+                    float val = 0.f;
+                    if (b < nb && k < H)
+                        val = t > 0 ? load_shared_state(h_prev + bb * H + k)
+                              : ly.h0 ? load_any(ly.h0, ly.h0_type, bb * H + k)
+                                      : 0.f;
+                    v[i] = E::to_v(val);
+                }
+                for (int64_t i = threadIdx.x; proj && i < BT * ld_w; i += kThreads) {
+                    const int64_t b = i / ld_w, k = i % ld_w, bb = b0 + b;
+                    float val = 0.f;
+                    if (b < nb && k < K)
+                        val = below ? load_shared_state(below + bb * H + k)
+                                    : load_elem(static_cast<const T *>(p.x), (bb * L + t) * K + k);
+                    vin[i] = E::to_v(val);
+                }
+                __syncthreads();
+                E::product(hh_base, hh_gate, hh_ld, U, nu, rows, (int)H, v, (int)ld_h, pre_h, part);
+                if (proj)
+                    E::product(ih_base, ih_gate, ih_ld, U, nu, rows, (int)K, vin, (int)ld_w, pre_x, part);
+                for (int i = threadIdx.x; i < nb * nu; i += kThreads) {
+                    const int b = i / nu, jj = i % nu;
+                    const int64_t bb = b0 + b, j = j0 + jj, row = bb * L + t;
+                    float ax[kMaxGates], ah[kMaxGates];
+                    for (int q = 0; q < G; q++) {
+                        const int r = q * U + jj;
+                        ax[q] = (proj ? pre_x[r * BT + b] : p.gx[row * GH + q * H + j]) + bias[r];
+                        ah[q] = pre_h[r * BT + b] + bias[rows + r];
+                    }
+                    const float hp = t > 0 ? load_shared_state(h_prev + bb * H + j)
+                                     : ly.h0 ? load_any(ly.h0, ly.h0_type, bb * H + j)
+                                             : 0.f;
+                    float c = 0.f;
+                    if (p.cell == FX_RNN_LSTM)
+                        c = t > 0 ? cst[bb * H + j] : ly.c0 ? load_any(ly.c0, ly.c0_type, bb * H + j) : 0.f;
+                    float *save = ly.saved ? ly.saved + row * S + j : nullptr;
+                    const float h = cell_forward(p.cell, ax, ah, hp, c, save, H);
+                    h_now[bb * H + j] = h;
+                    if (p.cell == FX_RNN_LSTM)
+                        cst[bb * H + j] = c;
+                    if (save)
+                        save[S - H] = h;
+                    if (ly.out)
+                        static_cast<T *>(ly.out)[row * H + j] = Elem<T>::store(h);
+                    if (t == L - 1 && !p.defer_final) {
+                        if (ly.h_n)
+                            ly.h_n[bb * H + j] = h;
+                        if (ly.c_n)
+                            ly.c_n[bb * H + j] = c;
+                    }
+                }
+                __syncthreads();
+            }
+        }
+        if (p.defer_final && t == L) {
+            const float *h_last = ring_l + ((L - 1) & 1) * B * H;
+            for (int64_t i = threadIdx.x; i < (b_hi - b_lo) * nu; i += kThreads) {
+                const int64_t bb = b_lo + i / nu, j = j0 + i % nu;
+                if (ly.h_n)
+                    ly.h_n[bb * H + j] = load_shared_state(h_last + bb * H + j);
+                if (ly.c_n)
+                    ly.c_n[bb * H + j] = cst[bb * H + j];
+            }
+        }
+        if (s + 1 < steps)
+            group_barrier(p.counters + g, (unsigned)((s + 1) * per_group));
+    }
+}
+
+// ---- backward ----
+
+struct BackParams {
+    int cell;
+    int64_t batch, seqlen, hidden;
+    const void *w_hh;          // [G*hidden, hidden] of T
+    const float *saved;        // the layer's [batch, seqlen, saved width]
+    const void *h0, *c0;       // the layer's [batch, hidden], or nullptr
+    int h0_type, c0_type;
+    const void *dout;          // the layer output's gradient [batch, seqlen, hidden], or nullptr
+    int dout_type;
+    const void *dh_n, *dc_n;   // the layer's [batch, hidden], or nullptr
+    int dh_n_type, dc_n_type;
+    void *dax, *dah, *hprev;   // of T: [batch, seqlen, G*hidden] (dah nullptr: the LSTM's is dax), [.., hidden]
+    void *dh0, *dc0;           // the layer's [batch, hidden], or nullptr
+    int dh0_type, dc0_type;
+    float *ring;               // [2][batch][G*hidden]
+    float *dhc, *dcc;          // [batch][hidden]: carried by the unit's owner
+    unsigned *counters;
+    int units, tiles, groups;
+    int64_t group_rows;
+};
+
+template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wave_backward(const BackParams p)
+{
+    typedef typename E::V V;
+    constexpr int BT = E::kBT;
+    const int g = blockIdx.x / p.tiles, u = blockIdx.x % p.tiles;
+    const int64_t H = p.hidden, L = p.seqlen, B = p.batch;
+    const int G = gates_of(p.cell), U = p.units;
+    const int64_t GH = G * H, S = saved_width(p.cell, H), ld = E::ld(GH);
+    const int64_t j0 = (int64_t)u * U;
+    const int nu = (int)(H - j0 < U ? H - j0 : U);
+    const BackSmem lay = back_smem(U, ld, BT, sizeof(T), sizeof(V));
+    unsigned char *smem = dynamic_smem();
+    T *wt = reinterpret_cast<T *>(smem + lay.wt);
+    V *v = reinterpret_cast<V *>(smem + lay.v);
+    float *m = reinterpret_cast<float *>(smem + lay.m), *part = reinterpret_cast<float *>(smem + lay.part);
+    const T *w_hh = static_cast<const T *>(p.w_hh);
+    // wt[jj][r] = W_hh[r][j0 + jj]: neighbouring threads read neighbouring
+    // units; zero past the units and past G * hidden
+    for (int64_t i = threadIdx.x; i < U * ld; i += kThreads) {
+        const int64_t r = i / U, jj = i % U;
+        wt[jj * ld + r] = jj < nu && r < GH ? w_hh[r * H + j0 + jj] : Elem<T>::store(0.f);
+    }
+    __syncthreads();
+    const int64_t b_lo = (int64_t)g * p.group_rows, b_hi = b_lo + p.group_rows < B ? b_lo + p.group_rows : B;
+    T *dax_t = static_cast<T *>(p.dax), *dah_t = static_cast<T *>(p.dah), *hprev_t = static_cast<T *>(p.hprev);
+    for (int64_t s = 0; s <= L; s++) {
+        const int64_t t = L - 1 - s;
+        const float *later = p.ring + ((s - 1) & 1) * B * GH;
+        float *now = p.ring + (s & 1) * B * GH;
+        for (int64_t b0 = b_lo; b0 < b_hi; b0 += BT) {
+            const int nb = (int)(b_hi - b0 < BT ? b_hi - b0 : BT);
+            if (s > 0) {
+                for (int64_t i = threadIdx.x; i < BT * ld; i += kThreads) {
+                    const int64_t b = i / ld, k = i % ld;
+                    v[i] = E::to_v(b < nb && k < GH ? load_shared_state(later + (b0 + b) * GH + k) : 0.f);
+                }
+                __syncthreads();
+                E::product(wt, 0, ld, U, nu, U, (int)GH, v, (int)ld, m, part);
+            }
+            for (int i = threadIdx.x; i < nb * nu; i += kThreads) {
+                const int b = i / nu, jj = i % nu;
+                const int64_t bb = b0 + b, j = j0 + jj, e = bb * H + j;
+                float dh = s > 0 ? p.dhc[e] + m[jj * BT + b] : p.dh_n ? load_any(p.dh_n, p.dh_n_type, e) : 0.f;
+                float dc = 0.f;
+                if (p.cell == FX_RNN_LSTM)
+                    dc = s > 0 ? p.dcc[e] : p.dc_n ? load_any(p.dc_n, p.dc_n_type, e) : 0.f;
+                if (t < 0) { // the gradients of the initial states
+                    if (p.dh0)
+                        store_any(p.dh0, p.dh0_type, e, dh);
+                    if (p.dc0)
+                        store_any(p.dc0, p.dc0_type, e, dc);
+                    continue;
+                }
+                const int64_t row = bb * L + t;
+                const float gt = dh + (p.dout ? load_any(p.dout, p.dout_type, row * H + j) : 0.f);
+                const float *saved = p.saved + row * S + j;
+                const float hp = t > 0 ? saved[-H] : p.h0 ? load_any(p.h0, p.h0_type, e) : 0.f;
+                const float cp = p.cell != FX_RNN_LSTM ? 0.f
+                                 : t > 0         ? saved[-S + 4 * H]
+                                 : p.c0          ? load_any(p.c0, p.c0_type, e)
+                                                 : 0.f;
+                float dax[kMaxGates], dah[kMaxGates];
+                const float direct = cell_backward(p.cell, gt, saved, H, hp, cp, dc, dax, dah);
+                for (int q = 0; q < G; q++) {
+                    now[bb * GH + q * H + j] = dah[q];
+                    dax_t[row * GH + q * H + j] = Elem<T>::store(dax[q]);
+                    if (dah_t)
+                        dah_t[row * GH + q * H + j] = Elem<T>::store(dah[q]);
+                }
+                hprev_t[row * H + j] = Elem<T>::store(hp);
+                p.dhc[e] = direct;
+                if (p.cell == FX_RNN_LSTM)
+                    p.dcc[e] = dc;
+            }
+            __syncthreads();
+        }
+        if (s < L)
+            group_barrier(p.counters + g, (unsigned)((s + 1) * p.tiles));
+    }
+}
+
+} // namespace fx::cuda::rnn
+
+#endif

@@ -1,0 +1,338 @@
+// The GRU's and LSTM's launch plan, host side: which path a call takes (the
+// persistent kernel, as a wavefront over the layers or one layer a launch,
+// or the stepwise path), the persistent kernel's blocks, batch groups and
+// shared memory, and the scratch each op takes. The scratch queries and the
+// launchers (rnn/launchers.cuh) both read it, and the emulator runs the
+// same plan on its device record.
+#ifndef FX_CUDA_RNN_PLAN_CUH
+#define FX_CUDA_RNN_PLAN_CUH
+
+#include <limits.h>
+
+#include "cuda/blas.cuh"
+#include "cuda/rnn/persistent.cuh"
+
+namespace fx::cuda::rnn {
+
+inline int type_of(const fx_tensor *t) { return t ? (int)t->dtype : (int)FX_F32; }
+inline const void *data_of(const fx_tensor *t) { return t ? t->data : nullptr; }
+
+// Every size a kernel indexes with fits its counters: the gate rows and a
+// layer's widths in an int (offsets are 64-bit).
+inline int check_dims(const fx_rnn_dims &n, const char *op, fx_status *st)
+{
+    const int64_t limit = (int64_t)1 << 28;
+    if (n.hidden >= limit || n.input >= limit)
+        return fx_fail(st, FX_EBADARG, "%s: expected hidden and input below 2^28 on CUDA, got hidden %lld, input %lld",
+                       op, (long long)n.hidden, (long long)n.input);
+    return FX_OK;
+}
+
+// ---- the persistent kernel's launch ----
+
+struct WavePlan {
+    bool fits = false;
+    bool mma = false;   // tensor-core products (Mma), else Ffma
+    int layers = 0;     // in the launch
+    int units = 0, tiles = 0, groups = 0, bt = 0;
+    int64_t group_rows = 0, blocks = 0;
+    int64_t wmax = 0;   // the widest on-chip projection (the shared memory's layout)
+    size_t smem = 0;
+};
+
+// Blocks of `smem` dynamic bytes an SM keeps resident at once: by threads,
+// by shared memory (what a block may opt into plus the 1 KB the SM keeps
+// per block), and at most 2 (the kernels' launch bounds hold them to 128
+// registers a thread).
+inline int resident_per_sm(const Device *d, size_t smem)
+{
+    const size_t per_sm = d->shared_per_block_optin + 1024;
+    int by_threads = d->max_threads_per_sm / kThreads;
+    int by_smem = (int)(per_sm / (smem + 1024));
+    int n = by_threads < by_smem ? by_threads : by_smem;
+    return n < 2 ? n : 2;
+}
+
+// The batch rows a block's product takes at once: Ffma 1, 4 or 8; Mma
+// n-tiles of 8, 1, 2 or 4 of them.
+inline int batch_tile(int64_t rows, bool mma)
+{
+    if (mma)
+        return rows <= 8 ? 8 : rows <= 16 ? 16 : 32;
+    return rows <= 1 ? 1 : rows <= 4 ? 4 : 8;
+}
+
+inline int64_t staged_ld(int64_t k, bool mma) { return mma ? mma_ld(k) : k; }
+
+// A launch of `layers` layers of `hidden` units over `batch` rows on d:
+// the fewest units a block such that every block is resident at once
+// (one block an SM if that fits, else two), batch groups where blocks
+// are left over. `wmax`: the widest on-chip projection (0: none);
+// `stage`: the weights in shared memory.
+inline WavePlan wave_plan(const Device *d, int gates, int64_t hidden, int64_t batch, int layers, int64_t wmax,
+                          int64_t esize, bool stage, bool mma)
+{
+    for (int per_sm = 1; per_sm <= 2; per_sm++) {
+        const int64_t capacity = (int64_t)d->sm_count * per_sm;
+        const int64_t tiles_max = capacity / layers;
+        if (tiles_max < 1)
+            continue;
+        WavePlan p;
+        p.layers = layers;
+        p.wmax = wmax;
+        p.units = (int)((hidden + tiles_max - 1) / tiles_max);
+        p.tiles = (int)((hidden + p.units - 1) / p.units);
+        const int64_t spare = capacity / ((int64_t)layers * p.tiles);
+        const int64_t most_groups = (batch + 7) / 8;
+        p.groups = (int)(spare < most_groups ? spare : most_groups);
+        if (p.groups < 1)
+            p.groups = 1;
+        p.group_rows = (batch + p.groups - 1) / p.groups;
+        p.groups = (int)((batch + p.group_rows - 1) / p.group_rows);
+        p.mma = mma;
+        p.bt = batch_tile(p.group_rows, mma);
+        p.blocks = (int64_t)p.groups * layers * p.tiles;
+        p.smem = (size_t)wave_smem((int64_t)gates * p.units, staged_ld(hidden, mma), staged_ld(wmax, mma), p.bt, esize,
+                                   mma ? esize : 4, stage)
+                     .total;
+        if (p.smem <= d->shared_per_block_optin && resident_per_sm(d, p.smem) >= per_sm) {
+            p.fits = true;
+            return p;
+        }
+    }
+    return WavePlan{};
+}
+
+inline WavePlan back_plan(const Device *d, int gates, int64_t hidden, int64_t batch, int64_t esize, bool mma)
+{
+    for (int per_sm = 1; per_sm <= 2; per_sm++) {
+        const int64_t capacity = (int64_t)d->sm_count * per_sm;
+        WavePlan p;
+        p.layers = 1;
+        p.units = (int)((hidden + capacity - 1) / capacity);
+        p.tiles = (int)((hidden + p.units - 1) / p.units);
+        const int64_t spare = capacity / p.tiles, most_groups = (batch + 7) / 8;
+        p.groups = (int)(spare < most_groups ? spare : most_groups);
+        if (p.groups < 1)
+            p.groups = 1;
+        p.group_rows = (batch + p.groups - 1) / p.groups;
+        p.groups = (int)((batch + p.group_rows - 1) / p.group_rows);
+        p.mma = mma;
+        p.bt = batch_tile(p.group_rows, mma);
+        p.blocks = (int64_t)p.groups * p.tiles;
+        p.smem = (size_t)back_smem(p.units, staged_ld(gates * hidden, mma), p.bt, esize, mma ? esize : 4).total;
+        if (p.smem <= d->shared_per_block_optin && resident_per_sm(d, p.smem) >= per_sm) {
+            p.fits = true;
+            return p;
+        }
+    }
+    return WavePlan{};
+}
+
+// ---- which path ----
+
+enum class Kind { kStepwise, kPersistent };
+
+// How a forward (or a step: `step`, a sequence of one with every layer's
+// projection on chip) runs: the persistent kernel over chunks of `wave`
+// layers, or stepwise. `first` plans the chunk that holds layer 0 (its
+// projection: gx, or x's `input` columns on chip for a step), `rest` the
+// full chunks after it and `last` a shorter final chunk (layers % wave).
+struct ForwardPlan {
+    Kind kind = Kind::kStepwise;
+    int wave = 1;
+    WavePlan first, rest, last;
+};
+
+inline int64_t chunks_of(const fx_rnn_dims &n, int wave) { return (n.layers + wave - 1) / wave; }
+
+// The plan of the chunk starting at layer l0.
+inline const WavePlan &chunk_plan(const ForwardPlan &fp, const fx_rnn_dims &n, int64_t l0)
+{
+    if (l0 == 0)
+        return fp.first;
+    return l0 + fp.wave <= n.layers ? fp.rest : fp.last;
+}
+
+inline int forced_unfit(const fx_rnn_dims &n, const Device *d, int path, const char *op, fx_status *st)
+{
+    return fx_fail(st, FX_EBADARG,
+                   "path: the persistent %s kernel%s does not fit hidden %lld, batch %lld on a device of %d SMs",
+                   op, (path & FX_RNN_PATH_NO_WAVEFRONT) ? " (one layer a launch)" : "", (long long)n.hidden,
+                   (long long)n.batch, d->sm_count);
+}
+
+inline int check_path(int path, fx_dtype dtype, fx_status *st)
+{
+    const int kind = FX_RNN_PATH_KIND(path);
+    if (kind > FX_RNN_PATH_PERSISTENT_MMA || (path & ~(0x0f | FX_RNN_PATH_NO_WAVEFRONT)))
+        return fx_fail(st, FX_EBADARG, "path: expected one of FX_RNN_PATH_*, got %#x", (unsigned)path);
+    if (kind == FX_RNN_PATH_PERSISTENT_MMA && dtype == FX_F32)
+        return fx_fail(st, FX_EBADARG, "path: tensor-core products take {bf,16} or {f,16} inputs, got {f,32}");
+    return FX_OK;
+}
+
+// Tensor-core products: where forced, and by default for 16-bit inputs at
+// training batches (16 rows and more), whose products the CUDA cores
+// would take several times longer over; smaller batches keep h in f32 for
+// the product. A step reads the weights in place (once each) and takes the
+// CUDA cores.
+inline bool use_mma(const fx_rnn_dims &n, int64_t esize, int path, bool step)
+{
+    if (step || esize != 2)
+        return false;
+    const int kind = FX_RNN_PATH_KIND(path);
+    return kind == FX_RNN_PATH_PERSISTENT_MMA || (kind == FX_RNN_PATH_AUTO && n.batch >= 16);
+}
+
+// The forward's (or the step's) plan. A forced persistent path that does
+// not fit fails in st; AUTO falls back to stepwise.
+inline int plan_forward(const Device *d, const fx_rnn_dims &n, int64_t esize, int path, bool step, ForwardPlan *fp,
+                        fx_status *st)
+{
+    *fp = ForwardPlan{};
+    const int kind = FX_RNN_PATH_KIND(path);
+    if (kind == FX_RNN_PATH_STEPWISE)
+        return FX_OK;
+    const int gates = fx_rnn_gates(n.cell);
+    const int64_t layers = n.layers;
+    const bool mma = use_mma(n, esize, path, step);
+    for (int wave = (path & FX_RNN_PATH_NO_WAVEFRONT) ? 1 : (int)(layers < kMaxWave ? layers : kMaxWave); wave >= 1;
+         wave = wave > 1 ? 1 : 0) {
+        ForwardPlan p;
+        p.kind = Kind::kPersistent;
+        p.wave = wave;
+        const int first_layers = (int)(layers < wave ? layers : wave);
+        // on chip: the layers above a chunk's first (hidden wide) and, for a
+        // step, the chunk's first too (input wide for layer 0)
+        const int64_t wide = n.input > n.hidden ? n.input : n.hidden;
+        const int64_t first_w = step ? wide : first_layers > 1 ? n.hidden : 0;
+        p.first = wave_plan(d, gates, n.hidden, n.batch, first_layers, first_w, esize, !step, mma);
+        bool fits = p.first.fits;
+        const int64_t rest_w = step || wave > 1 ? n.hidden : 0;
+        if (layers > wave && fits) {
+            p.rest = wave_plan(d, gates, n.hidden, n.batch, wave, rest_w, esize, !step, mma);
+            fits = p.rest.fits;
+        }
+        const int tail = (int)(layers % wave);
+        if (layers > wave && tail && fits) {
+            p.last = wave_plan(d, gates, n.hidden, n.batch, tail, step || tail > 1 ? n.hidden : 0, esize, !step, mma);
+            fits = p.last.fits;
+        }
+        if (fits) {
+            *fp = p;
+            return FX_OK;
+        }
+        if (wave == 1)
+            break;
+    }
+    if (kind != FX_RNN_PATH_AUTO)
+        return forced_unfit(n, d, path, step ? "step" : "forward", st);
+    return FX_OK;
+}
+
+struct BackwardPlan {
+    Kind kind = Kind::kStepwise;
+    WavePlan wave;
+};
+
+inline int plan_backward(const Device *d, const fx_rnn_dims &n, int64_t esize, int path, BackwardPlan *bp,
+                         fx_status *st)
+{
+    *bp = BackwardPlan{};
+    const int kind = FX_RNN_PATH_KIND(path);
+    if (kind == FX_RNN_PATH_STEPWISE)
+        return FX_OK;
+    bp->wave = back_plan(d, fx_rnn_gates(n.cell), n.hidden, n.batch, esize, use_mma(n, esize, path, false));
+    if (bp->wave.fits) {
+        bp->kind = Kind::kPersistent;
+        return FX_OK;
+    }
+    if (kind != FX_RNN_PATH_AUTO)
+        return forced_unfit(n, d, path, "backward", st);
+    return FX_OK;
+}
+
+// ---- scratch ----
+
+// The pieces an op takes, each its own allocation (fx_scratch_piece).
+struct Pieces {
+    static constexpr int kMax = 16;
+    size_t bytes[kMax];
+    int count = 0;
+    size_t total = FX_SCRATCH_ALIGN;
+    int add(size_t b)
+    {
+        bytes[count] = b;
+        total = fx_size_add(total, fx_scratch_piece(b));
+        return count++;
+    }
+};
+
+inline size_t elems(int64_t a, int64_t b, size_t esize) { return fx_size_mul((int64_t)fx_size_mul(a, b), (int64_t)esize); }
+
+// The forward's pieces, in the launcher's order.
+struct FwdPieces {
+    Pieces p;
+    int ws, gx, inter, ring, cstate, counters, h, h_ab, gh, c;
+};
+
+inline FwdPieces forward_pieces(const fx_rnn_dims &n, const ForwardPlan &fp, size_t esize, bool step)
+{
+    FwdPieces f;
+    const int64_t G = fx_rnn_gates(n.cell), B = n.batch, L = step ? 1 : n.seqlen, H = n.hidden;
+    f.ws = f.p.add(blas::workspace_bytes());
+    // the projection of a chunk's first layer (stepwise: of every layer)
+    f.gx = f.p.add(step && fp.kind == Kind::kPersistent ? 0 : elems(B * L, G * H, 4));
+    // layer outputs between launches, two (one layer reads, the next writes)
+    f.inter = f.p.add(n.layers > 1 ? elems(2 * B * L, H, esize) : 0);
+    const bool persistent = fp.kind == Kind::kPersistent;
+    const int64_t wave = persistent ? fp.wave : 0;
+    int64_t groups = persistent ? fp.first.groups : 0;
+    if (persistent && fp.rest.groups > groups)
+        groups = fp.rest.groups;
+    if (persistent && fp.last.groups > groups)
+        groups = fp.last.groups;
+    f.ring = f.p.add(elems(wave * 2 * B, H, 4));
+    f.cstate = f.p.add(n.cell == FX_RNN_LSTM ? elems(wave * B, H, 4) : 0);
+    f.counters = f.p.add(elems(groups, 1, sizeof(unsigned)));
+    const bool stepwise = !persistent;
+    f.h = f.p.add(stepwise && !step ? elems(B, H, 4) : 0);
+    f.h_ab = f.p.add(stepwise && esize != 4 ? elems(B, H, esize) : 0);
+    f.gh = f.p.add(stepwise ? elems(B, G * H, 4) : 0);
+    f.c = f.p.add(stepwise && !step && n.cell == FX_RNN_LSTM ? elems(B, H, 4) : 0);
+    return f;
+}
+
+struct BwdPieces {
+    Pieces p;
+    int ws, dax, dah, hprev, in_ab, dout, dhc, dcc, ring, counters, w32, dah32;
+};
+
+inline BwdPieces backward_pieces(const fx_rnn_dims &n, const BackwardPlan &bp, size_t esize)
+{
+    BwdPieces f;
+    const int64_t G = fx_rnn_gates(n.cell), B = n.batch, L = n.seqlen, H = n.hidden, BL = B * L;
+    const bool persistent = bp.kind == Kind::kPersistent;
+    // the GEMMs' workspace, which the bias gradients' column sums use too
+    const size_t ws = blas::workspace_bytes(), sums = blas::column_sums_scratch(BL, G * H);
+    f.ws = f.p.add(ws > sums ? ws : sums);
+    f.dax = f.p.add(elems(BL, G * H, esize));
+    f.dah = f.p.add(n.cell == FX_RNN_GRU ? elems(BL, G * H, esize) : 0);
+    f.hprev = f.p.add(elems(BL, H, esize));
+    f.in_ab = f.p.add(n.layers > 1 && esize != 4 ? elems(BL, H, esize) : 0);
+    f.dout = f.p.add(n.layers > 1 ? elems(2 * BL, H, 4) : 0);
+    f.dhc = f.p.add(elems(B, H, 4));
+    f.dcc = f.p.add(n.cell == FX_RNN_LSTM ? elems(B, H, 4) : 0);
+    f.ring = f.p.add(persistent ? elems(2 * B, G * H, 4) : 0);
+    f.counters = f.p.add(persistent ? elems(bp.wave.groups, 1, sizeof(unsigned)) : 0);
+    // stepwise with a 16-bit T: the recurrent GEMM in f32 (W_hh widened)
+    const bool wide = !persistent && esize != 4;
+    f.w32 = f.p.add(wide ? elems(G * H, H, 4) : 0);
+    f.dah32 = f.p.add(wide ? elems(B, G * H, 4) : 0);
+    return f;
+}
+
+} // namespace fx::cuda::rnn
+
+#endif
