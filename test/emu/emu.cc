@@ -30,7 +30,9 @@ constexpr int kMaxThreads = 1024;
 constexpr int kNamedBarriers = 16;
 constexpr size_t kCanary = 64;  // bytes past a block's dynamic shared memory, checked after it
 // Spins (__nanosleep, as the look-back waits) while no block of the launch
-// finishes: past this, one is waiting for something that never comes.
+// finishes or opens a __syncthreads: past this, one is waiting for
+// something that never comes. (The blocks of a persistent kernel finish
+// only at its end; one that goes on through its barriers is progressing.)
 constexpr long kSpinLimit = 20000000;
 
 struct pending_copy {
@@ -229,6 +231,7 @@ void open_warp(warp_state &w)
 
 void open_block(block *b)
 {
+    spins = 0;
     b->arrived = 0;
     b->gen++;
     b->count[b->gen & 1] = b->total[b->gen & 1] = 0;

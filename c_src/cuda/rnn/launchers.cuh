@@ -188,8 +188,8 @@ template <typename T> int launch_back(const Run &r, const WavePlan &wp, const Ba
 }
 
 // The parts of one launch of wave_forward that do not depend on the op.
-inline WaveParams wave_params(const fx_rnn_dims &n, const WavePlan &wp, int64_t seqlen, float *ring, float *cstate,
-                              unsigned *counters)
+inline WaveParams wave_params(const fx_rnn_dims &n, const WavePlan &wp, int64_t seqlen, Word *ring, float *cstate,
+                              unsigned *reads)
 {
     WaveParams p = {};
     p.cell = n.cell;
@@ -199,7 +199,7 @@ inline WaveParams wave_params(const fx_rnn_dims &n, const WavePlan &wp, int64_t 
     p.hidden = n.hidden;
     p.ring = ring;
     p.cstate = cstate;
-    p.counters = counters;
+    p.reads = reads;
     p.units = wp.units;
     p.tiles = wp.tiles;
     p.groups = wp.groups;
@@ -208,8 +208,23 @@ inline WaveParams wave_params(const fx_rnn_dims &n, const WavePlan &wp, int64_t 
     return p;
 }
 
-inline void set_params(WaveLayer &w, const fx_rnn_layer &ly)
+// A launch's tagged ring and read counters start at zero: no word carries
+// a tag of this launch, no step is read.
+inline int clear_wave(const Run &r, const WaveParams &p, fx_status *st)
 {
+    const size_t words = (size_t)(p.layers * 2 * p.batch * p.hidden);
+    if (fill_zero(r, p.ring, sizeof(Word) * words, "rnn state ring", st) ||
+        fill_zero(r, p.reads, sizeof(unsigned) * (size_t)(p.groups * p.layers), "rnn read counters", st))
+        return st->code;
+    return FX_OK;
+}
+
+// A layer's parameters; `width`: its on-chip projection's (0: none).
+inline void set_params(WaveLayer &w, const fx_rnn_layer &ly, const WavePlan &wp, int64_t width)
+{
+    const int64_t esize = (int64_t)fx_dtype_size(ly.w_hh->dtype), hidden = ly.w_hh->dims[1];
+    w.vec_hh = stage_vec(ly.w_hh->data, hidden, staged_ld(hidden, wp.mma), esize);
+    w.vec_ih = width ? stage_vec(ly.w_ih->data, width, staged_ld(wp.wmax, wp.mma), esize) : 0;
     w.w_hh = ly.w_hh->data;
     w.b_ih = data_of(ly.b_ih);
     w.b_hh = data_of(ly.b_hh);
@@ -247,14 +262,14 @@ template <typename T> int forward(const Run &r, const fx_rnn_fwd_args *a, fx_sta
             const WavePlan &wp = chunk_plan(fp, n, l0);
             if (project<T>(r, g, in, width, a->layer[l0].w_ih, gx, B * L, GH, st))
                 return st->code;
-            WaveParams p = wave_params(n, wp, L, tk.at<float>(f.ring), tk.at<float>(f.cstate), tk.at<unsigned>(f.counters));
+            WaveParams p = wave_params(n, wp, L, tk.at<Word>(f.ring), tk.at<float>(f.cstate), tk.at<unsigned>(f.reads));
             p.gx = gx;
-            p.stage = 1;
+            p.stage = wp.stage;
             p.defer_final = defer;
             for (int i = 0; i < wp.layers; i++) {
                 const int64_t l = l0 + i;
                 WaveLayer &w = p.layer[i];
-                set_params(w, a->layer[l]);
+                set_params(w, a->layer[l], wp, i > 0 ? H : 0);
                 w.w_ih = i > 0 ? a->layer[l].w_ih->data : nullptr;
                 w.in_width = i > 0 ? H : 0;
                 w.h0 = layer_of(a->h0, l, per_layer);
@@ -266,8 +281,7 @@ template <typename T> int forward(const Run &r, const fx_rnn_fwd_args *a, fx_sta
                 w.saved = a->saved ? static_cast<float *>(a->saved->data) + l * B * L * S : nullptr;
                 w.out = l == n.layers - 1 ? a->y->data : i == wp.layers - 1 ? inter[chunk % 2] : nullptr;
             }
-            if (fill_zero(r, p.counters, sizeof(unsigned) * (size_t)wp.groups, "rnn barrier counters", st) ||
-                launch_wave<T>(r, wp, p, st))
+            if (clear_wave(r, p, st) || launch_wave<T>(r, wp, p, st))
                 return st->code;
             in = inter[chunk % 2];
             width = H;
@@ -342,14 +356,14 @@ template <typename T> int step(const Run &r, const fx_rnn_step_args *a, fx_statu
         int chunk = 0;
         for (int64_t l0 = 0; l0 < n.layers; chunk++) {
             const WavePlan &wp = chunk_plan(fp, n, l0);
-            WaveParams p = wave_params(n, wp, 1, tk.at<float>(f.ring), tk.at<float>(f.cstate), tk.at<unsigned>(f.counters));
+            WaveParams p = wave_params(n, wp, 1, tk.at<Word>(f.ring), tk.at<float>(f.cstate), tk.at<unsigned>(f.reads));
             p.x = in;
-            p.stage = 0;
+            p.stage = wp.stage;
             p.defer_final = 1; // the final states are the initial ones
             for (int i = 0; i < wp.layers; i++) {
                 const int64_t l = l0 + i;
                 WaveLayer &w = p.layer[i];
-                set_params(w, a->layer[l]);
+                set_params(w, a->layer[l], wp, i == 0 ? width : H);
                 w.w_ih = a->layer[l].w_ih->data;
                 w.in_width = i == 0 ? width : H;
                 w.h0 = layer_of(a->h, l, per_layer);
@@ -359,8 +373,7 @@ template <typename T> int step(const Run &r, const fx_rnn_step_args *a, fx_statu
                 w.c_n = layer_f32(a->c, l, per_layer);
                 w.out = l == n.layers - 1 ? a->y->data : i == wp.layers - 1 ? inter[chunk % 2] : nullptr;
             }
-            if (fill_zero(r, p.counters, sizeof(unsigned) * (size_t)wp.groups, "rnn barrier counters", st) ||
-                launch_wave<T>(r, wp, p, st))
+            if (clear_wave(r, p, st) || launch_wave<T>(r, wp, p, st))
                 return st->code;
             in = inter[chunk % 2];
             width = H;
@@ -461,15 +474,14 @@ template <typename T> int backward(const Run &r, const fx_rnn_bwd_args *a, fx_st
             p.dc0 = const_cast<void *>(layer_of(a->dc0, l, per_layer));
             p.dh0_type = type_of(a->dh0);
             p.dc0_type = type_of(a->dc0);
-            p.ring = tk.at<float>(f.ring);
+            p.ring = tk.at<Word>(f.ring);
             p.dhc = dhc;
             p.dcc = dcc;
-            p.counters = tk.at<unsigned>(f.counters);
             p.units = wp.units;
             p.tiles = wp.tiles;
             p.groups = wp.groups;
             p.group_rows = wp.group_rows;
-            if (fill_zero(r, p.counters, sizeof(unsigned) * (size_t)wp.groups, "rnn barrier counters", st) ||
+            if (fill_zero(r, p.ring, sizeof(Word) * (size_t)(2 * B * GH), "rnn state ring", st) ||
                 launch_back<T>(r, wp, p, st))
                 return st->code;
         } else {

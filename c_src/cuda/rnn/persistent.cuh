@@ -1,25 +1,32 @@
 // The persistent GRU and LSTM kernels: one cooperative grid walks the whole
 // sequence, each block keeping its slice of the recurrent weights on chip
-// (shared memory) for every step, and the blocks meet at one barrier a
-// step (Diamos et al., "Persistent RNNs", 2016; NX-AI flashrnn's fused
-// kernel). All blocks are resident at once (a cooperative launch), so a
-// block may wait for the others.
+// (shared memory) for every step (Diamos et al., "Persistent RNNs", 2016;
+// NX-AI flashrnn's fused kernel). All blocks are resident at once (a
+// cooperative launch), so a block may wait for the others.
 //
 // Forward (wave_forward): a block owns `units` hidden units of one layer
 // (all G gate rows of each, so the pointwise step is local) and the batch
-// rows of its group. At step s, layer l of the launch takes time t = s - l:
-// the layers run as a wavefront, layer l + 1 reading at step s the h_t
-// that layer l wrote at step s - 1. Launch layer 0 takes its input
-// projection precomputed (a GEMM over all time steps) or, for a step,
-// forms it from x; the layers above form theirs on chip from the layer
-// below's h_t (their w_ih sits beside w_hh). States cross blocks through a
-// ring of two f32 slots per layer in global memory (L2), read with
-// L1-bypassing loads.
+// rows of its group. Launch layer 0 takes its input projection
+// precomputed (a GEMM over all time steps) or, for a step, forms it from
+// x; the layers above form theirs on chip from the layer below's h_t
+// (their w_ih sits beside w_hh). The layers run as a wavefront: layer
+// l + 1 works on time t while layer l works on t + 1.
+//
+// The blocks meet through the states themselves, not a barrier: h_t
+// crosses blocks through a ring of two slots a layer in global memory (L2)
+// whose words carry the value and the step that wrote it (tag t + 1; the
+// ring is zeroed before the launch), so a block's loads of h_{t-1} are its
+// wait for it: one trip to L2 a step where a grid barrier takes two (its
+// arrival, then the data). A slot is written again two steps later, which
+// the dependencies order within a layer (every block read h_{t-2} before
+// it wrote the h_{t-1} this block has read); across layers a block waits,
+// before it overwrites a slot, until the layer above has read it (a
+// counter of reads a layer, almost always passed already).
 //
 // Backward (wave_backward, one layer a launch): a block owns units J and
 // keeps the columns W_hh[:, J] (as rows of K = G*hidden), so that
 // dh_{t-1}[J] = dah_t W_hh[:, J] needs only the gradient of every gate at
-// step t, which crosses blocks through the same kind of ring.
+// step t, which crosses blocks through the same kind of tagged ring.
 //
 // The products (an engine, the kernels' template parameter) accumulate in
 // f32: on the CUDA cores (Ffma: each warp takes 4 rows and, where there are
@@ -31,6 +38,7 @@
 #ifndef FX_CUDA_RNN_PERSISTENT_CUH
 #define FX_CUDA_RNN_PERSISTENT_CUH
 
+#include "cuda/async_copy.cuh"
 #include "cuda/common.cuh"
 #include "cuda/rnn/cells.cuh"
 #include "cuda/rnn/mma.cuh"
@@ -44,7 +52,42 @@ constexpr int kRowsPerWarp = 4;
 // Layers one launch takes as a wavefront (the parameter block's size).
 constexpr int kMaxWave = 8;
 
-// ---- the grid barrier: a counter that only grows ----
+// ---- states that cross blocks: tagged words, counters ----
+
+// A state's value and the step that wrote it (its tag, never 0).
+typedef unsigned long long Word;
+
+__device__ __forceinline__ Word load_word(const Word *p)
+{
+#ifdef FX_CUDA_EMULATION
+    return __atomic_load_n(p, __ATOMIC_RELAXED);
+#else
+    Word w;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
+    return w;
+#endif
+}
+
+__device__ __forceinline__ void put_tagged(Word *p, unsigned tag, float v)
+{
+    const Word w = (Word)tag << 32 | __float_as_uint(v);
+#ifdef FX_CUDA_EMULATION
+    __atomic_store_n(p, w, __ATOMIC_RELAXED);
+#else
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+#endif
+}
+
+// The value at p once its tag is `tag`.
+__device__ __forceinline__ float get_tagged(const Word *p, unsigned tag)
+{
+    Word w = load_word(p);
+    while ((unsigned)(w >> 32) != tag) {
+        __nanosleep(20);
+        w = load_word(p);
+    }
+    return __uint_as_float((unsigned)w);
+}
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned *p)
 {
@@ -57,7 +100,18 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned *p)
 #endif
 }
 
-__device__ __forceinline__ void arrive_release(unsigned *p)
+__device__ __forceinline__ unsigned load_relaxed(const unsigned *p)
+{
+#ifdef FX_CUDA_EMULATION
+    return __atomic_load_n(p, __ATOMIC_RELAXED);
+#else
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+#endif
+}
+
+__device__ __forceinline__ void add_release(unsigned *p)
 {
 #ifdef FX_CUDA_EMULATION
     __atomic_fetch_add(p, 1u, __ATOMIC_RELEASE);
@@ -66,30 +120,130 @@ __device__ __forceinline__ void arrive_release(unsigned *p)
 #endif
 }
 
-// Every block of the group has arrived `target / blocks` times: what each
-// wrote before is visible to all after (the block's writes are ordered
-// before thread 0's release by the first __syncthreads, the acquire
-// before everyone's later reads by the second).
-__device__ __forceinline__ void group_barrier(unsigned *counter, unsigned target)
+// Thread 0 waits until *counter reaches `target` (`seen`: a value it read
+// earlier, which may already show it), then every thread goes on with
+// what the counter's producers did before they counted visible to it.
+__device__ __forceinline__ void wait_count(const unsigned *counter, unsigned target, unsigned seen)
 {
-    __syncthreads();
     if (threadIdx.x == 0) {
-        arrive_release(counter);
-        while (load_acquire(counter) < target)
-            __nanosleep(32);
+        if (seen >= target)
+            __threadfence(); // the relaxed read made an acquire
+        else
+            while (load_acquire(counter) < target)
+                __nanosleep(32);
     }
     __syncthreads();
 }
-
-// Cross-block data: at L2, never a stale L1 line (the ring's slots are
-// rewritten every other step).
-__device__ __forceinline__ float load_shared_state(const float *p) { return __ldcg(p); }
 
 template <typename T> __device__ __forceinline__ float load_elem(const T *p, int64_t i)
 {
     return Elem<T>::load(p[i]);
 }
 __device__ __forceinline__ float load_elem(const float *p, int64_t i) { return p[i]; }
+
+// ---- staging: many loads in flight a thread ----
+
+// store(i, load(i)) for i < n over the block, N loads of a thread issued
+// before their stores: the latency of global memory paid once a round,
+// not once an element.
+template <int N, typename LOAD, typename STORE> __device__ __forceinline__ void batched(int64_t n, LOAD load, STORE store)
+{
+    typedef decltype(load((int64_t)0)) V;
+    for (int64_t base = threadIdx.x; base < n; base += (int64_t)kThreads * N) {
+        V v[N];
+#pragma unroll
+        for (int u = 0; u < N; u++) {
+            const int64_t i = base + (int64_t)u * kThreads;
+            if (i < n)
+                v[u] = load(i);
+        }
+#pragma unroll
+        for (int u = 0; u < N; u++) {
+            const int64_t i = base + (int64_t)u * kThreads;
+            if (i < n)
+                store(i, v[u]);
+        }
+    }
+}
+
+// dst(i, v) for i < n, v the value of a tagged word (src(i) gives its
+// address, or nullptr with the value in `imm`) once it carries `tag`; N
+// loads a thread in flight.
+template <int N, typename SRC, typename DST>
+__device__ __forceinline__ void batched_tagged(int64_t n, unsigned tag, SRC src, DST dst)
+{
+    for (int64_t base = threadIdx.x; base < n; base += (int64_t)kThreads * N) {
+        const Word *at[N];
+        float imm[N];
+        Word w[N];
+#pragma unroll
+        for (int u = 0; u < N; u++) {
+            const int64_t i = base + (int64_t)u * kThreads;
+            imm[u] = 0.f;
+            at[u] = i < n ? src(i, imm[u]) : nullptr;
+            w[u] = at[u] ? load_word(at[u]) : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < N; u++) {
+            const int64_t i = base + (int64_t)u * kThreads;
+            if (i >= n)
+                continue;
+            if (!at[u])
+                dst(i, imm[u]);
+            else if ((unsigned)(w[u] >> 32) == tag)
+                dst(i, __uint_as_float((unsigned)w[u]));
+            else
+                dst(i, get_tagged(at[u], tag));
+        }
+    }
+}
+
+// rows [rows][ld] of T in shared memory from global rows of K elements
+// (row q at src(q), nullptr for a row of zeros), zero from K to ld; `vec`
+// (16 or 4: every source row and ld aligned so) copies in cp.async pieces
+// of that many bytes, 0 element by element. Every thread of the block
+// calls it; the copies have landed when it returns (after a barrier).
+template <typename T, typename ROW>
+__device__ __forceinline__ void stage_rows(T *dst, int64_t ld, int rows, int64_t K, ROW src, int vec)
+{
+    const int64_t pad = ld - K;
+    for (int64_t i = threadIdx.x; i < rows * pad; i += kThreads)
+        dst[i / pad * ld + K + i % pad] = Elem<T>::store(0.f);
+    if (vec == 16 || vec == 4) {
+        const int64_t per = vec / (int64_t)sizeof(T), chunks = K / per;
+        for (int64_t i = threadIdx.x; i < rows * chunks; i += kThreads) {
+            const int q = (int)(i / chunks);
+            const int64_t k = i % chunks * per;
+            const T *row = src(q);
+            if (vec == 16)
+                copy_async<16>(dst + q * ld + k, row ? row + k : nullptr, row != nullptr);
+            else
+                copy_async<4>(dst + q * ld + k, row ? row + k : nullptr, row != nullptr);
+        }
+        copy_commit();
+        copy_wait_all();
+    } else {
+        batched<8>((int64_t)rows * K,
+                   [&](int64_t i) {
+                       const T *row = src((int)(i / K));
+                       return row ? row[i % K] : Elem<T>::store(0.f);
+                   },
+                   [&](int64_t i, T v) { dst[i / K * ld + i % K] = v; });
+    }
+    __syncthreads();
+}
+
+// The widest cp.async piece (16, 4, or 0: none) that rows of K elements of
+// T at `base`, staged `ld` apart, allow.
+__host__ __device__ inline int stage_vec(const void *base, int64_t K, int64_t ld, int64_t esize)
+{
+    const uintptr_t at = (uintptr_t)base;
+    if (at % 16 == 0 && (K * esize) % 16 == 0 && (ld * esize) % 16 == 0)
+        return 16;
+    if (at % 4 == 0 && (K * esize) % 4 == 0 && (ld * esize) % 4 == 0)
+        return 4;
+    return 0;
+}
 
 // ---- the block's products ----
 
@@ -189,7 +343,7 @@ template <typename T, int NT> struct Mma {
 __host__ __device__ constexpr int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
 struct WaveSmem {
-    int64_t w_hh, w_ih, v, vin, pre_h, pre_x, part, bias, total; // byte offsets; total the size
+    int64_t w_hh, w_ih, v, vin, pre_h, pre_x, part, bias, own, total; // byte offsets; total the size
 };
 
 // `rows`: G * units; `ld_h`, `ld_w`: the staged rows' strides for K =
@@ -217,6 +371,8 @@ __host__ __device__ inline WaveSmem wave_smem(int64_t rows, int64_t ld_h, int64_
     at += align16(kWarps * rows * bt * 4);
     s.bias = at;
     at += align16(2 * rows * 4);
+    s.own = at; // h_{t-1} of the block's own units, f32 (at most `rows` a batch row)
+    at += align16(bt * rows * 4);
     s.total = at;
     return s;
 }
@@ -267,6 +423,7 @@ struct WaveLayer {
     float *saved;             // the layer's [batch, seqlen, saved width], or nullptr
     void *out;                // [batch, seqlen, hidden] of T, or nullptr
     int64_t in_width;         // w_ih's columns
+    int vec_hh, vec_ih;       // stage_vec of w_hh and w_ih as staged
 };
 
 struct WaveParams {
@@ -275,13 +432,13 @@ struct WaveParams {
     const float *gx;  // launch layer 0's projection [batch, seqlen, G*hidden] (no bias), or nullptr:
     const void *x;    // then formed on chip from this [batch, seqlen, in_width] of T
     WaveLayer layer[kMaxWave];
-    float *ring;      // [layers][2][batch][hidden]
+    Word *ring;       // [layers][2][batch][hidden], zero at the launch
     float *cstate;    // [layers][batch][hidden]
-    unsigned *counters; // [groups], zero at the launch
+    unsigned *reads;  // [groups][layers]: steps a layer's blocks are done with (their inputs read), zero at the launch
     int units, tiles, groups;
     int64_t group_rows;
     int stage;        // weights in shared memory (else read from global memory: a step)
-    int defer_final;  // the final states alias the initial ones: written one barrier later
+    int defer_final;  // the final states alias the initial ones: written once every block read those
     int64_t wmax;     // the widest on-chip projection of the launch (the layout)
 };
 
@@ -307,21 +464,19 @@ template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wa
     V *v = reinterpret_cast<V *>(smem + lay.v), *vin = reinterpret_cast<V *>(smem + lay.vin);
     float *pre_h = reinterpret_cast<float *>(smem + lay.pre_h), *pre_x = reinterpret_cast<float *>(smem + lay.pre_x);
     float *part = reinterpret_cast<float *>(smem + lay.part), *bias = reinterpret_cast<float *>(smem + lay.bias);
+    float *own = reinterpret_cast<float *>(smem + lay.own);
     const T *w_hh = static_cast<const T *>(ly.w_hh), *w_ih = static_cast<const T *>(ly.w_ih);
 
     // the block's rows (gate q / U of unit j0 + q % U), staged once, zero
     // past their columns
     if (p.stage) {
-        for (int64_t i = threadIdx.x; i < rows * ld_h; i += kThreads) {
-            const int q = (int)(i / ld_h), jj = q % U;
-            const int64_t k = i % ld_h;
-            w_hh_s[i] = jj < nu && k < H ? w_hh[((q / U) * H + j0 + jj) * H + k] : Elem<T>::store(0.f);
-        }
-        for (int64_t i = threadIdx.x; proj && i < rows * ld_w; i += kThreads) {
-            const int q = (int)(i / ld_w), jj = q % U;
-            const int64_t k = i % ld_w;
-            w_ih_s[i] = jj < nu && k < K ? w_ih[((q / U) * H + j0 + jj) * K + k] : Elem<T>::store(0.f);
-        }
+        stage_rows(w_hh_s, ld_h, rows, H,
+                   [&](int q) { return q % U < nu ? w_hh + ((q / U) * H + j0 + q % U) * H : (const T *)nullptr; },
+                   ly.vec_hh);
+        if (proj)
+            stage_rows(w_ih_s, ld_w, rows, K,
+                       [&](int q) { return q % U < nu ? w_ih + ((q / U) * H + j0 + q % U) * K : (const T *)nullptr; },
+                       ly.vec_ih);
     }
     for (int q = threadIdx.x; q < rows; q += kThreads) {
         const int64_t r = (q / U) * H + j0 + q % U;
@@ -337,85 +492,104 @@ template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wa
     const int64_t hh_ld = p.stage ? ld_h : H, ih_ld = p.stage ? ld_w : K;
 
     const int64_t b_lo = (int64_t)g * p.group_rows, b_hi = b_lo + p.group_rows < B ? b_lo + p.group_rows : B;
-    const int64_t steps = L + p.layers - 1 + p.defer_final;
-    float *ring_l = p.ring + (int64_t)l * 2 * B * H;
+    Word *ring_l = p.ring + (int64_t)l * 2 * B * H;
     float *cst = p.cstate + (int64_t)l * B * H;
-    for (int64_t s = 0; s < steps; s++) {
-        const int64_t t = s - l;
-        if (t >= 0 && t < L) {
-            const float *h_prev = ring_l + ((t - 1) & 1) * B * H;
-            const float *below = l > 0 ? p.ring + ((int64_t)(l - 1) * 2 + (t & 1)) * B * H : nullptr;
-            float *h_now = ring_l + (t & 1) * B * H;
-            for (int64_t b0 = b_lo; b0 < b_hi; b0 += BT) {
-                const int nb = (int)(b_hi - b0 < BT ? b_hi - b0 : BT);
-                // the batch tile's h_{t-1} and input, zero past the tile and past K
-                for (int64_t i = threadIdx.x; i < BT * ld_h; i += kThreads) {
+    unsigned *reads = p.reads + (int64_t)g * p.layers;
+    const bool above = l + 1 < p.layers; // a layer of this launch reads this one's h_t
+    for (int64_t t = 0; t < L; t++) {
+        // h_t goes into the slot of h_{t-2}: the layer above must have read
+        // that (its step t - 2); thread 0 asks now and looks after the products
+        const unsigned need = above && t >= 2 ? (unsigned)((t - 1) * p.tiles) : 0;
+        const unsigned seen = need && threadIdx.x == 0 ? load_relaxed(reads + l + 1) : 0;
+        const Word *h_prev = ring_l + ((t - 1) & 1) * B * H;
+        const Word *below = l > 0 ? p.ring + ((int64_t)(l - 1) * 2 + (t & 1)) * B * H : nullptr;
+        Word *h_now = ring_l + (t & 1) * B * H;
+        for (int64_t b0 = b_lo; b0 < b_hi; b0 += BT) {
+            const int nb = (int)(b_hi - b0 < BT ? b_hi - b0 : BT);
+            // the batch tile's h_{t-1} (tag t) and input (the layer below's
+            // h_t, tag t + 1), zero past the tile and past K
+            batched_tagged<4>(
+                BT * ld_h, (unsigned)t,
+                [&](int64_t i, float &imm) -> const Word * {
                     const int64_t b = i / ld_h, k = i % ld_h, bb = b0 + b;
-                    float val = 0.f;
-                    if (b < nb && k < H)
-                        val = t > 0 ? load_shared_state(h_prev + bb * H + k)
-                              : ly.h0 ? load_any(ly.h0, ly.h0_type, bb * H + k)
-                                      : 0.f;
+                    if (b >= nb || k >= H)
+                        return nullptr;
+                    if (t > 0)
+                        return h_prev + bb * H + k;
+                    imm = ly.h0 ? load_any(ly.h0, ly.h0_type, bb * H + k) : 0.f;
+                    return nullptr;
+                },
+                [&](int64_t i, float val) {
                     v[i] = E::to_v(val);
+                    const int64_t k = i % ld_h - j0;
+                    if (k >= 0 && k < nu) // this block's own units, kept in f32 for the pointwise step
+                        own[i / ld_h * U + k] = val;
+                });
+            if (proj)
+                batched_tagged<4>(
+                    BT * ld_w, (unsigned)(t + 1),
+                    [&](int64_t i, float &imm) -> const Word * {
+                        const int64_t b = i / ld_w, k = i % ld_w, bb = b0 + b;
+                        if (b >= nb || k >= K)
+                            return nullptr;
+                        if (below)
+                            return below + bb * H + k;
+                        imm = load_elem(static_cast<const T *>(p.x), (bb * L + t) * K + k);
+                        return nullptr;
+                    },
+                    [&](int64_t i, float val) { vin[i] = E::to_v(val); });
+            __syncthreads();
+            E::product(hh_base, hh_gate, hh_ld, U, nu, rows, (int)H, v, (int)ld_h, pre_h, part);
+            if (proj)
+                E::product(ih_base, ih_gate, ih_ld, U, nu, rows, (int)K, vin, (int)ld_w, pre_x, part);
+            if (b0 == b_lo && need)
+                wait_count(reads + l + 1, need, seen);
+            for (int i = threadIdx.x; i < nb * nu; i += kThreads) {
+                const int b = i / nu, jj = i % nu;
+                const int64_t bb = b0 + b, j = j0 + jj, row = bb * L + t;
+                float ax[kMaxGates], ah[kMaxGates];
+                for (int q = 0; q < G; q++) {
+                    const int r = q * U + jj;
+                    ax[q] = (proj ? pre_x[r * BT + b] : p.gx[row * GH + q * H + j]) + bias[r];
+                    ah[q] = pre_h[r * BT + b] + bias[rows + r];
                 }
-                for (int64_t i = threadIdx.x; proj && i < BT * ld_w; i += kThreads) {
-                    const int64_t b = i / ld_w, k = i % ld_w, bb = b0 + b;
-                    float val = 0.f;
-                    if (b < nb && k < K)
-                        val = below ? load_shared_state(below + bb * H + k)
-                                    : load_elem(static_cast<const T *>(p.x), (bb * L + t) * K + k);
-                    vin[i] = E::to_v(val);
+                const float hp = own[b * U + jj]; // h_{t-1}, as staged
+                float c = 0.f;
+                if (p.cell == FX_RNN_LSTM)
+                    c = t > 0 ? cst[bb * H + j] : ly.c0 ? load_any(ly.c0, ly.c0_type, bb * H + j) : 0.f;
+                float *save = ly.saved ? ly.saved + row * S + j : nullptr;
+                const float h = cell_forward(p.cell, ax, ah, hp, c, save, H);
+                put_tagged(h_now + bb * H + j, (unsigned)(t + 1), h);
+                if (p.cell == FX_RNN_LSTM)
+                    cst[bb * H + j] = c;
+                if (save)
+                    save[S - H] = h;
+                if (ly.out)
+                    static_cast<T *>(ly.out)[row * H + j] = Elem<T>::store(h);
+                if (t == L - 1 && !p.defer_final) {
+                    if (ly.h_n)
+                        ly.h_n[bb * H + j] = h;
+                    if (ly.c_n)
+                        ly.c_n[bb * H + j] = c;
                 }
-                __syncthreads();
-                E::product(hh_base, hh_gate, hh_ld, U, nu, rows, (int)H, v, (int)ld_h, pre_h, part);
-                if (proj)
-                    E::product(ih_base, ih_gate, ih_ld, U, nu, rows, (int)K, vin, (int)ld_w, pre_x, part);
-                for (int i = threadIdx.x; i < nb * nu; i += kThreads) {
-                    const int b = i / nu, jj = i % nu;
-                    const int64_t bb = b0 + b, j = j0 + jj, row = bb * L + t;
-                    float ax[kMaxGates], ah[kMaxGates];
-                    for (int q = 0; q < G; q++) {
-                        const int r = q * U + jj;
-                        ax[q] = (proj ? pre_x[r * BT + b] : p.gx[row * GH + q * H + j]) + bias[r];
-                        ah[q] = pre_h[r * BT + b] + bias[rows + r];
-                    }
-                    const float hp = t > 0 ? load_shared_state(h_prev + bb * H + j)
-                                     : ly.h0 ? load_any(ly.h0, ly.h0_type, bb * H + j)
-                                             : 0.f;
-                    float c = 0.f;
-                    if (p.cell == FX_RNN_LSTM)
-                        c = t > 0 ? cst[bb * H + j] : ly.c0 ? load_any(ly.c0, ly.c0_type, bb * H + j) : 0.f;
-                    float *save = ly.saved ? ly.saved + row * S + j : nullptr;
-                    const float h = cell_forward(p.cell, ax, ah, hp, c, save, H);
-                    h_now[bb * H + j] = h;
-                    if (p.cell == FX_RNN_LSTM)
-                        cst[bb * H + j] = c;
-                    if (save)
-                        save[S - H] = h;
-                    if (ly.out)
-                        static_cast<T *>(ly.out)[row * H + j] = Elem<T>::store(h);
-                    if (t == L - 1 && !p.defer_final) {
-                        if (ly.h_n)
-                            ly.h_n[bb * H + j] = h;
-                        if (ly.c_n)
-                            ly.c_n[bb * H + j] = c;
-                    }
-                }
-                __syncthreads();
             }
+            __syncthreads();
         }
-        if (p.defer_final && t == L) {
-            const float *h_last = ring_l + ((L - 1) & 1) * B * H;
-            for (int64_t i = threadIdx.x; i < (b_hi - b_lo) * nu; i += kThreads) {
-                const int64_t bb = b_lo + i / nu, j = j0 + i % nu;
-                if (ly.h_n)
-                    ly.h_n[bb * H + j] = load_shared_state(h_last + bb * H + j);
-                if (ly.c_n)
-                    ly.c_n[bb * H + j] = cst[bb * H + j];
-            }
+        if (threadIdx.x == 0)
+            add_release(reads + l); // this block is done with every input of step t
+    }
+    if (p.defer_final) {
+        // every block of the layer has read h0 (its step 0) before h_n,
+        // the same memory, changes
+        wait_count(reads + l, (unsigned)p.tiles, 0);
+        const Word *h_last = ring_l + ((L - 1) & 1) * B * H;
+        for (int64_t i = threadIdx.x; i < (b_hi - b_lo) * nu; i += kThreads) {
+            const int64_t bb = b_lo + i / nu, j = j0 + i % nu;
+            if (ly.h_n)
+                ly.h_n[bb * H + j] = get_tagged(h_last + bb * H + j, (unsigned)L);
+            if (ly.c_n)
+                ly.c_n[bb * H + j] = cst[bb * H + j];
         }
-        if (s + 1 < steps)
-            group_barrier(p.counters + g, (unsigned)((s + 1) * per_group));
     }
 }
 
@@ -435,9 +609,8 @@ struct BackParams {
     void *dax, *dah, *hprev;   // of T: [batch, seqlen, G*hidden] (dah nullptr: the LSTM's is dax), [.., hidden]
     void *dh0, *dc0;           // the layer's [batch, hidden], or nullptr
     int dh0_type, dc0_type;
-    float *ring;               // [2][batch][G*hidden]
+    Word *ring;                // [2][batch][G*hidden], tagged, zero at the launch
     float *dhc, *dcc;          // [batch][hidden]: carried by the unit's owner
-    unsigned *counters;
     int units, tiles, groups;
     int64_t group_rows;
 };
@@ -460,24 +633,31 @@ template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wa
     const T *w_hh = static_cast<const T *>(p.w_hh);
     // wt[jj][r] = W_hh[r][j0 + jj]: neighbouring threads read neighbouring
     // units; zero past the units and past G * hidden
-    for (int64_t i = threadIdx.x; i < U * ld; i += kThreads) {
-        const int64_t r = i / U, jj = i % U;
-        wt[jj * ld + r] = jj < nu && r < GH ? w_hh[r * H + j0 + jj] : Elem<T>::store(0.f);
-    }
+    batched<8>(
+        U * ld,
+        [&](int64_t i) {
+            const int64_t r = i / U, jj = i % U;
+            return jj < nu && r < GH ? w_hh[r * H + j0 + jj] : Elem<T>::store(0.f);
+        },
+        [&](int64_t i, T w) { wt[i % U * ld + i / U] = w; });
     __syncthreads();
     const int64_t b_lo = (int64_t)g * p.group_rows, b_hi = b_lo + p.group_rows < B ? b_lo + p.group_rows : B;
     T *dax_t = static_cast<T *>(p.dax), *dah_t = static_cast<T *>(p.dah), *hprev_t = static_cast<T *>(p.hprev);
     for (int64_t s = 0; s <= L; s++) {
         const int64_t t = L - 1 - s;
-        const float *later = p.ring + ((s - 1) & 1) * B * GH;
-        float *now = p.ring + (s & 1) * B * GH;
+        const Word *later = p.ring + ((s - 1) & 1) * B * GH;
+        Word *now = p.ring + (s & 1) * B * GH;
         for (int64_t b0 = b_lo; b0 < b_hi; b0 += BT) {
             const int nb = (int)(b_hi - b0 < BT ? b_hi - b0 : BT);
             if (s > 0) {
-                for (int64_t i = threadIdx.x; i < BT * ld; i += kThreads) {
-                    const int64_t b = i / ld, k = i % ld;
-                    v[i] = E::to_v(b < nb && k < GH ? load_shared_state(later + (b0 + b) * GH + k) : 0.f);
-                }
+                // every gate's gradient at step s - 1 (tag s)
+                batched_tagged<4>(
+                    BT * ld, (unsigned)s,
+                    [&](int64_t i, float &) -> const Word * {
+                        const int64_t b = i / ld, k = i % ld;
+                        return b < nb && k < GH ? later + (b0 + b) * GH + k : nullptr;
+                    },
+                    [&](int64_t i, float val) { v[i] = E::to_v(val); });
                 __syncthreads();
                 E::product(wt, 0, ld, U, nu, U, (int)GH, v, (int)ld, m, part);
             }
@@ -506,7 +686,7 @@ template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wa
                 float dax[kMaxGates], dah[kMaxGates];
                 const float direct = cell_backward(p.cell, gt, saved, H, hp, cp, dc, dax, dah);
                 for (int q = 0; q < G; q++) {
-                    now[bb * GH + q * H + j] = dah[q];
+                    put_tagged(now + bb * GH + q * H + j, (unsigned)(s + 1), dah[q]);
                     dax_t[row * GH + q * H + j] = Elem<T>::store(dax[q]);
                     if (dah_t)
                         dah_t[row * GH + q * H + j] = Elem<T>::store(dah[q]);
@@ -518,8 +698,6 @@ template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wa
             }
             __syncthreads();
         }
-        if (s < L)
-            group_barrier(p.counters + g, (unsigned)((s + 1) * p.tiles));
     }
 }
 

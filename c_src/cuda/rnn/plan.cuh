@@ -33,6 +33,7 @@ inline int check_dims(const fx_rnn_dims &n, const char *op, fx_status *st)
 struct WavePlan {
     bool fits = false;
     bool mma = false;   // tensor-core products (Mma), else Ffma
+    bool stage = false; // the weights in shared memory (else read in place: a step that does not fit)
     int layers = 0;     // in the launch
     int units = 0, tiles = 0, groups = 0, bt = 0;
     int64_t group_rows = 0, blocks = 0;
@@ -64,69 +65,93 @@ inline int batch_tile(int64_t rows, bool mma)
 
 inline int64_t staged_ld(int64_t k, bool mma) { return mma ? mma_ld(k) : k; }
 
+// What a step of a persistent launch costs, in ns, to choose between
+// plans: the block's products (CUDA cores: ~128 FMA a clock an SM at half
+// use; tensor cores: ~1024 at half use) and the states every block reads
+// from L2 (8-byte tagged words, ~8 TB/s for the whole chip), over a fixed
+// ~1 us for the trip the dependency takes. Only the order of plans
+// matters: the constants are an H100/H200's, roughly.
+inline double step_cost(int64_t rows, int64_t k, int64_t group_rows, int bt, int64_t blocks, bool mma)
+{
+    const double tiles = (double)((group_rows + bt - 1) / bt) * bt;
+    const double macs = (double)rows * (double)k * tiles;
+    const double compute_ns = macs / ((mma ? 512.0 : 64.0) * 1.7);
+    const double traffic_ns = (double)blocks * (double)group_rows * (double)k * 8.0 / 8000.0;
+    return 1000.0 + compute_ns + traffic_ns;
+}
+
 // A launch of `layers` layers of `hidden` units over `batch` rows on d:
-// the fewest units a block such that every block is resident at once
-// (one block an SM if that fits, else two), batch groups where blocks
-// are left over. `wmax`: the widest on-chip projection (0: none);
-// `stage`: the weights in shared memory.
+// every block resident at once (one or two an SM), the batch in groups
+// that meet only among themselves (each block then holds more units and
+// reads fewer rows of the states), the plan of least step_cost that fits.
+// `wmax`: the widest on-chip projection (0: none); `stage`: the weights in
+// shared memory.
 inline WavePlan wave_plan(const Device *d, int gates, int64_t hidden, int64_t batch, int layers, int64_t wmax,
                           int64_t esize, bool stage, bool mma)
 {
+    WavePlan best;
+    double best_cost = 0;
     for (int per_sm = 1; per_sm <= 2; per_sm++) {
         const int64_t capacity = (int64_t)d->sm_count * per_sm;
-        const int64_t tiles_max = capacity / layers;
-        if (tiles_max < 1)
-            continue;
-        WavePlan p;
-        p.layers = layers;
-        p.wmax = wmax;
-        p.units = (int)((hidden + tiles_max - 1) / tiles_max);
-        p.tiles = (int)((hidden + p.units - 1) / p.units);
-        const int64_t spare = capacity / ((int64_t)layers * p.tiles);
-        const int64_t most_groups = (batch + 7) / 8;
-        p.groups = (int)(spare < most_groups ? spare : most_groups);
-        if (p.groups < 1)
-            p.groups = 1;
-        p.group_rows = (batch + p.groups - 1) / p.groups;
-        p.groups = (int)((batch + p.group_rows - 1) / p.group_rows);
-        p.mma = mma;
-        p.bt = batch_tile(p.group_rows, mma);
-        p.blocks = (int64_t)p.groups * layers * p.tiles;
-        p.smem = (size_t)wave_smem((int64_t)gates * p.units, staged_ld(hidden, mma), staged_ld(wmax, mma), p.bt, esize,
-                                   mma ? esize : 4, stage)
-                     .total;
-        if (p.smem <= d->shared_per_block_optin && resident_per_sm(d, p.smem) >= per_sm) {
-            p.fits = true;
-            return p;
+        for (int64_t groups = 1; groups <= batch && groups * layers <= capacity; groups *= 2) {
+            const int64_t tiles_max = capacity / (layers * groups);
+            WavePlan p;
+            p.layers = layers;
+            p.wmax = wmax;
+            p.units = (int)((hidden + tiles_max - 1) / tiles_max);
+            p.tiles = (int)((hidden + p.units - 1) / p.units);
+            p.group_rows = (batch + groups - 1) / groups;
+            p.groups = (int)((batch + p.group_rows - 1) / p.group_rows);
+            p.mma = mma;
+            p.stage = stage;
+            p.bt = batch_tile(p.group_rows, mma);
+            p.blocks = (int64_t)p.groups * layers * p.tiles;
+            p.smem = (size_t)wave_smem((int64_t)gates * p.units, staged_ld(hidden, mma), staged_ld(wmax, mma), p.bt,
+                                       esize, mma ? esize : 4, stage)
+                         .total;
+            if (p.smem > d->shared_per_block_optin || resident_per_sm(d, p.smem) < per_sm)
+                continue;
+            const double cost = step_cost((int64_t)gates * p.units, hidden + wmax, p.group_rows, p.bt, p.blocks, mma);
+            if (!best.fits || cost < best_cost) {
+                p.fits = true;
+                best = p;
+                best_cost = cost;
+            }
         }
     }
-    return WavePlan{};
+    return best;
 }
 
 inline WavePlan back_plan(const Device *d, int gates, int64_t hidden, int64_t batch, int64_t esize, bool mma)
 {
+    WavePlan best;
+    double best_cost = 0;
     for (int per_sm = 1; per_sm <= 2; per_sm++) {
         const int64_t capacity = (int64_t)d->sm_count * per_sm;
-        WavePlan p;
-        p.layers = 1;
-        p.units = (int)((hidden + capacity - 1) / capacity);
-        p.tiles = (int)((hidden + p.units - 1) / p.units);
-        const int64_t spare = capacity / p.tiles, most_groups = (batch + 7) / 8;
-        p.groups = (int)(spare < most_groups ? spare : most_groups);
-        if (p.groups < 1)
-            p.groups = 1;
-        p.group_rows = (batch + p.groups - 1) / p.groups;
-        p.groups = (int)((batch + p.group_rows - 1) / p.group_rows);
-        p.mma = mma;
-        p.bt = batch_tile(p.group_rows, mma);
-        p.blocks = (int64_t)p.groups * p.tiles;
-        p.smem = (size_t)back_smem(p.units, staged_ld(gates * hidden, mma), p.bt, esize, mma ? esize : 4).total;
-        if (p.smem <= d->shared_per_block_optin && resident_per_sm(d, p.smem) >= per_sm) {
-            p.fits = true;
-            return p;
+        for (int64_t groups = 1; groups <= batch && groups <= capacity; groups *= 2) {
+            const int64_t tiles_max = capacity / groups;
+            WavePlan p;
+            p.layers = 1;
+            p.units = (int)((hidden + tiles_max - 1) / tiles_max);
+            p.tiles = (int)((hidden + p.units - 1) / p.units);
+            p.group_rows = (batch + groups - 1) / groups;
+            p.groups = (int)((batch + p.group_rows - 1) / p.group_rows);
+            p.mma = mma;
+            p.stage = true;
+            p.bt = batch_tile(p.group_rows, mma);
+            p.blocks = (int64_t)p.groups * p.tiles;
+            p.smem = (size_t)back_smem(p.units, staged_ld(gates * hidden, mma), p.bt, esize, mma ? esize : 4).total;
+            if (p.smem > d->shared_per_block_optin || resident_per_sm(d, p.smem) < per_sm)
+                continue;
+            const double cost = step_cost(p.units, gates * hidden, p.group_rows, p.bt, p.blocks, mma);
+            if (!best.fits || cost < best_cost) {
+                p.fits = true;
+                best = p;
+                best_cost = cost;
+            }
         }
     }
-    return WavePlan{};
+    return best;
 }
 
 // ---- which path ----
@@ -175,8 +200,8 @@ inline int check_path(int path, fx_dtype dtype, fx_status *st)
 // Tensor-core products: where forced, and by default for 16-bit inputs at
 // training batches (16 rows and more), whose products the CUDA cores
 // would take several times longer over; smaller batches keep h in f32 for
-// the product. A step reads the weights in place (once each) and takes the
-// CUDA cores.
+// the product. A step (a few rows, each weight used once) takes the CUDA
+// cores.
 inline bool use_mma(const fx_rnn_dims &n, int64_t esize, int path, bool step)
 {
     if (step || esize != 2)
@@ -185,8 +210,41 @@ inline bool use_mma(const fx_rnn_dims &n, int64_t esize, int path, bool step)
     return kind == FX_RNN_PATH_PERSISTENT_MMA || (kind == FX_RNN_PATH_AUTO && n.batch >= 16);
 }
 
-// The forward's (or the step's) plan. A forced persistent path that does
-// not fit fails in st; AUTO falls back to stepwise.
+// Every chunk of `wave` layers planned; false where one does not fit.
+inline bool plan_waves(const Device *d, const fx_rnn_dims &n, int64_t esize, bool step, bool stage, bool mma,
+                       int wave, ForwardPlan *out)
+{
+    const int gates = fx_rnn_gates(n.cell);
+    const int64_t layers = n.layers;
+    ForwardPlan p;
+    p.kind = Kind::kPersistent;
+    p.wave = wave;
+    const int first_layers = (int)(layers < wave ? layers : wave);
+    // on chip: the projections of the layers above a chunk's first (hidden
+    // wide) and, for a step, of the chunk's first too (input wide for layer 0)
+    const int64_t wide = n.input > n.hidden ? n.input : n.hidden;
+    const int64_t first_w = step ? wide : first_layers > 1 ? n.hidden : 0;
+    p.first = wave_plan(d, gates, n.hidden, n.batch, first_layers, first_w, esize, stage, mma);
+    bool fits = p.first.fits;
+    const int tail = (int)(layers % wave);
+    if (layers > wave && fits) {
+        p.rest = wave_plan(d, gates, n.hidden, n.batch, wave, step || wave > 1 ? n.hidden : 0, esize, stage, mma);
+        fits = p.rest.fits;
+    }
+    if (layers > wave && tail && fits) {
+        p.last = wave_plan(d, gates, n.hidden, n.batch, tail, step || tail > 1 ? n.hidden : 0, esize, stage, mma);
+        fits = p.last.fits;
+    }
+    if (fits)
+        *out = p;
+    return fits;
+}
+
+// The forward's (or the step's) plan: the widest wavefront that fits
+// (every layer of a launch resident at once), else one layer a launch;
+// with the weights staged in shared memory, or for a step that cannot
+// stage them, read in place. A forced persistent path that does not fit
+// fails in st; AUTO falls back to stepwise.
 inline int plan_forward(const Device *d, const fx_rnn_dims &n, int64_t esize, int path, bool step, ForwardPlan *fp,
                         fx_status *st)
 {
@@ -194,38 +252,12 @@ inline int plan_forward(const Device *d, const fx_rnn_dims &n, int64_t esize, in
     const int kind = FX_RNN_PATH_KIND(path);
     if (kind == FX_RNN_PATH_STEPWISE)
         return FX_OK;
-    const int gates = fx_rnn_gates(n.cell);
-    const int64_t layers = n.layers;
     const bool mma = use_mma(n, esize, path, step);
-    for (int wave = (path & FX_RNN_PATH_NO_WAVEFRONT) ? 1 : (int)(layers < kMaxWave ? layers : kMaxWave); wave >= 1;
-         wave = wave > 1 ? 1 : 0) {
-        ForwardPlan p;
-        p.kind = Kind::kPersistent;
-        p.wave = wave;
-        const int first_layers = (int)(layers < wave ? layers : wave);
-        // on chip: the layers above a chunk's first (hidden wide) and, for a
-        // step, the chunk's first too (input wide for layer 0)
-        const int64_t wide = n.input > n.hidden ? n.input : n.hidden;
-        const int64_t first_w = step ? wide : first_layers > 1 ? n.hidden : 0;
-        p.first = wave_plan(d, gates, n.hidden, n.batch, first_layers, first_w, esize, !step, mma);
-        bool fits = p.first.fits;
-        const int64_t rest_w = step || wave > 1 ? n.hidden : 0;
-        if (layers > wave && fits) {
-            p.rest = wave_plan(d, gates, n.hidden, n.batch, wave, rest_w, esize, !step, mma);
-            fits = p.rest.fits;
-        }
-        const int tail = (int)(layers % wave);
-        if (layers > wave && tail && fits) {
-            p.last = wave_plan(d, gates, n.hidden, n.batch, tail, step || tail > 1 ? n.hidden : 0, esize, !step, mma);
-            fits = p.last.fits;
-        }
-        if (fits) {
-            *fp = p;
-            return FX_OK;
-        }
-        if (wave == 1)
-            break;
-    }
+    const int widest = (path & FX_RNN_PATH_NO_WAVEFRONT) ? 1 : (int)(n.layers < kMaxWave ? n.layers : kMaxWave);
+    for (int staged = 1; staged >= (step ? 0 : 1); staged--)
+        for (int wave = widest; wave >= 1; wave = wave > 1 ? 1 : 0)
+            if (plan_waves(d, n, esize, step, staged, mma, wave, fp))
+                return FX_OK;
     if (kind != FX_RNN_PATH_AUTO)
         return forced_unfit(n, d, path, step ? "step" : "forward", st);
     return FX_OK;
@@ -274,7 +306,7 @@ inline size_t elems(int64_t a, int64_t b, size_t esize) { return fx_size_mul((in
 // The forward's pieces, in the launcher's order.
 struct FwdPieces {
     Pieces p;
-    int ws, gx, inter, ring, cstate, counters, h, h_ab, gh, c;
+    int ws, gx, inter, ring, cstate, reads, h, h_ab, gh, c;
 };
 
 inline FwdPieces forward_pieces(const fx_rnn_dims &n, const ForwardPlan &fp, size_t esize, bool step)
@@ -293,9 +325,10 @@ inline FwdPieces forward_pieces(const fx_rnn_dims &n, const ForwardPlan &fp, siz
         groups = fp.rest.groups;
     if (persistent && fp.last.groups > groups)
         groups = fp.last.groups;
-    f.ring = f.p.add(elems(wave * 2 * B, H, 4));
+    // the tagged states' ring (8 bytes a word) and the layers' read counters
+    f.ring = f.p.add(elems(wave * 2 * B, H, 8));
     f.cstate = f.p.add(n.cell == FX_RNN_LSTM ? elems(wave * B, H, 4) : 0);
-    f.counters = f.p.add(elems(groups, 1, sizeof(unsigned)));
+    f.reads = f.p.add(elems(groups * wave, 1, sizeof(unsigned)));
     const bool stepwise = !persistent;
     f.h = f.p.add(stepwise && !step ? elems(B, H, 4) : 0);
     f.h_ab = f.p.add(stepwise && esize != 4 ? elems(B, H, esize) : 0);
@@ -306,7 +339,7 @@ inline FwdPieces forward_pieces(const fx_rnn_dims &n, const ForwardPlan &fp, siz
 
 struct BwdPieces {
     Pieces p;
-    int ws, dax, dah, hprev, in_ab, dout, dhc, dcc, ring, counters, w32, dah32;
+    int ws, dax, dah, hprev, in_ab, dout, dhc, dcc, ring, w32, dah32;
 };
 
 inline BwdPieces backward_pieces(const fx_rnn_dims &n, const BackwardPlan &bp, size_t esize)
@@ -324,8 +357,7 @@ inline BwdPieces backward_pieces(const fx_rnn_dims &n, const BackwardPlan &bp, s
     f.dout = f.p.add(n.layers > 1 ? elems(2 * BL, H, 4) : 0);
     f.dhc = f.p.add(elems(B, H, 4));
     f.dcc = f.p.add(n.cell == FX_RNN_LSTM ? elems(B, H, 4) : 0);
-    f.ring = f.p.add(persistent ? elems(2 * B, G * H, 4) : 0);
-    f.counters = f.p.add(persistent ? elems(bp.wave.groups, 1, sizeof(unsigned)) : 0);
+    f.ring = f.p.add(persistent ? elems(2 * B, G * H, 8) : 0); // tagged words
     // stepwise with a 16-bit T: the recurrent GEMM in f32 (W_hh widened)
     const bool wide = !persistent && esize != 4;
     f.w32 = f.p.add(wide ? elems(G * H, H, 4) : 0);
