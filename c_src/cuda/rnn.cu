@@ -71,7 +71,7 @@ size_t op_backward_scratch(const fx_exec *ex, const fx_rnn_bwd_args *a)
     const fx_dtype dtype = a->fwd.x->dtype;
     BackwardPlan bp;
     if (!d || check_path(a->fwd.path, dtype, &st) ||
-        plan_backward(d, a->fwd.n, (int64_t)fx_dtype_size(dtype), a->fwd.path, &bp, &st))
+        plan_backward(d, a->fwd.n, dtype, a->fwd.path, &bp, &st))
         return SIZE_MAX;
     return backward_pieces(a->fwd.n, bp, fx_dtype_size(dtype)).p.total;
 }

@@ -188,8 +188,7 @@ template <typename T> int launch_back(const Run &r, const WavePlan &wp, const Ba
 }
 
 // The parts of one launch of wave_forward that do not depend on the op.
-inline WaveParams wave_params(const fx_rnn_dims &n, const WavePlan &wp, int64_t seqlen, Word *ring, float *cstate,
-                              unsigned *reads)
+inline WaveParams wave_params(const fx_rnn_dims &n, const WavePlan &wp, int64_t seqlen, void *ring, unsigned *reads)
 {
     WaveParams p = {};
     p.cell = n.cell;
@@ -198,7 +197,6 @@ inline WaveParams wave_params(const fx_rnn_dims &n, const WavePlan &wp, int64_t 
     p.seqlen = seqlen;
     p.hidden = n.hidden;
     p.ring = ring;
-    p.cstate = cstate;
     p.reads = reads;
     p.units = wp.units;
     p.tiles = wp.tiles;
@@ -210,10 +208,10 @@ inline WaveParams wave_params(const fx_rnn_dims &n, const WavePlan &wp, int64_t 
 
 // A launch's tagged ring and read counters start at zero: no word carries
 // a tag of this launch, no step is read.
-inline int clear_wave(const Run &r, const WaveParams &p, fx_status *st)
+inline int clear_wave(const Run &r, const WavePlan &wp, const WaveParams &p, fx_status *st)
 {
     const size_t words = (size_t)(p.layers * 2 * p.batch * p.hidden);
-    if (fill_zero(r, p.ring, sizeof(Word) * words, "rnn state ring", st) ||
+    if (fill_zero(r, p.ring, slot_bytes(wp.mma) * words, "rnn state ring", st) ||
         fill_zero(r, p.reads, sizeof(unsigned) * (size_t)(p.groups * p.layers), "rnn read counters", st))
         return st->code;
     return FX_OK;
@@ -262,7 +260,7 @@ template <typename T> int forward(const Run &r, const fx_rnn_fwd_args *a, fx_sta
             const WavePlan &wp = chunk_plan(fp, n, l0);
             if (project<T>(r, g, in, width, a->layer[l0].w_ih, gx, B * L, GH, st))
                 return st->code;
-            WaveParams p = wave_params(n, wp, L, tk.at<Word>(f.ring), tk.at<float>(f.cstate), tk.at<unsigned>(f.reads));
+            WaveParams p = wave_params(n, wp, L, tk.ptr[f.ring], tk.at<unsigned>(f.reads));
             p.gx = gx;
             p.stage = wp.stage;
             p.defer_final = defer;
@@ -281,7 +279,7 @@ template <typename T> int forward(const Run &r, const fx_rnn_fwd_args *a, fx_sta
                 w.saved = a->saved ? static_cast<float *>(a->saved->data) + l * B * L * S : nullptr;
                 w.out = l == n.layers - 1 ? a->y->data : i == wp.layers - 1 ? inter[chunk % 2] : nullptr;
             }
-            if (clear_wave(r, p, st) || launch_wave<T>(r, wp, p, st))
+            if (clear_wave(r, wp, p, st) || launch_wave<T>(r, wp, p, st))
                 return st->code;
             in = inter[chunk % 2];
             width = H;
@@ -356,7 +354,7 @@ template <typename T> int step(const Run &r, const fx_rnn_step_args *a, fx_statu
         int chunk = 0;
         for (int64_t l0 = 0; l0 < n.layers; chunk++) {
             const WavePlan &wp = chunk_plan(fp, n, l0);
-            WaveParams p = wave_params(n, wp, 1, tk.at<Word>(f.ring), tk.at<float>(f.cstate), tk.at<unsigned>(f.reads));
+            WaveParams p = wave_params(n, wp, 1, tk.ptr[f.ring], tk.at<unsigned>(f.reads));
             p.x = in;
             p.stage = wp.stage;
             p.defer_final = 1; // the final states are the initial ones
@@ -373,7 +371,7 @@ template <typename T> int step(const Run &r, const fx_rnn_step_args *a, fx_statu
                 w.c_n = layer_f32(a->c, l, per_layer);
                 w.out = l == n.layers - 1 ? a->y->data : i == wp.layers - 1 ? inter[chunk % 2] : nullptr;
             }
-            if (clear_wave(r, p, st) || launch_wave<T>(r, wp, p, st))
+            if (clear_wave(r, wp, p, st) || launch_wave<T>(r, wp, p, st))
                 return st->code;
             in = inter[chunk % 2];
             width = H;
@@ -424,7 +422,7 @@ template <typename T> int backward(const Run &r, const fx_rnn_bwd_args *a, fx_st
     const fx_rnn_dims &n = fw.n;
     BackwardPlan bp;
     if (check_dims(n, "rnn backward", st) || check_path(fw.path, dtype_of<T>(), st) ||
-        plan_backward(r.d, n, sizeof(T), fw.path, &bp, st))
+        plan_backward(r.d, n, dtype_of<T>(), fw.path, &bp, st))
         return st->code;
     const BwdPieces f = backward_pieces(n, bp, sizeof(T));
     Taken tk;
@@ -474,14 +472,14 @@ template <typename T> int backward(const Run &r, const fx_rnn_bwd_args *a, fx_st
             p.dc0 = const_cast<void *>(layer_of(a->dc0, l, per_layer));
             p.dh0_type = type_of(a->dh0);
             p.dc0_type = type_of(a->dc0);
-            p.ring = tk.at<Word>(f.ring);
+            p.ring = tk.ptr[f.ring];
             p.dhc = dhc;
             p.dcc = dcc;
             p.units = wp.units;
             p.tiles = wp.tiles;
             p.groups = wp.groups;
             p.group_rows = wp.group_rows;
-            if (fill_zero(r, p.ring, sizeof(Word) * (size_t)(2 * B * GH), "rnn state ring", st) ||
+            if (fill_zero(r, p.ring, slot_bytes(wp.mma) * (size_t)(2 * B * GH), "rnn state ring", st) ||
                 launch_back<T>(r, wp, p, st))
                 return st->code;
         } else {

@@ -38,6 +38,8 @@
 #ifndef FX_CUDA_RNN_PERSISTENT_CUH
 #define FX_CUDA_RNN_PERSISTENT_CUH
 
+#include <string.h>
+
 #include "cuda/async_copy.cuh"
 #include "cuda/common.cuh"
 #include "cuda/rnn/cells.cuh"
@@ -54,23 +56,66 @@ constexpr int kMaxWave = 8;
 
 // ---- states that cross blocks: tagged words, counters ----
 
-// A state's value and the step that wrote it (its tag, never 0).
-typedef unsigned long long Word;
+// A state's value and the step that wrote it (its tag), in one word that
+// is stored and loaded whole. Two kinds: Wide, f32 and a 32-bit tag (8
+// bytes: what the CUDA cores' products read, h in f32); Narrow, the 16-bit
+// type T and a 16-bit tag (4 bytes: the tensor cores round to T anyway).
+// Tags are the step + 1 (wrapping at 2^16 for Narrow: a slot's tag is then
+// compared with the step's, which differs from the one two steps back);
+// the ring starts zeroed, and no step waits for a tag 0 before its slot
+// was written.
+struct Wide {
+    typedef unsigned long long W;
+    __device__ static unsigned tag_of(int64_t step) { return (unsigned)(step + 1); }
+    __device__ static unsigned tag(W w) { return (unsigned)(w >> 32); }
+    __device__ static float value(W w) { return __uint_as_float((unsigned)w); }
+    __device__ static W pack(unsigned tag, float v) { return (W)tag << 32 | __float_as_uint(v); }
+};
 
-__device__ __forceinline__ Word load_word(const Word *p)
+template <typename T> struct Narrow {
+    typedef unsigned W;
+    __device__ static unsigned tag_of(int64_t step) { return (unsigned)((step + 1) & 0xffff); }
+    __device__ static unsigned tag(W w) { return w >> 16; }
+    __device__ static float value(W w)
+    {
+        const unsigned short bits = (unsigned short)(w & 0xffffu);
+        T v;
+        memcpy(&v, &bits, sizeof bits);
+        return Elem<T>::load(v);
+    }
+    __device__ static W pack(unsigned tag, float v)
+    {
+        const T x = Elem<T>::store(v);
+        unsigned short bits;
+        memcpy(&bits, &x, sizeof bits);
+        return (tag & 0xffffu) << 16 | bits;
+    }
+};
+
+__device__ __forceinline__ unsigned long long load_relaxed_word(const unsigned long long *p)
 {
 #ifdef FX_CUDA_EMULATION
     return __atomic_load_n(p, __ATOMIC_RELAXED);
 #else
-    Word w;
+    unsigned long long w;
     asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
     return w;
 #endif
 }
 
-__device__ __forceinline__ void put_tagged(Word *p, unsigned tag, float v)
+__device__ __forceinline__ unsigned load_relaxed_word(const unsigned *p)
 {
-    const Word w = (Word)tag << 32 | __float_as_uint(v);
+#ifdef FX_CUDA_EMULATION
+    return __atomic_load_n(p, __ATOMIC_RELAXED);
+#else
+    unsigned w;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(w) : "l"(p) : "memory");
+    return w;
+#endif
+}
+
+__device__ __forceinline__ void store_relaxed_word(unsigned long long *p, unsigned long long w)
+{
 #ifdef FX_CUDA_EMULATION
     __atomic_store_n(p, w, __ATOMIC_RELAXED);
 #else
@@ -78,15 +123,29 @@ __device__ __forceinline__ void put_tagged(Word *p, unsigned tag, float v)
 #endif
 }
 
-// The value at p once its tag is `tag`.
-__device__ __forceinline__ float get_tagged(const Word *p, unsigned tag)
+__device__ __forceinline__ void store_relaxed_word(unsigned *p, unsigned w)
 {
-    Word w = load_word(p);
-    while ((unsigned)(w >> 32) != tag) {
+#ifdef FX_CUDA_EMULATION
+    __atomic_store_n(p, w, __ATOMIC_RELAXED);
+#else
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(w) : "memory");
+#endif
+}
+
+template <class S> __device__ __forceinline__ void put_tagged(typename S::W *p, unsigned tag, float v)
+{
+    store_relaxed_word(p, S::pack(tag, v));
+}
+
+// The value at p once its tag is `tag`.
+template <class S> __device__ __forceinline__ float get_tagged(const typename S::W *p, unsigned tag)
+{
+    typename S::W w = load_relaxed_word(p);
+    while (S::tag(w) != tag) {
         __nanosleep(20);
-        w = load_word(p);
+        w = load_relaxed_word(p);
     }
-    return __uint_as_float((unsigned)w);
+    return S::value(w);
 }
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned *p)
@@ -169,19 +228,20 @@ template <int N, typename LOAD, typename STORE> __device__ __forceinline__ void 
 // dst(i, v) for i < n, v the value of a tagged word (src(i) gives its
 // address, or nullptr with the value in `imm`) once it carries `tag`; N
 // loads a thread in flight.
-template <int N, typename SRC, typename DST>
+template <int N, class S, typename SRC, typename DST>
 __device__ __forceinline__ void batched_tagged(int64_t n, unsigned tag, SRC src, DST dst)
 {
+    typedef typename S::W W;
     for (int64_t base = threadIdx.x; base < n; base += (int64_t)kThreads * N) {
-        const Word *at[N];
+        const W *at[N];
         float imm[N];
-        Word w[N];
+        W w[N];
 #pragma unroll
         for (int u = 0; u < N; u++) {
             const int64_t i = base + (int64_t)u * kThreads;
             imm[u] = 0.f;
             at[u] = i < n ? src(i, imm[u]) : nullptr;
-            w[u] = at[u] ? load_word(at[u]) : 0;
+            w[u] = at[u] ? load_relaxed_word(at[u]) : 0;
         }
 #pragma unroll
         for (int u = 0; u < N; u++) {
@@ -190,10 +250,10 @@ __device__ __forceinline__ void batched_tagged(int64_t n, unsigned tag, SRC src,
                 continue;
             if (!at[u])
                 dst(i, imm[u]);
-            else if ((unsigned)(w[u] >> 32) == tag)
-                dst(i, __uint_as_float((unsigned)w[u]));
+            else if (S::tag(w[u]) == tag)
+                dst(i, S::value(w[u]));
             else
-                dst(i, get_tagged(at[u], tag));
+                dst(i, get_tagged<S>(at[u], tag));
         }
     }
 }
@@ -312,7 +372,8 @@ __device__ __forceinline__ void matvec(const TW *base, int64_t gate_stride, int6
 
 template <typename T, int BT> struct Ffma {
     static constexpr int kBT = BT;
-    typedef float V; // how a batch tile of h is staged
+    typedef float V;    // how a batch tile of h is staged
+    typedef Wide Slot;  // how the states cross blocks
     __host__ __device__ static int64_t ld(int64_t k) { return k; }
     __device__ static V to_v(float x) { return x; }
     __device__ static void product(const T *base, int64_t gate_stride, int64_t ld, int units, int valid, int rows,
@@ -329,6 +390,7 @@ __host__ __device__ inline int64_t mma_ld(int64_t k) { return k > 0 ? (k + 15) /
 template <typename T, int NT> struct Mma {
     static constexpr int kBT = 8 * NT;
     typedef T V;
+    typedef Narrow<T> Slot;
     __host__ __device__ static int64_t ld(int64_t k) { return mma_ld(k); }
     __device__ static V to_v(float x) { return Elem<T>::store(x); }
     __device__ static void product(const T *base, int64_t gate_stride, int64_t ld, int units, int valid, int rows,
@@ -343,17 +405,29 @@ template <typename T, int NT> struct Mma {
 __host__ __device__ constexpr int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
 struct WaveSmem {
-    int64_t w_hh, w_ih, v, vin, pre_h, pre_x, part, bias, own, total; // byte offsets; total the size
+    int64_t w_hh, w_ih, v, vin, pre_h, pre_x, part, bias, own_h, own_c, total; // byte offsets; total the size
 };
+
+// The warps' shares of K a product of `rows` rows splits into (matvec,
+// matvec_mma: at most this many), whose partial sums need room beside the
+// result where there are more than one.
+__host__ __device__ inline int product_splits(int64_t rows, bool mma)
+{
+    const int64_t groups = mma ? (rows + 15) / 16 : (rows + kRowsPerWarp - 1) / kRowsPerWarp;
+    return groups >= kWarps ? 1 : (int)(kWarps / groups);
+}
 
 // `rows`: G * units; `ld_h`, `ld_w`: the staged rows' strides for K =
 // hidden and for the widest on-chip projection (0: none), elements of
 // `esize_w` bytes (weights) and `esize_v` (the staged batch tiles);
-// `stage`: the weights in shared memory.
+// `stage`: the weights in shared memory; `owned`: the states the block
+// keeps in f32 from step to step (its group's rows x its units; the
+// LSTM's c as many again).
 __host__ __device__ inline WaveSmem wave_smem(int64_t rows, int64_t ld_h, int64_t ld_w, int bt, int64_t esize_w,
-                                              int64_t esize_v, bool stage)
+                                              int64_t esize_v, bool stage, bool mma, int64_t owned, bool lstm)
 {
     WaveSmem s;
+    const int splits = product_splits(rows, mma);
     int64_t at = 0;
     s.w_hh = at;
     at += stage ? align16(rows * ld_h * esize_w) : 0;
@@ -368,11 +442,13 @@ __host__ __device__ inline WaveSmem wave_smem(int64_t rows, int64_t ld_h, int64_
     s.pre_x = at;
     at += align16(rows * bt * 4);
     s.part = at;
-    at += align16(kWarps * rows * bt * 4);
+    at += splits > 1 ? align16(splits * rows * bt * 4) : 0;
     s.bias = at;
     at += align16(2 * rows * 4);
-    s.own = at; // h_{t-1} of the block's own units, f32 (at most `rows` a batch row)
-    at += align16(bt * rows * 4);
+    s.own_h = at;
+    at += align16(owned * 4);
+    s.own_c = at;
+    at += lstm ? align16(owned * 4) : 0;
     s.total = at;
     return s;
 }
@@ -384,9 +460,11 @@ struct BackSmem {
     int64_t wt, v, m, part, total;
 };
 
-__host__ __device__ inline BackSmem back_smem(int64_t units, int64_t ld, int bt, int64_t esize_w, int64_t esize_v)
+__host__ __device__ inline BackSmem back_smem(int64_t units, int64_t ld, int bt, int64_t esize_w, int64_t esize_v,
+                                              bool mma)
 {
     BackSmem s;
+    const int splits = product_splits(units, mma);
     int64_t at = 0;
     s.wt = at;
     at += align16(units * ld * esize_w);
@@ -395,7 +473,7 @@ __host__ __device__ inline BackSmem back_smem(int64_t units, int64_t ld, int bt,
     s.m = at;
     at += align16(units * bt * 4);
     s.part = at;
-    at += align16(kWarps * units * bt * 4);
+    at += splits > 1 ? align16(splits * units * bt * 4) : 0;
     s.total = at;
     return s;
 }
@@ -432,8 +510,7 @@ struct WaveParams {
     const float *gx;  // launch layer 0's projection [batch, seqlen, G*hidden] (no bias), or nullptr:
     const void *x;    // then formed on chip from this [batch, seqlen, in_width] of T
     WaveLayer layer[kMaxWave];
-    Word *ring;       // [layers][2][batch][hidden], zero at the launch
-    float *cstate;    // [layers][batch][hidden]
+    void *ring;       // [layers][2][batch][hidden] slot words (the engine's Slot), zero at the launch
     unsigned *reads;  // [groups][layers]: steps a layer's blocks are done with (their inputs read), zero at the launch
     int units, tiles, groups;
     int64_t group_rows;
@@ -445,6 +522,8 @@ struct WaveParams {
 template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wave_forward(const WaveParams p)
 {
     typedef typename E::V V;
+    typedef typename E::Slot Sl;
+    typedef typename Sl::W W;
     constexpr int BT = E::kBT;
     const int per_group = p.layers * p.tiles;
     const int g = blockIdx.x / per_group, l = blockIdx.x % per_group / p.tiles, u = blockIdx.x % p.tiles;
@@ -458,13 +537,17 @@ template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wa
     const int64_t K = proj ? ly.in_width : 0;
     // staged rows' strides; rows read in place (a step) are as stored
     const int64_t ld_h = E::ld(H), ld_w = E::ld(p.wmax);
-    const WaveSmem lay = wave_smem(rows, ld_h, ld_w, BT, sizeof(T), sizeof(V), p.stage);
+    const bool lstm = p.cell == FX_RNN_LSTM;
+    const WaveSmem lay =
+        wave_smem(rows, ld_h, ld_w, BT, sizeof(T), sizeof(V), p.stage, !std::is_same<V, float>::value,
+                  p.group_rows * U, lstm);
     unsigned char *smem = dynamic_smem();
     T *w_hh_s = reinterpret_cast<T *>(smem + lay.w_hh), *w_ih_s = reinterpret_cast<T *>(smem + lay.w_ih);
     V *v = reinterpret_cast<V *>(smem + lay.v), *vin = reinterpret_cast<V *>(smem + lay.vin);
     float *pre_h = reinterpret_cast<float *>(smem + lay.pre_h), *pre_x = reinterpret_cast<float *>(smem + lay.pre_x);
     float *part = reinterpret_cast<float *>(smem + lay.part), *bias = reinterpret_cast<float *>(smem + lay.bias);
-    float *own = reinterpret_cast<float *>(smem + lay.own);
+    // h (and c) of the block's own units over its group's rows, kept in f32
+    float *own_h = reinterpret_cast<float *>(smem + lay.own_h), *own_c = reinterpret_cast<float *>(smem + lay.own_c);
     const T *w_hh = static_cast<const T *>(ly.w_hh), *w_ih = static_cast<const T *>(ly.w_ih);
 
     // the block's rows (gate q / U of unit j0 + q % U), staged once, zero
@@ -492,8 +575,14 @@ template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wa
     const int64_t hh_ld = p.stage ? ld_h : H, ih_ld = p.stage ? ld_w : K;
 
     const int64_t b_lo = (int64_t)g * p.group_rows, b_hi = b_lo + p.group_rows < B ? b_lo + p.group_rows : B;
-    Word *ring_l = p.ring + (int64_t)l * 2 * B * H;
-    float *cst = p.cstate + (int64_t)l * B * H;
+    for (int64_t i = threadIdx.x; i < (b_hi - b_lo) * nu; i += kThreads) {
+        const int64_t bb = b_lo + i / nu, jj = i % nu, e = bb * H + j0 + jj;
+        own_h[(bb - b_lo) * U + jj] = ly.h0 ? load_any(ly.h0, ly.h0_type, e) : 0.f;
+        if (lstm)
+            own_c[(bb - b_lo) * U + jj] = ly.c0 ? load_any(ly.c0, ly.c0_type, e) : 0.f;
+    }
+    W *ring = static_cast<W *>(p.ring);
+    W *ring_l = ring + (int64_t)l * 2 * B * H;
     unsigned *reads = p.reads + (int64_t)g * p.layers;
     const bool above = l + 1 < p.layers; // a layer of this launch reads this one's h_t
     for (int64_t t = 0; t < L; t++) {
@@ -501,16 +590,16 @@ template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wa
         // that (its step t - 2); thread 0 asks now and looks after the products
         const unsigned need = above && t >= 2 ? (unsigned)((t - 1) * p.tiles) : 0;
         const unsigned seen = need && threadIdx.x == 0 ? load_relaxed(reads + l + 1) : 0;
-        const Word *h_prev = ring_l + ((t - 1) & 1) * B * H;
-        const Word *below = l > 0 ? p.ring + ((int64_t)(l - 1) * 2 + (t & 1)) * B * H : nullptr;
-        Word *h_now = ring_l + (t & 1) * B * H;
+        const W *h_prev = ring_l + ((t - 1) & 1) * B * H;
+        const W *below = l > 0 ? ring + ((int64_t)(l - 1) * 2 + (t & 1)) * B * H : nullptr;
+        W *h_now = ring_l + (t & 1) * B * H;
         for (int64_t b0 = b_lo; b0 < b_hi; b0 += BT) {
             const int nb = (int)(b_hi - b0 < BT ? b_hi - b0 : BT);
             // the batch tile's h_{t-1} (tag t) and input (the layer below's
             // h_t, tag t + 1), zero past the tile and past K
-            batched_tagged<4>(
-                BT * ld_h, (unsigned)t,
-                [&](int64_t i, float &imm) -> const Word * {
+            batched_tagged<4, Sl>(
+                BT * ld_h, Sl::tag_of(t - 1),
+                [&](int64_t i, float &imm) -> const W * {
                     const int64_t b = i / ld_h, k = i % ld_h, bb = b0 + b;
                     if (b >= nb || k >= H)
                         return nullptr;
@@ -519,16 +608,11 @@ template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wa
                     imm = ly.h0 ? load_any(ly.h0, ly.h0_type, bb * H + k) : 0.f;
                     return nullptr;
                 },
-                [&](int64_t i, float val) {
-                    v[i] = E::to_v(val);
-                    const int64_t k = i % ld_h - j0;
-                    if (k >= 0 && k < nu) // this block's own units, kept in f32 for the pointwise step
-                        own[i / ld_h * U + k] = val;
-                });
+                [&](int64_t i, float val) { v[i] = E::to_v(val); });
             if (proj)
-                batched_tagged<4>(
-                    BT * ld_w, (unsigned)(t + 1),
-                    [&](int64_t i, float &imm) -> const Word * {
+                batched_tagged<4, Sl>(
+                    BT * ld_w, Sl::tag_of(t),
+                    [&](int64_t i, float &imm) -> const W * {
                         const int64_t b = i / ld_w, k = i % ld_w, bb = b0 + b;
                         if (b >= nb || k >= K)
                             return nullptr;
@@ -553,15 +637,14 @@ template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wa
                     ax[q] = (proj ? pre_x[r * BT + b] : p.gx[row * GH + q * H + j]) + bias[r];
                     ah[q] = pre_h[r * BT + b] + bias[rows + r];
                 }
-                const float hp = own[b * U + jj]; // h_{t-1}, as staged
-                float c = 0.f;
-                if (p.cell == FX_RNN_LSTM)
-                    c = t > 0 ? cst[bb * H + j] : ly.c0 ? load_any(ly.c0, ly.c0_type, bb * H + j) : 0.f;
+                float *oh = own_h + (bb - b_lo) * U + jj, *oc = own_c + (bb - b_lo) * U + jj;
+                float c = lstm ? *oc : 0.f;
                 float *save = ly.saved ? ly.saved + row * S + j : nullptr;
-                const float h = cell_forward(p.cell, ax, ah, hp, c, save, H);
-                put_tagged(h_now + bb * H + j, (unsigned)(t + 1), h);
-                if (p.cell == FX_RNN_LSTM)
-                    cst[bb * H + j] = c;
+                const float h = cell_forward(p.cell, ax, ah, *oh, c, save, H);
+                put_tagged<Sl>(h_now + bb * H + j, Sl::tag_of(t), h);
+                *oh = h;
+                if (lstm)
+                    *oc = c;
                 if (save)
                     save[S - H] = h;
                 if (ly.out)
@@ -582,13 +665,12 @@ template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wa
         // every block of the layer has read h0 (its step 0) before h_n,
         // the same memory, changes
         wait_count(reads + l, (unsigned)p.tiles, 0);
-        const Word *h_last = ring_l + ((L - 1) & 1) * B * H;
         for (int64_t i = threadIdx.x; i < (b_hi - b_lo) * nu; i += kThreads) {
-            const int64_t bb = b_lo + i / nu, j = j0 + i % nu;
+            const int64_t bb = b_lo + i / nu, jj = i % nu, e = bb * H + j0 + jj;
             if (ly.h_n)
-                ly.h_n[bb * H + j] = get_tagged(h_last + bb * H + j, (unsigned)L);
+                ly.h_n[e] = own_h[(bb - b_lo) * U + jj];
             if (ly.c_n)
-                ly.c_n[bb * H + j] = cst[bb * H + j];
+                ly.c_n[e] = own_c[(bb - b_lo) * U + jj];
         }
     }
 }
@@ -609,7 +691,7 @@ struct BackParams {
     void *dax, *dah, *hprev;   // of T: [batch, seqlen, G*hidden] (dah nullptr: the LSTM's is dax), [.., hidden]
     void *dh0, *dc0;           // the layer's [batch, hidden], or nullptr
     int dh0_type, dc0_type;
-    Word *ring;                // [2][batch][G*hidden], tagged, zero at the launch
+    void *ring;                // [2][batch][G*hidden] slot words (the engine's Slot), zero at the launch
     float *dhc, *dcc;          // [batch][hidden]: carried by the unit's owner
     int units, tiles, groups;
     int64_t group_rows;
@@ -618,6 +700,8 @@ struct BackParams {
 template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wave_backward(const BackParams p)
 {
     typedef typename E::V V;
+    typedef typename E::Slot Sl;
+    typedef typename Sl::W W;
     constexpr int BT = E::kBT;
     const int g = blockIdx.x / p.tiles, u = blockIdx.x % p.tiles;
     const int64_t H = p.hidden, L = p.seqlen, B = p.batch;
@@ -625,7 +709,7 @@ template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wa
     const int64_t GH = G * H, S = saved_width(p.cell, H), ld = E::ld(GH);
     const int64_t j0 = (int64_t)u * U;
     const int nu = (int)(H - j0 < U ? H - j0 : U);
-    const BackSmem lay = back_smem(U, ld, BT, sizeof(T), sizeof(V));
+    const BackSmem lay = back_smem(U, ld, BT, sizeof(T), sizeof(V), !std::is_same<V, float>::value);
     unsigned char *smem = dynamic_smem();
     T *wt = reinterpret_cast<T *>(smem + lay.wt);
     V *v = reinterpret_cast<V *>(smem + lay.v);
@@ -645,15 +729,15 @@ template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wa
     T *dax_t = static_cast<T *>(p.dax), *dah_t = static_cast<T *>(p.dah), *hprev_t = static_cast<T *>(p.hprev);
     for (int64_t s = 0; s <= L; s++) {
         const int64_t t = L - 1 - s;
-        const Word *later = p.ring + ((s - 1) & 1) * B * GH;
-        Word *now = p.ring + (s & 1) * B * GH;
+        const W *later = static_cast<const W *>(p.ring) + ((s - 1) & 1) * B * GH;
+        W *now = static_cast<W *>(p.ring) + (s & 1) * B * GH;
         for (int64_t b0 = b_lo; b0 < b_hi; b0 += BT) {
             const int nb = (int)(b_hi - b0 < BT ? b_hi - b0 : BT);
             if (s > 0) {
                 // every gate's gradient at step s - 1 (tag s)
-                batched_tagged<4>(
-                    BT * ld, (unsigned)s,
-                    [&](int64_t i, float &) -> const Word * {
+                batched_tagged<4, Sl>(
+                    BT * ld, Sl::tag_of(s - 1),
+                    [&](int64_t i, float &) -> const W * {
                         const int64_t b = i / ld, k = i % ld;
                         return b < nb && k < GH ? later + (b0 + b) * GH + k : nullptr;
                     },
@@ -686,7 +770,7 @@ template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wa
                 float dax[kMaxGates], dah[kMaxGates];
                 const float direct = cell_backward(p.cell, gt, saved, H, hp, cp, dc, dax, dah);
                 for (int q = 0; q < G; q++) {
-                    put_tagged(now + bb * GH + q * H + j, (unsigned)(s + 1), dah[q]);
+                    put_tagged<Sl>(now + bb * GH + q * H + j, Sl::tag_of(s), dah[q]);
                     dax_t[row * GH + q * H + j] = Elem<T>::store(dax[q]);
                     if (dah_t)
                         dah_t[row * GH + q * H + j] = Elem<T>::store(dah[q]);

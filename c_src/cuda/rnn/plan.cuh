@@ -68,7 +68,8 @@ inline int64_t staged_ld(int64_t k, bool mma) { return mma ? mma_ld(k) : k; }
 // What a step of a persistent launch costs, in ns, to choose between
 // plans: the block's products (CUDA cores: ~128 FMA a clock an SM at half
 // use; tensor cores: ~1024 at half use) and the states every block reads
-// from L2 (8-byte tagged words, ~8 TB/s for the whole chip), over a fixed
+// from L2 (tagged words of 8 bytes, 4 for the tensor cores' 16-bit states;
+// ~8 TB/s for the whole chip), over a fixed
 // ~1 us for the trip the dependency takes. Only the order of plans
 // matters: the constants are an H100/H200's, roughly.
 inline double step_cost(int64_t rows, int64_t k, int64_t group_rows, int bt, int64_t blocks, bool mma)
@@ -76,7 +77,7 @@ inline double step_cost(int64_t rows, int64_t k, int64_t group_rows, int bt, int
     const double tiles = (double)((group_rows + bt - 1) / bt) * bt;
     const double macs = (double)rows * (double)k * tiles;
     const double compute_ns = macs / ((mma ? 512.0 : 64.0) * 1.7);
-    const double traffic_ns = (double)blocks * (double)group_rows * (double)k * 8.0 / 8000.0;
+    const double traffic_ns = (double)blocks * (double)group_rows * (double)k * (mma ? 4.0 : 8.0) / 8000.0;
     return 1000.0 + compute_ns + traffic_ns;
 }
 
@@ -91,6 +92,7 @@ inline WavePlan wave_plan(const Device *d, int gates, int64_t hidden, int64_t ba
 {
     WavePlan best;
     double best_cost = 0;
+    const bool lstm = gates == 4;
     for (int per_sm = 1; per_sm <= 2; per_sm++) {
         const int64_t capacity = (int64_t)d->sm_count * per_sm;
         for (int64_t groups = 1; groups <= batch && groups * layers <= capacity; groups *= 2) {
@@ -104,12 +106,16 @@ inline WavePlan wave_plan(const Device *d, int gates, int64_t hidden, int64_t ba
             p.groups = (int)((batch + p.group_rows - 1) / p.group_rows);
             p.mma = mma;
             p.stage = stage;
-            p.bt = batch_tile(p.group_rows, mma);
             p.blocks = (int64_t)p.groups * layers * p.tiles;
-            p.smem = (size_t)wave_smem((int64_t)gates * p.units, staged_ld(hidden, mma), staged_ld(wmax, mma), p.bt,
-                                       esize, mma ? esize : 4, stage)
-                         .total;
-            if (p.smem > d->shared_per_block_optin || resident_per_sm(d, p.smem) < per_sm)
+            // the widest batch tile that fits, down to the smallest
+            for (p.bt = batch_tile(p.group_rows, mma); p.bt >= (mma ? 8 : 1); p.bt = p.bt > 4 ? p.bt / 2 : p.bt / 4) {
+                p.smem = (size_t)wave_smem((int64_t)gates * p.units, staged_ld(hidden, mma), staged_ld(wmax, mma), p.bt,
+                                           esize, mma ? esize : 4, stage, mma, p.group_rows * p.units, lstm)
+                             .total;
+                if (p.smem <= d->shared_per_block_optin && resident_per_sm(d, p.smem) >= per_sm)
+                    break;
+            }
+            if (p.bt < (mma ? 8 : 1))
                 continue;
             const double cost = step_cost((int64_t)gates * p.units, hidden + wmax, p.group_rows, p.bt, p.blocks, mma);
             if (!best.fits || cost < best_cost) {
@@ -138,10 +144,14 @@ inline WavePlan back_plan(const Device *d, int gates, int64_t hidden, int64_t ba
             p.groups = (int)((batch + p.group_rows - 1) / p.group_rows);
             p.mma = mma;
             p.stage = true;
-            p.bt = batch_tile(p.group_rows, mma);
             p.blocks = (int64_t)p.groups * p.tiles;
-            p.smem = (size_t)back_smem(p.units, staged_ld(gates * hidden, mma), p.bt, esize, mma ? esize : 4).total;
-            if (p.smem > d->shared_per_block_optin || resident_per_sm(d, p.smem) < per_sm)
+            for (p.bt = batch_tile(p.group_rows, mma); p.bt >= (mma ? 8 : 1); p.bt = p.bt > 4 ? p.bt / 2 : p.bt / 4) {
+                p.smem = (size_t)back_smem(p.units, staged_ld(gates * hidden, mma), p.bt, esize, mma ? esize : 4, mma)
+                             .total;
+                if (p.smem <= d->shared_per_block_optin && resident_per_sm(d, p.smem) >= per_sm)
+                    break;
+            }
+            if (p.bt < (mma ? 8 : 1))
                 continue;
             const double cost = step_cost(p.units, gates * hidden, p.group_rows, p.bt, p.blocks, mma);
             if (!best.fits || cost < best_cost) {
@@ -268,14 +278,20 @@ struct BackwardPlan {
     WavePlan wave;
 };
 
-inline int plan_backward(const Device *d, const fx_rnn_dims &n, int64_t esize, int path, BackwardPlan *bp,
+// The backward's products take the tensor cores for bf16 only: they round
+// the gate gradients to the weights' type, and f16's five exponent bits
+// flush the gradients that shrink step by step back to zero (the CUDA
+// cores keep them in f32).
+inline int plan_backward(const Device *d, const fx_rnn_dims &n, fx_dtype dtype, int path, BackwardPlan *bp,
                          fx_status *st)
 {
+    const int64_t esize = (int64_t)fx_dtype_size(dtype);
     *bp = BackwardPlan{};
     const int kind = FX_RNN_PATH_KIND(path);
     if (kind == FX_RNN_PATH_STEPWISE)
         return FX_OK;
-    bp->wave = back_plan(d, fx_rnn_gates(n.cell), n.hidden, n.batch, esize, use_mma(n, esize, path, false));
+    bp->wave = back_plan(d, fx_rnn_gates(n.cell), n.hidden, n.batch, esize,
+                         dtype == FX_BF16 && use_mma(n, esize, path, false));
     if (bp->wave.fits) {
         bp->kind = Kind::kPersistent;
         return FX_OK;
@@ -306,8 +322,11 @@ inline size_t elems(int64_t a, int64_t b, size_t esize) { return fx_size_mul((in
 // The forward's pieces, in the launcher's order.
 struct FwdPieces {
     Pieces p;
-    int ws, gx, inter, ring, cstate, reads, h, h_ab, gh, c;
+    int ws, gx, inter, ring, reads, h, h_ab, gh, c;
 };
+
+// The bytes of a tagged word of the engine a plan takes.
+inline size_t slot_bytes(bool mma) { return mma ? 4 : 8; }
 
 inline FwdPieces forward_pieces(const fx_rnn_dims &n, const ForwardPlan &fp, size_t esize, bool step)
 {
@@ -325,9 +344,8 @@ inline FwdPieces forward_pieces(const fx_rnn_dims &n, const ForwardPlan &fp, siz
         groups = fp.rest.groups;
     if (persistent && fp.last.groups > groups)
         groups = fp.last.groups;
-    // the tagged states' ring (8 bytes a word) and the layers' read counters
-    f.ring = f.p.add(elems(wave * 2 * B, H, 8));
-    f.cstate = f.p.add(n.cell == FX_RNN_LSTM ? elems(wave * B, H, 4) : 0);
+    // the tagged states' ring and the layers' read counters
+    f.ring = f.p.add(elems(wave * 2 * B, H, slot_bytes(persistent && fp.first.mma)));
     f.reads = f.p.add(elems(groups * wave, 1, sizeof(unsigned)));
     const bool stepwise = !persistent;
     f.h = f.p.add(stepwise && !step ? elems(B, H, 4) : 0);
@@ -357,7 +375,7 @@ inline BwdPieces backward_pieces(const fx_rnn_dims &n, const BackwardPlan &bp, s
     f.dout = f.p.add(n.layers > 1 ? elems(2 * BL, H, 4) : 0);
     f.dhc = f.p.add(elems(B, H, 4));
     f.dcc = f.p.add(n.cell == FX_RNN_LSTM ? elems(B, H, 4) : 0);
-    f.ring = f.p.add(persistent ? elems(2 * B, G * H, 8) : 0); // tagged words
+    f.ring = f.p.add(persistent ? elems(2 * B, G * H, slot_bytes(bp.wave.mma)) : 0); // tagged words
     // stepwise with a 16-bit T: the recurrent GEMM in f32 (W_hh widened)
     const bool wide = !persistent && esize != 4;
     f.w32 = f.p.add(wide ? elems(G * H, H, 4) : 0);
