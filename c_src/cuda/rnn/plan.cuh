@@ -74,11 +74,12 @@ inline int64_t staged_ld(int64_t k, bool mma) { return mma ? mma_ld(k) : k; }
 // matters: the constants are an H100/H200's, roughly.
 inline double step_cost(int64_t rows, int64_t k, int64_t group_rows, int bt, int64_t blocks, bool mma)
 {
-    const double tiles = (double)((group_rows + bt - 1) / bt) * bt;
-    const double macs = (double)rows * (double)k * tiles;
+    const double tiles = (double)((group_rows + bt - 1) / bt);
+    const double macs = (double)rows * (double)k * tiles * bt;
     const double compute_ns = macs / ((mma ? 512.0 : 64.0) * 1.7);
     const double traffic_ns = (double)blocks * (double)group_rows * (double)k * (mma ? 4.0 : 8.0) / 8000.0;
-    return 1000.0 + compute_ns + traffic_ns;
+    // each batch tile's loads and barriers: ~0.4 us of latency
+    return 1000.0 + 400.0 * tiles + compute_ns + traffic_ns;
 }
 
 // A launch of `layers` layers of `hidden` units over `batch` rows on d:
@@ -189,6 +190,21 @@ inline const WavePlan &chunk_plan(const ForwardPlan &fp, const fx_rnn_dims &n, i
     return l0 + fp.wave <= n.layers ? fp.rest : fp.last;
 }
 
+// The persistent path's time (ns): each chunk's steps (its sequence plus
+// its wavefront's depth) at its plan's step_cost.
+inline double persistent_cost(const ForwardPlan &fp, const fx_rnn_dims &n)
+{
+    double total = 0;
+    for (int64_t l0 = 0; l0 < n.layers;) {
+        const WavePlan &w = chunk_plan(fp, n, l0);
+        const int gates = fx_rnn_gates(n.cell);
+        total += (double)(n.seqlen + w.layers - 1) *
+                 step_cost((int64_t)gates * w.units, n.hidden + w.wmax, w.group_rows, w.bt, w.blocks, w.mma);
+        l0 += w.layers;
+    }
+    return total;
+}
+
 inline int forced_unfit(const fx_rnn_dims &n, const Device *d, int path, const char *op, fx_status *st)
 {
     return fx_fail(st, FX_EBADARG,
@@ -219,6 +235,20 @@ inline bool use_mma(const fx_rnn_dims &n, int64_t esize, int path, bool step)
     const int kind = FX_RNN_PATH_KIND(path);
     return kind == FX_RNN_PATH_PERSISTENT_MMA || (kind == FX_RNN_PATH_AUTO && n.batch >= 16);
 }
+
+// The stepwise path's time (ns) for the recurrences of every layer: per
+// step a GEMM (cuBLAS: ~25 T FMA/s in f32, ~300 T on the tensor cores)
+// and a pointwise kernel, ~6 us of latency for the two.
+inline double stepwise_cost(const fx_rnn_dims &n, int64_t esize, int64_t hidden, bool forward)
+{
+    const double gh = (double)fx_rnn_gates(n.cell) * hidden;
+    const double macs = (double)n.batch * gh * hidden, rate = esize == 4 ? 25e3 : 300e3;
+    const double pointwise = (double)n.batch * gh * (forward ? 8.0 : 16.0) / 3000.0;
+    return (double)n.layers * n.seqlen * (6000.0 + macs / rate + pointwise);
+}
+
+struct ForwardPlan;
+inline double persistent_cost(const ForwardPlan &fp, const fx_rnn_dims &n);
 
 // Every chunk of `wave` layers planned; false where one does not fit.
 inline bool plan_waves(const Device *d, const fx_rnn_dims &n, int64_t esize, bool step, bool stage, bool mma,
@@ -266,8 +296,15 @@ inline int plan_forward(const Device *d, const fx_rnn_dims &n, int64_t esize, in
     const int widest = (path & FX_RNN_PATH_NO_WAVEFRONT) ? 1 : (int)(n.layers < kMaxWave ? n.layers : kMaxWave);
     for (int staged = 1; staged >= (step ? 0 : 1); staged--)
         for (int wave = widest; wave >= 1; wave = wave > 1 ? 1 : 0)
-            if (plan_waves(d, n, esize, step, staged, mma, wave, fp))
+            if (plan_waves(d, n, esize, step, staged, mma, wave, fp)) {
+                // AUTO: the stepwise path where its GEMMs (at cuBLAS's rate)
+                // would take less than the persistent kernel's products
+                // (large batches in f32)
+                if (kind == FX_RNN_PATH_AUTO && !step &&
+                    stepwise_cost(n, esize, n.hidden, true) < persistent_cost(*fp, n))
+                    *fp = ForwardPlan{};
                 return FX_OK;
+            }
     if (kind != FX_RNN_PATH_AUTO)
         return forced_unfit(n, d, path, step ? "step" : "forward", st);
     return FX_OK;
@@ -292,7 +329,11 @@ inline int plan_backward(const Device *d, const fx_rnn_dims &n, fx_dtype dtype, 
         return FX_OK;
     bp->wave = back_plan(d, fx_rnn_gates(n.cell), n.hidden, n.batch, esize,
                          dtype == FX_BF16 && use_mma(n, esize, path, false));
-    if (bp->wave.fits) {
+    const WavePlan &w = bp->wave;
+    if (w.fits && (kind != FX_RNN_PATH_AUTO ||
+                   (double)(n.seqlen + 1) * n.layers *
+                           step_cost(w.units, fx_rnn_gates(n.cell) * n.hidden, w.group_rows, w.bt, w.blocks, w.mma) <=
+                       stepwise_cost(n, esize, n.hidden, false))) {
         bp->kind = Kind::kPersistent;
         return FX_OK;
     }
