@@ -225,22 +225,24 @@ template <int N, typename LOAD, typename STORE> __device__ __forceinline__ void 
     }
 }
 
-// dst(i, v) for i < n, v the value of a tagged word (src(i) gives its
-// address, or nullptr with the value in `imm`) once it carries `tag`; N
-// loads a thread in flight.
-template <int N, class S, typename SRC, typename DST>
-__device__ __forceinline__ void batched_tagged(int64_t n, unsigned tag, SRC src, DST dst)
+// dst(i, v) for i < n, v the value of a tagged word once it carries its
+// step's tag (src(i, imm, tag) gives the word's address and sets the tag,
+// or gives nullptr with the value in `imm`); N loads a thread in flight,
+// all issued before the first is waited for.
+template <int N, class S, typename SRC, typename DST> __device__ __forceinline__ void batched_tagged(int64_t n, SRC src, DST dst)
 {
     typedef typename S::W W;
     for (int64_t base = threadIdx.x; base < n; base += (int64_t)kThreads * N) {
         const W *at[N];
         float imm[N];
+        unsigned tag[N];
         W w[N];
 #pragma unroll
         for (int u = 0; u < N; u++) {
             const int64_t i = base + (int64_t)u * kThreads;
             imm[u] = 0.f;
-            at[u] = i < n ? src(i, imm[u]) : nullptr;
+            tag[u] = 0;
+            at[u] = i < n ? src(i, imm[u], tag[u]) : nullptr;
             w[u] = at[u] ? load_relaxed_word(at[u]) : 0;
         }
 #pragma unroll
@@ -250,10 +252,10 @@ __device__ __forceinline__ void batched_tagged(int64_t n, unsigned tag, SRC src,
                 continue;
             if (!at[u])
                 dst(i, imm[u]);
-            else if (S::tag(w[u]) == tag)
+            else if (S::tag(w[u]) == tag[u])
                 dst(i, S::value(w[u]));
             else
-                dst(i, get_tagged<S>(at[u], tag));
+                dst(i, get_tagged<S>(at[u], tag[u]));
         }
     }
 }
@@ -597,31 +599,36 @@ template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wa
             const int nb = (int)(b_hi - b0 < BT ? b_hi - b0 : BT);
             // the batch tile's h_{t-1} (tag t) and input (the layer below's
             // h_t, tag t + 1), zero past the tile and past K
+            // one pass over both, so that their loads are in flight together
+            const int64_t nv = BT * ld_h, nin = proj ? BT * ld_w : 0;
             batched_tagged<4, Sl>(
-                BT * ld_h, Sl::tag_of(t - 1),
-                [&](int64_t i, float &imm) -> const W * {
-                    const int64_t b = i / ld_h, k = i % ld_h, bb = b0 + b;
-                    if (b >= nb || k >= H)
+                nv + nin,
+                [&](int64_t i, float &imm, unsigned &tag) -> const W * {
+                    if (i < nv) {
+                        const int64_t b = i / ld_h, k = i % ld_h, bb = b0 + b;
+                        if (b >= nb || k >= H)
+                            return nullptr;
+                        tag = Sl::tag_of(t - 1);
+                        if (t > 0)
+                            return h_prev + bb * H + k;
+                        imm = ly.h0 ? load_any(ly.h0, ly.h0_type, bb * H + k) : 0.f;
                         return nullptr;
-                    if (t > 0)
-                        return h_prev + bb * H + k;
-                    imm = ly.h0 ? load_any(ly.h0, ly.h0_type, bb * H + k) : 0.f;
+                    }
+                    const int64_t b = (i - nv) / ld_w, k = (i - nv) % ld_w, bb = b0 + b;
+                    if (b >= nb || k >= K)
+                        return nullptr;
+                    tag = Sl::tag_of(t);
+                    if (below)
+                        return below + bb * H + k;
+                    imm = load_elem(static_cast<const T *>(p.x), (bb * L + t) * K + k);
                     return nullptr;
                 },
-                [&](int64_t i, float val) { v[i] = E::to_v(val); });
-            if (proj)
-                batched_tagged<4, Sl>(
-                    BT * ld_w, Sl::tag_of(t),
-                    [&](int64_t i, float &imm) -> const W * {
-                        const int64_t b = i / ld_w, k = i % ld_w, bb = b0 + b;
-                        if (b >= nb || k >= K)
-                            return nullptr;
-                        if (below)
-                            return below + bb * H + k;
-                        imm = load_elem(static_cast<const T *>(p.x), (bb * L + t) * K + k);
-                        return nullptr;
-                    },
-                    [&](int64_t i, float val) { vin[i] = E::to_v(val); });
+                [&](int64_t i, float val) {
+                    if (i < nv)
+                        v[i] = E::to_v(val);
+                    else
+                        vin[i - nv] = E::to_v(val);
+                });
             __syncthreads();
             E::product(hh_base, hh_gate, hh_ld, U, nu, rows, (int)H, v, (int)ld_h, pre_h, part);
             if (proj)
@@ -736,9 +743,10 @@ template <typename T, class E> __global__ void __launch_bounds__(kThreads, 2) wa
             if (s > 0) {
                 // every gate's gradient at step s - 1 (tag s)
                 batched_tagged<4, Sl>(
-                    BT * ld, Sl::tag_of(s - 1),
-                    [&](int64_t i, float &) -> const W * {
+                    BT * ld,
+                    [&](int64_t i, float &, unsigned &tag) -> const W * {
                         const int64_t b = i / ld, k = i % ld;
+                        tag = Sl::tag_of(s - 1);
                         return b < nb && k < GH ? later + (b0 + b) * GH + k : nullptr;
                     },
                     [&](int64_t i, float val) { v[i] = E::to_v(val); });
