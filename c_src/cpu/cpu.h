@@ -22,6 +22,7 @@
 extern const struct fx_ssm_ops fx_cpu_ssm_ops;
 extern const struct fx_linrec_ops fx_cpu_linrec_ops;
 extern const struct fx_optim_ops fx_cpu_optim_ops;
+extern const struct fx_rnn_ops fx_cpu_rnn_ops;
 extern const struct fx_linear_ops fx_cpu_linear_ops;
 extern const struct fx_norm_ops fx_cpu_norm_ops;
 extern const struct fx_conv_ops fx_cpu_conv_ops;

@@ -38,6 +38,8 @@ extern const struct fx_linear_ops linear_ops;
 extern const struct fx_norm_ops norm_ops;
 // conv.cu
 extern const struct fx_conv_ops conv_ops;
+// rnn.cu
+extern const struct fx_rnn_ops rnn_ops;
 
 } // namespace fx::cuda
 

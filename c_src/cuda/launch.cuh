@@ -65,6 +65,40 @@ int launch(const Run &r, int64_t grid, int threads, const char *name, fx_status 
     return check_launch(r.d, name, st);
 }
 
+// KERNEL as a cooperative grid (cudaLaunchCooperativeKernel), opted in for
+// its `smem` bytes: every block resident at once, which a kernel whose
+// blocks wait for each other (the persistent recurrences' grid barriers)
+// needs. Where they cannot all be resident the launch fails
+// (cudaErrorCooperativeLaunchTooLarge) and runs nothing.
+template <auto KERNEL, class... P>
+int launch_cooperative(const Run &r, int64_t grid, int threads, size_t smem, const char *name, fx_status *st,
+                       const P &...params)
+{
+    if (opt_in_smem<KERNEL>(r.d, smem, name, st))
+        return st->code;
+    // All of the SM's unified memory as shared memory, so that the blocks
+    // the plan counted on (two of them where their shared memory allows)
+    // are what the residency check of the launch finds. Once per device
+    // and kernel (racing threads set the same value).
+    static std::atomic<bool> carved[FX_CUDA_MAX_DEVICES];
+    if (!carved[r.d->ordinal].load(std::memory_order_acquire)) {
+        const cudaError_t err = cudaFuncSetAttribute(KERNEL, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                     (int)cudaSharedmemCarveoutMaxShared);
+        if (err != cudaSuccess) {
+            char what[96];
+            snprintf(what, sizeof what, "cudaFuncSetAttribute carveout (%s)", name);
+            return fail(r.d, err, what, st);
+        }
+        carved[r.d->ordinal].store(true, std::memory_order_release);
+    }
+    void *args[] = {const_cast<void *>(static_cast<const void *>(&params))...};
+    FX_CUDA_TRY(r.d,
+                cudaLaunchCooperativeKernel(reinterpret_cast<const void *>(KERNEL), dim3((unsigned)grid),
+                                            dim3((unsigned)threads), args, smem, r.stream),
+                name, st);
+    return FX_OK;
+}
+
 // `bytes` of zeros at dst, stream-ordered.
 static inline int fill_zero(const Run &r, void *dst, size_t bytes, const char *what, fx_status *st)
 {

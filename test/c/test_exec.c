@@ -17,13 +17,16 @@
 #include "core/op.h"
 #include "core/ops.h"
 #include "core/optim.h"
+#include "core/rnn.h"
 #include "core/ssm.h"
 #include "fusex_dtype.h"
 #include "testutil.h"
 
 /* ---- lanes: a caller's stream and its scratch ---- */
 
-#define ARENA_BYTES ((size_t)32 << 20)
+/* What the largest op takes: GRU and LSTM keep a GEMM workspace (32 MB
+ * with cuBLASLt) besides their buffers. */
+#define ARENA_BYTES ((size_t)64 << 20)
 
 typedef struct lane {
     fx_device *dev;
@@ -560,6 +563,150 @@ START_TEST(linear_recurrences_on_two_caller_streams)
 }
 END_TEST
 
+/* ---- GRU and LSTM ---- */
+
+typedef struct rnn_run {
+    int cell;
+    int64_t layers, B, L, I, H;
+    pair x, h0, c0, dy, w[2][4];
+    pair y, h_n, c_n, saved, dx, dh0, dc0, dw[2][4];
+    pair sx, sh, sc, sy; /* one step */
+} rnn_run;
+
+static void rnn_make(fx_device *dev, int cell, int64_t layers, int64_t B, int64_t L, int64_t I, int64_t H,
+                     rnn_run *r)
+{
+    memset(r, 0, sizeof *r);
+    *r = (rnn_run){.cell = cell, .layers = layers, .B = B, .L = L, .I = I, .H = H};
+    const fx_dtype f = FX_F32;
+    const int64_t G = fx_rnn_gates(cell), xd[3] = {B, L, I}, yd[3] = {B, L, H}, sd[3] = {layers, B, H};
+    const int64_t x2[2] = {B, I}, y2[2] = {B, H};
+    const double ws = 1.0 / sqrt((double)H);
+    pair_make(dev, f, 3, xd, -1, 1, &r->x);
+    pair_make(dev, f, 3, sd, -1, 1, &r->h0);
+    pair_make(dev, f, 3, yd, -1, 1, &r->dy);
+    pair_out(dev, f, 3, yd, &r->y);
+    pair_out(dev, f, 3, sd, &r->h_n);
+    pair_out(dev, f, 3, xd, &r->dx);
+    pair_out(dev, f, 3, sd, &r->dh0);
+    if (cell == FX_RNN_LSTM) {
+        pair_make(dev, f, 3, sd, -1, 1, &r->c0);
+        pair_out(dev, f, 3, sd, &r->c_n);
+        pair_out(dev, f, 3, sd, &r->dc0);
+        pair_make(dev, f, 3, sd, -1, 1, &r->sc);
+    }
+    for (int64_t l = 0; l < layers; l++) {
+        const int64_t dims[4][2] = {{G * H, l ? H : I}, {G * H, H}, {G * H, 0}, {G * H, 0}};
+        for (int p = 0; p < 4; p++) {
+            pair_make(dev, f, p < 2 ? 2 : 1, dims[p], -ws, ws, &r->w[l][p]);
+            pair_out(dev, f, p < 2 ? 2 : 1, dims[p], &r->dw[l][p]);
+        }
+    }
+    const fx_rnn_dims n = {cell, layers, B, L, I, H};
+    int64_t saved[4];
+    fx_rnn_saved_shape(&n, saved);
+    pair_out(dev, f, 4, saved, &r->saved);
+    pair_make(dev, f, 2, x2, -1, 1, &r->sx);
+    pair_make(dev, f, 3, sd, -1, 1, &r->sh);
+    pair_out(dev, f, 2, y2, &r->sy);
+}
+
+static void rnn_ops(rnn_run *r, bool cpu, lane *l)
+{
+#define T(q) (cpu ? &r->q.cpu : &r->q.dut)
+    const bool lstm = r->cell == FX_RNN_LSTM;
+    fx_rnn_layer layers[2];
+    fx_rnn_layer_grads grads[2];
+    for (int64_t i = 0; i < r->layers; i++) {
+        layers[i] = (fx_rnn_layer){T(w[i][0]), T(w[i][1]), T(w[i][2]), T(w[i][3])};
+        grads[i] = (fx_rnn_layer_grads){T(dw[i][0]), T(dw[i][1]), T(dw[i][2]), T(dw[i][3])};
+    }
+    fx_rnn_inputs in = {.cell = r->cell, .layers = r->layers, .layer = layers, .x = T(x), .h0 = T(h0),
+                        .c0 = lstm ? T(c0) : NULL};
+    fx_status st;
+    fx_status_clear(&st);
+    const fx_exec *ex = l ? lane_exec(l, fx_op_rnn_forward_scratch(&l->ex, &in, true)) : NULL;
+    fx_op_rnn_forward_into(ex, &in, T(y), T(h_n), lstm ? T(c_n) : NULL, T(saved), &st);
+    FX_CK_OK(st);
+    fx_rnn_grad_outs g = {.dx = T(dx), .dh0 = T(dh0), .dc0 = lstm ? T(dc0) : NULL, .layer = grads};
+    ex = l ? lane_exec(l, fx_op_rnn_backward_scratch(&l->ex, &in, true, false, false)) : NULL;
+    fx_op_rnn_backward_into(ex, &in, T(saved), T(dy), NULL, NULL, &g, &st);
+    FX_CK_OK(st);
+    fx_rnn_inputs step = in;
+    step.x = T(sx);
+    step.h0 = step.c0 = NULL;
+    ex = l ? lane_exec(l, fx_op_rnn_step_scratch(&l->ex, &step)) : NULL;
+    fx_op_rnn_step_into(ex, &step, T(sh), lstm ? T(sc) : NULL, T(sy), &st);
+    FX_CK_OK(st);
+#undef T
+}
+
+static void rnn_check(const rnn_run *r)
+{
+    const char *op = fx_rnn_cell_name(r->cell);
+    char what[96];
+    const double sums = sum_tol(r->B * r->L);
+#define CHECK(name, p, tol)                                   \
+    do {                                                      \
+        snprintf(what, sizeof what, "%s %s", op, name);       \
+        pair_check(what, p, tol);                             \
+    } while (0)
+    CHECK("y", &r->y, 1e-5);
+    CHECK("h_n", &r->h_n, 1e-5);
+    CHECK("saved", &r->saved, 1e-5);
+    CHECK("dx", &r->dx, 1e-5);
+    CHECK("dh0", &r->dh0, 1e-5);
+    CHECK("step y", &r->sy, 1e-5);
+    CHECK("step h", &r->sh, 1e-5);
+    if (r->cell == FX_RNN_LSTM) {
+        CHECK("c_n", &r->c_n, 1e-5);
+        CHECK("dc0", &r->dc0, 1e-5);
+        CHECK("step c", &r->sc, 1e-5);
+    }
+    for (int64_t l = 0; l < r->layers; l++)
+        for (int p = 0; p < 4; p++)
+            CHECK("a parameter's gradient", &r->dw[l][p], sums);
+#undef CHECK
+}
+
+static void rnn_free(rnn_run *r)
+{
+    pair *all[] = {&r->x, &r->h0, &r->c0, &r->dy, &r->y, &r->h_n, &r->c_n, &r->saved, &r->dx,
+                   &r->dh0, &r->dc0, &r->sx, &r->sh, &r->sc, &r->sy};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        pair_free(all[i]);
+    for (int l = 0; l < 2; l++)
+        for (int p = 0; p < 4; p++) {
+            pair_free(&r->w[l][p]);
+            pair_free(&r->dw[l][p]);
+        }
+}
+
+/* A GRU on one stream beside an LSTM on another, each op with an arena of
+ * exactly what its query names (the GEMMs' workspace, the tagged states,
+ * the persistent kernel's counters), enqueued in turn. */
+START_TEST(gru_and_lstm_on_two_caller_streams)
+{
+    fx_device *dev = fx_test_device();
+    rnn_run runs[2];
+    lane lanes[2];
+    rnn_make(dev, FX_RNN_GRU, 2, 3, 21, 10, 24, &runs[0]);
+    rnn_make(dev, FX_RNN_LSTM, 1, 2, 9, 7, 13, &runs[1]);
+    for (int i = 0; i < 2; i++)
+        lane_open(dev, &lanes[i]);
+    own_stream_done(dev);
+    for (int i = 0; i < 2; i++)
+        rnn_ops(&runs[i], false, &lanes[i]);
+    for (int i = 0; i < 2; i++) {
+        rnn_ops(&runs[i], true, NULL);
+        lane_wait(&lanes[i]);
+        rnn_check(&runs[i]);
+        lane_close(&lanes[i]);
+        rnn_free(&runs[i]);
+    }
+}
+END_TEST
+
 /* ---- elementwise ops and the optimizers ---- */
 
 START_TEST(elementwise_and_optimizer_on_a_caller_stream)
@@ -864,6 +1011,7 @@ Suite *fx_suite_exec(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, selective_scan_on_two_caller_streams);
     tcase_add_loop_test(tc, linear_recurrences_on_two_caller_streams, 0, FX_LINREC_KIND_COUNT);
+    tcase_add_test(tc, gru_and_lstm_on_two_caller_streams);
     tcase_add_test(tc, elementwise_and_optimizer_on_a_caller_stream);
     tcase_add_loop_test(tc, layers_on_two_caller_streams, 0, fx_op_count());
     tcase_add_test(tc, too_little_scratch_is_refused);

@@ -29,6 +29,7 @@ int main(void)
     srunner_add_suite(sr, fx_suite_optim());
     srunner_add_suite(sr, fx_suite_linrec());
     srunner_add_suite(sr, fx_suite_ssm());
+    srunner_add_suite(sr, fx_suite_rnn());
     srunner_add_suite(sr, fx_suite_exec());
     srunner_add_suite(sr, fx_suite_op());
     srunner_add_suite(sr, fx_suite_linear());

@@ -77,6 +77,7 @@ Suite *fx_suite_pointer(void);
 Suite *fx_suite_optim(void);
 Suite *fx_suite_linrec(void);
 Suite *fx_suite_ssm(void);
+Suite *fx_suite_rnn(void);
 Suite *fx_suite_exec(void);
 Suite *fx_suite_op(void);
 Suite *fx_suite_linear(void);

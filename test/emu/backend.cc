@@ -150,6 +150,7 @@ const char *cudaGetErrorName(cudaError_t err)
     case cudaSuccess: return "cudaSuccess";
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorCooperativeLaunchTooLarge: return "cudaErrorCooperativeLaunchTooLarge";
     default: return "cudaErrorUnknown";
     }
 }
@@ -160,6 +161,7 @@ const char *cudaGetErrorString(cudaError_t err)
     case cudaSuccess: return "no error";
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorCooperativeLaunchTooLarge: return "too many blocks in cooperative launch";
     default: return "unknown error";
     }
 }
@@ -187,6 +189,7 @@ __attribute__((visibility("default"))) const fx_backend *fusex_cuda_backend(void
     table.linear = &fx::cuda::linear_ops;
     table.norm = &fx::cuda::norm_ops;
     table.conv = &fx::cuda::conv_ops;
+    table.rnn = &fx::cuda::rnn_ops;
     return &table;
 }
 

@@ -30,7 +30,9 @@ constexpr int kMaxThreads = 1024;
 constexpr int kNamedBarriers = 16;
 constexpr size_t kCanary = 64;  // bytes past a block's dynamic shared memory, checked after it
 // Spins (__nanosleep, as the look-back waits) while no block of the launch
-// finishes: past this, one is waiting for something that never comes.
+// finishes or opens a __syncthreads: past this, one is waiting for
+// something that never comes. (The blocks of a persistent kernel finish
+// only at its end; one that goes on through its barriers is progressing.)
 constexpr long kSpinLimit = 20000000;
 
 struct pending_copy {
@@ -229,6 +231,7 @@ void open_warp(warp_state &w)
 
 void open_block(block *b)
 {
+    spins = 0;
     b->arrived = 0;
     b->gen++;
     b->count[b->gen & 1] = b->total[b->gen & 1] = 0;
@@ -561,7 +564,7 @@ void copy_wait_all() { land_before(~0u); }
 // ---- launches (run.h) ----
 
 int run_grid(const char *name, int64_t grid, int threads, size_t smem, size_t smem_limit, void (*fn)(void *),
-             void *ctx)
+             void *ctx, int64_t cooperative)
 {
     if (running) // (before the lock: this thread holds it)
         die(std::string(name) + " launched from inside a kernel (" + where(running->blk->index) + ")");
@@ -571,17 +574,24 @@ int run_grid(const char *name, int64_t grid, int threads, size_t smem, size_t sm
         last_error = cudaErrorInvalidConfiguration;
         return last_error;
     }
+    if (cooperative > 0 && grid > cooperative) {
+        last_error = cudaErrorCooperativeLaunchTooLarge;
+        return last_error;
+    }
     launch_name = name;
     launch_fn = fn;
     launch_ctx = ctx;
     grid_dim = dim3((unsigned)grid, 1, 1);
     block_dim = dim3((unsigned)threads, 1, 1);
     host_section.assign(fx_emu_shared_begin, fx_emu_shared_end);
-    const int inflight = random_order() ? 1 + (int)random_below(2 * (unsigned)cfg.blocks) : cfg.blocks;
+    // a cooperative grid is resident whole: its blocks wait for each other
+    const int inflight = cooperative > 0   ? (int)grid
+                         : random_order() ? 1 + (int)random_below(2 * (unsigned)cfg.blocks)
+                                          : cfg.blocks;
     if (cfg.trace)
         fprintf(stderr, "fusex CUDA emulator: %s: %lld blocks of %d threads, %zu bytes of dynamic shared memory, %d in "
-                        "flight\n",
-                name, (long long)grid, threads, smem, inflight);
+                        "flight%s\n",
+                name, (long long)grid, threads, smem, inflight, cooperative > 0 ? " (cooperative)" : "");
     std::vector<block *> live;
     int64_t next = 0;
     size_t turn = 0;

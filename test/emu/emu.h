@@ -65,10 +65,18 @@
 // wait_group (async_copy.cuh), the SFU ops (sfu.cuh: libm), 16-bit types
 // (the CUDA headers' host conversions), launch errors (an empty grid, more
 // than 1024 threads, dynamic shared memory past the device's opt-in or past
-// 48 KB without it: the op fails as on a GPU).
+// 48 KB without it: the op fails as on a GPU); cooperative launches
+// (launch_cooperative: every block of the grid in flight from the start,
+// so blocks that wait for each other at a grid barrier do, and a grid
+// larger than the device keeps resident by threads and shared memory is
+// refused with cudaErrorCooperativeLaunchTooLarge); the tensor-core
+// product mma.sync m16n8k16 (cuda/rnn/mma.cuh: without __CUDA_ARCH__ the
+// lanes exchange their fragments by shuffles in the PTX ISA's layouts).
 //
 // Not emulated: timing and occupancy (only the device record's SM count,
-// which the launchers' tiling reads); the memory model beyond sequential
+// which the launchers' tiling reads, and the residency count a
+// cooperative launch is checked against); thread-block clusters and
+// distributed shared memory; the memory model beyond sequential
 // consistency between yield points (a fiber's loads and stores between two
 // yields are atomic to the others: races inside that window, missing
 // fences and relaxed-ordering effects are invisible); independent thread

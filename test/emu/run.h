@@ -13,9 +13,12 @@ namespace fx_emu {
 // with `smem` bytes of dynamic shared memory a block, and returns when all
 // have finished. A configuration a GPU refuses (an empty or too large grid,
 // more than 1024 threads, `smem` past `smem_limit`) runs nothing; its
-// cudaError_t is returned and kept for take_last_error.
+// cudaError_t is returned and kept for take_last_error. `cooperative`
+// (> 0): a cooperative launch whose device keeps that many blocks
+// resident: every block is in flight from the start (a larger grid is
+// refused, cudaErrorCooperativeLaunchTooLarge).
 int run_grid(const char *name, int64_t grid, int threads, size_t smem, size_t smem_limit, void (*fn)(void *),
-             void *ctx);
+             void *ctx, int64_t cooperative = 0);
 
 // The error of this thread's last refused launch, cleared
 // (cudaGetLastError).

@@ -46,6 +46,26 @@ int emu_launch(const Run &r, int64_t grid, int threads, size_t smem, const char 
     return check_launch(r.d, name, st);
 }
 
+// A cooperative grid (c_src/cuda/launch.cuh): every block in flight at
+// once, so blocks that wait for each other do; a grid larger than the
+// device keeps resident (by threads and shared memory, as a GPU counts
+// them) is refused as cudaLaunchCooperativeKernel refuses it.
+template <auto KERNEL, class... P>
+int launch_cooperative(const Run &r, int64_t grid, int threads, size_t smem, const char *name, fx_status *st,
+                       const P &...params)
+{
+    if (opt_in_smem<KERNEL>(r.d, smem, name, st))
+        return st->code;
+    const int by_threads = r.d->max_threads_per_sm / (threads > 0 ? threads : 1);
+    const int by_smem = (int)((r.d->shared_per_block_optin + 1024) / (smem + 1024));
+    const int64_t resident = (int64_t)r.d->sm_count * (by_threads < by_smem ? by_threads : by_smem);
+    auto thread = [&] { KERNEL(params...); };
+    fx_emu::run_grid(
+        name, grid, threads, smem, emu_opted_bytes<KERNEL>,
+        [](void *body) { (*static_cast<decltype(thread) *>(body))(); }, &thread, resident);
+    return check_launch(r.d, name, st);
+}
+
 template <auto KERNEL, class... P>
 int launch_opted(const Run &r, int64_t grid, int threads, size_t smem, const char *name, fx_status *st,
                  const P &...params)
