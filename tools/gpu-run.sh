@@ -2,6 +2,9 @@
 # One call on the GPU machine does a whole pass: build, the test suites
 # forced onto CUDA, compute-sanitizer, benchmarks. Logs go under $OUT (at
 # most 8 files come back). Steps can be picked: tools/gpu-run.sh build test-c bench
+# Steps replay (the bit-equal suite, three times), kbench (dev/mamba_bench,
+# dev/rnn_bench and its forced paths) and peers (PyTorch's side of those rows)
+# are not in the default pass.
 # Carry .gpu (the BEAM, the Elixir kit) and build/xla_ffi (the XLA FFI
 # headers: the GPU machine cannot fetch them); `setup` unpacks the BEAM.
 set -uo pipefail
@@ -40,6 +43,11 @@ for s in $steps; do
     test-xla) step test-xla make test-xla-c-gpu test-jax-gpu ;;
     sanitize) step sanitize make sanitize ;;
     jax-bench) step jax-bench env PYTHONPATH=python python3 bench/jax_bench.py --out "$OUT/jax.md" ;;
+    replay) step replay bash -c 'for i in 1 2 3; do CK_RUN_SUITE=replay CK_FORK=no FUSEX_PRIV=priv build/fusex_check || exit 1; done' ;;
+    kbench) step kbench bash -c 'make -f dev/Makefile build/mamba_bench build/rnn_bench &&
+                                 FUSEX_PRIV=priv build/mamba_bench && FUSEX_PRIV=priv build/rnn_bench --markdown 1 &&
+                                 for p in 1 2 18 3 19; do FUSEX_PRIV=priv build/rnn_bench --markdown 1 --path $p; done' ;;
+    peers) step peers bash -c 'python3 bench/peers_mamba.py && python3 bench/peers_rnn.py' ;;
     bench) step bench make bench BENCH_ARGS="--device cuda --out $OUT/bench.md ${BENCH_ARGS:-}" ;;
     *) echo "unknown step $s"; failed=1 ;;
     esac
