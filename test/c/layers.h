@@ -5,6 +5,7 @@
 #ifndef FX_TEST_LAYERS_H
 #define FX_TEST_LAYERS_H
 
+#include <math.h>
 #include <stdbool.h>
 
 #include "core/runtime.h"
@@ -26,6 +27,20 @@ double fx_lt_tolerance(fx_dtype t);
         double fx_e_ = fx_rel_l2((got), (want), (n));                                                    \
         ck_assert_msg(fx_e_ <= (tol), "%s: rel-L2 %.3g > %.3g for %s (seed %llu)", (what), fx_e_,        \
                       (double)(tol), (casename), (unsigned long long)fx_test_seed());                    \
+    } while (0)
+
+/* For an output that is a sum of `terms` values of unit scale (the suites
+ * draw their cotangents so): rel-L2 within tol, or an absolute error
+ * within f32's rounding of the terms (1e-6 an element and term), so a sum
+ * that nearly cancels to a small value is not asked a relative accuracy
+ * its terms cannot give. */
+#define FX_LT_CLOSE_SUM(what, got, want, n, terms, tol, casename)                                        \
+    do {                                                                                                 \
+        double fx_d_ = fx_l2_diff((got), (want), (n)), fx_r_ = fx_l2((want), (n));                       \
+        double fx_f_ = (tol) < 1e-4 ? 1e-6 * sqrt((double)(n) * (double)(terms)) : 0;                   \
+        ck_assert_msg(!isinf(fx_d_) && !isnan(fx_d_) && fx_d_ <= (tol) * fx_r_ + fx_f_,                  \
+                      "%s: |diff| %.3g > %.3g |ref| + %.3g (|ref| %.3g) for %s (seed %llu)", (what),     \
+                      fx_d_, (double)(tol), fx_f_, fx_r_, (casename), (unsigned long long)fx_test_seed()); \
     } while (0)
 
 /* A caller's context on dev: a stream of its own where the device has

@@ -211,9 +211,9 @@ static void conv_compare(const conv_case *c, const conv_out *got, const conv_out
     FX_LT_CLOSE("final_state", got->final, want->final, n_state(c), c->type == FX_F64 ? tol : 1e-7, name);
     FX_LT_CLOSE("dx", got->dx, want->dx, n_x(c), tol, name);
     const double wtol = fmax(tol, fx_lt_tolerance(c->w_type));
-    FX_LT_CLOSE("dw", got->dw, want->dw, c->dim * c->width, summed_tolerance(wtol, c->batch * c->seqlen), name);
+    FX_LT_CLOSE_SUM("dw", got->dw, want->dw, c->dim * c->width, c->batch * c->seqlen, summed_tolerance(wtol, c->batch * c->seqlen), name);
     if (has(c, OPT_BIAS))
-        FX_LT_CLOSE("dbias", got->db, want->db, c->dim, summed_tolerance(wtol, c->batch * c->seqlen), name);
+        FX_LT_CLOSE_SUM("dbias", got->db, want->db, c->dim, c->batch * c->seqlen, summed_tolerance(wtol, c->batch * c->seqlen), name);
     if (has(c, OPT_INIT))
         FX_LT_CLOSE("dinitial_state", got->dinit, want->dinit, n_state(c), tol, name);
 }

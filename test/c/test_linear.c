@@ -573,9 +573,9 @@ static void lin_compare(const lin_case *c, int64_t rows, const lin_got *got, con
     FX_LT_CLOSE("y", got->y, y, ny, tol, lin_text(c));
     FX_LT_CLOSE("pre", got->pre, pre, ny, tol, lin_text(c));
     FX_LT_CLOSE("dx", got->dx, dx, rows * c->in, tol, lin_text(c));
-    FX_LT_CLOSE("dw", got->dw, dw, c->out * c->in, summed_tolerance(tol, rows), lin_text(c));
+    FX_LT_CLOSE_SUM("dw", got->dw, dw, c->out * c->in, rows, summed_tolerance(tol, rows), lin_text(c));
     if (c->bias)
-        FX_LT_CLOSE("dbias", got->dbias, dbias, c->out, summed_tolerance(c->bias_type == FX_F32 && c->type != FX_F32 ? 1e-2 : tol, rows),
+        FX_LT_CLOSE_SUM("dbias", got->dbias, dbias, c->out, rows, summed_tolerance(c->bias_type == FX_F32 && c->type != FX_F32 ? 1e-2 : tol, rows),
                     lin_text(c));
 }
 

@@ -284,9 +284,9 @@ static void norm_compare(const norm_case *c, const norm_out *got, const norm_out
     FX_LT_CLOSE("rstd", got->rstd, want->rstd, c->rows, 1e-5, name);
     check_ds("dx", c, got->dx, want, tol);
     const double wtol = c->weight_type == FX_F32 && c->type != FX_F32 ? 1e-2 : tol;
-    FX_LT_CLOSE("dweight", got->dw, want->dw, c->hidden, summed_tolerance(fmax(wtol, fx_lt_tolerance(c->weight_type)), c->rows), name);
+    FX_LT_CLOSE_SUM("dweight", got->dw, want->dw, c->hidden, c->rows, summed_tolerance(fmax(wtol, fx_lt_tolerance(c->weight_type)), c->rows), name);
     if (has(c, OPT_BIAS))
-        FX_LT_CLOSE("dbias", got->db, want->db, c->hidden, summed_tolerance(fmax(wtol, fx_lt_tolerance(c->weight_type)), c->rows), name);
+        FX_LT_CLOSE_SUM("dbias", got->db, want->db, c->hidden, c->rows, summed_tolerance(fmax(wtol, fx_lt_tolerance(c->weight_type)), c->rows), name);
     if (has(c, OPT_RESIDUAL))
         check_ds("dresidual", c, got->dres, want, fmax(tol, fx_lt_tolerance(residual_type(c))));
     if (has(c, OPT_GATE))
