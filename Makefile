@@ -25,7 +25,7 @@ ifeq ($(shell uname -m),x86_64)
 LDLIBS     += -lmvec
 endif
 
-CORE_SRC   := $(wildcard c_src/core/*.c) $(wildcard c_src/cpu/*.c)
+CORE_SRC   := $(wildcard c_src/core/*.c) $(wildcard c_src/cpu/*.c) $(wildcard c_src/cpu/fast/*.c)
 NIF_SRC    := $(wildcard c_src/nif/*.c)
 # One unit per family and input type (ssm_f32.cu, linrec_bf16.cu, ...), so
 # that `make -j` compiles them in parallel; the kernels live in headers

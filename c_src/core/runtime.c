@@ -7,7 +7,8 @@
 
 #include "fusex_dtype.h"
 
-#define FX_MAX_DEVICES 17 /* cpu + up to 16 GPUs */
+#define FX_MAX_CPU_DEVICES 2 /* cpu and its reference path */
+#define FX_MAX_DEVICES (FX_MAX_CPU_DEVICES + 16) /* + up to 16 GPUs */
 
 
 static fx_device devices[FX_MAX_DEVICES];
@@ -25,7 +26,7 @@ void fx_device_init(fx_device *dev, fx_device_kind kind, int ordinal, const fx_b
     dev->ordinal = ordinal;
     dev->backend = backend;
     if (kind == FX_DEVICE_CPU)
-        snprintf(dev->label, sizeof dev->label, "cpu");
+        snprintf(dev->label, sizeof dev->label, ordinal == 0 ? "cpu" : "cpu:reference");
     else
         snprintf(dev->label, sizeof dev->label, "cuda:%d", ordinal);
     atomic_init(&dev->allocated, 0);
@@ -107,7 +108,11 @@ static void init_all(void)
     }
     if (init_host->init(&init_status) != FX_OK)
         return;
-    add_device(init_host, FX_DEVICE_CPU, 0);
+    /* The host backend's devices first: "cpu", then where it has one the
+     * reference path (the CPU backend's oracle) as CPU device 1. */
+    int host_count = init_host->device_count();
+    for (int i = 0; i < host_count && device_total < FX_MAX_CPU_DEVICES; i++)
+        add_device(init_host, FX_DEVICE_CPU, i);
     load_cuda(init_priv_dir);
 }
 
@@ -160,6 +165,8 @@ fx_device *fx_device_find(fx_device_kind kind, int ordinal)
 }
 
 fx_device *fx_cpu_device(void) { return device_total > 0 ? &devices[0] : NULL; }
+
+fx_device *fx_cpu_reference_device(void) { return fx_device_find(FX_DEVICE_CPU, 1); }
 
 const fx_exec *fx_exec_resolve(const fx_device *dev, const fx_exec *ex, fx_exec *own, fx_status *st)
 {

@@ -26,7 +26,7 @@ typedef struct fx_freed_range {
 typedef struct fx_device {
     fx_device_kind kind;
     int ordinal;  /* the backend's own device number */
-    char label[24]; /* "cpu", "cuda:0" */
+    char label[24]; /* "cpu", "cpu:reference", "cuda:0" */
     const fx_backend *backend;
     atomic_llong allocated;    /* bytes of fusex-owned buffers */
     atomic_llong peak;
@@ -81,6 +81,9 @@ void fx_device_init(fx_device *dev, fx_device_kind kind, int ordinal, const fx_b
 fx_device *fx_device_at(int index);
 fx_device *fx_device_find(fx_device_kind kind, int ordinal);
 fx_device *fx_cpu_device(void);
+/* The host backend's reference path ("cpu:reference", CPU ordinal 1: the
+ * f64-accumulating oracle), or NULL where the host backend has none. */
+fx_device *fx_cpu_reference_device(void);
 const char *fx_cuda_unavailable_reason(void);
 int fx_device_query(fx_device *dev, fx_device_info *info, fx_status *st);
 

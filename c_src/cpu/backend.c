@@ -1,5 +1,8 @@
-/* The CPU backend: host memory, synchronous ops, OpenMP where it pays. It is
- * always present and is the reference the CUDA backend is tested against. */
+/* The CPU backend: host memory, synchronous ops. Its device 0 ("cpu") runs
+ * the fast f32 kernels of c_src/cpu/fast on their thread pool; device 1
+ * ("{cpu, reference}") the f64-accumulating oracle (OpenMP where it pays),
+ * the reference every other path is tested against. The families without
+ * a fast kernel run the oracle on both. */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +10,7 @@
 #include <unistd.h>
 
 #include "cpu/cpu.h"
+#include "cpu/fast/fast.h"
 #include "fusex_dtype.h"
 #include "fusex_exec.h"
 #include "fusex_linear.h"
@@ -19,20 +23,21 @@ static int cpu_init(fx_status *st)
     return FX_OK;
 }
 
-static void cpu_shutdown(void) {}
+static void cpu_shutdown(void) { fx_pool_shutdown(); }
 
-static int cpu_device_count(void) { return 1; }
+/* The fast path and the oracle (FX_CPU_FAST, FX_CPU_REFERENCE). */
+static int cpu_device_count(void) { return 2; }
 
 static int cpu_device_info(int dev, fx_device_info *info, fx_status *st)
 {
-    (void)dev;
     (void)st;
-    snprintf(info->name, sizeof info->name, "host CPU (%ld cores)", sysconf(_SC_NPROCESSORS_ONLN));
+    snprintf(info->name, sizeof info->name, "host CPU (%ld cores), %s", sysconf(_SC_NPROCESSORS_ONLN),
+             dev == FX_CPU_REFERENCE ? "f64-accumulating reference" : "f32 fast path");
     long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES);
     long page = sysconf(_SC_PAGESIZE);
     info->memory_total = (uint64_t)pages * (uint64_t)page;
     info->memory_free = (uint64_t)avail * (uint64_t)page;
-    info->threads = fx_cpu_threads();
+    info->threads = dev == FX_CPU_REFERENCE ? fx_cpu_threads() : fx_pool_threads();
     return FX_OK;
 }
 
@@ -285,7 +290,7 @@ const fx_backend fx_cpu_backend = {
     .binary = cpu_binary,
     .scale = cpu_scale,
     .ssm = &fx_cpu_ssm_ops,
-    .linrec = &fx_cpu_linrec_ops,
+    .linrec = &fx_cpu_fast_linrec_ops,
     .optim = &fx_cpu_optim_ops,
     .rnn = &fx_cpu_rnn_ops,
     .conv = &fx_cpu_conv_ops,

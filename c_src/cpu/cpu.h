@@ -19,6 +19,14 @@
  * up) outweighs that. */
 #define FX_CPU_PARALLEL_MIN 262144
 
+/* The CPU backend's devices: 0 runs the fast f32 path (c_src/cpu/fast),
+ * 1 the f64-accumulating oracle these files implement, which the tests
+ * compare every other path against. Both are host memory. */
+#define FX_CPU_FAST 0
+#define FX_CPU_REFERENCE 1
+
+/* The oracle's op tables (the fast tables hand f64 and the reference
+ * device's calls to them). */
 extern const struct fx_ssm_ops fx_cpu_ssm_ops;
 extern const struct fx_linrec_ops fx_cpu_linrec_ops;
 extern const struct fx_optim_ops fx_cpu_optim_ops;

@@ -330,7 +330,7 @@ START_TEST(cuda_matches_cpu)
             conv_host h = conv_random(c);
             conv_dev d, cpu;
             conv_upload(dev, &h, &d);
-            conv_upload(fx_cpu_device(), &h, &cpu);
+            conv_upload(fx_test_oracle(), &h, &cpu);
             conv_run(NULL, &d, true);
             conv_run(NULL, &cpu, true);
             conv_out got = conv_read(&d), want = conv_read(&cpu);
@@ -463,7 +463,7 @@ static double cpu_loss(const conv_host *h, double *input, int64_t at, double del
     const double saved = input[at];
     input[at] = saved + delta;
     conv_dev t;
-    conv_upload(fx_cpu_device(), h, &t);
+    conv_upload(fx_test_oracle(), h, &t);
     input[at] = saved;
     fx_status st;
     fx_status_clear(&st);
@@ -489,7 +489,7 @@ START_TEST(cpu_gradients_match_finite_differences)
             conv_case c = conv_of(2, lens[i], 3, widths[i], FX_F64, OPT_BIAS | OPT_INIT | OPT_DFINAL | (silu ? OPT_SILU : 0));
             conv_host h = conv_random(c);
             conv_dev t;
-            conv_upload(fx_cpu_device(), &h, &t);
+            conv_upload(fx_test_oracle(), &h, &t);
             conv_run(NULL, &t, true);
             conv_out got = conv_read(&t);
             struct {

@@ -121,7 +121,7 @@ static void pair_make(fx_device *dev, fx_dtype type, int rank, const int64_t *di
     p->n = numel(rank, dims);
     p->host = values(p->n, lo, hi);
     fx_test_tensor(dev, type, rank, dims, p->host, &p->dut);
-    fx_test_tensor(fx_cpu_device(), type, rank, dims, p->host, &p->cpu);
+    fx_test_tensor(fx_test_oracle(), type, rank, dims, p->host, &p->cpu);
 }
 
 /* An output: poisoned on both devices. */
@@ -130,7 +130,7 @@ static void pair_out(fx_device *dev, fx_dtype type, int rank, const int64_t *dim
     p->n = numel(rank, dims);
     p->host = NULL;
     fx_test_poisoned(dev, type, rank, dims, &p->dut);
-    fx_test_poisoned(fx_cpu_device(), type, rank, dims, &p->cpu);
+    fx_test_poisoned(fx_test_oracle(), type, rank, dims, &p->cpu);
 }
 
 static void pair_free(pair *p)
@@ -724,7 +724,7 @@ START_TEST(elementwise_and_optimizer_on_a_caller_stream)
     pair_out(dev, FX_F32, 2, dims, &scaled);
     pair_out(dev, FX_BF16, 2, dims, &half);
     fx_exec cpu_ex;
-    ck_assert_ptr_nonnull(fx_exec_resolve(fx_cpu_device(), NULL, &cpu_ex, &st));
+    ck_assert_ptr_nonnull(fx_exec_resolve(fx_test_oracle(), NULL, &cpu_ex, &st));
 
     /* AdamW on two parameters, one step on fusex's stream (the table goes
      * up), then three on the lane, against four on the CPU. The lane's
@@ -759,7 +759,7 @@ START_TEST(elementwise_and_optimizer_on_a_caller_stream)
                          FX_OK);
     FX_CK_OK(st);
 
-    const fx_backend *c = fx_cpu_device()->backend;
+    const fx_backend *c = fx_test_oracle()->backend;
     c->binary(&cpu_ex, FX_ADD, &a.cpu, &b.cpu, &sum.cpu, &st);
     c->scale(&cpu_ex, &a.cpu, -1.75, &scaled.cpu, &st);
     c->cast(&cpu_ex, &b.cpu, &half.cpu, &st);
@@ -815,7 +815,7 @@ static void tensor_pair(fx_device *dev, fx_dtype type, int rank, const int64_t *
     int64_t n = numel(rank, dims);
     double *v = values(n, -1, 1);
     fx_test_tensor(dev, type, rank, dims, v, dut);
-    fx_test_tensor(fx_cpu_device(), type, rank, dims, v, cpu);
+    fx_test_tensor(fx_test_oracle(), type, rank, dims, v, cpu);
     free(v);
 }
 
@@ -838,7 +838,7 @@ static void results_of(fx_device *dev, op_pair *p)
             continue;
         }
         fx_test_poisoned(dev, specs[r].dtype, specs[r].rank, specs[r].dims, &p->out_dut[r]);
-        fx_test_poisoned(fx_cpu_device(), specs[r].dtype, specs[r].rank, specs[r].dims, &p->out_cpu[r]);
+        fx_test_poisoned(fx_test_oracle(), specs[r].dtype, specs[r].rank, specs[r].dims, &p->out_cpu[r]);
         p->dut.out[r] = &p->out_dut[r];
         p->cpu.out[r] = &p->out_cpu[r];
     }
@@ -852,7 +852,7 @@ static void layer_make(fx_device *dev, const fx_op_desc *d, int k, layer_run *r)
     const fx_test_sizes sizes = {layer_names[k], 8, layer_leading[k], 2};
     op_pair *f = &r->fwd;
     fx_op_call_init(&f->dut, d, dev);
-    fx_op_call_init(&f->cpu, d, fx_cpu_device());
+    fx_op_call_init(&f->cpu, d, fx_test_oracle());
     for (int a = 0; a < d->nattrs; a++) {
         const fx_op_attr *at = &d->attrs[a];
         double v = at->kind == FX_ATTR_FLAG ? 1 : at->dflt;

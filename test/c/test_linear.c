@@ -662,7 +662,7 @@ START_TEST(cuda_matches_cpu)
             lin_host h = lin_random(c);
             lin_dev d, cpu;
             lin_upload(dev, &h, c.type, c.bias_type, &d);
-            lin_upload(fx_cpu_device(), &h, c.type, c.bias_type, &cpu);
+            lin_upload(fx_test_oracle(), &h, c.type, c.bias_type, &cpu);
             lin_run(NULL, &d);
             lin_run(NULL, &cpu);
             lin_got got = lin_read(&d), want = lin_read(&cpu);
@@ -693,7 +693,7 @@ static double cpu_loss(const lin_host *h, int which, int64_t at, double delta)
     else
         k.bias = nudged;
     lin_dev t;
-    lin_upload(fx_cpu_device(), &k, FX_F64, FX_F64, &t);
+    lin_upload(fx_test_oracle(), &k, FX_F64, FX_F64, &t);
     fx_status st;
     fx_status_clear(&st);
     fx_op_linear_forward_into(NULL, &t.in, &t.y, NULL, &st);
@@ -713,7 +713,7 @@ START_TEST(cpu_gradients_match_finite_differences)
         lin_case c = lin_of(3, 5, 4, FX_F64, act, true);
         lin_host h = lin_random(c);
         lin_dev t;
-        lin_upload(fx_cpu_device(), &h, FX_F64, FX_F64, &t);
+        lin_upload(fx_test_oracle(), &h, FX_F64, FX_F64, &t);
         lin_run(NULL, &t);
         lin_got got = lin_read(&t);
         const double *grads[3] = {got.dx, got.dw, got.dbias};

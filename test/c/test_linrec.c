@@ -414,7 +414,7 @@ static void fd_check(fx_device *cpu, const lr_case *c, lr_host *x, double *value
 
 static void gradient_case(const lr_case *c)
 {
-    fx_device *cpu = fx_cpu_device();
+    fx_device *cpu = fx_test_oracle();
     lr_host x;
     host_random(c, &x);
     int64_t n = seq_len(c), nb = c->B * c->H;
@@ -840,7 +840,7 @@ static void nudge_sigmoid(double *v, int64_t n)
 static void rounding_floor(const lr_case *c, const lr_host *x, const double *dh, const double *ds,
                            const lr_outputs *want, double *floor)
 {
-    fx_device *cpu = fx_cpu_device();
+    fx_device *cpu = fx_test_oracle();
     for (int i = 0; i < want->count; i++)
         floor[i] = 0;
     for (int draw = 0; draw < 3; draw++) {
@@ -890,7 +890,7 @@ static void expect_outputs_close(const lr_case *c, const lr_outputs *got, const 
 
 static void compare_with_cpu(fx_device *dev, const lr_case *c)
 {
-    fx_device *cpu = fx_cpu_device();
+    fx_device *cpu = fx_test_oracle();
     lr_host x;
     host_random(c, &x);
     lr_fwd got, want;
@@ -1206,8 +1206,8 @@ START_TEST(validation_messages)
     }
 
     if (dev->kind != FX_DEVICE_CPU) {
-        fx_test_tensor(fx_cpu_device(), FX_F32, 3, d3, v, &vm.host);
-        fx_test_tensor(fx_cpu_device(), FX_F64, 3, d3, v, &vm.host64);
+        fx_test_tensor(fx_test_oracle(), FX_F32, 3, d3, v, &vm.host);
+        fx_test_tensor(fx_test_oracle(), FX_F64, 3, d3, v, &vm.host64);
         EXPECT_BADARG(forward_h0(GRU(x, &vm.host), NULL, false, 0, o1, o2, &st_),
                       "cand: expected a tensor on cuda:0 (where z_logits is), got one on cpu");
         EXPECT_BADARG(backward_h0(&saved, NULL, &vm.h, &vm.host, NULL, 0, &vm.g, &st_),
@@ -1302,7 +1302,7 @@ static bool caller_gone(void *arg)
 /* A caller that is gone stops the CPU scans early, forward and backward. */
 START_TEST(cpu_scan_stops_when_its_caller_is_gone)
 {
-    fx_device *cpu = fx_cpu_device();
+    fx_device *cpu = fx_test_oracle();
     int64_t dims[3] = {1, 8192, 2};
     double *v = calloc(8192 * 2, sizeof(double));
     fx_tensor a, b, h, state, dh;

@@ -421,7 +421,7 @@ START_TEST(cuda_matches_cpu)
                 norm_host h = norm_random(c);
                 norm_dev d, cpu;
                 norm_upload(dev, &h, &d);
-                norm_upload(fx_cpu_device(), &h, &cpu);
+                norm_upload(fx_test_oracle(), &h, &cpu);
                 norm_run(NULL, &d, has(&c, OPT_DRES_OUT));
                 norm_run(NULL, &cpu, has(&c, OPT_DRES_OUT));
                 norm_out got = norm_read(&d), want = norm_read(&cpu);
@@ -441,7 +441,7 @@ static double cpu_loss(const norm_host *h, double **which, int64_t at, double de
     const double saved = (*which)[at];
     (*which)[at] = saved + delta;
     norm_dev t;
-    norm_upload(fx_cpu_device(), h, &t);
+    norm_upload(fx_test_oracle(), h, &t);
     (*which)[at] = saved;
     fx_status st;
     fx_status_clear(&st);
@@ -464,7 +464,7 @@ START_TEST(cpu_gradients_match_finite_differences)
             norm_case c = norm_of(kind, 3, 6, FX_F64, opts | OPT_BIAS | ((opts & OPT_RESIDUAL) ? OPT_DRES_OUT : 0));
             norm_host h = norm_random(c);
             norm_dev t;
-            norm_upload(fx_cpu_device(), &h, &t);
+            norm_upload(fx_test_oracle(), &h, &t);
             norm_run(NULL, &t, has(&c, OPT_DRES_OUT));
             norm_out got = norm_read(&t);
             struct {

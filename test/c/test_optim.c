@@ -617,7 +617,7 @@ static void free_values(double **v, unsigned n)
  * non-finite gradient and must change nothing. */
 static void run_combo(const combo *c0, unsigned n, const int64_t *sizes, int steps)
 {
-    fx_device *dev = fx_test_device(), *cpu_dev = fx_cpu_device();
+    fx_device *dev = fx_test_device(), *cpu_dev = fx_test_oracle();
     combo c = *c0;
     int64_t total = 0;
     for (unsigned i = 0; i < n; i++)
@@ -747,7 +747,7 @@ END_TEST
  * passes, against the CPU backend. */
 START_TEST(blocks_stride_over_chunks)
 {
-    fx_device *dev = fx_test_device(), *cpu = fx_cpu_device();
+    fx_device *dev = fx_test_device(), *cpu = fx_test_oracle();
     int64_t sizes[3] = {3 * FX_OPTIM_CHUNK + 5, 7, 2 * FX_OPTIM_CHUNK};
     for (int kind = 0; kind < 2; kind++)
         for (int64_t blocks = 1; blocks <= 4; blocks++) {
@@ -974,7 +974,7 @@ static void offset_tensor(fx_device *dev, fx_dtype type, int64_t numel, const do
 
 START_TEST(misaligned_tensors)
 {
-    fx_device *dev = fx_test_device(), *cpu = fx_cpu_device();
+    fx_device *dev = fx_test_device(), *cpu = fx_test_oracle();
     int64_t n = 2 * FX_OPTIM_CHUNK + 37;
     double *pv = malloc(sizeof(double) * (size_t)n), *gv = malloc(sizeof(double) * (size_t)n);
     fx_fill_uniform(pv, n, -1, 1);
@@ -1142,7 +1142,7 @@ START_TEST(init_validation)
     fx_test_tensor(dev, FX_F32, 1, d4, v, &f32b);
     fx_test_tensor(dev, FX_BF16, 1, d3, v, &bf);
     fx_test_tensor(dev, FX_S32, 1, d3, v, &s32);
-    fx_test_tensor(fx_cpu_device(), FX_F64, 1, d3, v, &f64);
+    fx_test_tensor(fx_test_oracle(), FX_F64, 1, d3, v, &f64);
     fx_status st;
     fx_status_clear(&st);
     int64_t d31[2] = {3, 1};
@@ -1171,7 +1171,7 @@ START_TEST(init_validation)
                       "params[0]: expected a tensor distinct from params[1], got overlapping memory");
     if (dev->kind != FX_DEVICE_CPU) {
         fx_tensor host;
-        fx_test_tensor(fx_cpu_device(), FX_F32, 1, d3, v, &host);
+        fx_test_tensor(fx_test_oracle(), FX_F32, 1, d3, v, &host);
         fx_tensor apart[2] = {f32a, host};
         expect_init_error(FX_OPTIM_ADAMW, apart, 2, &cfg,
                           "params[1]: expected a tensor on cuda:0 (where params[0] is), got one on cpu");
@@ -1292,7 +1292,7 @@ START_TEST(step_validation)
     expect_step_error(s, FX_OPTIM_ADAMW, p, 2, g, 2, &neg, "eps: expected a finite number >= 0, got -1");
     if (dev->kind != FX_DEVICE_CPU) {
         fx_tensor host;
-        fx_test_tensor(fx_cpu_device(), FX_F32, 1, d3, v, &host);
+        fx_test_tensor(fx_test_oracle(), FX_F32, 1, d3, v, &host);
         fx_tensor apart[2] = {host, p[1]};
         expect_step_error(s, FX_OPTIM_ADAMW, apart, 2, g, 2, h,
                           "params[0]: expected a tensor on cuda:0 (where the optimizer state is), got one on cpu");

@@ -433,7 +433,7 @@ static void expect_bwd_same(const rnn_case *c, const rnn_bwd *got, const rnn_bwd
 
 static void cpu_case(const rnn_case *c)
 {
-    fx_device *cpu = fx_cpu_device();
+    fx_device *cpu = fx_test_oracle();
     rnn_host x;
     host_random(c, &x);
     rnn_dev d;
@@ -515,7 +515,7 @@ static void fd_check(const rnn_case *c, const char *what, double *v, int64_t n, 
 
 static void gradient_case(const rnn_case *c)
 {
-    fx_device *cpu = fx_cpu_device();
+    fx_device *cpu = fx_test_oracle();
     rnn_host x;
     host_random(c, &x);
     rnn_dev d;
@@ -662,7 +662,7 @@ END_TEST
 
 static void compare_with_cpu(fx_device *dev, const rnn_case *c)
 {
-    fx_device *cpu = fx_cpu_device();
+    fx_device *cpu = fx_test_oracle();
     rnn_host x;
     host_random(c, &x);
     rnn_dev dd, dc;
@@ -1182,7 +1182,7 @@ static bool caller_gone(void *arg)
 START_TEST(cpu_stops_when_its_caller_is_gone)
 {
     rnn_case c = {FX_RNN_GRU, 1, 1, 20000, 2, 3, FX_F32, 0, 0, 1, 0, 1, 0, 0, 0};
-    fx_device *cpu = fx_cpu_device();
+    fx_device *cpu = fx_test_oracle();
     rnn_host x;
     host_random(&c, &x);
     rnn_dev d;

@@ -276,8 +276,8 @@ static fwd_out forward_poisoned(fx_device *dev, const dev_inputs *t, bool want_s
 static fwd_out forward_reference(const host_inputs *h, bool want_state)
 {
     dev_inputs t;
-    dev_upload(fx_cpu_device(), FX_F64, FX_F64, h, &t);
-    fwd_out o = forward_poisoned(fx_cpu_device(), &t, want_state);
+    dev_upload(fx_test_oracle(), FX_F64, FX_F64, h, &t);
+    fwd_out o = forward_poisoned(fx_test_oracle(), &t, want_state);
     dev_release(&t);
     return o;
 }
@@ -909,7 +909,7 @@ static void check_gradients(spec s, bool with_dstate)
     fill_normal(dy, n_btd(&s), FX_F64);
     if (dstate)
         fill_normal(dstate, n_state(&s), FX_F64);
-    grads_out g = backward_on(fx_cpu_device(), &h, FX_F64, FX_F64, dy, dstate);
+    grads_out g = backward_on(fx_test_oracle(), &h, FX_F64, FX_F64, dy, dstate);
     double *inputs[9] = {h.x, h.dt, h.a, h.b, h.c, h.d, h.z, h.bias, h.h0};
     int64_t sizes[9] = {n_btd(&s), n_btd(&s), s.dim * s.dstate, n_bc(&s), n_bc(&s),
                         s.dim, n_btd(&s), s.dim, n_state(&s)};
@@ -1063,7 +1063,7 @@ static void check_backward_case(spec s, fx_dtype type, fx_dtype param_type, bool
     if (dstate)
         fill_normal(dstate, n_state(&s), param_type);
     grads_out got = backward_on(dev, &h, type, param_type, dy, dstate);
-    grads_out want = backward_on(fx_cpu_device(), &h, FX_F64, FX_F64, dy, dstate);
+    grads_out want = backward_on(fx_test_oracle(), &h, FX_F64, FX_F64, dy, dstate);
     int64_t sizes[9] = {n_btd(&s), n_btd(&s), s.dim * s.dstate, n_bc(&s), n_bc(&s),
                         s.dim, n_btd(&s), s.dim, n_state(&s)};
     double tol = type_tolerance(type);
@@ -1250,7 +1250,7 @@ END_TEST
  * touches no memory (the tensors here have none). */
 START_TEST(cpu_scratch_overflow_is_out_of_memory)
 {
-    fx_device *cpu = fx_cpu_device();
+    fx_device *cpu = fx_test_oracle();
     fx_exec ex;
     fx_status st;
     fx_status_clear(&st);
@@ -1292,7 +1292,7 @@ static bool caller_here(void *arg)
  * failing them; one that is still there sees them through. */
 START_TEST(cpu_scan_stops_when_its_caller_is_gone)
 {
-    fx_device *cpu = fx_cpu_device();
+    fx_device *cpu = fx_test_oracle();
     int64_t xd[3] = {1, 4096, 2}, ad[2] = {2, 4}, bd[3] = {1, 4096, 4};
     double *v = calloc(4096 * 4, sizeof(double));
     fx_tensor x, a, b;
@@ -1417,7 +1417,7 @@ START_TEST(validation_messages)
                               : "h0: expected a float type ({f,32}, {bf,16}, {f,16}), got {s,32}");
     if (dev->kind != FX_DEVICE_CPU) {
         fx_tensor host, big_a, f64;
-        tensor_of(fx_cpu_device(), FX_F32, 3, t.x.dims, &host);
+        tensor_of(fx_test_oracle(), FX_F32, 3, t.x.dims, &host);
         in = t.in, in.dt = &host;
         expect_fwd_error(&in, "dt: expected a tensor on cuda:0 (where x is), got one on cpu");
         int64_t dbig[2] = {8, 257};

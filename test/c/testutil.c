@@ -53,6 +53,8 @@ void fx_fill_uniform(double *out, int64_t n, double lo, double hi)
 fx_device *fx_test_device(void)
 {
     const char *want = getenv("FUSEX_DEVICE");
+    if (want && strcmp(want, "cpu:reference") == 0)
+        return fx_test_oracle();
     if (want && strncmp(want, "cuda", 4) == 0) {
         fx_device *dev = fx_device_find(FX_DEVICE_CUDA, 0);
         if (!dev) {
@@ -63,6 +65,16 @@ fx_device *fx_test_device(void)
         return dev;
     }
     return fx_cpu_device();
+}
+
+fx_device *fx_test_oracle(void)
+{
+    fx_device *dev = fx_cpu_reference_device();
+    if (!dev) {
+        fprintf(stderr, "the CPU backend has no reference device\n");
+        abort();
+    }
+    return dev;
 }
 
 int fx_test_quick(void)

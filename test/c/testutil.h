@@ -11,6 +11,10 @@
 /* cpu, or the CUDA device when FUSEX_DEVICE=cuda (the run aborts if it
  * was asked for and is unavailable). */
 fx_device *fx_test_device(void);
+/* The oracle the suites compare against: the CPU backend's reference path
+ * ("cpu:reference", the f64-accumulating kernels), whatever the device
+ * under test. */
+fx_device *fx_test_oracle(void);
 /* True when FUSEX_QUICK is set (compute-sanitizer runs: smaller sweeps). */
 int fx_test_quick(void);
 /* True when the device under test is the CPU emulator of the CUDA kernels
