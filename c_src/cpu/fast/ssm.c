@@ -1,0 +1,583 @@
+/* The fast selective scan (fusex_ssm.h): f32 states and arithmetic.
+ *
+ * Forward and backward hold a block of at most DC channels of one batch row
+ * and one group, with states and A transposed to [dstate][channel]: each
+ * state index is then one loop along contiguous channels (the exp of
+ * delta * A, the update, y's sum), vectorised whatever dstate is. The
+ * columns (batch x channels) are split in contiguous chunks over the pool.
+ *
+ * The backward saves nothing in the forward: per block it reruns the
+ * forward keeping the state entering every CHUNK steps, then walks the
+ * chunks backwards, recomputing each chunk's states and decays (in L1/L2)
+ * and running the adjoint through them. Its tasks are (batch row, group):
+ * a task owns its group's db and dc rows, summed over the group's channels
+ * in f32 per step; da, d and dt_bias's sums per (batch, channel) go
+ * through f64 and are reduced over batch in a fixed order after. The step
+ * runs per channel along dstate (the state's own layout). */
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "cpu/fast/fast.h"
+#include "fusex_ssm.h"
+
+#define DC 64    /* forward: channels a block */
+#define DCB 32   /* backward: channels a block (its chunk's states and decays stay in L2) */
+#define CHUNK 16 /* backward: steps between recomputed states */
+#define POLL 64
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+static int64_t at_btd(const fx_ssm_dims *n, int64_t b, int64_t t, int64_t d)
+{
+    return (b * n->seqlen + t) * n->dim + d;
+}
+
+static int64_t at_btg(const fx_ssm_dims *n, int64_t b, int64_t t, int64_t g)
+{
+    return ((b * n->seqlen + t) * n->groups + g) * n->dstate;
+}
+
+/* State-steps of a call, saturated: the pool's measure of work. */
+static int64_t state_steps(const fx_ssm_dims *n)
+{
+    size_t s = fx_size_mul(n->batch * n->seqlen * n->dim, n->dstate);
+    return s > (size_t)(INT64_MAX / 4) ? INT64_MAX / 4 : (int64_t)s;
+}
+
+/* The block of columns [c, ...) of at most `most` channels that stays in
+ * one batch row and one group. */
+static int64_t block_width(const fx_ssm_dims *n, int64_t c, int64_t hi, int64_t most)
+{
+    int64_t d = c % n->dim, cpg = n->dim / n->groups, group_end = (d / cpg + 1) * cpg;
+    return min64(min64(most, group_end - d), hi - c);
+}
+
+/* delta = softplus(dt + bias) (or dt + bias) of w channels; u keeps dt + bias. */
+static inline void deltas(int64_t w, const float *restrict dt, const float *restrict bias, bool softplus,
+                          float *restrict u, float *restrict delta)
+{
+#pragma omp simd
+    for (int64_t c = 0; c < w; c++) {
+        u[c] = dt[c] + bias[c];
+        delta[c] = softplus ? fx_fast_softplus(u[c]) : u[c];
+    }
+}
+
+/* Per-channel values of a block: A transposed, dt_bias, d. */
+static void load_block_consts(const fx_tensor *A, const fx_tensor *bias, const fx_tensor *dskip, int64_t N,
+                              int64_t d0, int64_t w, int64_t stride, float *At, float *b, float *ds)
+{
+    for (int64_t k = 0; k < N; k++)
+        fx_fast_load_strided(A, d0 * N + k, N, w, At + k * stride);
+    for (int64_t c = 0; c < w; c++) {
+        b[c] = fx_fast_at(bias, d0 + c, 0.0f);
+        ds[c] = fx_fast_at(dskip, d0 + c, 0.0f);
+    }
+}
+
+/* States [N][stride] of w channels into t's [.., channel, N] at the row of
+ * (channel 0) i0, through buf (w * N floats). */
+static void store_states(const fx_tensor *t, int64_t i0, int64_t N, int64_t w, int64_t stride, const float *h,
+                         float *buf)
+{
+    for (int64_t c = 0; c < w; c++)
+        for (int64_t k = 0; k < N; k++)
+            buf[c * N + k] = h[k * stride + c];
+    fx_fast_store(t, i0, w * N, buf);
+}
+
+static void load_states(const fx_tensor *t, int64_t i0, int64_t N, int64_t w, int64_t stride, float *h)
+{
+    for (int64_t k = 0; k < N; k++) {
+        if (t)
+            fx_fast_load_strided(t, i0 + k, N, w, h + k * stride);
+        else
+            memset(h + k * stride, 0, sizeof(float) * (size_t)w);
+    }
+}
+
+/* One step of a block's states: h = exp(delta A) h + delta x b; y += c h.
+ * dec, where given, keeps the decays. */
+static inline void scan_step(int64_t N, int64_t w, int64_t stride, const float *restrict At,
+                             const float *restrict delta, const float *restrict dxb, const float *brow,
+                             const float *crow, const float *from, float *to,
+                             float *restrict dec, float *restrict y)
+{
+    for (int64_t k = 0; k < N; k++) {
+        const float bk = brow[k], ck = crow[k];
+        /* from and to may be one array (an update in place) */
+        const float *restrict Ak = At + k * stride, *hp = from + k * stride;
+        float *hn = to + k * stride;
+        float *restrict dk = dec ? dec + k * stride : NULL;
+        if (dk) {
+#pragma omp simd
+            for (int64_t c = 0; c < w; c++) {
+                float e = fx_fast_exp(delta[c] * Ak[c]);
+                dk[c] = e;
+                hn[c] = e * hp[c] + dxb[c] * bk;
+            }
+        } else if (y) {
+#pragma omp simd
+            for (int64_t c = 0; c < w; c++) {
+                hn[c] = fx_fast_exp(delta[c] * Ak[c]) * hp[c] + dxb[c] * bk;
+                y[c] += ck * hn[c];
+            }
+        } else {
+#pragma omp simd
+            for (int64_t c = 0; c < w; c++)
+                hn[c] = fx_fast_exp(delta[c] * Ak[c]) * hp[c] + dxb[c] * bk;
+        }
+    }
+}
+
+/* ---- forward ---- */
+
+typedef struct fwd_job {
+    const fx_ssm_fwd_args *a;
+    fx_watch *w;
+    atomic_bool out_of_memory;
+} fwd_job;
+
+static size_t fwd_scratch_floats(const fx_ssm_dims *n) { return (size_t)(3 * n->dstate * DC + 2 * n->dstate); }
+
+FX_FAST_KERNEL
+static void fwd_block(const fwd_job *job, int64_t b, int64_t d0, int64_t w, float *work)
+{
+    const fx_ssm_fwd_args *a = job->a;
+    const fx_ssm_dims *n = &a->n;
+    const int64_t N = n->dstate, L = n->seqlen, g = d0 / (n->dim / n->groups);
+    float *At = work, *h = At + N * DC, *tbuf = h + N * DC, *bbuf = tbuf + N * DC, *cbuf = bbuf + N;
+    _Alignas(64) float bias[DC], dskip[DC], u[DC], delta[DC], dxb[DC], y[DC];
+    _Alignas(64) float xbuf[DC], dtbuf[DC], zbuf[DC], ybuf[DC];
+    load_block_consts(a->a, a->dt_bias, a->d, N, d0, w, DC, At, bias, dskip);
+    load_states(a->h0, (b * n->dim + d0) * N, N, w, DC, h);
+    const int64_t nsaved = a->saved ? a->saved->dims[1] : 0;
+    for (int64_t t = 0; t < L; t++) {
+        if (t % POLL == POLL - 1 && fx_watch_gone(job->w))
+            return;
+        const int64_t i0 = at_btd(n, b, t, d0);
+        const float *x = fx_fast_load(a->x, i0, w, xbuf);
+        deltas(w, fx_fast_load(a->dt, i0, w, dtbuf), bias, a->dt_softplus, u, delta);
+        const float *brow = fx_fast_load(a->b, at_btg(n, b, t, g), N, bbuf);
+        const float *crow = fx_fast_load(a->c, at_btg(n, b, t, g), N, cbuf);
+#pragma omp simd
+        for (int64_t c = 0; c < w; c++) {
+            dxb[c] = delta[c] * x[c];
+            y[c] = dskip[c] * x[c];
+        }
+        scan_step(N, w, DC, At, delta, dxb, brow, crow, h, h, NULL, y);
+        float *out = fx_fast_out(a->y, i0, ybuf);
+        if (a->z) {
+            const float *z = fx_fast_load(a->z, i0, w, zbuf);
+#pragma omp simd
+            for (int64_t c = 0; c < w; c++)
+                out[c] = y[c] * fx_fast_silu(z[c]);
+        } else {
+            memcpy(out, y, sizeof(float) * (size_t)w);
+        }
+        if (out == ybuf)
+            fx_fast_store(a->y, i0, w, out);
+        if (nsaved && (t + 1) % a->save_every == 0 && (t + 1) / a->save_every <= nsaved)
+            store_states(a->saved, ((b * nsaved + (t + 1) / a->save_every - 1) * n->dim + d0) * N, N, w, DC, h,
+                         tbuf);
+    }
+    if (a->state)
+        store_states(a->state, (b * n->dim + d0) * N, N, w, DC, h, tbuf);
+}
+
+static void fwd_range(void *ctx, int64_t lo, int64_t hi)
+{
+    fwd_job *job = ctx;
+    const fx_ssm_dims *n = &job->a->n;
+    float *work = fx_fast_scratch(sizeof(float) * fwd_scratch_floats(n));
+    if (!work) {
+        atomic_store(&job->out_of_memory, true);
+        return;
+    }
+    for (int64_t c = lo; c < hi && !fx_watch_gone(job->w);) {
+        int64_t w = block_width(n, c, hi, DC);
+        fwd_block(job, c / n->dim, c % n->dim, w, work);
+        c += w;
+    }
+}
+
+static int fast_forward(const fx_ssm_fwd_args *a, fx_status *st)
+{
+    const fx_ssm_dims *n = &a->n;
+    fx_watch w;
+    fx_watch_begin(&w);
+    fwd_job job = {a, &w, false};
+    fx_pool_run(n->batch * n->dim, 8, state_steps(n), fwd_range, &job);
+    if (atomic_load(&job.out_of_memory))
+        return fx_fail(st, FX_ENOMEM, "out of host memory for a selective_scan's %zu-byte block states",
+                       sizeof(float) * fwd_scratch_floats(n));
+    return fx_watch_end(&w, "selective_scan", st);
+}
+
+/* ---- step: per channel, along dstate ---- */
+
+typedef struct step_job {
+    const fx_ssm_step_args *a;
+    atomic_bool out_of_memory;
+} step_job;
+
+FX_FAST_KERNEL
+static void step_range(void *ctx, int64_t lo, int64_t hi)
+{
+    step_job *job = ctx;
+    const fx_ssm_step_args *a = job->a;
+    const fx_ssm_dims *n = &a->n;
+    const int64_t N = n->dstate, D = n->dim, cpg = D / n->groups;
+    /* rows of dstate: A, b, c and the state, converted where not f32 */
+    float *buf = fx_fast_scratch(sizeof(float) * (size_t)(4 * N));
+    if (!buf) {
+        atomic_store(&job->out_of_memory, true);
+        return;
+    }
+    for (int64_t i = lo; i < hi; i++) {
+        const int64_t b = i / D, d = i % D, row = (b * n->groups + d / cpg) * N;
+        float u = fx_fast_at(a->dt, i, 0.0f) + fx_fast_at(a->dt_bias, d, 0.0f);
+        float delta = a->dt_softplus ? fx_fast_softplus(u) : u;
+        float x = fx_fast_at(a->x, i, 0.0f), dx = delta * x;
+        const float *restrict A = fx_fast_load(a->a, d * N, N, buf);
+        const float *restrict bk = fx_fast_load(a->b, row, N, buf + N);
+        const float *restrict ck = fx_fast_load(a->c, row, N, buf + 2 * N);
+        float *restrict h = a->state->dtype == FX_F32 ? (float *)a->state->data + i * N
+                                                      : (float *)fx_fast_load(a->state, i * N, N, buf + 3 * N);
+        float y = 0.0f;
+#pragma omp simd reduction(+ : y)
+        for (int64_t k = 0; k < N; k++) {
+            h[k] = fx_fast_exp(delta * A[k]) * h[k] + dx * bk[k];
+            y += ck[k] * h[k];
+        }
+        if (a->state->dtype != FX_F32)
+            fx_fast_store(a->state, i * N, N, h);
+        y += fx_fast_at(a->d, d, 0.0f) * x;
+        if (a->z)
+            y *= fx_fast_silu(fx_fast_at(a->z, i, 0.0f));
+        fx_store_f64(a->y->data, a->y->dtype, i, y);
+    }
+}
+
+static int fast_step(const fx_ssm_step_args *a, fx_status *st)
+{
+    const fx_ssm_dims *n = &a->n;
+    step_job job = {a, false};
+    fx_pool_run(n->batch * n->dim, 8, state_steps(n) * 2, step_range, &job);
+    if (atomic_load(&job.out_of_memory))
+        return fx_fail(st, FX_ENOMEM, "out of host memory for a selective_scan_step's rows");
+    return FX_OK;
+}
+
+/* ---- backward ---- */
+
+typedef struct bwd_job {
+    const fx_ssm_bwd_args *a;
+    fx_watch *w;
+    double *da, *dd, *dbias; /* per batch row: [batch][dim][dstate], [batch][dim] twice */
+    atomic_bool out_of_memory;
+} bwd_job;
+
+/* The per-thread workspace of a backward task, in floats (the f64 sums
+ * counted twice). */
+static size_t bwd_scratch_floats(const fx_ssm_dims *n)
+{
+    const int64_t N = n->dstate, L = n->seqlen, chunks = (L + CHUNK - 1) / CHUNK;
+    size_t rows = fx_size_mul(2 * L, N);                            /* db, dc sums */
+    size_t ckpt = fx_size_mul((int64_t)fx_size_mul(chunks + 1, N), DCB); /* states entering each chunk */
+    size_t chunk = fx_size_mul((2 * CHUNK + 1) * N, DCB);           /* a chunk's states and decays */
+    size_t block = fx_size_mul(6 * N, DCB) + (size_t)(4 * N);       /* At, gs, da (f32 and f64), rows */
+    return fx_size_add(fx_size_add(rows, ckpt), fx_size_add(chunk, block));
+}
+
+typedef struct bwd_work {
+    float *db, *dc;      /* [L][N]: the group's sums */
+    float *ck, *hs, *dec; /* states entering chunks; a chunk's states and decays */
+    float *At, *gs, *daf, *bbuf, *cbuf;
+    double *da;
+} bwd_work;
+
+static bwd_work carve(const fx_ssm_dims *n, float *p)
+{
+    const int64_t N = n->dstate, L = n->seqlen, chunks = (L + CHUNK - 1) / CHUNK;
+    bwd_work k;
+    k.db = p;
+    k.dc = k.db + L * N;
+    k.ck = k.dc + L * N;
+    k.hs = k.ck + (chunks + 1) * N * DCB;
+    k.dec = k.hs + (CHUNK + 1) * N * DCB;
+    k.At = k.dec + CHUNK * N * DCB;
+    k.gs = k.At + N * DCB;
+    k.daf = k.gs + N * DCB;
+    k.da = (double *)(k.daf + N * DCB); /* 2 N DCB floats: 8-byte aligned (N DCB is even) */
+    k.bbuf = (float *)(k.da + N * DCB);
+    k.cbuf = k.bbuf + 2 * N;
+    return k;
+}
+
+/* One step's per-channel inputs of a block. */
+typedef struct step_rows {
+    const float *x, *dy, *z;
+    _Alignas(64) float u[DCB], delta[DCB], dxb[DCB];
+    _Alignas(64) float xbuf[DCB], dtbuf[DCB], dybuf[DCB], zbuf[DCB];
+} step_rows;
+
+static void load_rows(const fx_ssm_fwd_args *f, int64_t i0, int64_t w, const float *bias, step_rows *r)
+{
+    r->x = fx_fast_load(f->x, i0, w, r->xbuf);
+    deltas(w, fx_fast_load(f->dt, i0, w, r->dtbuf), bias, f->dt_softplus, r->u, r->delta);
+    for (int64_t c = 0; c < w; c++)
+        r->dxb[c] = r->delta[c] * r->x[c];
+}
+
+FX_FAST_KERNEL
+static void bwd_block(const bwd_job *job, int64_t b, int64_t d0, int64_t w, bwd_work *k)
+{
+    const fx_ssm_bwd_args *a = job->a;
+    const fx_ssm_fwd_args *f = &a->fwd;
+    const fx_ssm_dims *n = &f->n;
+    const int64_t N = n->dstate, L = n->seqlen, D = n->dim, g = d0 / (D / n->groups);
+    const int64_t chunks = (L + CHUNK - 1) / CHUNK, sd = (b * D + d0) * N, NB = N * DCB;
+    _Alignas(64) float bias[DCB], dskip[DCB], dyp[DCB], dxv[DCB], ddelta[DCB], ddt[DCB], dz[DCB];
+    _Alignas(64) float dxbuf[DCB], ddtbuf[DCB], dzbuf[DCB];
+    double dd_sum[DCB] = {0}, dbias_sum[DCB] = {0};
+    step_rows r;
+    load_block_consts(f->a, f->dt_bias, f->d, N, d0, w, DCB, k->At, bias, dskip);
+    load_states(f->h0, sd, N, w, DCB, k->ck);
+    load_states(a->dstate, sd, N, w, DCB, k->gs);
+    memset(k->da, 0, sizeof(double) * (size_t)NB);
+    memset(k->daf, 0, sizeof(float) * (size_t)NB);
+    /* The state entering every chunk: ck[c] for chunk c (hs the running state). */
+    memcpy(k->hs, k->ck, sizeof(float) * (size_t)NB);
+    for (int64_t t = 0; t < L; t++) {
+        if (t % CHUNK == 0 && t > 0)
+            memcpy(k->ck + (t / CHUNK) * NB, k->hs, sizeof(float) * (size_t)NB);
+        if (t % POLL == POLL - 1 && fx_watch_gone(job->w))
+            return;
+        load_rows(f, at_btd(n, b, t, d0), w, bias, &r);
+        const float *brow = fx_fast_load(f->b, at_btg(n, b, t, g), N, k->bbuf);
+        scan_step(N, w, DCB, k->At, r.delta, r.dxb, brow, brow, k->hs, k->hs, NULL, NULL);
+    }
+    for (int64_t c = chunks - 1; c >= 0; c--) {
+        if (fx_watch_gone(job->w))
+            return;
+        const int64_t t0 = c * CHUNK, t1 = min64(t0 + CHUNK, L);
+        memcpy(k->hs, k->ck + c * NB, sizeof(float) * (size_t)NB);
+        for (int64_t t = t0; t < t1; t++) {
+            load_rows(f, at_btd(n, b, t, d0), w, bias, &r);
+            const float *brow = fx_fast_load(f->b, at_btg(n, b, t, g), N, k->bbuf);
+            scan_step(N, w, DCB, k->At, r.delta, r.dxb, brow, brow, k->hs + (t - t0) * NB,
+                      k->hs + (t - t0 + 1) * NB, k->dec + (t - t0) * NB, NULL);
+        }
+        for (int64_t t = t1 - 1; t >= t0; t--) {
+            const int64_t i0 = at_btd(n, b, t, d0), s = t - t0;
+            const float *prev = k->hs + s * NB, *cur = prev + NB, *dec = k->dec + s * NB;
+            load_rows(f, i0, w, bias, &r);
+            const float *brow = fx_fast_load(f->b, at_btg(n, b, t, g), N, k->bbuf);
+            const float *crow = fx_fast_load(f->c, at_btg(n, b, t, g), N, k->cbuf);
+            const float *dy = fx_fast_load(a->dy, i0, w, r.dybuf);
+            if (f->z) {
+                const float *z = fx_fast_load(f->z, i0, w, r.zbuf);
+                _Alignas(64) float ypre[DCB];
+                for (int64_t c2 = 0; c2 < w; c2++)
+                    ypre[c2] = dskip[c2] * r.x[c2];
+                for (int64_t q = 0; q < N; q++) {
+                    const float cq = crow[q], *restrict hq = cur + q * DCB;
+#pragma omp simd
+                    for (int64_t c2 = 0; c2 < w; c2++)
+                        ypre[c2] += cq * hq[c2];
+                }
+#pragma omp simd
+                for (int64_t c2 = 0; c2 < w; c2++) {
+                    float sg = fx_fast_sigmoid(z[c2]);
+                    dyp[c2] = dy[c2] * z[c2] * sg;
+                    dz[c2] = dy[c2] * ypre[c2] * sg * (1.0f + z[c2] * (1.0f - sg));
+                }
+            } else {
+                memcpy(dyp, dy, sizeof(float) * (size_t)w);
+            }
+            for (int64_t c2 = 0; c2 < w; c2++) {
+                dxv[c2] = dskip[c2] * dyp[c2];
+                ddelta[c2] = 0.0f;
+            }
+            float *dbt = k->db + t * N, *dct = k->dc + t * N;
+            for (int64_t q = 0; q < N; q++) {
+                const float bq = brow[q], cq = crow[q];
+                const float *restrict Aq = k->At + q * DCB, *restrict pq = prev + q * DCB;
+                const float *restrict hq = cur + q * DCB, *restrict eq = dec + q * DCB;
+                float *restrict gq = k->gs + q * DCB, *restrict daq = k->daf + q * DCB;
+                const float *restrict delta = r.delta, *restrict x = r.x;
+                float dcs = 0.0f, dbs = 0.0f;
+#pragma omp simd reduction(+ : dcs, dbs)
+                for (int64_t c2 = 0; c2 < w; c2++) {
+                    float gg = cq * dyp[c2] + gq[c2]; /* dL/dh_t */
+                    float ep = eq[c2] * pq[c2];
+                    dcs += dyp[c2] * hq[c2];
+                    ddelta[c2] += gg * (Aq[c2] * ep + bq * x[c2]);
+                    daq[c2] += gg * delta[c2] * ep;
+                    dbs += gg * delta[c2] * x[c2];
+                    dxv[c2] += gg * delta[c2] * bq;
+                    gq[c2] = eq[c2] * gg; /* dL/dh_{t-1} through h_t */
+                }
+                dct[q] += dcs;
+                dbt[q] += dbs;
+            }
+#pragma omp simd
+            for (int64_t c2 = 0; c2 < w; c2++)
+                ddt[c2] = ddelta[c2] * (f->dt_softplus ? (r.u[c2] > 20.0f ? 1.0f : fx_fast_sigmoid(r.u[c2])) : 1.0f);
+            for (int64_t c2 = 0; c2 < w; c2++) {
+                dd_sum[c2] += dyp[c2] * r.x[c2];
+                dbias_sum[c2] += ddt[c2];
+            }
+            float *o = fx_fast_out(a->dx, i0, dxbuf);
+            memcpy(o, dxv, sizeof(float) * (size_t)w);
+            if (o == dxbuf)
+                fx_fast_store(a->dx, i0, w, o);
+            o = fx_fast_out(a->ddt, i0, ddtbuf);
+            memcpy(o, ddt, sizeof(float) * (size_t)w);
+            if (o == ddtbuf)
+                fx_fast_store(a->ddt, i0, w, o);
+            if (a->dz) {
+                o = fx_fast_out(a->dz, i0, dzbuf);
+                memcpy(o, dz, sizeof(float) * (size_t)w);
+                if (o == dzbuf)
+                    fx_fast_store(a->dz, i0, w, o);
+            }
+        }
+        for (int64_t i = 0; i < NB; i++) {
+            k->da[i] += k->daf[i];
+            k->daf[i] = 0.0f;
+        }
+    }
+    for (int64_t c2 = 0; c2 < w; c2++) {
+        for (int64_t q = 0; q < N; q++)
+            job->da[sd + c2 * N + q] = k->da[q * DCB + c2];
+        job->dd[b * D + d0 + c2] = dd_sum[c2];
+        job->dbias[b * D + d0 + c2] = dbias_sum[c2];
+    }
+    if (a->dh0)
+        store_states(a->dh0, sd, N, w, DCB, k->gs, k->hs);
+}
+
+/* Tasks [lo, hi) of (batch row, group). */
+static void bwd_range(void *ctx, int64_t lo, int64_t hi)
+{
+    bwd_job *job = ctx;
+    const fx_ssm_fwd_args *f = &job->a->fwd;
+    const fx_ssm_dims *n = &f->n;
+    const int64_t N = n->dstate, L = n->seqlen, G = n->groups, cpg = n->dim / G;
+    float *p = fx_fast_scratch(sizeof(float) * bwd_scratch_floats(n));
+    if (!p) {
+        atomic_store(&job->out_of_memory, true);
+        return;
+    }
+    bwd_work k = carve(n, p);
+    for (int64_t task = lo; task < hi && !fx_watch_gone(job->w); task++) {
+        const int64_t b = task / G, g = task % G;
+        memset(k.db, 0, sizeof(float) * (size_t)(2 * L * N));
+        for (int64_t d = g * cpg; d < (g + 1) * cpg;) {
+            int64_t w = min64(DCB, (g + 1) * cpg - d);
+            bwd_block(job, b, d, w, &k);
+            d += w;
+        }
+        for (int64_t t = 0; t < L; t++) {
+            fx_fast_store(job->a->db, at_btg(n, b, t, g), N, k.db + t * N);
+            fx_fast_store(job->a->dc, at_btg(n, b, t, g), N, k.dc + t * N);
+        }
+    }
+}
+
+static size_t sums_doubles(const fx_ssm_dims *n)
+{
+    return fx_size_add(fx_size_mul(n->batch * n->dim, n->dstate), fx_size_mul(2 * n->batch, n->dim));
+}
+
+static size_t fast_backward_scratch(const fx_ssm_bwd_args *a)
+{
+    return fx_size_add(FX_SCRATCH_ALIGN,
+                       fx_scratch_piece(fx_size_mul((int64_t)sums_doubles(&a->fwd.n), sizeof(double))));
+}
+
+static int fast_backward(const fx_exec *ex, const fx_ssm_bwd_args *a, fx_status *st)
+{
+    const fx_ssm_dims *n = &a->fwd.n;
+    const int64_t B = n->batch, D = n->dim, N = n->dstate;
+    bwd_job job = {a, NULL, NULL, NULL, NULL, false};
+    if (B * D == 0)
+        return FX_OK;
+    if (fx_scratch_alloc(ex, fx_size_mul((int64_t)sums_doubles(n), sizeof(double)), (void **)&job.da, st))
+        return st->code;
+    job.dd = job.da + B * D * N;
+    job.dbias = job.dd + B * D;
+    fx_watch w;
+    fx_watch_begin(&w);
+    job.w = &w;
+    fx_pool_run(B * n->groups, 1, state_steps(n) * 4, bwd_range, &job);
+    int rc = atomic_load(&job.out_of_memory)
+                 ? fx_fail(st, FX_ENOMEM, "out of host memory for a selective_scan_backward's %zu-byte workspace",
+                           sizeof(float) * bwd_scratch_floats(n))
+                 : fx_watch_end(&w, "selective_scan_backward", st);
+    if (rc == FX_OK) {
+        for (int64_t i = 0; i < D * N; i++) {
+            double sum = 0.0;
+            for (int64_t b = 0; b < B; b++)
+                sum += job.da[b * D * N + i];
+            fx_store_f64(a->da->data, a->da->dtype, i, sum);
+        }
+        for (int64_t d = 0; d < D; d++) {
+            double dd = 0.0, dbias = 0.0;
+            for (int64_t b = 0; b < B; b++) {
+                dd += job.dd[b * D + d];
+                dbias += job.dbias[b * D + d];
+            }
+            if (a->dd)
+                fx_store_f64(a->dd->data, a->dd->dtype, d, dd);
+            if (a->ddt_bias)
+                fx_store_f64(a->ddt_bias->data, a->ddt_bias->dtype, d, dbias);
+        }
+    }
+    fx_scratch_release(ex, job.da);
+    return rc;
+}
+
+/* ---- the table: the oracle for f64 and for the reference device ---- */
+
+static bool oracle(const fx_exec *ex, fx_dtype x_type)
+{
+    return ex->device == FX_CPU_REFERENCE || x_type == FX_F64;
+}
+
+static int cpu_forward(const fx_exec *ex, const fx_ssm_fwd_args *a, fx_status *st)
+{
+    return oracle(ex, a->x->dtype) ? fx_cpu_ssm_ops.forward(ex, a, st) : fast_forward(a, st);
+}
+
+static int cpu_backward(const fx_exec *ex, const fx_ssm_bwd_args *a, fx_status *st)
+{
+    return oracle(ex, a->fwd.x->dtype) ? fx_cpu_ssm_ops.backward(ex, a, st) : fast_backward(ex, a, st);
+}
+
+static int cpu_step(const fx_exec *ex, const fx_ssm_step_args *a, fx_status *st)
+{
+    return oracle(ex, a->x->dtype) ? fx_cpu_ssm_ops.step(ex, a, st) : fast_step(a, st);
+}
+
+static size_t cpu_forward_scratch(const fx_exec *ex, const fx_ssm_fwd_args *a)
+{
+    return oracle(ex, a->x->dtype) ? fx_cpu_ssm_ops.forward_scratch(ex, a) : 0;
+}
+
+static size_t cpu_backward_scratch(const fx_exec *ex, const fx_ssm_bwd_args *a)
+{
+    return oracle(ex, a->fwd.x->dtype) ? fx_cpu_ssm_ops.backward_scratch(ex, a) : fast_backward_scratch(a);
+}
+
+const struct fx_ssm_ops fx_cpu_fast_ssm_ops = {
+    .forward = cpu_forward,
+    .backward = cpu_backward,
+    .step = cpu_step,
+    .forward_scratch = cpu_forward_scratch,
+    .backward_scratch = cpu_backward_scratch,
+    .reads_saved = false,
+    .max_dstate = 0,
+};
