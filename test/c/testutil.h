@@ -88,5 +88,6 @@ Suite *fx_suite_linear(void);
 Suite *fx_suite_norm(void);
 Suite *fx_suite_conv(void);
 Suite *fx_suite_replay(void);
+Suite *fx_suite_fast(void);
 
 #endif

@@ -1,0 +1,655 @@
+/* The CPU fast path (c_src/cpu/fast) against the f64 oracle (the CPU
+ * backend's reference device) on the same inputs: the linear recurrences
+ * and the selective scan, forward, backward and step, every option, awkward
+ * shapes (ones, odd sizes, primes, a long sequence, widths across a
+ * segment's and a block's edge), f32 within 1e-5 rel-L2 and bf16/f16
+ * within 1e-2; outputs start poisoned (NaN), so one the fast path forgets
+ * fails; a NaN input must come out NaN; the maths approximations within
+ * their stated bounds; tiny calls, repeated calls (bit-identical) and
+ * concurrent callers. Always on cpu, whatever FUSEX_DEVICE names. */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/linrec.h"
+#include "core/ssm.h"
+#include "cpu/fast/fast.h"
+#include "fusex_dtype.h"
+#include "testutil.h"
+
+static double tol_of(fx_dtype t) { return t == FX_F32 ? 1e-5 : 1e-2; }
+
+static double round_to(fx_dtype t, double v)
+{
+    char buf[8];
+    fx_store_f64(buf, t, 0, v);
+    return fx_load_f64(buf, t, 0);
+}
+
+/* An input on both devices: the same values (rounded to its type). */
+typedef struct pair {
+    fx_tensor fast, ref;
+    int64_t n;
+} pair;
+
+static void pair_make(pair *p, fx_dtype t, int rank, const int64_t *dims, double lo, double hi)
+{
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++)
+        n *= dims[i];
+    double *v = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    ck_assert_ptr_nonnull(v);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = round_to(t, fx_rand_uniform(lo, hi));
+    fx_test_tensor(fx_cpu_device(), t, rank, dims, v, &p->fast);
+    fx_test_tensor(fx_test_oracle(), t, rank, dims, v, &p->ref);
+    p->n = n;
+    free(v);
+}
+
+/* An output on both devices, every byte 0xFF. */
+static void pair_poisoned(pair *p, fx_dtype t, int rank, const int64_t *dims)
+{
+    fx_test_poisoned(fx_cpu_device(), t, rank, dims, &p->fast);
+    fx_test_poisoned(fx_test_oracle(), t, rank, dims, &p->ref);
+    p->n = p->fast.numel;
+}
+
+static void pair_release(pair *p)
+{
+    fx_tensor_release(&p->fast);
+    fx_tensor_release(&p->ref);
+}
+
+/* The fast path's values against the oracle's. */
+static void pair_compare(const pair *p, double tol, const char *what)
+{
+    double *got = fx_test_read(&p->fast), *want = fx_test_read(&p->ref);
+    double err = fx_rel_l2(got, want, p->n);
+    /* An all-zero reference (a gradient of nothing) compares absolutely. */
+    if (fx_l2(want, p->n) == 0.0)
+        err = fx_l2(got, p->n);
+    free(got);
+    free(want);
+    ck_assert_msg(err <= tol, "%s: rel-L2 %.3g > %.3g (seed %llu)", what, err, tol,
+                  (unsigned long long)fx_test_seed());
+}
+
+/* ---- the approximations ---- */
+
+/* |got - want| in units of the last place of f32 at want. */
+static double ulps(float got, double want)
+{
+    if (isnan(want))
+        return isnan(got) ? 0.0 : INFINITY;
+    if (isinf(want))
+        return (double)got == want ? 0.0 : INFINITY;
+    int e;
+    frexp(want, &e); /* want = m 2^e, m in [0.5, 1): f32's step there is 2^(e - 24) */
+    double ulp = fabs(want) < 1.17549435e-38 ? ldexp(1.0, -149) : ldexp(1.0, e - 24);
+    return fabs((double)got - want) / ulp;
+}
+
+START_TEST(approximations_within_bounds)
+{
+    double worst_exp = 0, worst_log = 0, worst_sig = 0, worst_sp = 0, worst_spa = 0;
+    for (int i = 0; i <= 400000; i++) {
+        float x = (float)(-103.0 + 191.7 * i / 400000.0);
+        double e = exp((double)x);
+        if (e >= 1.17549435e-38) {
+            double u = ulps(fx_fast_exp(x), e);
+            worst_exp = u > worst_exp ? u : worst_exp;
+        } else {
+            ck_assert_msg(fabs(fx_fast_exp(x) - e) <= 1.5e-45, "exp(%g) = %g, want %g", x, fx_fast_exp(x), e);
+        }
+        float y = (float)exp(-80.0 + 160.0 * i / 400000.0);
+        worst_log = fmax(worst_log, ulps(fx_fast_log(y), log((double)y)));
+        float s = (float)(-60.0 + 120.0 * i / 400000.0);
+        worst_sig = fmax(worst_sig, ulps(fx_fast_sigmoid(s), 1.0 / (1.0 + exp(-(double)s))));
+        double sp = s > 20.0f ? (double)s : log1p(exp((double)s));
+        worst_sp = fmax(worst_sp, ulps(fx_fast_softplus(s), sp));
+        double spa = fmax((double)s, 0.0) + log1p(exp(-fabs((double)s)));
+        worst_spa = fmax(worst_spa, ulps(fx_fast_softplus_any(s), spa));
+    }
+    fprintf(stderr, "fast maths, worst ulps: exp %.2f log %.2f sigmoid %.2f softplus %.2f softplus_any %.2f\n",
+            worst_exp, worst_log, worst_sig, worst_sp, worst_spa);
+    ck_assert_msg(worst_exp <= 2.0, "exp: %.2f ulp", worst_exp);
+    ck_assert_msg(worst_log <= 2.0, "log: %.2f ulp", worst_log);
+    ck_assert_msg(worst_sig <= 4.0, "sigmoid: %.2f ulp", worst_sig);
+    ck_assert_msg(worst_sp <= 4.0, "softplus: %.2f ulp", worst_sp);
+    ck_assert_msg(worst_spa <= 4.0, "softplus_any: %.2f ulp", worst_spa);
+    ck_assert(isnan(fx_fast_exp(NAN)) && isnan(fx_fast_log(NAN)) && isnan(fx_fast_sigmoid(NAN)));
+    ck_assert(isnan(fx_fast_softplus(NAN)) && isnan(fx_fast_softplus_any(NAN)));
+    ck_assert(fx_fast_exp(89.0f) == INFINITY && fx_fast_exp(-200.0f) == 0.0f && fx_fast_exp(0.0f) == 1.0f);
+    ck_assert(fx_fast_sigmoid(-200.0f) == 0.0f && fx_fast_sigmoid(200.0f) == 1.0f);
+}
+END_TEST
+
+/* ---- linear recurrences ---- */
+
+typedef struct lr_case {
+    int kind;
+    int64_t B, L, H;
+    fx_dtype type;
+    bool g, reverse, h0, dt_tensor, dstate;
+} lr_case;
+
+typedef struct lr_set {
+    pair seq[FX_LINREC_MAX_SEQ], tau, lam, dt, h0;
+    int nseq;
+} lr_set;
+
+static void lr_make(const lr_case *c, lr_set *s, fx_linrec_inputs *fast, fx_linrec_inputs *ref, int64_t L)
+{
+    memset(s, 0, sizeof *s);
+    memset(fast, 0, sizeof *fast);
+    memset(ref, 0, sizeof *ref);
+    int64_t d3[3] = {c->B, L, c->H}, d1[1] = {c->H}, ddt[3] = {c->B, L, 1}, d2[2] = {c->B, c->H};
+    int steps = L == 0; /* a step's frames are [batch, hidden] */
+    (void)steps;
+    s->nseq = fx_linrec_nseq(c->kind);
+    for (int q = 0; q < s->nseq; q++) {
+        double lo = -3.0, hi = 3.0;
+        if (c->kind == FX_LINREC_SCAN && q == 0)
+            lo = 0.3, hi = 1.0; /* decays */
+        if (L < 0)
+            pair_make(&s->seq[q], c->type, 2, d2, lo, hi);
+        else
+            pair_make(&s->seq[q], c->type, 3, d3, lo, hi);
+        fast->seq[q] = &s->seq[q].fast;
+        ref->seq[q] = &s->seq[q].ref;
+    }
+    if (c->kind == FX_LINREC_LIQUID) {
+        pair_make(&s->tau, c->type, 1, d1, 0.5, 2.0);
+        pair_make(&s->lam, c->type, 1, d1, -1.5, 1.5);
+        fast->tau = &s->tau.fast, ref->tau = &s->tau.ref;
+        fast->lam = &s->lam.fast, ref->lam = &s->lam.ref;
+        if (c->dt_tensor) {
+            int64_t dts[2] = {c->B, 1};
+            if (L < 0)
+                pair_make(&s->dt, c->type, 2, dts, 0.05, 0.6);
+            else
+                pair_make(&s->dt, c->type, 3, ddt, 0.05, 0.6);
+            fast->dt = &s->dt.fast, ref->dt = &s->dt.ref;
+        } else {
+            fast->dt_value = ref->dt_value = 0.3;
+        }
+    }
+    if (c->h0 && L >= 0) {
+        pair_make(&s->h0, c->type, 2, d2, -1.0, 1.0);
+        fast->h0 = &s->h0.fast, ref->h0 = &s->h0.ref;
+    }
+    fast->kind = ref->kind = c->kind;
+    fast->candidate_g = ref->candidate_g = c->g && (c->kind == FX_LINREC_MINGRU || c->kind == FX_LINREC_MINLSTM);
+    fast->reverse = ref->reverse = c->reverse;
+}
+
+static void lr_release(lr_set *s)
+{
+    for (int q = 0; q < s->nseq; q++)
+        pair_release(&s->seq[q]);
+    if (s->tau.fast.buffer)
+        pair_release(&s->tau), pair_release(&s->lam);
+    if (s->dt.fast.buffer)
+        pair_release(&s->dt);
+    if (s->h0.fast.buffer)
+        pair_release(&s->h0);
+}
+
+static void lr_check(const lr_case *c)
+{
+    char what[160];
+    snprintf(what, sizeof what, "%s B%lld L%lld H%lld %s g%d rev%d h0%d dt%d ds%d", fx_linrec_op_name(c->kind),
+             (long long)c->B, (long long)c->L, (long long)c->H, fx_dtype_name(c->type), c->g, c->reverse, c->h0,
+             c->dt_tensor, c->dstate);
+    double tol = tol_of(c->type);
+    lr_set s;
+    fx_linrec_inputs fin, rin;
+    lr_make(c, &s, &fin, &rin, c->L);
+    int64_t d3[3] = {c->B, c->L, c->H}, d2[2] = {c->B, c->H};
+    fx_status st;
+    fx_status_clear(&st);
+    /* forward into poisoned outputs */
+    pair h, state;
+    pair_poisoned(&h, c->type, 3, d3);
+    pair_poisoned(&state, FX_F32, 2, d2);
+    ck_assert_int_eq(fx_op_linrec_forward_into(NULL, &fin, 0, &h.fast, &state.fast, &st), FX_OK);
+    FX_CK_OK(st);
+    ck_assert_int_eq(fx_op_linrec_forward_into(NULL, &rin, 0, &h.ref, &state.ref, &st), FX_OK);
+    char w2[200];
+    snprintf(w2, sizeof w2, "%s: h", what);
+    pair_compare(&h, tol, w2);
+    snprintf(w2, sizeof w2, "%s: state", what);
+    pair_compare(&state, tol, w2);
+    /* backward: gradients poisoned; h is the oracle's on both (the fast
+     * path's own rounding of h is not what is measured) */
+    pair dh, dstate = {0};
+    pair_make(&dh, c->type, 3, d3, -1.0, 1.0);
+    if (c->dstate)
+        pair_make(&dstate, FX_F32, 2, d2, -1.0, 1.0);
+    pair gseq[FX_LINREC_MAX_SEQ], gtau = {0}, glam = {0}, gdt = {0}, gh0 = {0};
+    fx_linrec_grad_outs fg = {0}, rg = {0};
+    for (int q = 0; q < s.nseq; q++) {
+        pair_poisoned(&gseq[q], c->type, s.seq[q].fast.rank, s.seq[q].fast.dims);
+        fg.seq[q] = &gseq[q].fast, rg.seq[q] = &gseq[q].ref;
+    }
+    if (c->kind == FX_LINREC_LIQUID) {
+        pair_poisoned(&gtau, c->type, 1, s.tau.fast.dims);
+        pair_poisoned(&glam, c->type, 1, s.lam.fast.dims);
+        fg.tau = &gtau.fast, rg.tau = &gtau.ref, fg.lam = &glam.fast, rg.lam = &glam.ref;
+        if (c->dt_tensor) {
+            pair_poisoned(&gdt, c->type, 3, s.dt.fast.dims);
+            fg.dt = &gdt.fast, rg.dt = &gdt.ref;
+        }
+    }
+    if (c->h0) {
+        pair_poisoned(&gh0, c->type, 2, d2);
+        fg.h0 = &gh0.fast, rg.h0 = &gh0.ref;
+    }
+    fx_tensor href_on_fast;
+    double *hv = fx_test_read(&h.ref);
+    fx_test_tensor(fx_cpu_device(), c->type, 3, d3, hv, &href_on_fast);
+    free(hv);
+    ck_assert_int_eq(fx_op_linrec_backward_into(NULL, &fin, &href_on_fast, &dh.fast, c->dstate ? &dstate.fast : NULL,
+                                                0, &fg, &st),
+                     FX_OK);
+    FX_CK_OK(st);
+    ck_assert_int_eq(
+        fx_op_linrec_backward_into(NULL, &rin, &h.ref, &dh.ref, c->dstate ? &dstate.ref : NULL, 0, &rg, &st), FX_OK);
+    FX_CK_OK(st);
+    for (int q = 0; q < s.nseq; q++) {
+        snprintf(w2, sizeof w2, "%s: d%s", what, fx_linrec_seq_name(c->kind, q));
+        pair_compare(&gseq[q], tol, w2);
+    }
+    if (c->kind == FX_LINREC_LIQUID) {
+        snprintf(w2, sizeof w2, "%s: dtau", what);
+        pair_compare(&gtau, tol, w2);
+        snprintf(w2, sizeof w2, "%s: da", what);
+        pair_compare(&glam, tol, w2);
+        if (c->dt_tensor) {
+            snprintf(w2, sizeof w2, "%s: ddt", what);
+            pair_compare(&gdt, tol, w2);
+        }
+    }
+    if (c->h0) {
+        snprintf(w2, sizeof w2, "%s: dh0", what);
+        pair_compare(&gh0, tol, w2);
+    }
+    fx_tensor_release(&href_on_fast);
+    for (int q = 0; q < s.nseq; q++)
+        pair_release(&gseq[q]);
+    if (gtau.fast.buffer)
+        pair_release(&gtau), pair_release(&glam);
+    if (gdt.fast.buffer)
+        pair_release(&gdt);
+    if (gh0.fast.buffer)
+        pair_release(&gh0);
+    pair_release(&dh);
+    if (dstate.fast.buffer)
+        pair_release(&dstate);
+    pair_release(&h);
+    pair_release(&state);
+    lr_release(&s);
+}
+
+/* Three steps from one state on both paths. */
+static void lr_check_step(const lr_case *c)
+{
+    int64_t d2[2] = {c->B, c->H};
+    pair state;
+    pair_make(&state, FX_F32, 2, d2, -1.0, 1.0);
+    fx_status st;
+    fx_status_clear(&st);
+    for (int k = 0; k < 3; k++) {
+        lr_set s;
+        fx_linrec_inputs fin, rin;
+        lr_make(c, &s, &fin, &rin, -1);
+        pair h;
+        pair_poisoned(&h, c->type, 2, d2);
+        ck_assert_int_eq(fx_op_linrec_step_into(NULL, &fin, &state.fast, &h.fast, &st), FX_OK);
+        FX_CK_OK(st);
+        ck_assert_int_eq(fx_op_linrec_step_into(NULL, &rin, &state.ref, &h.ref, &st), FX_OK);
+        char what[160];
+        snprintf(what, sizeof what, "%s step %d B%lld H%lld %s", fx_linrec_op_name(c->kind), k, (long long)c->B,
+                 (long long)c->H, fx_dtype_name(c->type));
+        pair_compare(&h, tol_of(c->type), what);
+        pair_compare(&state, tol_of(c->type), what);
+        pair_release(&h);
+        lr_release(&s);
+    }
+    pair_release(&state);
+}
+
+static const int64_t lr_shapes[][3] = {
+    {1, 1, 1}, {1, 32, 512}, {3, 7, 5}, {2, 13, 257}, {1, 1200, 3}, {5, 1, 17}, {2, 3, 300}, {4, 64, 67},
+};
+
+START_TEST(linrec_against_oracle)
+{
+    const fx_dtype types[] = {FX_F32, FX_BF16, FX_F16};
+    int count = 0;
+    for (int kind = 0; kind < FX_LINREC_KIND_COUNT; kind++)
+        for (size_t si = 0; si < sizeof lr_shapes / sizeof lr_shapes[0]; si++)
+            for (int ti = 0; ti < 3; ti++)
+                for (int opt = 0; opt < 4; opt++) {
+                    /* options rotate with the shape so every one meets every kind and type */
+                    int o = (opt + (int)si) % 4;
+                    lr_case c = {kind, lr_shapes[si][0], lr_shapes[si][1], lr_shapes[si][2], types[ti],
+                                 o & 1, (o >> 1) & 1, o != 0, o == 1 || o == 3, o >= 2};
+                    if (ti > 0 && opt > 1)
+                        continue;
+                    lr_check(&c);
+                    count++;
+                }
+    fprintf(stderr, "fast linrec: %d cases against the oracle\n", count);
+}
+END_TEST
+
+START_TEST(linrec_steps_against_oracle)
+{
+    const fx_dtype types[] = {FX_F32, FX_BF16, FX_F16};
+    const int64_t shapes[][2] = {{1, 1}, {3, 5}, {2, 257}, {1, 512}, {16, 33}};
+    for (int kind = 0; kind < FX_LINREC_KIND_COUNT; kind++)
+        for (int si = 0; si < 5; si++)
+            for (int ti = 0; ti < 3; ti++) {
+                lr_case c = {kind, shapes[si][0], 1, shapes[si][1], types[ti], si & 1, false, false, si & 1, false};
+                lr_check_step(&c);
+            }
+}
+END_TEST
+
+/* ---- selective scan ---- */
+
+enum { S_D = 1, S_Z = 2, S_BIAS = 4, S_SOFTPLUS = 8, S_H0 = 16, S_DSTATE = 32 };
+
+typedef struct ssm_case {
+    int64_t B, L, D, N, G;
+    fx_dtype type;
+    unsigned opts;
+} ssm_case;
+
+typedef struct ssm_set {
+    pair x, dt, a, b, c, d, z, bias, h0;
+} ssm_set;
+
+/* L < 0: a step's frames. */
+static void ssm_make(const ssm_case *k, ssm_set *s, fx_ssm_inputs *fi, fx_ssm_inputs *ri, bool step)
+{
+    memset(s, 0, sizeof *s);
+    memset(fi, 0, sizeof *fi);
+    memset(ri, 0, sizeof *ri);
+    int64_t btd[3] = {k->B, k->L, k->D}, bd[2] = {k->B, k->D}, dn[2] = {k->D, k->N}, d1[1] = {k->D};
+    int64_t bc[4] = {k->B, k->L, k->G, k->N}, bcs[3] = {k->B, k->G, k->N};
+    pair_make(&s->x, k->type, step ? 2 : 3, step ? bd : btd, -1.5, 1.5);
+    pair_make(&s->dt, k->type, step ? 2 : 3, step ? bd : btd, (k->opts & S_SOFTPLUS) ? -3.0 : 0.01,
+              (k->opts & S_SOFTPLUS) ? 0.5 : 0.6);
+    pair_make(&s->a, k->type, 2, dn, -4.0, -0.2);
+    pair_make(&s->b, k->type, step ? 3 : 4, step ? bcs : bc, -1.0, 1.0);
+    pair_make(&s->c, k->type, step ? 3 : 4, step ? bcs : bc, -1.0, 1.0);
+    fi->x = &s->x.fast, ri->x = &s->x.ref, fi->dt = &s->dt.fast, ri->dt = &s->dt.ref;
+    fi->a = &s->a.fast, ri->a = &s->a.ref, fi->b = &s->b.fast, ri->b = &s->b.ref;
+    fi->c = &s->c.fast, ri->c = &s->c.ref;
+    if (k->opts & S_D) {
+        pair_make(&s->d, k->type, 1, d1, -1.0, 1.0);
+        fi->d = &s->d.fast, ri->d = &s->d.ref;
+    }
+    if (k->opts & S_Z) {
+        pair_make(&s->z, k->type, step ? 2 : 3, step ? bd : btd, -2.0, 2.0);
+        fi->z = &s->z.fast, ri->z = &s->z.ref;
+    }
+    if (k->opts & S_BIAS) {
+        pair_make(&s->bias, k->type, 1, d1, 0.0, 0.5); /* delta stays positive without softplus */
+        fi->dt_bias = &s->bias.fast, ri->dt_bias = &s->bias.ref;
+    }
+    if ((k->opts & S_H0) && !step) {
+        int64_t st3[3] = {k->B, k->D, k->N};
+        pair_make(&s->h0, k->type, 3, st3, -1.0, 1.0);
+        fi->h0 = &s->h0.fast, ri->h0 = &s->h0.ref;
+    }
+    fi->dt_softplus = ri->dt_softplus = (k->opts & S_SOFTPLUS) != 0;
+}
+
+static void ssm_release(ssm_set *s)
+{
+    pair *all[] = {&s->x, &s->dt, &s->a, &s->b, &s->c, &s->d, &s->z, &s->bias, &s->h0};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i]->fast.buffer)
+            pair_release(all[i]);
+}
+
+static void ssm_check(const ssm_case *k)
+{
+    char what[160], w2[200];
+    snprintf(what, sizeof what, "ssm B%lld L%lld D%lld N%lld G%lld %s opts %#x", (long long)k->B, (long long)k->L,
+             (long long)k->D, (long long)k->N, (long long)k->G, fx_dtype_name(k->type), k->opts);
+    double tol = tol_of(k->type);
+    ssm_set s;
+    fx_ssm_inputs fi, ri;
+    ssm_make(k, &s, &fi, &ri, false);
+    int64_t btd[3] = {k->B, k->L, k->D}, st3[3] = {k->B, k->D, k->N};
+    fx_status st;
+    fx_status_clear(&st);
+    pair y, state;
+    pair_poisoned(&y, k->type, 3, btd);
+    pair_poisoned(&state, FX_F32, 3, st3);
+    ck_assert_int_eq(fx_op_ssm_forward_into(NULL, &fi, &y.fast, &state.fast, NULL, &st), FX_OK);
+    FX_CK_OK(st);
+    ck_assert_int_eq(fx_op_ssm_forward_into(NULL, &ri, &y.ref, &state.ref, NULL, &st), FX_OK);
+    FX_CK_OK(st);
+    snprintf(w2, sizeof w2, "%s: y", what);
+    pair_compare(&y, tol, w2);
+    snprintf(w2, sizeof w2, "%s: state", what);
+    pair_compare(&state, tol, w2);
+    /* backward into poisoned gradients */
+    pair dy, dstate = {0};
+    pair_make(&dy, k->type, 3, btd, -1.0, 1.0);
+    if (k->opts & S_DSTATE)
+        pair_make(&dstate, FX_F32, 3, st3, -1.0, 1.0);
+    pair *ins[] = {&s.x, &s.dt, &s.a, &s.b, &s.c, &s.d, &s.z, &s.bias, &s.h0};
+    const char *names[] = {"dx", "ddt", "da", "db", "dc", "dd", "dz", "ddt_bias", "dh0"};
+    pair g[9];
+    const fx_tensor *fo[9] = {0}, *ro[9] = {0};
+    memset(g, 0, sizeof g);
+    for (int i = 0; i < 9; i++)
+        if (ins[i]->fast.buffer) {
+            pair_poisoned(&g[i], k->type, ins[i]->fast.rank, ins[i]->fast.dims);
+            fo[i] = &g[i].fast, ro[i] = &g[i].ref;
+        }
+    fx_ssm_grad_outs fg = {fo[0], fo[1], fo[2], fo[3], fo[4], fo[5], fo[6], fo[7], fo[8]};
+    fx_ssm_grad_outs rg = {ro[0], ro[1], ro[2], ro[3], ro[4], ro[5], ro[6], ro[7], ro[8]};
+    ck_assert_int_eq(
+        fx_op_ssm_backward_into(NULL, &fi, NULL, &dy.fast, dstate.fast.buffer ? &dstate.fast : NULL, &fg, &st), FX_OK);
+    FX_CK_OK(st);
+    ck_assert_int_eq(
+        fx_op_ssm_backward_into(NULL, &ri, NULL, &dy.ref, dstate.ref.buffer ? &dstate.ref : NULL, &rg, &st), FX_OK);
+    FX_CK_OK(st);
+    for (int i = 0; i < 9; i++)
+        if (fo[i]) {
+            snprintf(w2, sizeof w2, "%s: %s", what, names[i]);
+            pair_compare(&g[i], tol, w2);
+            pair_release(&g[i]);
+        }
+    pair_release(&dy);
+    if (dstate.fast.buffer)
+        pair_release(&dstate);
+    pair_release(&y);
+    pair_release(&state);
+    ssm_release(&s);
+}
+
+static void ssm_check_step(const ssm_case *k)
+{
+    int64_t st3[3] = {k->B, k->D, k->N}, bd[2] = {k->B, k->D};
+    pair state;
+    pair_make(&state, FX_F32, 3, st3, -1.0, 1.0);
+    fx_status st;
+    fx_status_clear(&st);
+    for (int t = 0; t < 3; t++) {
+        ssm_set s;
+        fx_ssm_inputs fi, ri;
+        ssm_make(k, &s, &fi, &ri, true);
+        pair y;
+        pair_poisoned(&y, k->type, 2, bd);
+        ck_assert_int_eq(fx_op_ssm_step_into(NULL, &state.fast, &fi, &y.fast, &st), FX_OK);
+        FX_CK_OK(st);
+        ck_assert_int_eq(fx_op_ssm_step_into(NULL, &state.ref, &ri, &y.ref, &st), FX_OK);
+        FX_CK_OK(st);
+        char what[160];
+        snprintf(what, sizeof what, "ssm step %d B%lld D%lld N%lld G%lld %s opts %#x", t, (long long)k->B,
+                 (long long)k->D, (long long)k->N, (long long)k->G, fx_dtype_name(k->type), k->opts);
+        pair_compare(&y, tol_of(k->type), what);
+        pair_compare(&state, tol_of(k->type), what);
+        pair_release(&y);
+        ssm_release(&s);
+    }
+    pair_release(&state);
+}
+
+static const int64_t ssm_shapes[][5] = {
+    /* B, L, D, N, G */
+    {1, 1, 1, 1, 1},   {2, 7, 6, 5, 2},    {1, 129, 17, 3, 1}, {3, 37, 64, 16, 4},
+    {1, 700, 8, 4, 1}, {2, 33, 130, 16, 1}, {1, 17, 96, 7, 3},  {2, 16, 33, 1, 1},
+};
+
+START_TEST(ssm_against_oracle)
+{
+    const fx_dtype types[] = {FX_F32, FX_BF16, FX_F16};
+    const unsigned opt_sets[] = {0, S_D | S_Z | S_BIAS | S_SOFTPLUS | S_H0 | S_DSTATE, S_SOFTPLUS | S_Z,
+                                 S_D | S_BIAS | S_H0, S_DSTATE | S_SOFTPLUS};
+    int count = 0;
+    for (size_t si = 0; si < sizeof ssm_shapes / sizeof ssm_shapes[0]; si++)
+        for (int ti = 0; ti < 3; ti++)
+            for (int oi = 0; oi < 5; oi++) {
+                if (ti > 0 && oi != (int)(si % 5) && oi != 1)
+                    continue;
+                ssm_case k = {ssm_shapes[si][0], ssm_shapes[si][1], ssm_shapes[si][2], ssm_shapes[si][3],
+                              ssm_shapes[si][4], types[ti], opt_sets[oi]};
+                ssm_check(&k);
+                count++;
+            }
+    fprintf(stderr, "fast ssm: %d cases against the oracle\n", count);
+}
+END_TEST
+
+START_TEST(ssm_steps_against_oracle)
+{
+    const fx_dtype types[] = {FX_F32, FX_BF16, FX_F16};
+    const int64_t shapes[][4] = {{1, 1, 1, 1}, {2, 6, 5, 2}, {3, 64, 16, 4}, {1, 257, 16, 1}, {4, 17, 7, 17}};
+    for (int si = 0; si < 5; si++)
+        for (int ti = 0; ti < 3; ti++) {
+            unsigned opts = si % 2 ? S_D | S_Z | S_BIAS | S_SOFTPLUS : S_SOFTPLUS;
+            ssm_case k = {shapes[si][0], 1, shapes[si][1], shapes[si][2], shapes[si][3], types[ti], opts};
+            ssm_check_step(&k);
+        }
+}
+END_TEST
+
+/* ---- NaN, repeats, concurrent callers ---- */
+
+START_TEST(nan_never_passes)
+{
+    /* A NaN in one step's input reaches that channel's later states. */
+    lr_case c = {FX_LINREC_MINGRU, 2, 9, 40, FX_F32, false, false, false, false, false};
+    lr_set s;
+    fx_linrec_inputs fin, rin;
+    lr_make(&c, &s, &fin, &rin, c.L);
+    ((float *)s.seq[0].fast.data)[3 * 40 + 7] = NAN;
+    int64_t d3[3] = {c.B, c.L, c.H};
+    pair h;
+    pair_poisoned(&h, FX_F32, 3, d3);
+    fx_status st;
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_op_linrec_forward_into(NULL, &fin, 0, &h.fast, NULL, &st), FX_OK);
+    const float *hv = h.fast.data;
+    for (int64_t t = 3; t < c.L; t++)
+        ck_assert_msg(isnan(hv[t * 40 + 7]), "step %lld: NaN lost", (long long)t);
+    ck_assert(!isnan(hv[2 * 40 + 7]) && !isnan(hv[3 * 40 + 8]));
+    double *got = fx_test_read(&h.fast);
+    ck_assert(isinf(fx_rel_l2(got, got, h.fast.numel)));
+    free(got);
+    pair_release(&h);
+    lr_release(&s);
+}
+END_TEST
+
+typedef struct caller {
+    const fx_linrec_inputs *in;
+    fx_tensor h, state;
+    int rc;
+} caller;
+
+static void *call_forward(void *arg)
+{
+    caller *c = arg;
+    fx_status st;
+    fx_status_clear(&st);
+    c->rc = fx_op_linrec_forward(c->in, false, 0, &c->h, &c->state, &st);
+    return NULL;
+}
+
+START_TEST(repeats_identical_and_callers_concurrent)
+{
+    /* Large enough to use the pool; tiny ones run inline. */
+    const int64_t shapes[][3] = {{4, 256, 512}, {1, 1, 1}, {1, 32, 512}};
+    for (int si = 0; si < 3; si++) {
+        lr_case c = {FX_LINREC_MINGRU, shapes[si][0], shapes[si][1], shapes[si][2], FX_F32, false, false, true, false,
+                     false};
+        lr_set s;
+        fx_linrec_inputs fin, rin;
+        lr_make(&c, &s, &fin, &rin, c.L);
+        caller one = {&fin, {0}, {0}, 0};
+        call_forward(&one);
+        ck_assert_int_eq(one.rc, FX_OK);
+        caller many[4];
+        pthread_t th[4];
+        for (int i = 0; i < 4; i++) {
+            many[i] = (caller){&fin, {0}, {0}, 0};
+            ck_assert_int_eq(pthread_create(&th[i], NULL, call_forward, &many[i]), 0);
+        }
+        for (int i = 0; i < 4; i++) {
+            pthread_join(th[i], NULL);
+            ck_assert_int_eq(many[i].rc, FX_OK);
+            ck_assert_msg(memcmp(many[i].h.data, one.h.data, one.h.nbytes) == 0,
+                          "caller %d of shape %d: results differ", i, si);
+            fx_tensor_release(&many[i].h);
+        }
+        fx_tensor_release(&one.h);
+        lr_release(&s);
+    }
+}
+END_TEST
+
+START_TEST(devices_name_their_path)
+{
+    fx_device *fast = fx_cpu_device(), *ref = fx_test_oracle();
+    ck_assert_ptr_ne(fast, ref);
+    ck_assert_str_eq(fast->label, "cpu");
+    ck_assert_str_eq(ref->label, "cpu:reference");
+    fx_device_info info;
+    fx_status st;
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_device_query(fast, &info, &st), FX_OK);
+    ck_assert_ptr_nonnull(strstr(info.name, "fast"));
+    ck_assert_int_eq(info.threads, fx_pool_threads());
+    ck_assert_int_eq(fx_device_query(ref, &info, &st), FX_OK);
+    ck_assert_ptr_nonnull(strstr(info.name, "reference"));
+}
+END_TEST
+
+Suite *fx_suite_fast(void)
+{
+    Suite *s = suite_create("fast");
+    TCase *tc = tcase_create("the CPU fast path against the oracle");
+    tcase_set_timeout(tc, 900);
+    tcase_add_test(tc, approximations_within_bounds);
+    tcase_add_test(tc, devices_name_their_path);
+    tcase_add_test(tc, linrec_against_oracle);
+    tcase_add_test(tc, linrec_steps_against_oracle);
+    tcase_add_test(tc, ssm_against_oracle);
+    tcase_add_test(tc, ssm_steps_against_oracle);
+    tcase_add_test(tc, nan_never_passes);
+    tcase_add_test(tc, repeats_identical_and_callers_concurrent);
+    suite_add_tcase(s, tc);
+    return s;
+}
