@@ -38,6 +38,9 @@ DEPFLAGS   := -MMD -MP
 HEADERS    := $(wildcard include/*.h c_src/*/*.h c_src/cuda/*.cuh c_src/cuda/*/*.cuh)
 
 CORE_OBJ   := $(CORE_SRC:%.c=$(BUILD)/%.o)
+# The CPU fast path's loops vectorise sqrtf only where it need not set errno
+# (its inputs are never negative but NaN, which sqrtf passes through).
+$(BUILD)/c_src/cpu/fast/%.o: CFLAGS += -fno-math-errno
 NIF_OBJ    := $(NIF_SRC:%.c=$(BUILD)/%.o)
 CUDA_OBJ   := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 CTEST_OBJ  := $(CTEST_SRC:%.c=$(BUILD)/%.o)
