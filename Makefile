@@ -38,9 +38,12 @@ DEPFLAGS   := -MMD -MP
 HEADERS    := $(wildcard include/*.h c_src/*/*.h c_src/cuda/*.cuh c_src/cuda/*/*.cuh)
 
 CORE_OBJ   := $(CORE_SRC:%.c=$(BUILD)/%.o)
-# The CPU fast path's loops vectorise sqrtf only where it need not set errno
-# (its inputs are never negative but NaN, which sqrtf passes through).
-$(BUILD)/c_src/cpu/fast/%.o: CFLAGS += -fno-math-errno
+# The CPU fast path's loops vectorise only where sqrtf need not set errno
+# (its inputs are never negative but NaN, which sqrtf passes through) and
+# where both arms of a select may be computed (no floating-point traps are
+# relied on: -fno-trapping-math; NaN and Inf keep their IEEE meaning), and
+# a * b + c may be one fused multiply-add (as CUDA contracts them).
+$(BUILD)/c_src/cpu/fast/%.o: CFLAGS += -fno-math-errno -fno-trapping-math -ffp-contract=fast
 NIF_OBJ    := $(NIF_SRC:%.c=$(BUILD)/%.o)
 CUDA_OBJ   := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 CTEST_OBJ  := $(CTEST_SRC:%.c=$(BUILD)/%.o)

@@ -25,6 +25,11 @@
 #define FX_FAST_KERNEL
 #endif
 
+/* Inlined into its caller whatever the compiler's estimate: a loop helper
+ * called from an FX_FAST_KERNEL must be compiled inside each clone (an out
+ * of line copy is built for the baseline alone). */
+#define FX_INLINE static inline __attribute__((always_inline))
+
 /* ---- the pool ---- */
 
 /* fn(ctx, lo, hi, part) over [lo, hi) of [0, n). */
@@ -55,6 +60,9 @@ void fx_pool_shutdown(void);
  * NULL when memory runs out. Each call of a thread gets the same block:
  * one a task. */
 void *fx_fast_scratch(size_t bytes);
+/* A second such block of the calling thread, for what a whole call keeps
+ * (per-batch partial sums reduced at its end) beside its tasks' scratch. */
+void *fx_fast_call_scratch(size_t bytes);
 
 /* ---- rows: bf16 / f16 convert on load ---- */
 
@@ -87,7 +95,7 @@ float fx_fast_at(const fx_tensor *t, int64_t i, float dflt);
  * Cephes' minimax polynomials (exp degree 6 over [-ln2/2, ln2/2], log
  * degree 9 over [sqrt(1/2), sqrt(2)]) with Cody-Waite range reduction. */
 
-static inline float fx_fast_bits_f(uint32_t b)
+FX_INLINE float fx_fast_bits_f(uint32_t b)
 {
     float f;
     memcpy(&f, &b, sizeof f);
@@ -101,7 +109,7 @@ static inline uint32_t fx_fast_f_bits(float f)
     return b;
 }
 
-static inline float fx_fast_exp(float x)
+FX_INLINE float fx_fast_exp(float x)
 {
     /* x clamped (NaN passes: both comparisons are false) so that n stays
      * within [-150, 128]; 2^n is applied as two factors of normal range. */
@@ -128,7 +136,7 @@ static inline float fx_fast_exp(float x)
 }
 
 /* log(x) for x > 0 normal (the callers' arguments are >= 1). */
-static inline float fx_fast_log(float x)
+FX_INLINE float fx_fast_log(float x)
 {
     uint32_t bits = fx_fast_f_bits(x);
     int32_t e = (int32_t)((bits >> 23) & 0xff) - 127;
@@ -155,7 +163,7 @@ static inline float fx_fast_log(float x)
 
 /* log(1 + e) for e >= 0 (Goldberg: log(w) * e / (w - 1) with w = 1 + e
  * is as accurate as log itself). */
-static inline float fx_fast_log1p_pos(float e)
+FX_INLINE float fx_fast_log1p_pos(float e)
 {
     float w = 1.0f + e;
     float d = w - 1.0f;
@@ -164,11 +172,11 @@ static inline float fx_fast_log1p_pos(float e)
     return w == INFINITY ? w : r;
 }
 
-static inline float fx_fast_sigmoid(float x) { return 1.0f / (1.0f + fx_fast_exp(-x)); }
+FX_INLINE float fx_fast_sigmoid(float x) { return 1.0f / (1.0f + fx_fast_exp(-x)); }
 
 /* softplus with PyTorch's threshold (the identity above 20), as the
  * selective scan's oracle. */
-static inline float fx_fast_softplus(float u)
+FX_INLINE float fx_fast_softplus(float u)
 {
     float e = fx_fast_exp(u > 20.0f ? 20.0f : u);
     float r = fx_fast_log1p_pos(e);
@@ -176,15 +184,15 @@ static inline float fx_fast_softplus(float u)
 }
 
 /* log(1 + exp(x)) for every x: max(x, 0) + log1p(exp(-|x|)). */
-static inline float fx_fast_softplus_any(float x)
+FX_INLINE float fx_fast_softplus_any(float x)
 {
     float r = fx_fast_log1p_pos(fx_fast_exp(-fabsf(x)));
     return (x > 0.0f ? x : 0.0f) + r;
 }
 
-static inline float fx_fast_silu(float z) { return z * fx_fast_sigmoid(z); }
+FX_INLINE float fx_fast_silu(float z) { return z * fx_fast_sigmoid(z); }
 
-static inline float fx_fast_silu_grad(float z)
+FX_INLINE float fx_fast_silu_grad(float z)
 {
     float s = fx_fast_sigmoid(z);
     return s * (1.0f + z * (1.0f - s));

@@ -63,10 +63,44 @@ static float step_dt(const fx_linrec_problem *p, int64_t b, int64_t row)
 }
 
 /* c~ and dc~/dcand. */
-static inline float cand_value(int g, float c) { return g ? (c >= 0.0f ? c + 0.5f : fx_fast_sigmoid(c)) : c; }
+FX_INLINE float cand_value(int g, float c) { return g ? (c >= 0.0f ? c + 0.5f : fx_fast_sigmoid(c)) : c; }
+
+FX_INLINE float cand_slope(int g, float c)
+{
+    if (!g)
+        return 1.0f;
+    float s = fx_fast_sigmoid(c);
+    return c >= 0.0f ? 1.0f : s * (1.0f - s);
+}
+
+
+/* The gated kinds' loops, unswitched on candidate_g (a constant once
+ * inlined): without g no sigmoid of the candidate is computed. */
+FX_INLINE void mingru_fwd(int64_t w, int g, const float *restrict zl, const float *restrict cand,
+                          float *restrict st, float *restrict h)
+{
+#pragma omp simd
+    for (int64_t j = 0; j < w; j++) {
+        float v = zl[j], e = fx_fast_exp(-fabsf(v)), r = 1.0f / (1.0f + e);
+        float z = v >= 0.0f ? r : e * r, a = v >= 0.0f ? e * r : r;
+        h[j] = st[j] = a * st[j] + z * cand_value(g, cand[j]);
+    }
+}
+
+FX_INLINE void minlstm_fwd(int64_t w, int g, const float *restrict fl, const float *restrict il,
+                           const float *restrict cand, float *restrict st, float *restrict h)
+{
+#pragma omp simd
+    for (int64_t j = 0; j < w; j++) {
+        float d = fx_fast_softplus_any(-il[j]) - fx_fast_softplus_any(-fl[j]);
+        float e = fx_fast_exp(-fabsf(d)), r = 1.0f / (1.0f + e);
+        float a = d >= 0.0f ? r : e * r, i = d >= 0.0f ? e * r : r; /* sigmoid(d), sigmoid(-d) */
+        h[j] = st[j] = a * st[j] + i * cand_value(g, cand[j]);
+    }
+}
 
 /* One step of a segment: st = a * st + b, h = st. */
-static inline void fwd_step(const fx_linrec_problem *p, int64_t w, const float *const *x, float dt,
+FX_INLINE void fwd_step(const fx_linrec_problem *p, int64_t w, const float *const *x, float dt,
                             const seg_consts *k, float *restrict st, float *restrict h)
 {
     const int g = p->candidate_g;
@@ -78,27 +112,18 @@ static inline void fwd_step(const fx_linrec_problem *p, int64_t w, const float *
             h[j] = st[j] = xa[j] * st[j] + xb[j];
         break;
     }
-    case FX_LINREC_MINGRU: {
-        const float *restrict zl = x[0], *restrict cand = x[1];
-#pragma omp simd
-        for (int64_t j = 0; j < w; j++) {
-            float v = zl[j], e = fx_fast_exp(-fabsf(v)), r = 1.0f / (1.0f + e);
-            float z = v >= 0.0f ? r : e * r, a = v >= 0.0f ? e * r : r;
-            h[j] = st[j] = a * st[j] + z * cand_value(g, cand[j]);
-        }
+    case FX_LINREC_MINGRU:
+        if (g)
+            mingru_fwd(w, 1, x[0], x[1], st, h);
+        else
+            mingru_fwd(w, 0, x[0], x[1], st, h);
         break;
-    }
-    case FX_LINREC_MINLSTM: {
-        const float *restrict fl = x[0], *restrict il = x[1], *restrict cand = x[2];
-#pragma omp simd
-        for (int64_t j = 0; j < w; j++) {
-            float d = fx_fast_softplus_any(-il[j]) - fx_fast_softplus_any(-fl[j]);
-            float e = fx_fast_exp(-fabsf(d)), r = 1.0f / (1.0f + e);
-            float a = d >= 0.0f ? r : e * r, i = d >= 0.0f ? e * r : r; /* sigmoid(d), sigmoid(-d) */
-            h[j] = st[j] = a * st[j] + i * cand_value(g, cand[j]);
-        }
+    case FX_LINREC_MINLSTM:
+        if (g)
+            minlstm_fwd(w, 1, x[0], x[1], x[2], st, h);
+        else
+            minlstm_fwd(w, 0, x[0], x[1], x[2], st, h);
         break;
-    }
     default: { /* liquid */
         const float *restrict fl = x[0];
 #pragma omp simd
@@ -181,17 +206,42 @@ typedef struct seg_sums {
     double *ddt; /* [seqlen] of this batch row, or NULL */
 } seg_sums;
 
-static inline float cand_slope(int g, float c)
+FX_INLINE void mingru_bwd(int64_t w, int gflag, const float *restrict zl, const float *restrict cand,
+                          const float *restrict dh, const float *restrict hp, float *restrict u,
+                          float *restrict dz, float *restrict dc)
 {
-    if (!g)
-        return 1.0f;
-    float s = fx_fast_sigmoid(c);
-    return c >= 0.0f ? 1.0f : s * (1.0f - s);
+#pragma omp simd
+    for (int64_t j = 0; j < w; j++) {
+        float v = zl[j], e = fx_fast_exp(-fabsf(v)), r = 1.0f / (1.0f + e);
+        float z = v >= 0.0f ? r : e * r, a = v >= 0.0f ? e * r : r;
+        float g = dh[j] + u[j], c = cand_value(gflag, cand[j]);
+        dz[j] = g * (c - hp[j]) * z * a;
+        dc[j] = g * z * cand_slope(gflag, cand[j]);
+        u[j] = a * g;
+    }
+}
+
+FX_INLINE void minlstm_bwd(int64_t w, int gflag, const float *restrict fl, const float *restrict il,
+                           const float *restrict cand, const float *restrict dh, const float *restrict hp,
+                           float *restrict u, float *restrict dfl, float *restrict dil, float *restrict dc)
+{
+#pragma omp simd
+    for (int64_t j = 0; j < w; j++) {
+        float d = fx_fast_softplus_any(-il[j]) - fx_fast_softplus_any(-fl[j]);
+        float e = fx_fast_exp(-fabsf(d)), r = 1.0f / (1.0f + e);
+        float fp = d >= 0.0f ? r : e * r, ip = d >= 0.0f ? e * r : r;
+        float g = dh[j] + u[j], c = cand_value(gflag, cand[j]);
+        float dd = g * (hp[j] - c) * fp * ip;
+        dfl[j] = dd * fx_fast_sigmoid(-fl[j]);
+        dil[j] = -dd * fx_fast_sigmoid(-il[j]);
+        dc[j] = g * ip * cand_slope(gflag, cand[j]);
+        u[j] = fp * g;
+    }
 }
 
 /* One step of a segment backward: reads u (what reached h_t from later
  * steps) and leaves what reaches h_{t-1}; the sequence gradients in dx. */
-static inline void bwd_step(const fx_linrec_problem *p, int64_t w, const float *const *x, float dt,
+FX_INLINE void bwd_step(const fx_linrec_problem *p, int64_t w, const float *const *x, float dt,
                             const seg_consts *k, const float *restrict dh, const float *restrict hp,
                             float *restrict u, float *const *dx, seg_sums *sums, int64_t row)
 {
@@ -209,37 +259,18 @@ static inline void bwd_step(const fx_linrec_problem *p, int64_t w, const float *
         }
         break;
     }
-    case FX_LINREC_MINGRU: {
-        const float *restrict zl = x[0], *restrict cand = x[1];
-        float *restrict dz = dx[0], *restrict dc = dx[1];
-#pragma omp simd
-        for (int64_t j = 0; j < w; j++) {
-            float v = zl[j], e = fx_fast_exp(-fabsf(v)), r = 1.0f / (1.0f + e);
-            float z = v >= 0.0f ? r : e * r, a = v >= 0.0f ? e * r : r;
-            float g = dh[j] + u[j], c = cand_value(gflag, cand[j]);
-            dz[j] = g * (c - hp[j]) * z * a;
-            dc[j] = g * z * cand_slope(gflag, cand[j]);
-            u[j] = a * g;
-        }
+    case FX_LINREC_MINGRU:
+        if (gflag)
+            mingru_bwd(w, 1, x[0], x[1], dh, hp, u, dx[0], dx[1]);
+        else
+            mingru_bwd(w, 0, x[0], x[1], dh, hp, u, dx[0], dx[1]);
         break;
-    }
-    case FX_LINREC_MINLSTM: {
-        const float *restrict fl = x[0], *restrict il = x[1], *restrict cand = x[2];
-        float *restrict dfl = dx[0], *restrict dil = dx[1], *restrict dc = dx[2];
-#pragma omp simd
-        for (int64_t j = 0; j < w; j++) {
-            float d = fx_fast_softplus_any(-il[j]) - fx_fast_softplus_any(-fl[j]);
-            float e = fx_fast_exp(-fabsf(d)), r = 1.0f / (1.0f + e);
-            float fp = d >= 0.0f ? r : e * r, ip = d >= 0.0f ? e * r : r;
-            float g = dh[j] + u[j], c = cand_value(gflag, cand[j]);
-            float dd = g * (hp[j] - c) * fp * ip;
-            dfl[j] = dd * fx_fast_sigmoid(-fl[j]);
-            dil[j] = -dd * fx_fast_sigmoid(-il[j]);
-            dc[j] = g * ip * cand_slope(gflag, cand[j]);
-            u[j] = fp * g;
-        }
+    case FX_LINREC_MINLSTM:
+        if (gflag)
+            minlstm_bwd(w, 1, x[0], x[1], x[2], dh, hp, u, dx[0], dx[1], dx[2]);
+        else
+            minlstm_bwd(w, 0, x[0], x[1], x[2], dh, hp, u, dx[0], dx[1], dx[2]);
         break;
-    }
     default: { /* liquid: h = (hprev + dt f A) / den */
         const float *restrict fl = x[0];
         float *restrict dfl = dx[0];
@@ -358,27 +389,18 @@ static size_t sums_bytes(const fx_linrec_bwd_args *a)
     return fx_size_mul((int64_t)fx_size_mul(2 * p->batch, p->hidden), sizeof(double));
 }
 
-static size_t fast_backward_scratch(const fx_linrec_bwd_args *a)
-{
-    size_t bytes = sums_bytes(a);
-    return bytes ? fx_size_add(FX_SCRATCH_ALIGN, fx_scratch_piece(bytes)) : 0;
-}
-
-static int fast_backward(const fx_exec *ex, const fx_linrec_bwd_args *a, fx_status *st)
+static int fast_backward(const fx_linrec_bwd_args *a, fx_status *st)
 {
     const fx_linrec_problem *p = &a->p;
     const int64_t B = p->batch, H = p->hidden, L = p->seqlen;
     const int liquid = p->kind == FX_LINREC_LIQUID;
     bwd_job job = {a, NULL, NULL, NULL, false};
     if (liquid) {
-        if (fx_scratch_alloc(ex, sums_bytes(a), (void **)&job.dtau, st))
-            return st->code;
+        size_t bytes = sums_bytes(a);
+        job.dtau = bytes == SIZE_MAX ? NULL : fx_fast_call_scratch(bytes);
+        if (!job.dtau)
+            return fx_fail(st, FX_ENOMEM, "out of host memory for a linrec backward's %zu bytes of sums", bytes);
         job.dlam = job.dtau + B * H;
-    }
-    if (a->ddt && !fx_fast_scratch(sizeof(double) * (size_t)L)) {
-        if (liquid)
-            fx_scratch_release(ex, job.dtau);
-        return fx_fail(st, FX_ENOMEM, "out of host memory for a linrec backward's %lld row sums", (long long)L);
     }
     fx_watch w;
     fx_watch_begin(&w);
@@ -387,11 +409,8 @@ static int fast_backward(const fx_exec *ex, const fx_linrec_bwd_args *a, fx_stat
     int rc = atomic_load(&job.out_of_memory)
                  ? fx_fail(st, FX_ENOMEM, "out of host memory for a linrec backward's %lld row sums", (long long)L)
                  : fx_watch_end(&w, "a linrec backward", st);
-    if (rc) {
-        if (liquid)
-            fx_scratch_release(ex, job.dtau);
-        return st->code;
-    }
+    if (rc)
+        return rc;
     if (liquid) {
         for (int64_t h = 0; h < H; h++) {
             double dtau = 0, dlam = 0;
@@ -402,7 +421,6 @@ static int fast_backward(const fx_exec *ex, const fx_linrec_bwd_args *a, fx_stat
             fx_store_f64(a->dtau->data, a->dtau->dtype, h, dtau);
             fx_store_f64(a->dlam->data, a->dlam->dtype, h, dlam);
         }
-        fx_scratch_release(ex, job.dtau);
     }
     return FX_OK;
 }
@@ -421,7 +439,7 @@ static int cpu_forward(const fx_exec *ex, const fx_linrec_fwd_args *a, fx_status
 
 static int cpu_backward(const fx_exec *ex, const fx_linrec_bwd_args *a, fx_status *st)
 {
-    return oracle(ex, &a->p) ? fx_cpu_linrec_ops.backward(ex, a, st) : fast_backward(ex, a, st);
+    return oracle(ex, &a->p) ? fx_cpu_linrec_ops.backward(ex, a, st) : fast_backward(a, st);
 }
 
 /* A forward of one frame whose h0 and final state are the same tensor:
@@ -443,7 +461,8 @@ static size_t cpu_forward_scratch(const fx_exec *ex, const fx_linrec_fwd_args *a
 
 static size_t cpu_backward_scratch(const fx_exec *ex, const fx_linrec_bwd_args *a)
 {
-    return oracle(ex, &a->p) ? fx_cpu_linrec_ops.backward_scratch(ex, a) : fast_backward_scratch(a);
+    /* The fast path's workspaces are its threads' own (fx_fast_scratch). */
+    return oracle(ex, &a->p) ? fx_cpu_linrec_ops.backward_scratch(ex, a) : 0;
 }
 
 const struct fx_linrec_ops fx_cpu_fast_linrec_ops = {

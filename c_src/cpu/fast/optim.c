@@ -106,7 +106,7 @@ typedef struct update_job {
     coeffs k;
 } update_job;
 
-static inline void adamw_piece(const coeffs *k, int64_t n, const float *restrict g, float *restrict p,
+FX_INLINE void adamw_piece(const coeffs *k, int64_t n, const float *restrict g, float *restrict p,
                                float *restrict m, float *restrict v, float *restrict vmax)
 {
     if (vmax) {
@@ -137,7 +137,7 @@ static inline void adamw_piece(const coeffs *k, int64_t n, const float *restrict
     }
 }
 
-static inline void sgd_piece(const coeffs *k, int64_t n, const float *restrict g, float *restrict p,
+FX_INLINE void sgd_piece(const coeffs *k, int64_t n, const float *restrict g, float *restrict p,
                              float *restrict buf)
 {
     if (!buf) {

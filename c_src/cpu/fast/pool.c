@@ -193,24 +193,32 @@ void fx_pool_shutdown(void)
 
 /* ---- per-thread scratch ---- */
 
-static _Thread_local void *scratch_block;
-static _Thread_local size_t scratch_size;
+typedef struct scratch {
+    void *block;
+    size_t size;
+} scratch;
 
-void *fx_fast_scratch(size_t bytes)
+static _Thread_local scratch task_scratch, call_scratch;
+
+static void *grow(scratch *s, size_t bytes)
 {
-    if (bytes <= scratch_size)
-        return scratch_block;
+    if (bytes <= s->size)
+        return s->block;
     if (bytes > SIZE_MAX - 4096)
         return NULL;
     size_t rounded = (bytes + 4095) & ~(size_t)4095;
     void *fresh = aligned_alloc(64, rounded);
     if (!fresh)
         return NULL;
-    free(scratch_block);
-    scratch_block = fresh;
-    scratch_size = rounded;
+    free(s->block);
+    s->block = fresh;
+    s->size = rounded;
     return fresh;
 }
+
+void *fx_fast_scratch(size_t bytes) { return grow(&task_scratch, bytes); }
+
+void *fx_fast_call_scratch(size_t bytes) { return grow(&call_scratch, bytes); }
 
 /* ---- rows ---- */
 

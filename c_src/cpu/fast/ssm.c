@@ -53,7 +53,7 @@ static int64_t block_width(const fx_ssm_dims *n, int64_t c, int64_t hi, int64_t 
 }
 
 /* delta = softplus(dt + bias) (or dt + bias) of w channels; u keeps dt + bias. */
-static inline void deltas(int64_t w, const float *restrict dt, const float *restrict bias, bool softplus,
+FX_INLINE void deltas(int64_t w, const float *restrict dt, const float *restrict bias, bool softplus,
                           float *restrict u, float *restrict delta)
 {
 #pragma omp simd
@@ -96,36 +96,44 @@ static void load_states(const fx_tensor *t, int64_t i0, int64_t N, int64_t w, in
     }
 }
 
-/* One step of a block's states: h = exp(delta A) h + delta x b; y += c h.
- * dec, where given, keeps the decays. */
-static inline void scan_step(int64_t N, int64_t w, int64_t stride, const float *restrict At,
-                             const float *restrict delta, const float *restrict dxb, const float *brow,
-                             const float *crow, const float *from, float *to,
-                             float *restrict dec, float *restrict y)
+/* One step of a block's states in place: h = exp(delta A) h + delta x b,
+ * and y += c h where y is given. */
+FX_INLINE void scan_step(int64_t N, int64_t w, int64_t stride, const float *restrict At, const float *restrict delta,
+                         const float *restrict dxb, const float *brow, const float *crow, float *restrict h,
+                         float *restrict y)
 {
     for (int64_t k = 0; k < N; k++) {
         const float bk = brow[k], ck = crow[k];
-        /* from and to may be one array (an update in place) */
-        const float *restrict Ak = At + k * stride, *hp = from + k * stride;
-        float *hn = to + k * stride;
-        float *restrict dk = dec ? dec + k * stride : NULL;
-        if (dk) {
+        const float *restrict Ak = At + k * stride;
+        float *restrict hk = h + k * stride;
+        if (y) {
 #pragma omp simd
             for (int64_t c = 0; c < w; c++) {
-                float e = fx_fast_exp(delta[c] * Ak[c]);
-                dk[c] = e;
-                hn[c] = e * hp[c] + dxb[c] * bk;
-            }
-        } else if (y) {
-#pragma omp simd
-            for (int64_t c = 0; c < w; c++) {
-                hn[c] = fx_fast_exp(delta[c] * Ak[c]) * hp[c] + dxb[c] * bk;
-                y[c] += ck * hn[c];
+                hk[c] = fx_fast_exp(delta[c] * Ak[c]) * hk[c] + dxb[c] * bk;
+                y[c] += ck * hk[c];
             }
         } else {
 #pragma omp simd
             for (int64_t c = 0; c < w; c++)
-                hn[c] = fx_fast_exp(delta[c] * Ak[c]) * hp[c] + dxb[c] * bk;
+                hk[c] = fx_fast_exp(delta[c] * Ak[c]) * hk[c] + dxb[c] * bk;
+        }
+    }
+}
+
+/* The same from one array into another, keeping the decays in dec. */
+FX_INLINE void scan_step_keep(int64_t N, int64_t w, int64_t stride, const float *restrict At,
+                              const float *restrict delta, const float *restrict dxb, const float *brow,
+                              const float *restrict from, float *restrict to, float *restrict dec)
+{
+    for (int64_t k = 0; k < N; k++) {
+        const float bk = brow[k];
+        const float *restrict Ak = At + k * stride, *restrict hp = from + k * stride;
+        float *restrict hn = to + k * stride, *restrict dk = dec + k * stride;
+#pragma omp simd
+        for (int64_t c = 0; c < w; c++) {
+            float e = fx_fast_exp(delta[c] * Ak[c]);
+            dk[c] = e;
+            hn[c] = e * hp[c] + dxb[c] * bk;
         }
     }
 }
@@ -165,7 +173,7 @@ static void fwd_block(const fwd_job *job, int64_t b, int64_t d0, int64_t w, floa
             dxb[c] = delta[c] * x[c];
             y[c] = dskip[c] * x[c];
         }
-        scan_step(N, w, DC, At, delta, dxb, brow, crow, h, h, NULL, y);
+        scan_step(N, w, DC, At, delta, dxb, brow, crow, h, y);
         float *out = fx_fast_out(a->y, i0, ybuf);
         if (a->z) {
             const float *z = fx_fast_load(a->z, i0, w, zbuf);
@@ -322,7 +330,7 @@ typedef struct step_rows {
     _Alignas(64) float xbuf[DCB], dtbuf[DCB], dybuf[DCB], zbuf[DCB];
 } step_rows;
 
-static void load_rows(const fx_ssm_fwd_args *f, int64_t i0, int64_t w, const float *bias, step_rows *r)
+FX_INLINE void load_rows(const fx_ssm_fwd_args *f, int64_t i0, int64_t w, const float *bias, step_rows *r)
 {
     r->x = fx_fast_load(f->x, i0, w, r->xbuf);
     deltas(w, fx_fast_load(f->dt, i0, w, r->dtbuf), bias, f->dt_softplus, r->u, r->delta);
@@ -356,7 +364,7 @@ static void bwd_block(const bwd_job *job, int64_t b, int64_t d0, int64_t w, bwd_
             return;
         load_rows(f, at_btd(n, b, t, d0), w, bias, &r);
         const float *brow = fx_fast_load(f->b, at_btg(n, b, t, g), N, k->bbuf);
-        scan_step(N, w, DCB, k->At, r.delta, r.dxb, brow, brow, k->hs, k->hs, NULL, NULL);
+        scan_step(N, w, DCB, k->At, r.delta, r.dxb, brow, brow, k->hs, NULL);
     }
     for (int64_t c = chunks - 1; c >= 0; c--) {
         if (fx_watch_gone(job->w))
@@ -366,8 +374,8 @@ static void bwd_block(const bwd_job *job, int64_t b, int64_t d0, int64_t w, bwd_
         for (int64_t t = t0; t < t1; t++) {
             load_rows(f, at_btd(n, b, t, d0), w, bias, &r);
             const float *brow = fx_fast_load(f->b, at_btg(n, b, t, g), N, k->bbuf);
-            scan_step(N, w, DCB, k->At, r.delta, r.dxb, brow, brow, k->hs + (t - t0) * NB,
-                      k->hs + (t - t0 + 1) * NB, k->dec + (t - t0) * NB, NULL);
+            scan_step_keep(N, w, DCB, k->At, r.delta, r.dxb, brow, k->hs + (t - t0) * NB, k->hs + (t - t0 + 1) * NB,
+                           k->dec + (t - t0) * NB);
         }
         for (int64_t t = t1 - 1; t >= t0; t--) {
             const int64_t i0 = at_btd(n, b, t, d0), s = t - t0;
@@ -492,21 +500,18 @@ static size_t sums_doubles(const fx_ssm_dims *n)
     return fx_size_add(fx_size_mul(n->batch * n->dim, n->dstate), fx_size_mul(2 * n->batch, n->dim));
 }
 
-static size_t fast_backward_scratch(const fx_ssm_bwd_args *a)
-{
-    return fx_size_add(FX_SCRATCH_ALIGN,
-                       fx_scratch_piece(fx_size_mul((int64_t)sums_doubles(&a->fwd.n), sizeof(double))));
-}
-
-static int fast_backward(const fx_exec *ex, const fx_ssm_bwd_args *a, fx_status *st)
+static int fast_backward(const fx_ssm_bwd_args *a, fx_status *st)
 {
     const fx_ssm_dims *n = &a->fwd.n;
     const int64_t B = n->batch, D = n->dim, N = n->dstate;
     bwd_job job = {a, NULL, NULL, NULL, NULL, false};
     if (B * D == 0)
         return FX_OK;
-    if (fx_scratch_alloc(ex, fx_size_mul((int64_t)sums_doubles(n), sizeof(double)), (void **)&job.da, st))
-        return st->code;
+    const size_t sums_bytes = fx_size_mul((int64_t)sums_doubles(n), sizeof(double));
+    job.da = sums_bytes == SIZE_MAX ? NULL : fx_fast_call_scratch(sums_bytes);
+    if (!job.da)
+        return fx_fail(st, FX_ENOMEM, "out of host memory for a selective_scan_backward's %zu bytes of sums",
+                       sums_bytes);
     job.dd = job.da + B * D * N;
     job.dbias = job.dd + B * D;
     fx_watch w;
@@ -536,7 +541,6 @@ static int fast_backward(const fx_exec *ex, const fx_ssm_bwd_args *a, fx_status 
                 fx_store_f64(a->ddt_bias->data, a->ddt_bias->dtype, d, dbias);
         }
     }
-    fx_scratch_release(ex, job.da);
     return rc;
 }
 
@@ -554,7 +558,7 @@ static int cpu_forward(const fx_exec *ex, const fx_ssm_fwd_args *a, fx_status *s
 
 static int cpu_backward(const fx_exec *ex, const fx_ssm_bwd_args *a, fx_status *st)
 {
-    return oracle(ex, a->fwd.x->dtype) ? fx_cpu_ssm_ops.backward(ex, a, st) : fast_backward(ex, a, st);
+    return oracle(ex, a->fwd.x->dtype) ? fx_cpu_ssm_ops.backward(ex, a, st) : fast_backward(a, st);
 }
 
 static int cpu_step(const fx_exec *ex, const fx_ssm_step_args *a, fx_status *st)
@@ -569,7 +573,8 @@ static size_t cpu_forward_scratch(const fx_exec *ex, const fx_ssm_fwd_args *a)
 
 static size_t cpu_backward_scratch(const fx_exec *ex, const fx_ssm_bwd_args *a)
 {
-    return oracle(ex, a->fwd.x->dtype) ? fx_cpu_ssm_ops.backward_scratch(ex, a) : fast_backward_scratch(a);
+    /* The fast path's workspaces are its threads' own (fx_fast_scratch). */
+    return oracle(ex, a->fwd.x->dtype) ? fx_cpu_ssm_ops.backward_scratch(ex, a) : 0;
 }
 
 const struct fx_ssm_ops fx_cpu_fast_ssm_ops = {
