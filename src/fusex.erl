@@ -63,8 +63,11 @@
 %% Element types, spelled as Nx spells them.
 -type shape() :: tuple().
 %% A tuple of non-negative integers, row-major (as in Nx): `{Batch, SeqLen, Dim}'.
--type device() :: cpu | cuda | {cuda, non_neg_integer()}.
-%% `cuda' means `{cuda, 0}'.
+-type device() :: cpu | {cpu, reference} | cuda | {cuda, non_neg_integer()}.
+%% `cuda' means `{cuda, 0}'. `cpu' runs the CPU backend's fast f32 kernels;
+%% `{cpu, reference}' its f64-accumulating oracle (the reference the tests
+%% compare every other path against: slower, for checking results). Both
+%% are host memory; an op's tensors must all be on one of them.
 -type device_info() :: #{id := device(), kind := cpu | cuda, name := binary(),
                          memory_total := non_neg_integer(),
                          memory_free := non_neg_integer(), atom() => term()}.
@@ -86,7 +89,10 @@
 %% less the terminating NUL.
 -define(XLA_LIBRARY_MAX_BYTES, 4095).
 
-%% @doc The devices this node can use, CPU first. The CPU entry carries
+%% @doc The devices this node can use, CPU first: `cpu' (`path => fast',
+%% the f32 kernels on their thread pool, `threads' of them), then
+%% `{cpu, reference}' (`path => reference', the f64-accumulating oracle;
+%% docs/CPU.md), then the CUDA devices. The `cpu' entry carries
 %% `cuda_unavailable => Reason' when no CUDA device could be used (no
 %% backend built, no driver, no GPU, or `FUSEX_DISABLE_CUDA' set); CUDA
 %% entries carry `compute_capability' and `multiprocessors'.
@@ -95,7 +101,7 @@ devices() -> ?NIF:devices().
 
 %% @doc The device new tensors go to when no `device' option is given: the
 %% application env `{fusex, default_device}' if set, else the `FUSEX_DEVICE'
-%% environment variable (`cpu', `cuda', `cuda:N'), else the first CUDA
+%% environment variable (`cpu', `cpu:reference', `cuda', `cuda:N'), else the first CUDA
 %% device if there is one, else `cpu'.
 -spec default_device() -> device().
 default_device() ->
@@ -117,6 +123,7 @@ env_default_device() ->
 parse_env_device(false) -> first_device();
 parse_env_device("") -> first_device();
 parse_env_device("cpu") -> cpu;
+parse_env_device("cpu:reference") -> {cpu, reference};
 parse_env_device("cuda") -> {cuda, 0};
 parse_env_device("cuda:" ++ N) ->
     try list_to_integer(N) of
@@ -128,7 +135,7 @@ parse_env_device("cuda:" ++ N) ->
 parse_env_device(Other) -> erlang:error({badarg, bad_env_device(Other)}).
 
 bad_env_device(Value) ->
-    iolist_to_binary(["FUSEX_DEVICE: expected cpu, cuda or cuda:N, got ", Value]).
+    iolist_to_binary(["FUSEX_DEVICE: expected cpu, cpu:reference, cuda or cuda:N, got ", Value]).
 
 first_device() ->
     case [Id || #{kind := cuda, id := Id} <- devices()] of

@@ -16,8 +16,9 @@ setup_test_() ->
 
 devices_test() ->
     Devices = fusex:devices(),
-    [Cpu | Gpus] = Devices,
-    ?assertMatch(#{id := cpu, kind := cpu, name := _, memory_total := _, memory_free := _}, Cpu),
+    [Cpu, Reference | Gpus] = Devices,
+    ?assertMatch(#{id := cpu, kind := cpu, path := fast, name := _, memory_total := _, memory_free := _}, Cpu),
+    ?assertMatch(#{id := {cpu, reference}, kind := cpu, path := reference}, Reference),
     case Gpus of
         [] -> ?assert(is_binary(maps:get(cuda_unavailable, Cpu)));
         _ -> [?assertMatch(#{kind := cuda, id := {cuda, _}, compute_capability := {_, _}}, G)

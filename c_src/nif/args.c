@@ -358,6 +358,10 @@ int fx_arg_device(fx_call *c, ERL_NIF_TERM term, const char *name, fx_device **o
              enif_is_identical(elems[0], fx_atom(c->env, "cuda")) &&
              enif_get_int(c->env, elems[1], &ordinal) && ordinal >= 0)
         kind = FX_DEVICE_CUDA;
+    else if (enif_get_tuple(c->env, term, &arity, &elems) && arity == 2 &&
+             enif_is_identical(elems[0], fx_atom(c->env, "cpu")) &&
+             enif_is_identical(elems[1], fx_atom(c->env, "reference")))
+        kind = FX_DEVICE_CPU, ordinal = 1; /* the CPU backend's f64 oracle */
     else
         return bad(c, name, "cpu, cuda or {cuda, N}", term);
     *out = fx_device_find(kind, ordinal);
@@ -375,7 +379,7 @@ int fx_arg_device(fx_call *c, ERL_NIF_TERM term, const char *name, fx_device **o
 ERL_NIF_TERM fx_make_device(ErlNifEnv *env, const fx_device *dev)
 {
     if (dev->kind == FX_DEVICE_CPU)
-        return fx_atom(env, "cpu");
+        return dev->ordinal == 0 ? fx_atom(env, "cpu") : enif_make_tuple2(env, fx_atom(env, "cpu"), fx_atom(env, "reference"));
     return enif_make_tuple2(env, fx_atom(env, "cuda"), enif_make_int(env, dev->ordinal));
 }
 

@@ -44,7 +44,9 @@ static ERL_NIF_TERM device_map(fx_call *c, fx_device *dev)
     m = put(env, m, "memory_free", enif_make_uint64(env, info.memory_free));
     if (dev->kind == FX_DEVICE_CPU) {
         m = put(env, m, "threads", enif_make_int(env, info.threads));
-        if (!fx_device_find(FX_DEVICE_CUDA, 0))
+        /* which CPU kernels run: the fast f32 ones, or the f64 oracle */
+        m = put(env, m, "path", fx_atom(env, dev->ordinal == 0 ? "fast" : "reference"));
+        if (dev->ordinal == 0 && !fx_device_find(FX_DEVICE_CUDA, 0))
             m = put(env, m, "cuda_unavailable", fx_make_string(env, fx_cuda_unavailable_reason()));
     } else {
         m = put(env, m, "compute_capability",

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/linrec.h"
+#include "core/optim.h"
 #include "core/ssm.h"
 #include "cpu/fast/fast.h"
 #include "fusex_dtype.h"
@@ -545,6 +546,107 @@ START_TEST(ssm_steps_against_oracle)
 }
 END_TEST
 
+/* ---- optimizers ---- */
+
+/* A tensor's values as f64 (for a state's own tensors). */
+static void compare_tensors(const fx_tensor *fast, const fx_tensor *ref, double tol, const char *what)
+{
+    double *got = fx_test_read(fast), *want = fx_test_read(ref);
+    double err = fx_l2(want, fast->numel) == 0.0 ? fx_l2(got, fast->numel) : fx_rel_l2(got, want, fast->numel);
+    free(got);
+    free(want);
+    ck_assert_msg(err <= tol, "%s: rel-L2 %.3g > %.3g (seed %llu)", what, err, tol, (unsigned long long)fx_test_seed());
+}
+
+typedef struct optim_case {
+    fx_optim_kind kind;
+    fx_dtype param, grad;
+    bool clip, amsgrad, maximize, nesterov, momentum, nonfinite;
+} optim_case;
+
+static void optim_check(const optim_case *c)
+{
+    /* three tensors: one element, an odd size, and more than two chunks */
+    const int64_t sizes[3] = {1, 1001, 2 * FX_OPTIM_CHUNK + 77};
+    pair p[3], g[3];
+    fx_tensor fp[3], rp[3], fg[3], rg[3];
+    for (int i = 0; i < 3; i++) {
+        pair_make(&p[i], c->param, 1, &sizes[i], -1.0, 1.0);
+        fp[i] = p[i].fast, rp[i] = p[i].ref;
+    }
+    fx_optim_hyper h = fx_optim_default_hyper(c->kind);
+    h.lr = 0.01;
+    h.clip = c->clip;
+    h.max_grad_norm = 0.5;
+    h.skip_nonfinite = c->nonfinite;
+    h.amsgrad = c->amsgrad;
+    h.maximize = c->maximize;
+    h.nesterov = c->nesterov;
+    h.momentum = c->momentum ? 0.9 : 0.0;
+    h.weight_decay = 0.01;
+    fx_optim_config cfg = {h, c->param != FX_F32};
+    fx_optim_state *sf, *sr;
+    fx_status st;
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_op_optim_init(c->kind, fp, 3, &cfg, &sf, &st), FX_OK);
+    ck_assert_int_eq(fx_op_optim_init(c->kind, rp, 3, &cfg, &sr, &st), FX_OK);
+    char what[160];
+    for (int step = 0; step < 4; step++) {
+        for (int i = 0; i < 3; i++) {
+            pair_make(&g[i], c->grad, 1, &sizes[i], -2.0, 2.0);
+            if (c->nonfinite && step == 2)
+                fx_store_f64(g[i].fast.data, c->grad, 0, NAN), fx_store_f64(g[i].ref.data, c->grad, 0, NAN);
+            fg[i] = g[i].fast, rg[i] = g[i].ref;
+        }
+        ck_assert_int_eq(fx_op_optim_step(sf, c->kind, fp, 3, fg, 3, &h, &st), FX_OK);
+        FX_CK_OK(st);
+        ck_assert_int_eq(fx_op_optim_step(sr, c->kind, rp, 3, rg, 3, &h, &st), FX_OK);
+        fx_optim_info fi, ri;
+        ck_assert_int_eq(fx_op_optim_info(sf, &fi, &st), FX_OK);
+        ck_assert_int_eq(fx_op_optim_info(sr, &ri, &st), FX_OK);
+        ck_assert_int_eq(fi.step, ri.step);
+        ck_assert_int_eq(fi.skipped, ri.skipped);
+        ck_assert_msg(fabs(fi.grad_norm - ri.grad_norm) <= 1e-5 * fabs(ri.grad_norm) || (isnan(fi.grad_norm) && isnan(ri.grad_norm)),
+                      "grad norm %g against %g", fi.grad_norm, ri.grad_norm);
+        for (int i = 0; i < 3; i++) {
+            snprintf(what, sizeof what, "%s %s/%s clip%d ams%d max%d nest%d mom%d step %d tensor %d",
+                     c->kind == FX_OPTIM_ADAMW ? "adamw" : "sgd", fx_dtype_name(c->param), fx_dtype_name(c->grad),
+                     c->clip, c->amsgrad, c->maximize, c->nesterov, c->momentum, step, i);
+            compare_tensors(&fp[i], &rp[i], tol_of(c->param), what);
+            if (sf->master)
+                compare_tensors(&sf->master_t[i], &sr->master_t[i], 1e-5, what);
+            if (sf->buf0[i].buffer)
+                compare_tensors(&sf->buf0[i], &sr->buf0[i], 1e-5, what);
+            if (sf->buf1[i].buffer)
+                compare_tensors(&sf->buf1[i], &sr->buf1[i], 1e-5, what);
+            if (sf->buf2[i].buffer)
+                compare_tensors(&sf->buf2[i], &sr->buf2[i], 1e-5, what);
+            pair_release(&g[i]);
+        }
+    }
+    fx_optim_state_free(sf);
+    fx_optim_state_free(sr);
+    for (int i = 0; i < 3; i++)
+        pair_release(&p[i]);
+}
+
+START_TEST(optim_against_oracle)
+{
+    const optim_case cases[] = {
+        {FX_OPTIM_ADAMW, FX_F32, FX_F32, false, false, false, false, false, false},
+        {FX_OPTIM_ADAMW, FX_F32, FX_BF16, true, true, false, false, false, true},
+        {FX_OPTIM_ADAMW, FX_BF16, FX_BF16, true, false, true, false, false, false},
+        {FX_OPTIM_ADAMW, FX_F16, FX_F32, false, true, false, false, false, true},
+        {FX_OPTIM_SGD, FX_F32, FX_F32, false, false, false, false, false, false},
+        {FX_OPTIM_SGD, FX_F32, FX_F16, true, false, true, false, true, true},
+        {FX_OPTIM_SGD, FX_BF16, FX_BF16, false, false, false, true, true, false},
+        {FX_OPTIM_SGD, FX_F16, FX_F16, true, false, false, false, true, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        optim_check(&cases[i]);
+}
+END_TEST
+
 /* ---- NaN, repeats, concurrent callers ---- */
 
 START_TEST(nan_never_passes)
@@ -648,6 +750,7 @@ Suite *fx_suite_fast(void)
     tcase_add_test(tc, linrec_steps_against_oracle);
     tcase_add_test(tc, ssm_against_oracle);
     tcase_add_test(tc, ssm_steps_against_oracle);
+    tcase_add_test(tc, optim_against_oracle);
     tcase_add_test(tc, nan_never_passes);
     tcase_add_test(tc, repeats_identical_and_callers_concurrent);
     suite_add_tcase(s, tc);

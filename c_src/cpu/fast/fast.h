@@ -20,7 +20,7 @@
 /* The kernels are built twice, for x86-64-v3 (AVX2, FMA, F16C) and the
  * baseline, the CPU's picked when the library loads. */
 #if defined(__x86_64__) && defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__)
-#define FX_FAST_KERNEL __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define FX_FAST_KERNEL __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define FX_FAST_KERNEL
 #endif
