@@ -138,7 +138,7 @@ host_out_of_memory(_Config) ->
            "Fwd = fun(N) -> fusex:selective_scan(Z({1,1,1}), Z({1,1,1}), Z({1,N}), Z({1,1,N}), Z({1,1,N}), "
            "              #{save_for_backward => true}) end, "
            "{Y, C} = Fwd(1 bsl 23), "
-           "R = [Try(fun() -> Fwd(1 bsl 25) end), Try(fun() -> fusex:selective_scan_backward(Y, C) end), "
+           "R = [Try(fun() -> Fwd(1 bsl 26) end), Try(fun() -> fusex:selective_scan_backward(Y, C) end), "
            "     fusex:to_binary(fusex:add(Z({2}), Z({2})))], "
            "io:format(\"~n~w.~n\", [R]), halt().",
     Limit = case os:getenv("FUSEX_ASAN") of

@@ -146,19 +146,27 @@ typedef struct fwd_job {
     atomic_bool out_of_memory;
 } fwd_job;
 
-static size_t fwd_scratch_floats(const fx_ssm_dims *n) { return (size_t)(3 * n->dstate * DC + 2 * n->dstate); }
+/* The row stride of a block's [dstate][channel] arrays: DC, or fewer where
+ * a group has fewer channels (a block never spans two groups). */
+static int64_t fwd_stride(const fx_ssm_dims *n) { return min64(DC, n->dim / n->groups); }
+static int64_t bwd_stride(const fx_ssm_dims *n) { return min64(DCB, n->dim / n->groups); }
+
+static size_t fwd_scratch_floats(const fx_ssm_dims *n)
+{
+    return fx_size_add(fx_size_mul(3 * n->dstate, fwd_stride(n)), (size_t)(2 * n->dstate));
+}
 
 FX_FAST_KERNEL
 static void fwd_block(const fwd_job *job, int64_t b, int64_t d0, int64_t w, float *work)
 {
     const fx_ssm_fwd_args *a = job->a;
     const fx_ssm_dims *n = &a->n;
-    const int64_t N = n->dstate, L = n->seqlen, g = d0 / (n->dim / n->groups);
-    float *At = work, *h = At + N * DC, *tbuf = h + N * DC, *bbuf = tbuf + N * DC, *cbuf = bbuf + N;
+    const int64_t N = n->dstate, L = n->seqlen, g = d0 / (n->dim / n->groups), S = fwd_stride(n);
+    float *At = work, *h = At + N * S, *tbuf = h + N * S, *bbuf = tbuf + N * S, *cbuf = bbuf + N;
     _Alignas(64) float bias[DC], dskip[DC], u[DC], delta[DC], dxb[DC], y[DC];
     _Alignas(64) float xbuf[DC], dtbuf[DC], zbuf[DC], ybuf[DC];
-    load_block_consts(a->a, a->dt_bias, a->d, N, d0, w, DC, At, bias, dskip);
-    load_states(a->h0, (b * n->dim + d0) * N, N, w, DC, h);
+    load_block_consts(a->a, a->dt_bias, a->d, N, d0, w, S, At, bias, dskip);
+    load_states(a->h0, (b * n->dim + d0) * N, N, w, S, h);
     const int64_t nsaved = a->saved ? a->saved->dims[1] : 0;
     for (int64_t t = 0; t < L; t++) {
         if (t % POLL == POLL - 1 && fx_watch_gone(job->w))
@@ -173,7 +181,7 @@ static void fwd_block(const fwd_job *job, int64_t b, int64_t d0, int64_t w, floa
             dxb[c] = delta[c] * x[c];
             y[c] = dskip[c] * x[c];
         }
-        scan_step(N, w, DC, At, delta, dxb, brow, crow, h, y);
+        scan_step(N, w, S, At, delta, dxb, brow, crow, h, y);
         float *out = fx_fast_out(a->y, i0, ybuf);
         if (a->z) {
             const float *z = fx_fast_load(a->z, i0, w, zbuf);
@@ -186,11 +194,11 @@ static void fwd_block(const fwd_job *job, int64_t b, int64_t d0, int64_t w, floa
         if (out == ybuf)
             fx_fast_store(a->y, i0, w, out);
         if (nsaved && (t + 1) % a->save_every == 0 && (t + 1) / a->save_every <= nsaved)
-            store_states(a->saved, ((b * nsaved + (t + 1) / a->save_every - 1) * n->dim + d0) * N, N, w, DC, h,
+            store_states(a->saved, ((b * nsaved + (t + 1) / a->save_every - 1) * n->dim + d0) * N, N, w, S, h,
                          tbuf);
     }
     if (a->state)
-        store_states(a->state, (b * n->dim + d0) * N, N, w, DC, h, tbuf);
+        store_states(a->state, (b * n->dim + d0) * N, N, w, S, h, tbuf);
 }
 
 static void fwd_range(void *ctx, int64_t lo, int64_t hi)
@@ -290,11 +298,11 @@ typedef struct bwd_job {
  * counted twice). */
 static size_t bwd_scratch_floats(const fx_ssm_dims *n)
 {
-    const int64_t N = n->dstate, L = n->seqlen, chunks = (L + CHUNK - 1) / CHUNK;
-    size_t rows = fx_size_mul(2 * L, N);                            /* db, dc sums */
-    size_t ckpt = fx_size_mul((int64_t)fx_size_mul(chunks + 1, N), DCB); /* states entering each chunk */
-    size_t chunk = fx_size_mul((2 * CHUNK + 1) * N, DCB);           /* a chunk's states and decays */
-    size_t block = fx_size_mul(6 * N, DCB) + (size_t)(4 * N);       /* At, gs, da (f32 and f64), rows */
+    const int64_t N = n->dstate, L = n->seqlen, chunks = (L + CHUNK - 1) / CHUNK, S = bwd_stride(n);
+    size_t rows = fx_size_mul(2 * L, N);                               /* db, dc sums */
+    size_t ckpt = fx_size_mul((int64_t)fx_size_mul(chunks + 1, N), S); /* states entering each chunk */
+    size_t chunk = fx_size_mul((2 * CHUNK + 1) * N, S);                /* a chunk's states and decays */
+    size_t block = fx_size_add(fx_size_mul(6 * N, S), (size_t)(4 * N)); /* At, gs, da (f32 and f64), rows */
     return fx_size_add(fx_size_add(rows, ckpt), fx_size_add(chunk, block));
 }
 
@@ -307,18 +315,19 @@ typedef struct bwd_work {
 
 static bwd_work carve(const fx_ssm_dims *n, float *p)
 {
-    const int64_t N = n->dstate, L = n->seqlen, chunks = (L + CHUNK - 1) / CHUNK;
+    const int64_t N = n->dstate, L = n->seqlen, chunks = (L + CHUNK - 1) / CHUNK, S = bwd_stride(n);
     bwd_work k;
     k.db = p;
     k.dc = k.db + L * N;
     k.ck = k.dc + L * N;
-    k.hs = k.ck + (chunks + 1) * N * DCB;
-    k.dec = k.hs + (CHUNK + 1) * N * DCB;
-    k.At = k.dec + CHUNK * N * DCB;
-    k.gs = k.At + N * DCB;
-    k.daf = k.gs + N * DCB;
-    k.da = (double *)(k.daf + N * DCB); /* 2 N DCB floats: 8-byte aligned (N DCB is even) */
-    k.bbuf = (float *)(k.da + N * DCB);
+    k.hs = k.ck + (chunks + 1) * N * S;
+    k.dec = k.hs + (CHUNK + 1) * N * S;
+    k.At = k.dec + CHUNK * N * S;
+    k.gs = k.At + N * S;
+    k.daf = k.gs + N * S;
+    /* an even number of floats before it keeps da 8-byte aligned: pad by one where needed */
+    k.da = (double *)(k.daf + N * S + ((2 * L * N + (chunks + 1 + 2 * CHUNK + 1 + 3) * N * S) & 1));
+    k.bbuf = (float *)(k.da + N * S);
     k.cbuf = k.bbuf + 2 * N;
     return k;
 }
@@ -345,14 +354,14 @@ static void bwd_block(const bwd_job *job, int64_t b, int64_t d0, int64_t w, bwd_
     const fx_ssm_fwd_args *f = &a->fwd;
     const fx_ssm_dims *n = &f->n;
     const int64_t N = n->dstate, L = n->seqlen, D = n->dim, g = d0 / (D / n->groups);
-    const int64_t chunks = (L + CHUNK - 1) / CHUNK, sd = (b * D + d0) * N, NB = N * DCB;
+    const int64_t chunks = (L + CHUNK - 1) / CHUNK, sd = (b * D + d0) * N, S = bwd_stride(n), NB = N * S;
     _Alignas(64) float bias[DCB], dskip[DCB], dyp[DCB], dxv[DCB], ddelta[DCB], ddt[DCB], dz[DCB];
     _Alignas(64) float dxbuf[DCB], ddtbuf[DCB], dzbuf[DCB];
     double dd_sum[DCB] = {0}, dbias_sum[DCB] = {0};
     step_rows r;
-    load_block_consts(f->a, f->dt_bias, f->d, N, d0, w, DCB, k->At, bias, dskip);
-    load_states(f->h0, sd, N, w, DCB, k->ck);
-    load_states(a->dstate, sd, N, w, DCB, k->gs);
+    load_block_consts(f->a, f->dt_bias, f->d, N, d0, w, S, k->At, bias, dskip);
+    load_states(f->h0, sd, N, w, S, k->ck);
+    load_states(a->dstate, sd, N, w, S, k->gs);
     memset(k->da, 0, sizeof(double) * (size_t)NB);
     memset(k->daf, 0, sizeof(float) * (size_t)NB);
     /* The state entering every chunk: ck[c] for chunk c (hs the running state). */
@@ -364,7 +373,7 @@ static void bwd_block(const bwd_job *job, int64_t b, int64_t d0, int64_t w, bwd_
             return;
         load_rows(f, at_btd(n, b, t, d0), w, bias, &r);
         const float *brow = fx_fast_load(f->b, at_btg(n, b, t, g), N, k->bbuf);
-        scan_step(N, w, DCB, k->At, r.delta, r.dxb, brow, brow, k->hs, NULL);
+        scan_step(N, w, S, k->At, r.delta, r.dxb, brow, brow, k->hs, NULL);
     }
     for (int64_t c = chunks - 1; c >= 0; c--) {
         if (fx_watch_gone(job->w))
@@ -374,7 +383,7 @@ static void bwd_block(const bwd_job *job, int64_t b, int64_t d0, int64_t w, bwd_
         for (int64_t t = t0; t < t1; t++) {
             load_rows(f, at_btd(n, b, t, d0), w, bias, &r);
             const float *brow = fx_fast_load(f->b, at_btg(n, b, t, g), N, k->bbuf);
-            scan_step_keep(N, w, DCB, k->At, r.delta, r.dxb, brow, k->hs + (t - t0) * NB, k->hs + (t - t0 + 1) * NB,
+            scan_step_keep(N, w, S, k->At, r.delta, r.dxb, brow, k->hs + (t - t0) * NB, k->hs + (t - t0 + 1) * NB,
                            k->dec + (t - t0) * NB);
         }
         for (int64_t t = t1 - 1; t >= t0; t--) {
@@ -390,7 +399,7 @@ static void bwd_block(const bwd_job *job, int64_t b, int64_t d0, int64_t w, bwd_
                 for (int64_t c2 = 0; c2 < w; c2++)
                     ypre[c2] = dskip[c2] * r.x[c2];
                 for (int64_t q = 0; q < N; q++) {
-                    const float cq = crow[q], *restrict hq = cur + q * DCB;
+                    const float cq = crow[q], *restrict hq = cur + q * S;
 #pragma omp simd
                     for (int64_t c2 = 0; c2 < w; c2++)
                         ypre[c2] += cq * hq[c2];
@@ -411,9 +420,9 @@ static void bwd_block(const bwd_job *job, int64_t b, int64_t d0, int64_t w, bwd_
             float *dbt = k->db + t * N, *dct = k->dc + t * N;
             for (int64_t q = 0; q < N; q++) {
                 const float bq = brow[q], cq = crow[q];
-                const float *restrict Aq = k->At + q * DCB, *restrict pq = prev + q * DCB;
-                const float *restrict hq = cur + q * DCB, *restrict eq = dec + q * DCB;
-                float *restrict gq = k->gs + q * DCB, *restrict daq = k->daf + q * DCB;
+                const float *restrict Aq = k->At + q * S, *restrict pq = prev + q * S;
+                const float *restrict hq = cur + q * S, *restrict eq = dec + q * S;
+                float *restrict gq = k->gs + q * S, *restrict daq = k->daf + q * S;
                 const float *restrict delta = r.delta, *restrict x = r.x;
                 float dcs = 0.0f, dbs = 0.0f;
 #pragma omp simd reduction(+ : dcs, dbs)
@@ -459,12 +468,12 @@ static void bwd_block(const bwd_job *job, int64_t b, int64_t d0, int64_t w, bwd_
     }
     for (int64_t c2 = 0; c2 < w; c2++) {
         for (int64_t q = 0; q < N; q++)
-            job->da[sd + c2 * N + q] = k->da[q * DCB + c2];
+            job->da[sd + c2 * N + q] = k->da[q * S + c2];
         job->dd[b * D + d0 + c2] = dd_sum[c2];
         job->dbias[b * D + d0 + c2] = dbias_sum[c2];
     }
     if (a->dh0)
-        store_states(a->dh0, sd, N, w, DCB, k->gs, k->hs);
+        store_states(a->dh0, sd, N, w, S, k->gs, k->hs);
 }
 
 /* Tasks [lo, hi) of (batch row, group). */
