@@ -47,8 +47,20 @@ static struct {
 static int thread_target = 0; /* 0: not yet decided */
 static pthread_once_t target_once = PTHREAD_ONCE_INIT;
 
+/* A child of fork has none of the parent's threads: it starts its own. */
+static void forget_threads_in_child(void)
+{
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pthread_cond_init(&pool.done, NULL);
+    pool.started = 0;
+    pool.stopping = 0;
+    atomic_flag_clear(&pool.busy);
+}
+
 static void decide_threads(void)
 {
+    pthread_atfork(NULL, NULL, forget_threads_in_child);
     int n = 1;
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0)
