@@ -237,41 +237,66 @@ typedef struct step_job {
     atomic_bool out_of_memory;
 } step_job;
 
+/* Channels [d0, d0 + w) of batch row b, one group: the per-channel values
+ * (delta, the gate) vectorised over the block, then each channel's states
+ * along dstate (the state's own layout). */
 FX_FAST_KERNEL
+static void step_block(const fx_ssm_step_args *a, int64_t b, int64_t d0, int64_t w, float *buf)
+{
+    const fx_ssm_dims *n = &a->n;
+    const int64_t N = n->dstate, D = n->dim, i0 = b * D + d0, row = (b * n->groups + d0 / (D / n->groups)) * N;
+    _Alignas(64) float xbuf[DC], dtbuf[DC], zbuf[DC], bias[DC], dskip[DC], u[DC], delta[DC], y[DC], ybuf[DC];
+    for (int64_t c = 0; c < w; c++) {
+        bias[c] = fx_fast_at(a->dt_bias, d0 + c, 0.0f);
+        dskip[c] = fx_fast_at(a->d, d0 + c, 0.0f);
+    }
+    const float *x = fx_fast_load(a->x, i0, w, xbuf);
+    deltas(w, fx_fast_load(a->dt, i0, w, dtbuf), bias, a->dt_softplus, u, delta);
+    const float *restrict bk = fx_fast_load(a->b, row, N, buf);
+    const float *restrict ck = fx_fast_load(a->c, row, N, buf + N);
+    for (int64_t c = 0; c < w; c++) {
+        const int64_t d = d0 + c;
+        const float *restrict A = fx_fast_load(a->a, d * N, N, buf + 2 * N);
+        float *restrict h = a->state->dtype == FX_F32 ? (float *)a->state->data + (i0 + c) * N
+                                                      : (float *)fx_fast_load(a->state, (i0 + c) * N, N, buf + 3 * N);
+        const float dl = delta[c], dx = delta[c] * x[c];
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t k = 0; k < N; k++) {
+            h[k] = fx_fast_exp(dl * A[k]) * h[k] + dx * bk[k];
+            acc += ck[k] * h[k];
+        }
+        if (a->state->dtype != FX_F32)
+            fx_fast_store(a->state, (i0 + c) * N, N, h);
+        y[c] = acc + dskip[c] * x[c];
+    }
+    float *out = fx_fast_out(a->y, i0, ybuf);
+    if (a->z) {
+        const float *z = fx_fast_load(a->z, i0, w, zbuf);
+#pragma omp simd
+        for (int64_t c = 0; c < w; c++)
+            out[c] = y[c] * fx_fast_silu(z[c]);
+    } else {
+        memcpy(out, y, sizeof(float) * (size_t)w);
+    }
+    if (out == ybuf)
+        fx_fast_store(a->y, i0, w, out);
+}
+
 static void step_range(void *ctx, int64_t lo, int64_t hi)
 {
     step_job *job = ctx;
-    const fx_ssm_step_args *a = job->a;
-    const fx_ssm_dims *n = &a->n;
-    const int64_t N = n->dstate, D = n->dim, cpg = D / n->groups;
-    /* rows of dstate: A, b, c and the state, converted where not f32 */
-    float *buf = fx_fast_scratch(sizeof(float) * (size_t)(4 * N));
+    const fx_ssm_dims *n = &job->a->n;
+    /* rows of dstate: b, c, A and the state, converted where not f32 */
+    float *buf = fx_fast_scratch(sizeof(float) * (size_t)(4 * n->dstate));
     if (!buf) {
         atomic_store(&job->out_of_memory, true);
         return;
     }
-    for (int64_t i = lo; i < hi; i++) {
-        const int64_t b = i / D, d = i % D, row = (b * n->groups + d / cpg) * N;
-        float u = fx_fast_at(a->dt, i, 0.0f) + fx_fast_at(a->dt_bias, d, 0.0f);
-        float delta = a->dt_softplus ? fx_fast_softplus(u) : u;
-        float x = fx_fast_at(a->x, i, 0.0f), dx = delta * x;
-        const float *restrict A = fx_fast_load(a->a, d * N, N, buf);
-        const float *restrict bk = fx_fast_load(a->b, row, N, buf + N);
-        const float *restrict ck = fx_fast_load(a->c, row, N, buf + 2 * N);
-        float *restrict h = a->state->dtype == FX_F32 ? (float *)a->state->data + i * N
-                                                      : (float *)fx_fast_load(a->state, i * N, N, buf + 3 * N);
-        float y = 0.0f;
-#pragma omp simd reduction(+ : y)
-        for (int64_t k = 0; k < N; k++) {
-            h[k] = fx_fast_exp(delta * A[k]) * h[k] + dx * bk[k];
-            y += ck[k] * h[k];
-        }
-        if (a->state->dtype != FX_F32)
-            fx_fast_store(a->state, i * N, N, h);
-        y += fx_fast_at(a->d, d, 0.0f) * x;
-        if (a->z)
-            y *= fx_fast_silu(fx_fast_at(a->z, i, 0.0f));
-        fx_store_f64(a->y->data, a->y->dtype, i, y);
+    for (int64_t c = lo; c < hi;) {
+        int64_t w = block_width(n, c, hi, DC);
+        step_block(job->a, c / n->dim, c % n->dim, w, buf);
+        c += w;
     }
 }
 
