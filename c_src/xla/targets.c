@@ -340,7 +340,7 @@ int fx_xla_run(const fx_xla_call *c, fx_status *st)
         bind_and_run(c, &f, st);
     }
     if (st->code != FX_OK) {
-        /* "fusex_mingru_fwd: cand: expected ..." */
+        /* "fusex_<op>_fwd: <input>: expected ..." */
         char msg[FX_MSG_LEN + 64];
         snprintf(msg, sizeof msg, "%s: %s", fx_xla_target_name(c->op), st->msg);
         memcpy(st->msg, msg, FX_MSG_LEN - 1);

@@ -76,7 +76,7 @@ def _load():
 
 
 LIB, DESCRIPTIONS = _load()
-# The targets, in the library's order ("fusex_selective_scan_fwd", ...).
+# The targets, in the library's order ("fusex_<op>_fwd", ...).
 TARGETS = tuple(d["target"] for d in DESCRIPTIONS)
 
 # The element types by the library's codes, as numpy dtypes ("f32" ->

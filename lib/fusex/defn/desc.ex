@@ -8,7 +8,7 @@ defmodule Fusex.Defn.Desc do
   @key {__MODULE__, :descriptions}
 
   @doc false
-  # Every description, by name (:mingru_fwd => map), read once per VM.
+  # Every description, by name (:<op>_fwd => map), read once per VM.
   def all do
     case :persistent_term.get(@key, nil) do
       nil ->
