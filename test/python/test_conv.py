@@ -162,7 +162,6 @@ error_case("state: expected type {f,32}, got {f,16}",
            lambda: fj.causal_conv1d_step(of(F16, 2, 4, 2), f32(2, 4), f32(4, 3)))
 error_case("activation: expected none or silu, got 'gelu'",
            lambda: fj.causal_conv1d_step(f32(2, 4, 2), f32(2, 4), f32(4, 3), activation="gelu"))
-error_case("fusex_jax: causal_conv1d_fwd has no options ['h0']", conv_fwd(h0=f32(2, 4, 2)), exc=TypeError)
 
 CONV_FLAGS = dict(activation=I(0), has_bias=I(0), has_initial_state=I(0), return_state=I(0))
 handler_error_case("fusex_causal_conv1d_fwd: activation: expected 0 to 1 (none or silu), got 2",
