@@ -11,7 +11,7 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
 
     Each function works inside `defn` (and `Nx.Defn.jit/2`) and on plain
     tensors outside. Semantics, shapes, types and error messages are those
-    of the Erlang API (`:fusex`, docs/SSM.md, docs/LINREC.md); tensors are
+    of the Erlang API (`:fusex`, docs/SSM.md, docs/LINREC.md, docs/LAYERS.md); tensors are
     Nx tensors, optional tensors come in a map and options in a keyword
     list:
 

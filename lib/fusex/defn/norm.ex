@@ -14,7 +14,8 @@ if Code.ensure_loaded?(Nx.Defn) do
     # the backward: dn = dy * silu(gate), g = dn * weight, and
     # ds = rstd (g - xhat mean(g xhat)) (rms_norm), rstd (g - mean(g) -
     # xhat mean(g xhat)) (layer_norm), plus the cotangent of s; x and the
-    # residual both get ds.
+    # residual both get ds. The backward reads s and the statistics the
+    # forward saved, as the kernels do.
 
     alias Fusex.Defn.Block
     import Fusex.Defn.Math
@@ -45,7 +46,8 @@ if Code.ensure_loaded?(Nx.Defn) do
     # {xhat, mean (layer_norm; nil for rms_norm), rstd}, the statistics
     # with a trailing axis of 1.
     defp normalise(block, s) do
-      eps = Block.attr(block, :eps)
+      # (a bare float would enter as an f32 constant: eps in s's type)
+      eps = Nx.tensor(Block.attr(block, :eps), type: s.type)
       axis = Nx.rank(s) - 1
 
       if rms?(block) do
@@ -100,17 +102,19 @@ if Code.ensure_loaded?(Nx.Defn) do
     @doc false
     # Operands: the forward's, s (a residual), (mean,) rstd, dy, then ds
     # (has_ds). Results: dx, dweight, then dbias, dresidual, dgate where
-    # given, each of its input's type. The statistics are recomputed from
-    # x + residual in type c (the forward's, before s was rounded).
+    # given, each of its input's type. As the kernels: xhat from s as the
+    # forward wrote it (x without a residual) and the saved statistics.
     def backward(block, args) do
       {inp, rest} = take_inputs(block, args)
-      rest = if inp.residual, do: tl(rest), else: rest
-      rest = if rms?(block), do: rest, else: tl(rest)
-      [_rstd, dy | ds] = rest
+      {xs, rest} = if inp.residual, do: {hd(rest), tl(rest)}, else: {inp.x, rest}
+      {mean, rest} = if rms?(block), do: {nil, rest}, else: {hd(rest), tl(rest)}
+      [rstd, dy | ds] = rest
       c = compute_type(inp.x.type)
       axis = Nx.rank(inp.x) - 1
-      s = sum_in(inp, c)
-      {xhat, _mean, rstd} = normalise(block, s)
+      stat = fn t -> t |> Nx.as_type(c) |> Nx.reshape(put_elem(inp.x.shape, axis, 1)) end
+      rstd = stat.(rstd)
+      centred = if mean, do: Nx.subtract(Nx.as_type(xs, c), stat.(mean)), else: Nx.as_type(xs, c)
+      xhat = Nx.multiply(centred, rstd)
       dy = Nx.as_type(dy, c)
 
       {dn, dgate} =
