@@ -23,7 +23,11 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
       * `min_lstm/3` - `f_kernel`, `f_bias`, `i_kernel`, `i_bias`,
         `h_kernel`, `h_bias`;
       * `liquid/3` - `kernel`, `bias` (the gate's logits), `log_tau`
-        (tau = exp(log_tau), so that it stays positive), `a`.
+        (tau = exp(log_tau), so that it stays positive), `a`;
+      * `causal_conv1d/2` - `kernel` `[dim, width]`, `bias` `[dim]` (the
+        sequence keeps its width);
+      * `rms_norm/2`, `layer_norm/2` - `weight`, `bias` `[hidden]` (any
+        shape `[..., hidden]`, kept), with an optional gate input.
 
     Kernels take `:kernel_initializer` (default `:glorot_uniform`), biases
     `:bias_initializer` (default `:zeros`).
@@ -183,6 +187,113 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
     def liquid_layer(x, kernel, bias, log_tau, a, opts) do
       Fusex.Defn.liquid(dense(x, kernel, bias), Nx.exp(log_tau), a, %{}, reverse: opts[:reverse], dt: opts[:dt])
     end
+
+    # ---- the other layers of a Mamba block: causal conv1d, the norms ----
+
+    @doc """
+    The causal depthwise convolution over time (`Fusex.Defn.causal_conv1d/4`):
+    `x` `[batch, seqlen, dim]` to the same shape, `y_t = act(bias + sum_k
+    kernel[:, k] x_{t - (width - 1) + k})`, the inputs before the first
+    zeros. Parameters: `kernel` `[dim, width]`, `bias` `[dim]` (with
+    `use_bias: true`, the default). Options: `:name`, `:width` (1 to 16,
+    default 4), `:activation` (`:none` or `:silu`, default `:none`),
+    `:use_bias`, `:kernel_initializer` (default `:glorot_uniform`),
+    `:bias_initializer` (default `:zeros`).
+    """
+    def causal_conv1d(x, opts \\ []) do
+      input!(x)
+
+      opts =
+        Fusex.Opts.keyword!(opts, [:name, width: 4, activation: :none, use_bias: true,
+          kernel_initializer: :glorot_uniform, bias_initializer: :zeros])
+
+      name!(opts)
+      Fusex.Opts.value!(opts, :width, "an integer 1 to 16", &(is_integer(&1) and &1 in 1..16))
+      Fusex.Opts.value!(opts, :activation, ":none or :silu", &(&1 in [:none, :silu]))
+      Fusex.Opts.boolean!(opts, :use_bias)
+      Enum.each([:kernel_initializer, :bias_initializer], &initializer!(opts, &1))
+
+      width = opts[:width]
+      kernel = Axon.param("kernel", fn s -> {last(s), width} end, initializer: opts[:kernel_initializer])
+      bias = if opts[:use_bias], do: [Axon.param("bias", fn s -> {last(s)} end, initializer: opts[:bias_initializer])], else: []
+      fun = if opts[:use_bias], do: &causal_conv1d_layer/4, else: &causal_conv1d_layer/3
+
+      Axon.layer(fun, [x, kernel | bias], name: opts[:name], op_name: :fusex_causal_conv1d,
+        activation: opts[:activation])
+    end
+
+    @doc false
+    def causal_conv1d_layer(x, kernel, opts), do: Fusex.Defn.causal_conv1d(x, kernel, %{}, activation: opts[:activation])
+
+    @doc false
+    def causal_conv1d_layer(x, kernel, bias, opts),
+      do: Fusex.Defn.causal_conv1d(x, kernel, %{bias: bias}, activation: opts[:activation])
+
+    @doc """
+    RMSNorm over the last axis (`Fusex.Defn.rms_norm/4`): `y = x /
+    sqrt(mean(x^2) + eps) * weight + bias`, times `silu(gate)` with a
+    `:gate` (Mamba-2's gated norm). Parameters: `weight` `[hidden]`, and
+    `bias` with `use_bias: true` (default false). Options: `:name`, `:eps`
+    (default 1.0e-5), `:gate` (an `%Axon{}` of the input's shape),
+    `:use_bias`, `:weight_initializer` (default `:ones`),
+    `:bias_initializer` (default `:zeros`). The fused residual add (which
+    also returns `x + residual`) is `Fusex.Defn.rms_norm/4`'s.
+    """
+    def rms_norm(x, opts \\ []), do: norm(:rms_norm, x, opts, false)
+
+    @doc """
+    LayerNorm over the last axis (`Fusex.Defn.layer_norm/5`), with the
+    options of `rms_norm/2`; `bias` is a parameter unless `use_bias: false`
+    (then zeros).
+    """
+    def layer_norm(x, opts \\ []), do: norm(:layer_norm, x, opts, true)
+
+    defp norm(kind, x, opts, use_bias) do
+      input!(x)
+
+      opts =
+        Fusex.Opts.keyword!(opts, [:name, :gate, eps: 1.0e-5, use_bias: use_bias, weight_initializer: :ones,
+          bias_initializer: :zeros])
+
+      name!(opts)
+      eps = "a finite number >= 0"
+      Fusex.Opts.value!(opts, :eps, eps, &((is_float(&1) or is_integer(&1)) and &1 >= 0 and &1 <= 1.7976931348623157e308))
+      Fusex.Opts.value!(opts, :gate, "nil or an %Axon{} layer", &(&1 == nil or is_struct(&1, Axon)))
+      Fusex.Opts.boolean!(opts, :use_bias)
+      Enum.each([:weight_initializer, :bias_initializer], &initializer!(opts, &1))
+
+      gate = if opts[:gate], do: [opts[:gate]], else: []
+      # (a parameter's shape is a function of every input layer's shape)
+      hidden = if gate == [], do: fn s -> {last(s)} end, else: fn s, _gate -> {last(s)} end
+      weight = Axon.param("weight", hidden, initializer: opts[:weight_initializer])
+      bias = if opts[:use_bias], do: [Axon.param("bias", hidden, initializer: opts[:bias_initializer])], else: []
+      inputs = [x | gate] ++ [weight | bias]
+      fun = Enum.at([nil, nil, &norm_layer/3, &norm_layer/4, &norm_layer/5], length(inputs))
+
+      Axon.layer(fun, inputs, name: opts[:name], op_name: :"fusex_#{kind}", kind: kind, eps: opts[:eps] * 1.0,
+        gate: gate != [], use_bias: opts[:use_bias])
+    end
+
+    @doc false
+    def norm_layer(x, a, opts), do: norm_call([x, a], opts)
+    def norm_layer(x, a, b, opts), do: norm_call([x, a, b], opts)
+    def norm_layer(x, a, b, c, opts), do: norm_call([x, a, b, c], opts)
+
+    # [x, gate?, weight, bias?] as the layer's inputs came.
+    defp norm_call([x | rest], opts) do
+      {gate, [weight | bias]} = if opts[:gate], do: {hd(rest), tl(rest)}, else: {nil, rest}
+      tensors = if gate, do: %{gate: gate}, else: %{}
+      eps = [eps: opts[:eps]]
+
+      case {opts[:kind], bias} do
+        {:rms_norm, []} -> Fusex.Defn.rms_norm(x, weight, tensors, eps)
+        {:rms_norm, [b]} -> Fusex.Defn.rms_norm(x, weight, Map.put(tensors, :bias, b), eps)
+        {:layer_norm, []} -> Fusex.Defn.layer_norm(x, weight, Nx.broadcast(Nx.tensor(0, type: weight.type), weight.shape), tensors, eps)
+        {:layer_norm, [b]} -> Fusex.Defn.layer_norm(x, weight, b, tensors, eps)
+      end
+    end
+
+    defp last(shape), do: elem(shape, tuple_size(shape) - 1)
 
     # ---- shared ----
 

@@ -7,7 +7,9 @@ description's names: ``forward(op, args, **options)`` for a forward,
 
   * the options: a tensor option is an input (None: not given), a flag a
     boolean (Python's, numpy's, a 0-d boolean array), a flag with choices
-    one of its two names, a number a concrete real scalar; an option that is both a number and an input (a tensor or
+    one of its two names, an enum one of its names (a string; None for its
+    first, "none"), passed to XLA as its index, a number a concrete real
+    scalar; an option that is both a number and an input (a tensor or
     a number) is the number when it is a concrete scalar and the input
     otherwise (an array of shape ``()`` broadcast to the input's layout);
   * the operands in the description's order, the presence attributes set
@@ -103,6 +105,21 @@ def _choice(name, value, choices):
     raise ArgumentError(f"{name}: expected {choices[0]} or {choices[1]}, got {_show(value)}")
 
 
+def _choice_list(choices):
+    """The op layer's list of names (fx_op_choice_list): "a, b or c"."""
+    return choices[0] if len(choices) == 1 else ", ".join(choices[:-1]) + " or " + choices[-1]
+
+
+def _enum(name, value, choices):
+    """An enum option (an activation): one of its names, as a string, or
+    None for its first ("none"); its index."""
+    if value is None:
+        return 0.0
+    if isinstance(value, str) and value in choices:
+        return float(choices.index(value))
+    raise ArgumentError(f"{name}: expected {_choice_list(choices)}, got {_show(value)}")
+
+
 def _number(name, value, expected):
     """A concrete real scalar as a float (the op layer checks its range);
     None where value is not a scalar at all."""
@@ -191,6 +208,9 @@ def _prepare(name, args, options):
                 continue
             if i < 0:
                 raise ArgumentError(f"{key}: expected {expected}, got {_show(value)}")
+        elif a >= 0 and d["attrs"][a]["kind"] == "enum":
+            attrs[a] = _enum(key, value, d["attrs"][a]["choices"])
+            continue
         elif a >= 0:
             choices = d["attrs"][a]["choices"]
             attrs[a] = _choice(key, value, choices) if choices else _flag(key, value)
@@ -236,7 +256,8 @@ def _run(op, attrs, inputs):
     specs = _specs(op, attrs, inputs)
     given = [i for i, t in enumerate(inputs) if t is not None]
     made = [r for r, s in enumerate(specs) if s is not None]
-    values = {a["name"]: np.int64(v) if a["kind"] == "flag" else np.float64(v) for a, v in zip(d["attrs"], attrs)}
+    values = {a["name"]: np.int64(v) if a["kind"] in ("flag", "enum") else np.float64(v)
+              for a, v in zip(d["attrs"], attrs)}
     # A step's state is updated in place where the caller donates it.
     state_in = [k for k, i in enumerate(given) if d["inputs"][i]["role"] == "state"]
     state_out = [k for k, r in enumerate(made) if d["results"][r]["role"] == "state"]
@@ -355,6 +376,19 @@ def _framing(fwd_layout, step_layout):
     return axis if axis >= 0 and _seq_axis(step_layout) < 0 else -1
 
 
+def _forward_state_names(step, fwd):
+    """A step's state input and result ("state", "new_state") as its
+    forward's input and result: h0 and state, or where the forward has no
+    h0, its optional input and its output of the state's layout (the
+    convolution's initial_state and final_state)."""
+    if _index_of(fwd["inputs"], "h0") >= 0:
+        return {"state": "h0", "new_state": "state"}
+    layout = next(s["layout"] for s in step["inputs"] if s["role"] == "state")
+    initial = next(s["name"] for s in fwd["inputs"] if s["role"] == "option" and s["layout"] == layout)
+    final = next(r["name"] for r in fwd["results"] if r["role"] == "output" and r["layout"] == layout)
+    return {"state": initial, "new_state": final}
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _step(call, inputs):
     return _public(call.op, _run(call.op, call.attrs, inputs))
@@ -376,11 +410,11 @@ def _step_bwd(call, residuals, cotangent):
     layouts = {s["name"]: s["layout"] for s in fwd["inputs"] + fwd["results"]}
 
     # The step's tensors under the forward's names: its state is h0 (in),
-    # the final state (out).
+    # the final state (out), or what the forward calls them.
+    state_names = _forward_state_names(step, fwd)
+
     def forward_name(spec):
-        if spec["role"] != "state":
-            return spec["name"]
-        return {"state": "h0", "new_state": "state"}[spec["name"]]
+        return state_names[spec["name"]] if spec["role"] == "state" else spec["name"]
 
     def framing(spec):
         return _framing(layouts.get(forward_name(spec), spec["layout"]), spec["layout"])

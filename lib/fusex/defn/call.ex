@@ -6,8 +6,9 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     #
     #   * its tensors and options parsed by the description: the optional
     #     tensors are its inputs of role option, the options its option
-    #     attributes (a flag true or false, or one of its choices; a number,
-    #     which may instead be given as the tensor of that name);
+    #     attributes (a flag true or false, or one of its choices; an enum
+    #     one of its atoms, its index in the block; a number, which may
+    #     instead be given as the tensor of that name);
     #   * the op layer's check on the cpu device (fusex:op_check/4) on the
     #     tensors' templates: the results' types and shapes, or the message
     #     a run of the op would raise, raised at trace time;
@@ -98,6 +99,9 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
         choices -> Check.choice!(opts, key, choices, Enum.at(choices, trunc(a.default)))
       end
     end
+
+    defp value!(_desc, key, %{kind: :enum} = a, opts, _given),
+      do: Check.enum!(opts, key, a.choices, Enum.at(a.choices, trunc(a.default)))
 
     defp value!(desc, key, %{kind: :number} = a, opts, given) do
       tensor = Enum.find(desc.inputs, &(&1.name == key))

@@ -49,6 +49,10 @@ defmodule Fusex.Defn.XLA do
       nil ->
         false
 
+      # an op that is no XLA target (the linear layers)
+      desc when not is_map_key(desc, :target) ->
+        false
+
       desc ->
         names = Desc.operand_names(desc, block.attrs, length(args))
         specs = Map.new(Enum.zip(names, args), fn {name, t} -> {name, {t.type, t.shape}} end)
