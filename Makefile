@@ -219,7 +219,7 @@ $(BUILD)/emu/fusex_cuda.so: $(EMU_OBJ) $(BUILD)/libfusex_core.a test/emu/shared.
 	$(CXX) -shared -o $@ $(EMU_OBJ) $(BUILD)/libfusex_core.a -Wl,--exclude-libs,ALL -Wl,--no-undefined \
 	  -Wl,-T,test/emu/shared.ld $(LDLIBS)
 
-EMU_SUITES  := ops optim linrec ssm rnn exec replay op linear norm conv
+EMU_SUITES  := ops optim linrec ssm rnn exec replay op linear norm conv model
 EMU_SEED     = $${FUSEX_EMU_SEED:-$$(date +%s)}
 
 test-emu:
