@@ -7,11 +7,13 @@
 #include <string.h>
 
 #include "core/check.h"
+#include "core/conv.h"
 #include "core/linear.h"
 #include "core/linrec.h"
 #include "core/norm.h"
 #include "core/ops.h"
 #include "core/rnn.h"
+#include "core/ssm.h"
 
 /* ---- kinds and their weight slots ---- */
 
@@ -29,7 +31,13 @@ static const layer_kind_info kinds[FX_LAYER_KIND_COUNT] = {
     [FX_LAYER_MINLSTM] = {"minlstm", 6, {"w_f", "b_f", "w_i", "b_i", "w_h", "b_h"}},
     [FX_LAYER_GRU] = {"gru", 4, {"w_ih", "w_hh", "b_ih", "b_hh"}},
     [FX_LAYER_LSTM] = {"lstm", 4, {"w_ih", "w_hh", "b_ih", "b_hh"}},
+    [FX_LAYER_MAMBA] = {"mamba", 12, {"w_in_x", "w_in_z", "w_conv", "b_conv", "w_x_dt", "w_x_b", "w_x_c", "w_dt",
+                                      "b_dt", "a", "d", "w_out"}},
 };
+
+/* Mamba's weight slots and frame buffers. */
+enum { W_IN_X, W_IN_Z, W_CONV, B_CONV, W_X_DT, W_X_B, W_X_C, W_DT, B_DT, M_A, M_D, W_OUT };
+enum { M_XIN, M_Z, M_U, M_DTL, M_B, M_C, M_DT, M_Y, M_NTMP };
 
 const char *fx_layer_kind_name(int kind) { return kind >= 0 && kind < FX_LAYER_KIND_COUNT ? kinds[kind].name : NULL; }
 
@@ -51,6 +59,7 @@ const char *fx_layer_slot_name(int kind, int slot)
 static bool is_min(int kind) { return kind == FX_LAYER_MINGRU || kind == FX_LAYER_MINLSTM; }
 static bool is_rnn(int kind) { return kind == FX_LAYER_GRU || kind == FX_LAYER_LSTM; }
 static bool is_norm(int kind) { return kind == FX_LAYER_RMS_NORM || kind == FX_LAYER_LAYER_NORM; }
+static bool is_mamba(int kind) { return kind == FX_LAYER_MAMBA; }
 /* The min layers' projections: 2 (z, h) or 3 (f, i, h). */
 static int nproj(int kind) { return kind == FX_LAYER_MINLSTM ? 3 : 2; }
 
@@ -67,13 +76,34 @@ bool fx_layer_slot_is_bias(int kind, int slot)
     }
 }
 
-static int64_t layer_out(const fx_layer_spec *spec, int64_t in) { return is_norm(spec->kind) ? in : spec->size; }
+static int64_t layer_out(const fx_layer_spec *spec, int64_t in)
+{
+    return is_norm(spec->kind) || is_mamba(spec->kind) ? in : spec->size;
+}
+
+/* Mamba's slot shapes: [E, D], [E, D], [E, K], [E], [R, E], [N, E], [N, E],
+ * [E, R], [E], [E, N], [E], [D, E]. */
+static int mamba_slot_shape(const fx_layer_spec *spec, int64_t in, int slot, int64_t dims[2], const char **layout)
+{
+    static const char *const layouts[12] = {"[d_inner, in]", "[d_inner, in]", "[d_inner, d_conv]", "[d_inner]",
+                                            "[dt_rank, d_inner]", "[d_state, d_inner]", "[d_state, d_inner]",
+                                            "[d_inner, dt_rank]", "[d_inner]", "[d_inner, d_state]", "[d_inner]",
+                                            "[in, d_inner]"};
+    const int64_t e = spec->inner, n = spec->dstate, r = spec->dt_rank;
+    const int64_t shapes[12][2] = {{e, in}, {e, in}, {e, spec->dconv}, {e, 0}, {r, e}, {n, e},
+                                   {n, e},  {e, r},  {e, 0},           {e, n}, {e, 0}, {in, e}};
+    *layout = layouts[slot];
+    dims[0] = shapes[slot][0];
+    dims[1] = shapes[slot][1];
+    return dims[1] ? 2 : 1;
+}
 
 int fx_layer_slot_shape(const fx_layer_spec *spec, int64_t in, int slot, int64_t dims[2], const char **layout)
 {
     const int64_t out = layer_out(spec, in);
     const int64_t gates = spec->kind == FX_LAYER_LSTM ? 4 : 3;
     switch (spec->kind) {
+    case FX_LAYER_MAMBA: return mamba_slot_shape(spec, in, slot, dims, layout);
     case FX_LAYER_LINEAR:
         dims[0] = out, dims[1] = in;
         *layout = slot == 0 ? "[out, in]" : "[out]";
@@ -190,8 +220,17 @@ static int check_layer_spec(const fx_layer_spec *ls, int i, int64_t in, fx_statu
     const char *name = fx_layer_kind_name(ls->kind);
     if (!name)
         return fx_fail(st, FX_EBADARG, "layers[%d]: expected a layer kind (linear, rms_norm, layer_norm, mingru, "
-                                       "minlstm, gru, lstm), got %d", i, ls->kind);
-    if (!is_norm(ls->kind) && ls->size < 1)
+                                       "minlstm, gru, lstm, mamba), got %d", i, ls->kind);
+    if (is_mamba(ls->kind)) {
+        const struct { const char *name; int64_t v, lo, hi; } sizes[] = {
+            {"d_inner", ls->inner, 1, INT32_MAX}, {"d_state", ls->dstate, 1, 256},
+            {"d_conv", ls->dconv, 2, 16}, {"dt_rank", ls->dt_rank, 1, INT32_MAX}};
+        for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
+            if (sizes[k].v < sizes[k].lo || sizes[k].v > sizes[k].hi)
+                return fx_fail(st, FX_EBADARG, "layers[%d] (mamba): %s: expected an integer in [%lld, %lld], got %lld",
+                               i, sizes[k].name, (long long)sizes[k].lo, (long long)sizes[k].hi,
+                               (long long)sizes[k].v);
+    } else if (!is_norm(ls->kind) && ls->size < 1)
         return fx_fail(st, FX_EBADARG, "layers[%d] (%s): %s: expected an integer >= 1, got %lld", i, name,
                        ls->kind == FX_LAYER_LINEAR ? "out" : "hidden", (long long)ls->size);
     if (ls->kind == FX_LAYER_LINEAR && (ls->activation < 0 || ls->activation >= FX_ACT_COUNT))
@@ -226,6 +265,25 @@ static int check_spec(fx_device *dev, const fx_model_spec *spec, fx_status *st)
     return FX_OK;
 }
 
+/* Mamba's own initial values where they are not a uniform fan-in draw
+ * (mamba_simple.py): A = -(1..d_state) per channel, D = 1, dt_proj's bias
+ * the inverse softplus of a dt log-uniform in [1e-3, 1e-1]. */
+static void mamba_init(int slot, const int64_t dims[2], double *v, uint64_t *rng)
+{
+    if (slot == M_A)
+        for (int64_t e = 0; e < dims[0]; e++)
+            for (int64_t k = 0; k < dims[1]; k++)
+                v[e * dims[1] + k] = -(double)(k + 1);
+    if (slot == M_D)
+        for (int64_t e = 0; e < dims[0]; e++)
+            v[e] = 1.0;
+    if (slot == B_DT)
+        for (int64_t e = 0; e < dims[0]; e++) {
+            const double dt = exp(log(1e-3) + (uniform(rng, 1.0) + 1.0) / 2.0 * (log(1e-1) - log(1e-3)));
+            v[e] = dt + log(-expm1(-dt));
+        }
+}
+
 static int init_slot(fx_model *m, fx_layer *L, int slot, uint64_t *rng, fx_status *st)
 {
     int64_t dims[2];
@@ -235,10 +293,12 @@ static int init_slot(fx_model *m, fx_layer *L, int slot, uint64_t *rng, fx_statu
     double *v = malloc((size_t)n * sizeof *v);
     if (!v)
         return fx_fail(st, FX_ENOMEM, "out of host memory for a weight of %lld values", (long long)n);
-    const int64_t fan_in = is_rnn(L->spec.kind) ? L->out : L->in;
+    const int64_t fan_in = is_rnn(L->spec.kind) ? L->out : rank == 2 ? dims[1] : L->in;
     const double bound = 1.0 / sqrt((double)fan_in);
     for (int64_t i = 0; i < n; i++)
         v[i] = is_norm(L->spec.kind) ? (slot == 0 ? 1.0 : 0.0) : uniform(rng, bound);
+    if (is_mamba(L->spec.kind))
+        mamba_init(slot, dims, v, rng);
     int rc = upload_doubles(m->device, m->dtype, rank, dims, v, n, &L->param[slot], st);
     free(v);
     return rc;
@@ -373,6 +433,14 @@ static int alloc_rec(const fx_model *m, const fx_layer *L, int64_t batch, fx_ten
         const int64_t dims[2] = {batch, L->out};
         return tensor_like(m->device, t, 2, dims, &rec[0], st);
     }
+    if (is_mamba(L->spec.kind)) {
+        const int64_t ssm[3] = {batch, L->spec.inner, L->spec.dstate};
+        const int64_t conv[3] = {batch, L->spec.inner, L->spec.dconv - 1};
+        return tensor_like(m->device, fx_ssm_state_dtype(m->dtype), 3, ssm, &rec[0], st) ||
+                       tensor_like(m->device, m->dtype, 3, conv, &rec[1], st)
+                   ? st->code
+                   : FX_OK;
+    }
     if (is_rnn(L->spec.kind)) {
         const int64_t dims[3] = {1, batch, L->out};
         return tensor_like(m->device, t, 3, dims, &rec[0], st) ||
@@ -432,6 +500,42 @@ static fx_linrec_inputs linrec_inputs(const fx_layer *L, const fx_tensor *proj, 
     return in;
 }
 
+/* The width of mamba's k-th intermediate. */
+static int64_t mamba_tmp_width(const fx_layer_spec *spec, int k)
+{
+    return k == M_DTL ? spec->dt_rank : (k == M_B || k == M_C) ? spec->dstate : spec->inner;
+}
+
+static fx_linear_inputs plain(const fx_tensor *x, const fx_tensor *w)
+{
+    fx_linear_inputs in = {.x = x, .w = w, .bias = NULL, .activation = FX_ACT_NONE, .allow_tf32 = false};
+    return in;
+}
+
+/* Mamba's products: (input, weight slot, output) in order. */
+typedef struct mamba_product {
+    int in; /* a frame buffer, or -1: the layer's input */
+    int w, out;
+} mamba_product;
+static const mamba_product mamba_in[] = {{-1, W_IN_X, M_XIN}, {-1, W_IN_Z, M_Z}};
+static const mamba_product mamba_mid[] = {{M_U, W_X_DT, M_DTL}, {M_U, W_X_B, M_B}, {M_U, W_X_C, M_C},
+                                          {M_DTL, W_DT, M_DT}};
+
+static fx_conv_inputs mamba_conv(const fx_layer *L, const fx_tensor *tmp, const fx_tensor *initial)
+{
+    fx_conv_inputs in = {.x = &tmp[M_XIN], .w = &L->param[W_CONV], .bias = &L->param[B_CONV],
+                         .initial_state = initial, .activation = FX_ACT_SILU};
+    return in;
+}
+
+static fx_ssm_inputs mamba_scan(const fx_layer *L, const fx_tensor *tmp, const fx_tensor *h0)
+{
+    const fx_tensor *P = L->param;
+    fx_ssm_inputs in = {.x = &tmp[M_U], .dt = &tmp[M_DT], .a = &P[M_A], .b = &tmp[M_B], .c = &tmp[M_C],
+                        .d = &P[M_D], .z = &tmp[M_Z], .dt_bias = &P[B_DT], .h0 = h0, .dt_softplus = true};
+    return in;
+}
+
 /* Scratch a frame's op asks for; SIZE_MAX where a query fails. */
 static size_t layer_step_scratch(const fx_exec *ex, const fx_model *m, const fx_model_state *s, int l,
                                  const fx_tensor *x, const fx_tensor *y)
@@ -452,10 +556,27 @@ static size_t layer_step_scratch(const fx_exec *ex, const fx_model *m, const fx_
         size_t most = 0;
         for (int k = 0; k < nproj(L->spec.kind); k++) {
             fx_linear_inputs in = proj_inputs(L, k, x);
-            size_t n = fx_op_linear_forward_scratch(ex, &in, &s->proj[3 * l + k], NULL);
+            size_t n = fx_op_linear_forward_scratch(ex, &in, &s->proj[FX_LAYER_MAX_TMP * l + k], NULL);
             most = n > most ? n : most;
         }
         return most;
+    }
+    case FX_LAYER_MAMBA: {
+        const fx_tensor *tmp = &s->proj[FX_LAYER_MAX_TMP * l];
+        size_t most = 0;
+        for (int k = 0; k < 2; k++) {
+            fx_linear_inputs in = plain(x, &L->param[mamba_in[k].w]);
+            size_t n = fx_op_linear_forward_scratch(ex, &in, &tmp[mamba_in[k].out], NULL);
+            most = n > most ? n : most;
+        }
+        for (int k = 0; k < 4; k++) {
+            fx_linear_inputs in = plain(&tmp[mamba_mid[k].in], &L->param[mamba_mid[k].w]);
+            size_t n = fx_op_linear_forward_scratch(ex, &in, &tmp[mamba_mid[k].out], NULL);
+            most = n > most ? n : most;
+        }
+        fx_linear_inputs in = plain(&tmp[M_Y], &L->param[W_OUT]);
+        size_t n = fx_op_linear_forward_scratch(ex, &in, y, NULL);
+        return n > most ? n : most;
     }
     default: {
         fx_rnn_layer rl;
@@ -476,8 +597,14 @@ static int alloc_frame_buffers(const fx_model *m, fx_model_state *s, int l, fx_s
         return st->code;
     if (is_min(L->spec.kind))
         for (int k = 0; k < nproj(L->spec.kind); k++)
-            if (tensor_like(m->device, m->dtype, 2, out, &s->proj[3 * l + k], st))
+            if (tensor_like(m->device, m->dtype, 2, out, &s->proj[FX_LAYER_MAX_TMP * l + k], st))
                 return st->code;
+    if (is_mamba(L->spec.kind))
+        for (int k = 0; k < M_NTMP; k++) {
+            const int64_t dims[2] = {s->batch, mamba_tmp_width(&L->spec, k)};
+            if (tensor_like(m->device, m->dtype, 2, dims, &s->proj[FX_LAYER_MAX_TMP * l + k], st))
+                return st->code;
+        }
     return alloc_rec(m, L, s->batch, &s->rec[2 * l], st);
 }
 
@@ -520,7 +647,7 @@ int fx_model_state_new(const fx_model *m, int64_t batch, fx_model_state **out, f
         s->rec = calloc(2 * n, sizeof *s->rec);
         s->act = calloc(n, sizeof *s->act);
         s->inner = calloc(n, sizeof *s->inner);
-        s->proj = calloc(3 * n, sizeof *s->proj);
+        s->proj = calloc(FX_LAYER_MAX_TMP * n, sizeof *s->proj);
     }
     if (!s || !s->rec || !s->act || !s->inner || !s->proj) {
         fx_model_state_free(s);
@@ -555,8 +682,8 @@ void fx_model_state_free(fx_model_state *s)
         if (s->inner)
             fx_tensor_release(&s->inner[l]);
         if (s->proj)
-            for (int k = 0; k < 3; k++)
-                fx_tensor_release(&s->proj[3 * l + k]);
+            for (int k = 0; k < FX_LAYER_MAX_TMP; k++)
+                fx_tensor_release(&s->proj[FX_LAYER_MAX_TMP * l + k]);
     }
     fx_tensor_release(&s->arena);
     if (s->rec) /* the lock was initialized with the arrays */
@@ -605,6 +732,31 @@ static const fx_exec *fresh(frame_exec *fe)
     return &fe->ex;
 }
 
+/* One frame of a Mamba block: nine products, the conv step and the scan
+ * step, every intermediate in the state's buffers. */
+static int mamba_step(frame_exec *fe, const fx_layer *L, fx_tensor *tmp, const fx_tensor *rec, const fx_tensor *x,
+                      const fx_tensor *fy, fx_status *st)
+{
+    for (int k = 0; k < 2; k++) {
+        fx_linear_inputs in = plain(x, &L->param[mamba_in[k].w]);
+        if (fx_op_linear_forward_into(fresh(fe), &in, &tmp[mamba_in[k].out], NULL, st))
+            return st->code;
+    }
+    fx_conv_inputs ci = mamba_conv(L, tmp, NULL);
+    if (fx_op_conv_step_into(fresh(fe), &rec[1], &ci, &tmp[M_U], st))
+        return st->code;
+    for (int k = 0; k < 4; k++) {
+        fx_linear_inputs in = plain(&tmp[mamba_mid[k].in], &L->param[mamba_mid[k].w]);
+        if (fx_op_linear_forward_into(fresh(fe), &in, &tmp[mamba_mid[k].out], NULL, st))
+            return st->code;
+    }
+    fx_ssm_inputs si = mamba_scan(L, tmp, NULL);
+    if (fx_op_ssm_step_into(fresh(fe), &rec[0], &si, &tmp[M_Y], st))
+        return st->code;
+    fx_linear_inputs out = plain(&tmp[M_Y], &L->param[W_OUT]);
+    return fx_op_linear_forward_into(fresh(fe), &out, fy, NULL, st);
+}
+
 static int layer_step(frame_exec *fe, const fx_model *m, fx_model_state *s, int l, const fx_tensor *x,
                       const fx_tensor *y, fx_status *st)
 {
@@ -626,7 +778,7 @@ static int layer_step(frame_exec *fe, const fx_model *m, fx_model_state *s, int 
     }
     case FX_LAYER_MINGRU:
     case FX_LAYER_MINLSTM: {
-        fx_tensor *proj = &s->proj[3 * l];
+        fx_tensor *proj = &s->proj[FX_LAYER_MAX_TMP * l];
         for (int k = 0; k < nproj(L->spec.kind); k++) {
             fx_linear_inputs in = proj_inputs(L, k, x);
             if (fx_op_linear_forward_into(fresh(fe), &in, &proj[k], NULL, st))
@@ -637,6 +789,10 @@ static int layer_step(frame_exec *fe, const fx_model *m, fx_model_state *s, int 
             return st->code;
         break;
     }
+    case FX_LAYER_MAMBA:
+        if (mamba_step(fe, L, &s->proj[FX_LAYER_MAX_TMP * l], &s->rec[2 * l], x, fy, st))
+            return st->code;
+        break;
     default: {
         fx_rnn_layer rl;
         rnn_layer_of(L, &rl);
@@ -696,23 +852,69 @@ typedef struct layer_run {
     fx_tensor inner; /* a residual layer's own output */
     fx_tensor pre;   /* linear: the pre-activation its backward reads */
     fx_tensor mean, rstd;
-    fx_tensor proj[3];
-    fx_tensor saved; /* gru, lstm: the training forward's saved tensor */
+    fx_tensor proj[FX_LAYER_MAX_TMP]; /* the min layers' projections, mamba's intermediates */
+    fx_tensor saved; /* gru, lstm, mamba: the training forward's saved tensor */
     fx_tensor h_n, c_n;
 } layer_run;
 
 static void layer_run_release(layer_run *r)
 {
-    fx_tensor *all[] = {&r->y, &r->inner, &r->pre, &r->mean, &r->rstd, &r->proj[0], &r->proj[1],
-                        &r->proj[2], &r->saved, &r->h_n, &r->c_n};
+    fx_tensor *all[] = {&r->y, &r->inner, &r->pre, &r->mean, &r->rstd, &r->saved, &r->h_n, &r->c_n};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         fx_tensor_release(all[i]);
+    for (int k = 0; k < FX_LAYER_MAX_TMP; k++)
+        fx_tensor_release(&r->proj[k]);
 }
 
 static int seq_alloc(const fx_model *m, int64_t b, int64_t t, int64_t w, fx_tensor *out, fx_status *st)
 {
     const int64_t dims[3] = {b, t, w};
     return fx_tensor_alloc(m->device, m->dtype, 3, dims, out, st);
+}
+
+/* A Mamba block over a window: every intermediate in r->proj (what the
+ * backward reads), the scan's saved states for training, and from the
+ * state `rec` (NULL: zeros) the final states in r->h_n (scan) and r->c_n
+ * (conv). */
+static int mamba_forward(const fx_model *m, const fx_layer *L, const fx_tensor *rec, const fx_tensor *x,
+                         bool training, layer_run *r, const fx_tensor *fy, fx_status *st)
+{
+    const int64_t b = x->dims[0], t = x->dims[1], e = L->spec.inner;
+    fx_tensor *tmp = r->proj;
+    for (int k = 0; k < M_NTMP; k++)
+        if (seq_alloc(m, b, t, mamba_tmp_width(&L->spec, k), &tmp[k], st))
+            return st->code;
+    for (int k = 0; k < 2; k++) {
+        fx_linear_inputs in = plain(x, &L->param[mamba_in[k].w]);
+        if (fx_op_linear_forward_into(NULL, &in, &tmp[mamba_in[k].out], NULL, st))
+            return st->code;
+    }
+    const int64_t conv_dims[3] = {b, e, L->spec.dconv - 1};
+    fx_conv_inputs ci = mamba_conv(L, tmp, rec ? &rec[1] : NULL);
+    if ((rec && fx_tensor_alloc(m->device, m->dtype, 3, conv_dims, &r->c_n, st)) ||
+        fx_op_conv_forward_into(NULL, &ci, &tmp[M_U], opt(&r->c_n), st))
+        return st->code;
+    for (int k = 0; k < 4; k++) {
+        fx_linear_inputs in = plain(&tmp[mamba_mid[k].in], &L->param[mamba_mid[k].w]);
+        if (fx_op_linear_forward_into(NULL, &in, &tmp[mamba_mid[k].out], NULL, st))
+            return st->code;
+    }
+    fx_ssm_inputs si = mamba_scan(L, tmp, rec ? &rec[0] : NULL);
+    fx_ssm_dims n;
+    int64_t saved_dims[4];
+    const int64_t ssm_dims[3] = {b, e, L->spec.dstate};
+    const fx_dtype stt = fx_ssm_state_dtype(m->dtype);
+    if (fx_ssm_check_forward(&si, &n, st))
+        return st->code;
+    fx_ssm_saved_shape(&n, m->dtype, saved_dims);
+    const bool save = training && m->device->backend->ssm && m->device->backend->ssm->reads_saved &&
+                      fx_ssm_nsaved(&n, m->dtype) > 0;
+    if ((save && fx_tensor_alloc(m->device, stt, 4, saved_dims, &r->saved, st)) ||
+        (rec && fx_tensor_alloc(m->device, stt, 3, ssm_dims, &r->h_n, st)) ||
+        fx_op_ssm_forward_into(NULL, &si, &tmp[M_Y], opt(&r->h_n), opt(&r->saved), st))
+        return st->code;
+    fx_linear_inputs out = plain(&tmp[M_Y], &L->param[W_OUT]);
+    return fx_op_linear_forward_into(NULL, &out, fy, NULL, st);
 }
 
 /* Layer l over x [batch, seqlen, in]: r->y and what `training` keeps; from
@@ -761,6 +963,10 @@ static int layer_forward(const fx_model *m, const fx_model_state *s, int l, cons
             return st->code;
         break;
     }
+    case FX_LAYER_MAMBA:
+        if (mamba_forward(m, L, s ? &s->rec[2 * l] : NULL, x, training, r, fy, st))
+            return st->code;
+        break;
     default: {
         fx_rnn_layer rl;
         rnn_layer_of(L, &rl);
@@ -877,6 +1083,52 @@ static int alloc_grads(fx_model *m, fx_status *st)
     return FX_OK;
 }
 
+/* dx (+)= the gradient through x w^T from dy, and dw. */
+static int plain_backward(const fx_model *m, const fx_exec *ex, const fx_tensor *x, const fx_tensor *w,
+                          const fx_tensor *dy, const fx_tensor *dw, const fx_tensor *dx, const fx_tensor *acc,
+                          fx_status *st)
+{
+    fx_linear_inputs in = plain(x, w);
+    fx_linear_grad_outs g = {acc ? acc : dx, dw, NULL};
+    if (fx_op_linear_backward_into(NULL, &in, NULL, NULL, dy, &g, st))
+        return st->code;
+    return acc ? m->device->backend->binary(ex, FX_ADD, dx, acc, dx, st) : FX_OK;
+}
+
+/* Mamba's backward: out_proj, the scan, dt_proj, x_proj's three blocks
+ * (their du summed with the scan's), the conv, in_proj's two halves. */
+static int mamba_backward(const fx_model *m, const fx_exec *ex, const fx_layer *L, fx_tensor *grad,
+                          const fx_tensor *x, const layer_run *r, const fx_tensor *dy, const fx_tensor *dx,
+                          fx_status *st)
+{
+    enum { D_Y, D_U, D_DT, D_B, D_C, D_Z, D_DTL, D_ACC, D_XIN, D_XACC, D_N };
+    const int64_t b = x->dims[0], t = x->dims[1], e = L->spec.inner;
+    const int64_t widths[D_N] = {e, e, e, L->spec.dstate, L->spec.dstate, e, L->spec.dt_rank, e, e, L->in};
+    const fx_tensor *P = L->param, *tmp = r->proj;
+    fx_tensor d[D_N];
+    memset(d, 0, sizeof d);
+    for (int k = 0; k < D_N && st->code == FX_OK; k++)
+        seq_alloc(m, b, t, widths[k], &d[k], st);
+    if (st->code == FX_OK && plain_backward(m, ex, &tmp[M_Y], &P[W_OUT], dy, &grad[W_OUT], &d[D_Y], NULL, st) == FX_OK) {
+        fx_ssm_inputs si = mamba_scan(L, tmp, NULL);
+        fx_ssm_grad_outs g = {.x = &d[D_U], .dt = &d[D_DT], .a = &grad[M_A], .b = &d[D_B], .c = &d[D_C],
+                              .d = &grad[M_D], .z = &d[D_Z], .dt_bias = &grad[B_DT], .h0 = NULL};
+        fx_conv_inputs ci = mamba_conv(L, tmp, NULL);
+        fx_conv_grad_outs cg = {.dx = &d[D_XIN], .dw = &grad[W_CONV], .dbias = &grad[B_CONV], .dinitial_state = NULL};
+        if (fx_op_ssm_backward_into(NULL, &si, opt(&r->saved), &d[D_Y], NULL, &g, st) == FX_OK &&
+            plain_backward(m, ex, &tmp[M_DTL], &P[W_DT], &d[D_DT], &grad[W_DT], &d[D_DTL], NULL, st) == FX_OK &&
+            plain_backward(m, ex, &tmp[M_U], &P[W_X_DT], &d[D_DTL], &grad[W_X_DT], &d[D_U], &d[D_ACC], st) == FX_OK &&
+            plain_backward(m, ex, &tmp[M_U], &P[W_X_B], &d[D_B], &grad[W_X_B], &d[D_U], &d[D_ACC], st) == FX_OK &&
+            plain_backward(m, ex, &tmp[M_U], &P[W_X_C], &d[D_C], &grad[W_X_C], &d[D_U], &d[D_ACC], st) == FX_OK &&
+            fx_op_conv_backward_into(NULL, &ci, &d[D_U], NULL, &cg, st) == FX_OK &&
+            plain_backward(m, ex, x, &P[W_IN_X], &d[D_XIN], &grad[W_IN_X], dx, NULL, st) == FX_OK)
+            plain_backward(m, ex, x, &P[W_IN_Z], &d[D_Z], &grad[W_IN_Z], dx, &d[D_XACC], st);
+    }
+    for (int k = 0; k < D_N; k++)
+        fx_tensor_release(&d[k]);
+    return st->code;
+}
+
 /* The gradient reaching x from layer l, given dy reaching its output. */
 static int layer_backward(const fx_model *m, int l, const fx_tensor *x, const layer_run *r, const fx_tensor *dy,
                           fx_tensor *dx, fx_status *st)
@@ -933,6 +1185,10 @@ static int layer_backward(const fx_model *m, int l, const fx_tensor *x, const la
             return st->code;
         break;
     }
+    case FX_LAYER_MAMBA:
+        if (mamba_backward(m, ex, L, G->grad, x, r, dy, dx, st))
+            return st->code;
+        break;
     default: {
         fx_rnn_layer rl;
         rnn_layer_of(L, &rl);

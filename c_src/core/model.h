@@ -12,6 +12,14 @@
  *   mingru      zl = x w_z^T + b_z, c = x w_h^T + b_h, h = mingru(zl, c)
  *   minlstm     fl, il, c from w_f, w_i, w_h (and biases), h = minlstm(...)
  *   gru, lstm   one PyTorch nn.GRU / nn.LSTM layer: w_ih, w_hh, b_ih, b_hh
+ *   mamba       state-spaces/mamba's Mamba module (d_model = in = out):
+ *               x_in = x w_in_x^T, z = x w_in_z^T (in_proj's two halves),
+ *               u = silu(causal_conv1d(x_in; w_conv, b_conv)),
+ *               dt_low, B, C = u w_x_dt^T, u w_x_b^T, u w_x_c^T (x_proj's
+ *               three blocks), dt = dt_low w_dt^T (dt_proj, its bias b_dt
+ *               the scan's dt_bias, softplus), y = selective_scan(u, dt, a,
+ *               B, C, d, z), out = y w_out^T; a is the scan's A
+ *               (-exp(A_log) of a PyTorch checkpoint)
  * with `residual`: y = x + layer(x) (in == out). */
 #ifndef FX_CORE_MODEL_H
 #define FX_CORE_MODEL_H
@@ -29,11 +37,14 @@ typedef enum fx_layer_kind {
     FX_LAYER_MINLSTM,
     FX_LAYER_GRU,
     FX_LAYER_LSTM,
+    FX_LAYER_MAMBA,
     FX_LAYER_KIND_COUNT
 } fx_layer_kind;
 
-/* The most weight slots a layer has (minlstm: w_f, b_f, w_i, b_i, w_h, b_h). */
-#define FX_LAYER_MAX_SLOTS 6
+/* The most weight slots a layer has (mamba's twelve). */
+#define FX_LAYER_MAX_SLOTS 12
+/* The most frame buffers a layer keeps in a state (mamba's eight). */
+#define FX_LAYER_MAX_TMP 8
 /* The most layers a model has. */
 #define FX_MODEL_MAX_LAYERS 64
 
@@ -44,6 +55,7 @@ typedef struct fx_layer_spec {
     bool bias;      /* linear, layer_norm, the recurrent layers: biases exist */
     bool residual;  /* y = x + layer(x) */
     double eps;     /* norms */
+    int64_t inner, dstate, dconv, dt_rank; /* mamba: d_inner, d_state, d_conv, dt_rank */
 } fx_layer_spec;
 
 typedef struct fx_model_spec {
@@ -110,10 +122,12 @@ typedef struct fx_model_state {
     uint64_t model_id;
     int64_t batch;
     int nlayers;
-    fx_tensor *rec;   /* [nlayers][2]: h (and c for the LSTM); no buffer outside recurrent layers */
+    fx_tensor *rec;   /* [nlayers][2]: h (and c for the LSTM); mamba: the scan's and the conv's
+                       * states; no buffer outside recurrent layers */
     fx_tensor *act;   /* [nlayers]: layer l's output frame (the last is unused: step writes `out`) */
     fx_tensor *inner; /* [nlayers]: a residual layer's own output before the sum */
-    fx_tensor *proj;  /* [nlayers][3]: the min layers' projections */
+    fx_tensor *proj;  /* [nlayers][FX_LAYER_MAX_TMP]: the min layers' projections, mamba's
+                       * intermediates */
     fx_tensor arena;  /* scratch of the frame's ops (u8) */
     pthread_mutex_t lock;
 } fx_model_state;

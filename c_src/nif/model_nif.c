@@ -52,6 +52,7 @@ static const char *const linear_keys[] = {"out", "activation", "bias", "residual
 static const char *const rms_keys[] = {"eps", "residual", NULL};
 static const char *const layer_norm_keys[] = {"eps", "bias", "residual", NULL};
 static const char *const rec_keys[] = {"hidden", "bias", "residual", NULL};
+static const char *const mamba_keys[] = {"expand", "d_state", "d_conv", "dt_rank", "residual", NULL};
 
 static const char *const *layer_keys(int kind)
 {
@@ -59,6 +60,7 @@ static const char *const *layer_keys(int kind)
     case FX_LAYER_LINEAR: return linear_keys;
     case FX_LAYER_RMS_NORM: return rms_keys;
     case FX_LAYER_LAYER_NORM: return layer_norm_keys;
+    case FX_LAYER_MAMBA: return mamba_keys;
     default: return rec_keys;
     }
 }
@@ -86,8 +88,22 @@ static int opt_activation(fx_call *c, ERL_NIF_TERM opts, int *act)
     return FX_OK;
 }
 
-/* {Kind, Opts} or a bare Kind atom. */
-static int parse_layer(fx_call *c, ERL_NIF_TERM term, int i, fx_layer_spec *ls)
+/* Mamba's sizes: d_inner = expand * in, dt_rank ceil(in / 16) by default
+ * (mamba_simple.py's). */
+static int parse_mamba(fx_call *c, ERL_NIF_TERM opts, int64_t in, fx_layer_spec *ls)
+{
+    int64_t expand;
+    if (opt_int64(c, opts, "expand", 2, &expand) || opt_int64(c, opts, "d_state", 16, &ls->dstate) ||
+        opt_int64(c, opts, "d_conv", 4, &ls->dconv) || opt_int64(c, opts, "dt_rank", (in + 15) / 16, &ls->dt_rank))
+        return c->st.code;
+    if (expand < 1 || expand > 64)
+        return fx_fail(&c->st, FX_EBADARG, "expand: expected an integer in [1, 64], got %lld", (long long)expand);
+    ls->inner = expand * in;
+    return FX_OK;
+}
+
+/* {Kind, Opts} or a bare Kind atom; `in` is the layer's input width. */
+static int parse_layer(fx_call *c, ERL_NIF_TERM term, int i, int64_t in, fx_layer_spec *ls)
 {
     const ERL_NIF_TERM *elems;
     int arity = 0;
@@ -101,11 +117,11 @@ static int parse_layer(fx_call *c, ERL_NIF_TERM term, int i, fx_layer_spec *ls)
         char text[64];
         fx_format_term(text, sizeof text, term);
         return fx_fail(&c->st, FX_EBADARG, "layers[%d]: expected {Kind, Opts} or Kind with Kind one of linear, "
-                                           "rms_norm, layer_norm, mingru, minlstm, gru, lstm, got %s", i, text);
+                                           "rms_norm, layer_norm, mingru, minlstm, gru, lstm, mamba, got %s", i, text);
     }
     snprintf(prefix, sizeof prefix, "layers[%d] (%s): ", i, name);
     ERL_NIF_TERM v;
-    const bool sized = ls->kind != FX_LAYER_RMS_NORM && ls->kind != FX_LAYER_LAYER_NORM;
+    const bool sized = ls->kind != FX_LAYER_RMS_NORM && ls->kind != FX_LAYER_LAYER_NORM && ls->kind != FX_LAYER_MAMBA;
     const char *size_key = ls->kind == FX_LAYER_LINEAR ? "out" : "hidden";
     if (fx_arg_opts(c, opts, layer_keys(ls->kind)))
         return prefix_error(c, prefix);
@@ -115,9 +131,17 @@ static int parse_layer(fx_call *c, ERL_NIF_TERM term, int i, fx_layer_spec *ls)
     }
     if ((sized && fx_arg_int64(c, v, size_key, &ls->size)) || opt_activation(c, opts, &ls->activation) ||
         fx_opt_bool(c, opts, "bias", true, &ls->bias) || fx_opt_bool(c, opts, "residual", false, &ls->residual) ||
-        fx_opt_double(c, opts, "eps", 1e-5, &ls->eps))
+        fx_opt_double(c, opts, "eps", 1e-5, &ls->eps) ||
+        (ls->kind == FX_LAYER_MAMBA && parse_mamba(c, opts, in, ls)))
         return prefix_error(c, prefix);
     return FX_OK;
+}
+
+/* Counts the layers' widths as the model will (norms and mamba keep theirs). */
+static int64_t next_width(const fx_layer_spec *ls, int64_t in)
+{
+    return ls->kind == FX_LAYER_RMS_NORM || ls->kind == FX_LAYER_LAYER_NORM || ls->kind == FX_LAYER_MAMBA ? in
+                                                                                                       : ls->size;
 }
 
 typedef struct parsed_spec {
@@ -149,9 +173,12 @@ static int parse_spec(fx_call *c, ERL_NIF_TERM term, parsed_spec *p)
         return fx_fail(&c->st, FX_EBADARG, "spec: layers: expected a list of 1 to %d layers, got %s",
                        FX_MODEL_MAX_LAYERS, text);
     }
-    for (unsigned i = 0; enif_get_list_cell(c->env, list, &head, &list); i++)
-        if (parse_layer(c, head, (int)i, &p->layers[i]))
+    int64_t in = p->spec.input;
+    for (unsigned i = 0; enif_get_list_cell(c->env, list, &head, &list); i++) {
+        if (parse_layer(c, head, (int)i, in, &p->layers[i]))
             return c->st.code;
+        in = next_width(&p->layers[i], in);
+    }
     p->spec.nlayers = (int)n;
     p->spec.layers = p->layers;
     return FX_OK;
@@ -211,12 +238,6 @@ static int parse_layer_weights(fx_call *c, fx_device *dev, const fx_model_spec *
         slots[li * FX_LAYER_MAX_SLOTS + s] = t;
     }
     return FX_OK;
-}
-
-/* Counts the layers' widths as the model will (norms keep theirs). */
-static int64_t next_width(const fx_layer_spec *ls, int64_t in)
-{
-    return ls->kind == FX_LAYER_RMS_NORM || ls->kind == FX_LAYER_LAYER_NORM ? in : ls->size;
 }
 
 static int parse_weights(fx_call *c, fx_device *dev, const fx_model_spec *spec, ERL_NIF_TERM term,
