@@ -22,6 +22,7 @@ static const fx_layer_spec every_kind[] = {
     {.kind = FX_LAYER_MINLSTM, .size = 5, .bias = false},
     {.kind = FX_LAYER_LSTM, .size = 5, .bias = true, .residual = true},
     {.kind = FX_LAYER_LAYER_NORM, .eps = 1e-5, .bias = true, .residual = true},
+    {.kind = FX_LAYER_MAMBA, .inner = 10, .dstate = 5, .dconv = 4, .dt_rank = 2, .residual = true},
     {.kind = FX_LAYER_LINEAR, .size = 3, .activation = FX_ACT_GELU, .bias = true},
 };
 
@@ -107,7 +108,7 @@ static double *step_values(fx_model *m, const double *xs, int64_t b, int64_t l)
 
 START_TEST(frames_and_windows_match_the_cpu)
 {
-    const fx_model_spec spec = spec_of(every_kind, 8, 5);
+    const fx_model_spec spec = spec_of(every_kind, 9, 5);
     fx_model *cpu, *dev;
     model_pair(&spec, &cpu, &dev);
     const int64_t b = 3, l = 9;
@@ -129,7 +130,7 @@ END_TEST
 
 START_TEST(gradients_match_the_cpu)
 {
-    const fx_model_spec spec = spec_of(every_kind, 8, 5);
+    const fx_model_spec spec = spec_of(every_kind, 9, 5);
     fx_model *cpu, *dev;
     model_pair(&spec, &cpu, &dev);
     const int64_t b = 2, l = 6;
@@ -166,7 +167,7 @@ END_TEST
 /* A frame into a caller's output allocates no device memory. */
 START_TEST(a_frame_allocates_nothing)
 {
-    const fx_model_spec spec = spec_of(every_kind, 8, 5);
+    const fx_model_spec spec = spec_of(every_kind, 9, 5);
     fx_model *cpu, *dev;
     model_pair(&spec, &cpu, &dev);
     fx_status st;
