@@ -380,7 +380,7 @@ test-asan: $(ASAN)/priv/fusex_nif.so $(ASAN)/fusex_check
 bench: all
 	$(ERL) -noshell -pa _build/default/lib/fusex/ebin -eval 'fusex_bench:main(init:get_plain_arguments())' -extra $(BENCH_ARGS)
 
-# Trains two small recurrent policies and plays them frame by frame
+# Trains two small recurrent policies (a GRU, Mamba) and plays them frame by frame
 # (src/fusex_demo.erl, docs/MODELS.md).
 demo: deps
 	$(MAKE) all

@@ -1,5 +1,6 @@
-%% @doc `make demo': trains two small recurrent policies on the default
-%% device with fusex alone (no Nx, no XLA) and plays them frame by frame.
+%% @doc `make demo': trains two small recurrent policies (a 2-layer GRU and
+%% two Mamba blocks) on the default device with fusex alone (no Nx, no
+%% XLA) and plays them frame by frame.
 %%
 %% The task has a known answer: each frame shows one of `?SYMBOLS' symbols
 %% (one-hot); the policy must answer, at frame t, the symbol it saw at
@@ -26,9 +27,7 @@
 -define(DELAY, 3).
 -define(SEQLEN, 16).
 -define(BATCH, 32).
--define(HIDDEN, 32).
--define(STEPS, 300).
--define(EVERY, 50).
+-define(EVERY, 25).
 -define(HELD_OUT, 40).
 -define(BUDGET_US, 16700).
 
@@ -50,10 +49,13 @@ run() ->
     Device = fusex:default_device(),
     io:format("fusex demo on ~s (seed ~b): recall the symbol seen ~b frames ago, ~b symbols, "
               "sequences of ~b frames, batch ~b~n", [label(Device), Seed, ?DELAY, ?SYMBOLS, ?SEQLEN, ?BATCH]),
-    Models = [{"gru-2x32", [{gru, #{hidden => ?HIDDEN}}, {gru, #{hidden => ?HIDDEN}}]},
-              {"mingru-2x32", [{linear, #{out => ?HIDDEN, activation => tanh}}, {mingru, #{hidden => ?HIDDEN}},
-                               {mingru, #{hidden => ?HIDDEN}}, {linear, #{out => ?HIDDEN, activation => tanh}}]}],
-    Lines = [demo_model(Device, Name, Layers) || {Name, Layers} <- Models],
+    %% A 2-layer GRU, and two Mamba blocks (d_model 16, d_inner 32,
+    %% d_state 8) behind an input projection, with their residuals.
+    Models = [{"gru-2x32", 200, [{gru, #{hidden => 32}}, {gru, #{hidden => 32}}]},
+              {"mamba-2x16", 100, [{linear, #{out => 16}},
+                                   {mamba, #{d_state => 8, expand => 2, residual => true}},
+                                   {mamba, #{d_state => 8, expand => 2, residual => true}}]}],
+    Lines = [demo_model(Device, Name, Steps, Layers) || {Name, Steps, Layers} <- Models],
     io:format("~n"),
     [io:format("~s~n", [L]) || L <- Lines],
     ok.
@@ -61,7 +63,7 @@ run() ->
 label(cpu) -> "cpu";
 label({cuda, N}) -> io_lib:format("cuda:~b", [N]).
 
-demo_model(Device, Name, Layers) ->
+demo_model(Device, Name, Steps, Layers) ->
     Spec = #{input => ?SYMBOLS + 1, seed => rand:uniform(1 bsl 30),
              layers => Layers ++ [{linear, #{out => ?SYMBOLS + 1}}]},
     Model = fusex:model(Device, Spec),
@@ -69,7 +71,7 @@ demo_model(Device, Name, Layers) ->
     io:format("~n~s: ~b parameters~n", [Name, Params]),
     Opt = fusex:model_optimizer(Model, #{lr => 1.0e-2, weight_decay => 0.0}),
     T0 = erlang:monotonic_time(millisecond),
-    Losses = [train_step(Device, Model, Opt, Step) || Step <- lists:seq(1, ?STEPS)],
+    Losses = [train_step(Device, Model, Opt, Step) || Step <- lists:seq(1, Steps)],
     TrainMs = erlang:monotonic_time(millisecond) - T0,
     io:format("  trained in ~.1f s~n", [TrainMs / 1000]),
     {Accuracy, Us} = play(Device, Model),
@@ -79,9 +81,9 @@ demo_model(Device, Name, Layers) ->
               "(budget ~b us: ~s)~n",
               [?HELD_OUT, length(Us), Accuracy, P50, P99, ?BUDGET_US,
                if P99 =< ?BUDGET_US -> "within"; true -> "OVER" end]),
-    io_lib:format("demo: ~s trained on ~s: loss ~.4f -> ~.4f in ~b steps; held-out accuracy ~.4f; "
+    io_lib:format("demo: ~s trained on ~s: loss ~.6f -> ~.6f in ~b steps; held-out accuracy ~.4f; "
                   "frame p50 ~.1f us p99 ~.1f us",
-                  [Name, label(Device), hd(Losses), lists:last(Losses), ?STEPS, Accuracy, P50, P99]).
+                  [Name, label(Device), hd(Losses), lists:last(Losses), Steps, Accuracy, P50, P99]).
 
 train_step(Device, Model, Opt, Step) ->
     Seqs = [sequence() || _ <- lists:seq(1, ?BATCH)],
