@@ -1038,10 +1038,16 @@ library_too_long(Bin) ->
                                                  residual => boolean()}}
                      | rms_norm | layer_norm
                      | {mingru | minlstm | gru | lstm, #{hidden := pos_integer(), bias => boolean(),
-                                                         residual => boolean()}}.
+                                                         residual => boolean()}}
+                     | {mamba, #{expand => pos_integer(), d_state => pos_integer(),
+                                 d_conv => pos_integer(), dt_rank => pos_integer(),
+                                 residual => boolean()}}
+                     | mamba.
 %% One layer. `bias' defaults to true (`layer_norm''s bias; rms_norm has
-%% none), `eps' to 1.0e-5, `activation' to `none'. `residual => true' adds
-%% the layer's input to its output (the widths must agree).
+%% none), `eps' to 1.0e-5, `activation' to `none'. A Mamba block keeps its
+%% input's width (d_model): d_inner = `expand' (2) times it, `d_state' 16,
+%% `d_conv' 4, `dt_rank' ceil(d_model / 16). `residual => true' adds the
+%% layer's input to its output (the widths must agree).
 -type model_spec() :: #{input := pos_integer(), layers := [model_layer(), ...],
                         type => {f, 32} | {f, 64}, seed => integer()}.
 %% `input': the frame's width. `type': {f,32} (default), or {f,64} on the
@@ -1053,7 +1059,9 @@ library_too_long(Bin) ->
 %% `bias'; mingru `w_z', `b_z', `w_h', `b_h' ([hidden, in], [hidden]);
 %% minlstm the same with `w_f', `b_f', `w_i', `b_i', `w_h', `b_h'; gru and
 %% lstm `w_ih' [G*hidden, in], `w_hh' [G*hidden, hidden], `b_ih', `b_hh'
-%% [G*hidden] (G = 3 or 4, PyTorch's gate order).
+%% [G*hidden] (G = 3 or 4, PyTorch's gate order); mamba `w_in_x', `w_in_z',
+%% `w_conv', `b_conv', `w_x_dt', `w_x_b', `w_x_c', `w_dt', `b_dt', `a', `d',
+%% `w_out' (docs/MODELS.md gives their shapes).
 -type model_loss_opts() :: #{loss => mse | cross_entropy}.
 %% `mse' (default): targets shaped as the outputs. `cross_entropy': the
 %% outputs are logits, targets {s,32} `{Batch, SeqLen}' class indices.
