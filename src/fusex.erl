@@ -1117,8 +1117,15 @@ model_step(Model, State, Frame) -> {?NIF:model_step(Model, State, Frame), State}
 %% `{Batch, SeqLen, Output}' and a new state holding the final states.
 -spec model_forward(model(), tensor()) -> {tensor(), model_state()}.
 model_forward(Model, Window) ->
-    State = model_init_state(Model, element(1, shape(Window))),
+    State = model_init_state(Model, window_batch(Window)),
     model_forward(Model, Window, State).
+
+%% The window's batch where it has one; the NIF names what else is wrong.
+window_batch(Window) ->
+    case shape(Window) of
+        {Batch, _, _} when Batch >= 1 -> Batch;
+        _ -> 1
+    end.
 
 %% @doc A window from `State' (updated in place to the state after it).
 -spec model_forward(model(), tensor(), model_state()) -> {tensor(), model_state()}.

@@ -313,12 +313,15 @@ bad_spec_test() ->
         fun() -> fusex:model(D, #{input => 4, layers => [{linear, #{out => 3, residual => true}}]}) end),
     bad(<<"layers[0] (rms_norm): eps: expected a finite number > 0, got 0">>,
         fun() -> fusex:model(D, #{input => 4, layers => [{rms_norm, #{eps => 0.0}}]}) end),
-    bad(<<"spec: input: expected an integer >= 1 (the frame's width), got none">>,
+    bad(<<"input: expected an integer >= 1 (the frame's width), got none">>,
         fun() -> fusex:model(D, #{layers => [rms_norm]}) end),
     bad(<<"input: expected an integer >= 1, got 0">>,
         fun() -> fusex:model(D, #{input => 0, layers => [rms_norm]}) end),
-    bad(<<"spec: layers: expected a list of 1 to 64 layers, got []">>,
-        fun() -> fusex:model(D, #{input => 2, layers => []}) end).
+    bad(<<"layers: expected a list of 1 to 64 layers, got []">>,
+        fun() -> fusex:model(D, #{input => 2, layers => []}) end),
+    bad({prefix, <<"spec: expected a map, got ">>}, fun() -> fusex:model(D, [rms_norm]) end),
+    bad(<<"spec: expected only the keys input, layers, type, seed, got inputs">>,
+        fun() -> fusex:model(D, #{inputs => 2, layers => [rms_norm]}) end).
 
 bad_weights_test() ->
     D = device(),
@@ -336,8 +339,9 @@ bad_weights_test() ->
     bad(<<"layers[0].b: expected none (the layer has bias => false), got a tensor">>,
         fun() -> fusex:model(D, #{input => 4, layers => [{linear, #{out => 2, bias => false}}]},
                              [#{w => W, b => Bias}]) end),
-    bad({prefix, <<"weights[0] (linear): ">>},
+    bad(<<"weights[0]: expected only the weights w, b, got w_z">>,
         fun() -> fusex:model(D, Spec, [#{w => W, b => Bias, w_z => W}]) end),
+    bad({prefix, <<"weights[0]: expected a map, got ">>}, fun() -> fusex:model(D, Spec, [W]) end),
     bad(<<"layers[0].w: expected a binary of 32 bytes ([out, in] of the model's type), got 31">>,
         fun() -> fusex:model(D, Spec, [#{w => binary:copy(<<0>>, 31), b => Bias}]) end),
     bad(<<"layers[0].w: expected a fusex tensor or a binary, got 7">>,

@@ -28,6 +28,24 @@ static int prefix_error(fx_call *c, const char *prefix)
     return c->st.code;
 }
 
+/* An option map's check names the map "opts" and its keys "options": the
+ * spec's and the weights' errors name them as what they are. */
+static int rename_opts_error(fx_call *c, const char *name, const char *keys)
+{
+    char msg[FX_MSG_LEN];
+    const char *rest = c->st.msg + strlen("opts");
+    if (strncmp(c->st.msg, "opts:", 5) != 0)
+        return c->st.code;
+    const char *only = strstr(rest, "only the options ");
+    if (only)
+        snprintf(msg, sizeof msg, "%s: expected only the %s %.*s", name, keys, (int)(sizeof msg - 64),
+                 only + strlen("only the options "));
+    else
+        snprintf(msg, sizeof msg, "%s%.*s", name, (int)(sizeof msg - 64), rest);
+    memcpy(c->st.msg, msg, sizeof msg);
+    return c->st.code;
+}
+
 static int arg_model(fx_call *c, ERL_NIF_TERM term, fx_model **m)
 {
     return fx_arg_ctx(c, term, "model", MODEL_CTX, (void **)m);
@@ -157,20 +175,20 @@ static int parse_spec(fx_call *c, ERL_NIF_TERM term, parsed_spec *p)
     memset(p, 0, sizeof *p);
     p->spec.dtype = FX_F32;
     if (fx_arg_opts(c, term, spec_keys))
-        return prefix_error(c, "spec: ");
+        return rename_opts_error(c, "spec", "keys");
     if (!fx_opt_term(c, term, "input", &v))
-        return fx_fail(&c->st, FX_EBADARG, "spec: input: expected an integer >= 1 (the frame's width), got none");
+        return fx_fail(&c->st, FX_EBADARG, "input: expected an integer >= 1 (the frame's width), got none");
     if (fx_arg_int64(c, v, "input", &p->spec.input) ||
         (fx_opt_term(c, term, "type", &v) && fx_arg_dtype(c, v, "type", &p->spec.dtype)) ||
         opt_int64(c, term, "seed", 0, &seed))
-        return prefix_error(c, "spec: ");
+        return c->st.code;
     p->spec.seed = (uint64_t)seed;
     if (!fx_opt_term(c, term, "layers", &list) || !enif_get_list_length(c->env, list, &n) || n < 1 ||
         n > FX_MODEL_MAX_LAYERS) {
         char text[64] = "none";
         if (fx_opt_term(c, term, "layers", &list))
             fx_format_term(text, sizeof text, list);
-        return fx_fail(&c->st, FX_EBADARG, "spec: layers: expected a list of 1 to %d layers, got %s",
+        return fx_fail(&c->st, FX_EBADARG, "layers: expected a list of 1 to %d layers, got %s",
                        FX_MODEL_MAX_LAYERS, text);
     }
     int64_t in = p->spec.input;
@@ -207,12 +225,12 @@ static int parse_layer_weights(fx_call *c, fx_device *dev, const fx_model_spec *
 {
     const int kind = spec->layers[li].kind;
     const char *allowed[FX_LAYER_MAX_SLOTS + 1] = {NULL};
-    char prefix[48];
-    snprintf(prefix, sizeof prefix, "weights[%d] (%s): ", li, fx_layer_kind_name(kind));
+    char name[32];
+    snprintf(name, sizeof name, "weights[%d]", li);
     for (int s = 0; s < fx_layer_slot_count(kind); s++)
         allowed[s] = fx_layer_slot_name(kind, s);
     if (fx_arg_opts(c, map, allowed))
-        return prefix_error(c, prefix);
+        return rename_opts_error(c, name, "weights");
     for (int s = 0; s < fx_layer_slot_count(kind); s++) {
         ERL_NIF_TERM v;
         ErlNifBinary bin;
