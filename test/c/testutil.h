@@ -84,5 +84,6 @@ Suite *fx_suite_linear(void);
 Suite *fx_suite_norm(void);
 Suite *fx_suite_conv(void);
 Suite *fx_suite_replay(void);
+Suite *fx_suite_model(void);
 
 #endif
