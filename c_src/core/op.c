@@ -173,14 +173,27 @@ int fx_op_group(const fx_op_desc *d, bool result, int *first)
 
 int fx_op_repeat_attr(const fx_op_desc *d) { return info_of(d)->repeat_attr; }
 
+/* The repetitions one description's slots hold. */
+static int own_max_repeats(const op_info *info)
+{
+    int in = info->in_group ? (FX_OP_MAX_IO - info->in_first) / info->in_group : FX_OP_MAX_IO;
+    int out = info->out_group ? (FX_OP_MAX_IO - info->out_first) / info->out_group : FX_OP_MAX_IO;
+    return in < out ? in : out;
+}
+
+/* One limit for all of an op's descriptions (a forward whose backward
+ * could not take its layers would be no use for training). */
 int fx_op_max_repeats(const fx_op_desc *d)
 {
     const op_info *info = info_of(d);
     if (info->repeat_attr < 0)
         return 1;
-    int in = info->in_group ? (FX_OP_MAX_IO - info->in_first) / info->in_group : FX_OP_MAX_IO;
-    int out = info->out_group ? (FX_OP_MAX_IO - info->out_first) / info->out_group : FX_OP_MAX_IO;
-    return in < out ? in : out;
+    int most = own_max_repeats(info);
+    for (int i = 0; i < nops; i++)
+        if (infos[i].repeat_attr >= 0 && strcmp(infos[i].d->op, d->op) == 0 &&
+            strcmp(infos[i].d->family, d->family) == 0 && own_max_repeats(&infos[i]) < most)
+            most = own_max_repeats(&infos[i]);
+    return most;
 }
 
 static bool repeats_valid(const fx_op_desc *d, double v)

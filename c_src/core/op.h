@@ -255,7 +255,8 @@ int fx_op_state_input(const fx_op_desc *d, int result);
 int fx_op_group(const fx_op_desc *d, bool result, int *first);
 /* The FX_ATTR_REPEAT attribute's index, or -1. */
 int fx_op_repeat_attr(const fx_op_desc *d);
-/* The most repetitions a call may have (its slots within FX_OP_MAX_IO);
+/* The most repetitions a call may have (the slots of every description of
+ * its op within FX_OP_MAX_IO: a forward takes what its backward takes);
  * 1 without a group. */
 int fx_op_max_repeats(const fx_op_desc *d);
 /* The call's repetitions: its FX_ATTR_REPEAT value where valid (an
