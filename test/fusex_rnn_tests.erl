@@ -67,58 +67,12 @@ tensors(Cell, Type, {B, L, I, H, NL}, P, Device) ->
              h0 => values(H0), c0 => values(C0)},
     {#{x => X, layers => Layers, h0 => H0, c0 => C0}, Held}.
 
-%% ---- the reference, from PyTorch's equations ----
-
 chunks([], _) -> [];
 chunks(List, N) -> {A, Rest} = lists:split(N, List), [A | chunks(Rest, N)].
 
 dot(A, B) -> fusex_test_util:dot(A, B).
-matvec(Rows, V) -> [dot(Row, V) || Row <- Rows].
-add(A, B) -> lists:zipwith(fun erlang:'+'/2, A, B).
-sig(X) -> fusex_test_util:sig(X).
 
-cell(gru, {Wi, Wh, Bi, Bh}, X, H, C) ->
-    Hd = length(H),
-    [Axr, Axz, Axn] = chunks(add(matvec(Wi, X), Bi), Hd),
-    [Ahr, Ahz, Ahn] = chunks(add(matvec(Wh, H), Bh), Hd),
-    R = [sig(A + B) || {A, B} <- lists:zip(Axr, Ahr)],
-    Z = [sig(A + B) || {A, B} <- lists:zip(Axz, Ahz)],
-    N = [math:tanh(A + Rr * B) || {A, Rr, B} <- lists:zip3(Axn, R, Ahn)],
-    {[(1 - Zz) * Nn + Zz * Hh || {Zz, Nn, Hh} <- lists:zip3(Z, N, H)], C};
-cell(lstm, {Wi, Wh, Bi, Bh}, X, H, C) ->
-    Hd = length(H),
-    [Gi, Gf, Gg, Go] = chunks(add(add(matvec(Wi, X), Bi), add(matvec(Wh, H), Bh)), Hd),
-    C2 = [sig(F) * Cc + sig(I) * math:tanh(G) || {F, Cc, {I, G}} <- lists:zip3(Gf, C, lists:zip(Gi, Gg))],
-    {[sig(O) * math:tanh(Cc) || {O, Cc} <- lists:zip(Go, C2)], C2}.
-
-run_seq(Cell, P, Seq, H, C) ->
-    {Out, Hn, Cn} = lists:foldl(fun(Xt, {Acc, Ht, Ct}) ->
-                                        {H2, C2} = cell(Cell, P, Xt, Ht, Ct),
-                                        {[H2 | Acc], H2, C2}
-                                end, {[], H, C}, Seq),
-    {lists:reverse(Out), Hn, Cn}.
-
-%% {Y, Hn, Cn} as flat lists ([batch, seqlen, hidden], [layers, batch,
-%% hidden]) from the values of a problem; h0, c0 zeros unless in `With'.
-reference(Cell, {B, L, I, H, NL}, V, With) ->
-    Zero = lists:duplicate(NL * B * H, 0.0),
-    H0 = case lists:member(h0, With) of true -> maps:get(h0, V); false -> Zero end,
-    C0 = case lists:member(c0, With) of true -> maps:get(c0, V); false -> Zero end,
-    PerLayer = fun(S) -> [chunks(Sl, H) || Sl <- chunks(S, B * H)] end,
-    Seqs0 = [chunks(Xb, I) || Xb <- chunks(maps:get(x, V), max(1, L * I)), L > 0],
-    Params = [{chunks(Wi, length(Wi) div (gates(Cell) * H)), chunks(Wh, H), Bi, Bh}
-              || #{w_ih := Wi, w_hh := Wh, b_ih := Bi, b_hh := Bh} <- maps:get(layers, V)],
-    {Seqs, Hs, Cs} = lists:foldl(
-                       fun({P, Hl, Cl}, {In, AccH, AccC}) ->
-                               Res = [run_seq(Cell, P, Seq, Hb, Cb) || {Seq, Hb, Cb} <- lists:zip3(In, Hl, Cl)],
-                               {[O || {O, _, _} <- Res], [[Hn || {_, Hn, _} <- Res] | AccH],
-                                [[Cn || {_, _, Cn} <- Res] | AccC]}
-                       end, {Seqs0, [], []}, lists:zip3(Params, PerLayer(H0), PerLayer(C0))),
-    Y = lists:append(lists:append(Seqs)),
-    case B of
-        0 -> {[], [], []};
-        _ -> {Y, lists:append(lists:append(lists:reverse(Hs))), lists:append(lists:append(lists:reverse(Cs)))}
-    end.
+reference(Cell, Dims, V, With) -> fusex_test_util:rnn_reference(Cell, Dims, V, With).
 
 %% ---- forward ----
 
