@@ -572,7 +572,7 @@ static int presence_error(const fx_op_call *c, int i, bool want, fx_status *st)
 }
 
 /* The repeat count is an integer the slots hold. */
-static int check_repeats(const fx_op_call *c, fx_status *st)
+int fx_op_check_repeats(const fx_op_call *c, fx_status *st)
 {
     const fx_op_desc *d = c->op;
     int a = fx_op_repeat_attr(d);
@@ -594,7 +594,7 @@ int fx_op_check(const fx_op_call *c, fx_op_spec results[FX_OP_MAX_IO], fx_status
             snprintf(got, sizeof got, "%g", c->attrs[a]);
             return fx_op_enum_error(&d->attrs[a], got, st);
         }
-    if (check_repeats(c, st))
+    if (fx_op_check_repeats(c, st))
         return st->code;
     const int nin = fx_op_slot_count(d, false, fx_op_repeats(c)), nout = fx_op_slot_count(d, true, fx_op_repeats(c));
     for (int i = nin; i < FX_OP_MAX_IO; i++)

@@ -310,6 +310,10 @@ int fx_op_result_present(const fx_op_call *c, int index, bool *present, fx_statu
  * each. Works on tensors whose
  * `data` is NULL (shapes and types only). */
 int fx_op_check(const fx_op_call *c, fx_op_spec results[FX_OP_MAX_IO], fx_status *st);
+/* The repeat attribute (where the description has one) is an integer from
+ * 1 to fx_op_max_repeats: what fx_op_check checks first, for a binder
+ * that must know the slots before it takes the tensors. */
+int fx_op_check_repeats(const fx_op_call *c, fx_status *st);
 /* Check, then run into results the caller allocated (c->out: each present
  * result, NULL for the others) on `ex` (NULL: the device's own context).
  * A step updates c->out[new_state] in place, reading it as the state

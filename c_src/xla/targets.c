@@ -335,7 +335,7 @@ static int bind_and_run(const fx_xla_call *c, frame *f, fx_status *st)
     const fx_op_desc *d = f->call.op;
     const bool rets_by_rule = any_rule(d->results, d->nresults);
     fx_op_spec specs[FX_OP_MAX_IO];
-    if (read_attrs(c, &f->call, st) || bind_args(c, f, st) ||
+    if (read_attrs(c, &f->call, st) || fx_op_check_repeats(&f->call, st) || bind_args(c, f, st) ||
         (!rets_by_rule && list_rets(c, f, NULL, st)) || wrap_args(c, f, st) ||
         (!rets_by_rule && wrap_rets(c, f, st)) || fx_op_check(&f->call, specs, st) ||
         (rets_by_rule && (list_rets(c, f, specs, st) || wrap_rets(c, f, st))) ||
