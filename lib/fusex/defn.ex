@@ -152,18 +152,20 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     @doc """
     One frame of `gru/4` through every layer: `h` `[layers, batch,
     hidden]` (the state type), `x` `[batch, input]`. Returns `{y, new_h}`.
+    The step has no optional tensors nor options (`tensors`, `opts`: empty).
     """
-    deftransform gru_step(h, x, layers), do: Call.step(:gru, RNN, [h: h, x: x, layers: layers], %{}, [])
+    deftransform gru_step(h, x, layers, tensors \\ %{}, opts \\ []),
+      do: Call.step(:gru, RNN, [h: h, x: x, layers: layers], tensors, opts)
 
     @doc "One frame of `lstm/4`: `state` `{h, c}`. Returns `{y, {new_h, new_c}}`."
-    deftransform lstm_step(state, x, layers) do
+    deftransform lstm_step(state, x, layers, tensors \\ %{}, opts \\ []) do
       {h, c} =
         case state do
           {h, c} -> {h, c}
           other -> Fusex.Defn.Check.fail("state", "a tuple {h, c} of two tensors", inspect(other, limit: 3))
         end
 
-      {y, new_h, new_c} = Call.step(:lstm, RNN, [h: h, c: c, x: x, layers: layers], %{}, [])
+      {y, new_h, new_c} = Call.step(:lstm, RNN, [h: h, c: c, x: x, layers: layers], tensors, opts)
       {y, {new_h, new_c}}
     end
 
