@@ -186,6 +186,29 @@ defmodule FusexDefnRNNTest do
     assert text =~ "fusex_gru_fwd" or text =~ "direction: :fwd"
   end
 
+  test "under EXLA: the blocks a trace holds lower to fusex_gru_* and fusex_lstm_* with their slots" do
+    alias Fusex.Defn.{Block, XLA}
+    XLA.__put_registration__(:ok)
+
+    try do
+      t = fn shape -> Nx.template(shape, {:f, 32}) end
+      layer = fn cell, input -> [t.({gates(cell) * 4, input}), t.({gates(cell) * 4, 4}), t.({gates(cell) * 4}), t.({gates(cell) * 4})] end
+      fwd = %Block{op: :gru, direction: :fwd, attrs: [layers: 2.0, has_h0: 1, return_state: 1, save: 1]}
+      args = [t.({2, 3, 5}), t.({2, 2, 4})] ++ layer.(:gru, 5) ++ layer.(:gru, 4)
+      assert {:ok, "fusex_gru_fwd", attrs} = XLA.lowering(fwd, args, :host)
+      assert {"layers", "2.0 : f64"} in attrs
+      # a layer's parameter of the wrong shape: the handler would refuse it, the default runs
+      assert XLA.lowering(fwd, List.replace_at(args, 7, t.({12, 5})), :host) == :skip
+      # an operand missing for the layers the attribute says
+      assert XLA.lowering(fwd, Enum.drop(args, -1), :host) == :skip
+
+      step = %Block{op: :lstm, direction: :step, attrs: [layers: 1.0]}
+      assert {:ok, "fusex_lstm_step", _} = XLA.lowering(step, [t.({1, 2, 4}), t.({1, 2, 4}), t.({2, 5})] ++ layer.(:lstm, 5), :host)
+    after
+      XLA.__put_registration__(nil)
+    end
+  end
+
   # ---- the Axon layers ----
 
   test "Fusex.Axon.gru and lstm drop in for Axon.gru and Axon.lstm: same parameters, same outputs" do
