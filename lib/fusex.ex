@@ -140,6 +140,44 @@ defmodule Fusex do
         in_place: [:state]
       )
 
+  # ---- GRU and LSTM, stacked: fusex:gru/3, lstm/3, their _backward/3 and
+  # _step/3 (docs/RNN.md) ----
+
+  @doc """
+  A stacked GRU (PyTorch's `nn.GRU`, batch first); see `fusex:gru/3`.
+  `layers`: one map `%{w_ih:, w_hh:, b_ih:, b_hh:}` per layer. Options:
+  `:h0`, `:return_state`, `:save_for_backward`.
+  """
+  def gru(x, layers, opts \\ []),
+    do: Op.run(:gru, [x: x, layers: layers], opts, erl_opts: true)
+
+  @doc "A stacked LSTM; see `fusex:lstm/3`. Options: `:h0`, `:c0`, `:return_state`, `:save_for_backward`."
+  def lstm(x, layers, opts \\ []),
+    do: Op.run(:lstm, [x: x, layers: layers], opts, erl_opts: true)
+
+  @doc "Every gradient of `gru/3` from a saved context; see `fusex:gru_backward/3` (option `:dh_n`)."
+  def gru_backward(dy, ctx, opts \\ []),
+    do: Op.run(:gru_backward, [dy: dy, ctx: ctx], opts, erl_opts: true)
+
+  @doc "Every gradient of `lstm/3`; see `fusex:lstm_backward/3` (options `:dh_n`, `:dc_n`)."
+  def lstm_backward(dy, ctx, opts \\ []),
+    do: Op.run(:lstm_backward, [dy: dy, ctx: ctx], opts, erl_opts: true)
+
+  @doc """
+  One frame of `gru/3` through every layer: `{y_t, h}`, `h` (a handle,
+  `[layers, batch, hidden]`) updated in place. Both results are
+  `%Fusex.Tensor{}` handles (the state must stay one).
+  """
+  def gru_step(h, x_t, layers, opts \\ []),
+    do: Op.run(:gru_step, [h: h, x_t: x_t, layers: layers], Keyword.put(opts, :resident, true), in_place: [:h])
+
+  @doc "One frame of `lstm/3`: `{y_t, {h, c}}`, both handles updated in place; handles back."
+  def lstm_step(state, x_t, layers, opts \\ []),
+    do:
+      Op.run(:lstm_step, [state: state, x_t: x_t, layers: layers], Keyword.put(opts, :resident, true),
+        in_place: [:state]
+      )
+
   # ---- selective scan (Mamba S6): fusex:selective_scan/6, _backward/3,
   # _step/7 (docs/SSM.md) ----
 

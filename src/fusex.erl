@@ -52,6 +52,11 @@
               norm_opts/0, layer_norm_opts/0, norm_result/0, norm_ctx/0, norm_grads/0,
               linear_opts/0, linear_ctx/0, linear_grads/0, activation/0]).
 
+%% Classic GRU and LSTM, stacked (PyTorch's nn.GRU / nn.LSTM, batch first; see docs/RNN.md).
+-export([gru/2, gru/3, gru_backward/2, gru_backward/3, gru_step/3, lstm/2, lstm/3,
+         lstm_backward/2, lstm_backward/3, lstm_step/3]).
+-export_type([rnn_layer/0, gru_opts/0, lstm_opts/0, rnn_ctx/0, rnn_grads/0]).
+
 %% XLA custom-call targets (see docs/XLA.md).
 -export([op_list/0, op_check/4]).
 -export_type([op_description/0]).
@@ -834,6 +839,121 @@ causal_conv1d_step(State, Xt, W) -> causal_conv1d_step(State, Xt, W, #{}).
 %% CUDA; it allocates only `Yt'.
 -spec causal_conv1d_step(State :: tensor(), Xt :: tensor(), W :: tensor(), conv_step_opts()) -> tensor().
 causal_conv1d_step(State, Xt, W, Opts) -> ?NIF:op(causal_conv1d_step, [State, Xt, W], Opts).
+
+%% ---- GRU and LSTM ----
+
+-type rnn_layer() :: #{w_ih := tensor(), w_hh := tensor(), b_ih := tensor(), b_hh := tensor()}.
+%% One layer's parameters in PyTorch's layout, `G' gate blocks of `hidden'
+%% rows (GRU: 3, r z n; LSTM: 4, i f g o): `w_ih' `[G*hidden, input]' (layer
+%% 0; `[G*hidden, hidden]' above), `w_hh' `[G*hidden, hidden]', `b_ih',
+%% `b_hh' `[G*hidden]'.
+-type gru_opts() :: #{h0 => tensor(), return_state => boolean(), save_for_backward => boolean()}.
+%% `h0' `[layers, batch, hidden]' (zeros when absent); `return_state': also
+%% return `h_n'; `save_for_backward': also return a context for
+%% {@link gru_backward/3}.
+-type lstm_opts() :: #{h0 => tensor(), c0 => tensor(), return_state => boolean(),
+                       save_for_backward => boolean()}.
+%% As {@link gru_opts()}, with the cell state `c0' `[layers, batch, hidden]'.
+-opaque rnn_ctx() :: reference().
+%% What a forward with `save_for_backward' keeps for its backward.
+-type rnn_grads() :: #{x := tensor(), h0 => tensor(), c0 => tensor(),
+                       layers := [#{w_ih := tensor(), w_hh := tensor(), b_ih := tensor(),
+                                    b_hh := tensor()}]}.
+%% Every gradient of a forward: `x', `h0' and `c0' where given, and per layer
+%% its parameters' (summed over batch and time), each with its input's
+%% shape and type.
+
+%% @equiv gru(X, Layers, #{})
+-spec gru(tensor(), [rnn_layer()]) -> tensor().
+gru(X, Layers) -> gru(X, Layers, #{}).
+
+%% @doc A stacked GRU over a whole sequence, as PyTorch's `nn.GRU' with
+%% `batch_first=True': per layer, with `ax = W_ih x_t + b_ih' and
+%% `ah = W_hh h_{t-1} + b_hh' in gate blocks r, z, n,
+%% ```
+%% r = sigmoid(ax_r + ah_r)   z = sigmoid(ax_z + ah_z)
+%% n = tanh(ax_n + r * ah_n)  h_t = (1 - z) * n + z * h_{t-1}
+%% '''
+%% each layer above the first reading the one below's `h_t' as its `x_t'.
+%%
+%% `X' `[batch, seqlen, input]'; `Layers' one {@link rnn_layer()} per layer
+%% (at least one). Returns `Y' `[batch, seqlen, hidden]' (the last layer's
+%% `h_t', `X''s type); `{Y, Hn}' with `return_state' (`Hn' `[layers, batch,
+%% hidden]'); `{Y, Ctx}' with `save_for_backward', `{Y, Hn, Ctx}' with both.
+%%
+%% Types: `X' and every `w_ih', `w_hh' share one type, `{f,32}', `{bf,16}' or
+%% `{f,16}' (also `{f,64}' on `cpu'); biases and `h0' any float type. The
+%% states are `{f,32}' (`{f,64}' for `{f,64}' inputs). A training forward
+%% keeps `[layers, batch, seqlen, 5*hidden]' states of that type (the gates
+%% and `h_t': the backward recomputes nothing step by step) and references
+%% to its inputs (do not update them in place before the backward).
+-spec gru(X :: tensor(), Layers :: [rnn_layer()], gru_opts()) ->
+          tensor() | {tensor(), tensor()} | {tensor(), rnn_ctx()} | {tensor(), tensor(), rnn_ctx()}.
+gru(X, Layers, Opts) -> ?NIF:op(gru_fwd, [X, Layers], Opts).
+
+%% @equiv lstm(X, Layers, #{})
+-spec lstm(tensor(), [rnn_layer()]) -> tensor().
+lstm(X, Layers) -> lstm(X, Layers, #{}).
+
+%% @doc A stacked LSTM over a whole sequence, as PyTorch's `nn.LSTM' with
+%% `batch_first=True' (gate blocks i, f, g, o):
+%% ```
+%% i = sigmoid(ax_i + ah_i)   f = sigmoid(ax_f + ah_f)
+%% g = tanh(ax_g + ah_g)      o = sigmoid(ax_o + ah_o)
+%% c_t = f * c_{t-1} + i * g  h_t = o * tanh(c_t)
+%% '''
+%% As {@link gru/3}, with the cell state: options `h0', `c0'; `{Y, {Hn, Cn}}'
+%% with `return_state' (`{Y, Ctx}', `{Y, {Hn, Cn}, Ctx}' with
+%% `save_for_backward'). A training forward keeps `[layers, batch, seqlen,
+%% 6*hidden]' states.
+-spec lstm(X :: tensor(), Layers :: [rnn_layer()], lstm_opts()) ->
+          tensor() | {tensor(), {tensor(), tensor()}} | {tensor(), rnn_ctx()} |
+          {tensor(), {tensor(), tensor()}, rnn_ctx()}.
+lstm(X, Layers, Opts) ->
+    case ?NIF:op(lstm_fwd, [X, Layers], Opts) of
+        {Y, Hn, Cn, Ctx} -> {Y, {Hn, Cn}, Ctx};
+        {Y, Hn, Cn} -> {Y, {Hn, Cn}};
+        Result -> Result
+    end.
+
+%% @equiv gru_backward(Dy, Ctx, #{})
+-spec gru_backward(tensor(), rnn_ctx()) -> rnn_grads().
+gru_backward(Dy, Ctx) -> gru_backward(Dy, Ctx, #{}).
+
+%% @doc Every gradient of a {@link gru/3} that ran with `save_for_backward',
+%% from `Dy' (`Y''s gradient: its shape and type) and, optionally, `dh_n'
+%% (the final state's, `[layers, batch, hidden]', any float type): `x', `h0'
+%% where given, and `layers', one map of `w_ih', `w_hh', `b_ih', `b_hh' per
+%% layer. A context can serve more than one backward.
+-spec gru_backward(tensor(), rnn_ctx(), #{dh_n => tensor()}) -> rnn_grads().
+gru_backward(Dy, Ctx, Opts) -> ?NIF:op_backward(gru_bwd, Dy, Ctx, Opts).
+
+%% @equiv lstm_backward(Dy, Ctx, #{})
+-spec lstm_backward(tensor(), rnn_ctx()) -> rnn_grads().
+lstm_backward(Dy, Ctx) -> lstm_backward(Dy, Ctx, #{}).
+
+%% @doc As {@link gru_backward/3} for {@link lstm/3}: options `dh_n' and
+%% `dc_n'; `c0''s gradient where it was given.
+-spec lstm_backward(tensor(), rnn_ctx(), #{dh_n => tensor(), dc_n => tensor()}) -> rnn_grads().
+lstm_backward(Dy, Ctx, Opts) -> ?NIF:op_backward(lstm_bwd, Dy, Ctx, Opts).
+
+%% @doc One frame of {@link gru/3} through every layer: `H' `[layers, batch,
+%% hidden]' (`{f,32}'; `{f,64}' for `{f,64}' inputs: a forward's `Hn', or
+%% zeros) is read as `h_{t-1}' and updated in place to `h_t'; `Xt' `[batch,
+%% input]'. Returns `{Yt, H}': `Yt' `[batch, hidden]' (the last layer's
+%% `h_t', `Xt''s type) and `H' itself, updated. A chain of steps equals the
+%% forward over the sequence.
+-spec gru_step(H :: tensor(), Xt :: tensor(), Layers :: [rnn_layer()]) -> {tensor(), tensor()}.
+gru_step(H, Xt, Layers) -> {?NIF:op(gru_step, [H, Xt, Layers], #{}), H}.
+
+%% @doc One frame of {@link lstm/3}: as {@link gru_step/3} with the states
+%% `{H, C}', both updated in place. Returns `{Yt, {H, C}}'.
+-spec lstm_step({H :: tensor(), C :: tensor()}, Xt :: tensor(), Layers :: [rnn_layer()]) ->
+          {tensor(), {tensor(), tensor()}}.
+lstm_step({H, C}, Xt, Layers) -> {?NIF:op(lstm_step, [H, C, Xt, Layers], #{}), {H, C}};
+lstm_step(State, _Xt, _Layers) ->
+    erlang:error({badarg, iolist_to_binary(["state: expected a tuple {H, C} of two tensors, got ",
+                                            io_lib:format("~0tp", [State])])}).
 
 -type norm_opts() :: #{bias => tensor(), residual => tensor(), gate => tensor(), eps => number(),
                        residual_in_f32 => boolean(), save_for_backward => boolean()}.

@@ -28,6 +28,9 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
         sequence keeps its width);
       * `rms_norm/2`, `layer_norm/2` - `weight`, `bias` `[hidden]` (any
         shape `[..., hidden]`, kept), with an optional gate input.
+      * `gru/3`, `lstm/3` - Axon's own GRU and LSTM parameters
+        (`input_kernel`, `hidden_kernel`, `bias`), so that they drop in
+        where `Axon.gru/3` and `Axon.lstm/3` stood.
 
     Kernels take `:kernel_initializer` (default `:glorot_uniform`), biases
     `:bias_initializer` (default `:zeros`).
@@ -307,6 +310,152 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
       Fusex.Opts.value!(opts, :candidate_activation, ":identity or :g", &(&1 in [:identity, :g]))
       Enum.each([:kernel_initializer, :bias_initializer], &initializer!(opts, &1))
       opts
+    end
+
+    # ---- GRU and LSTM: Axon's layers, fusex's kernels ----
+
+    @doc """
+    A GRU layer that drops in where `Axon.gru/3` stood: the same
+    parameters (`"input_kernel"` `%{"wir", "wiz", "win"}` `[features,
+    units]` each, `"hidden_kernel"` `%{"whr", "whz", "whn"}` `[units,
+    units]`, `"bias"` `%{"br", "bz", "bin", "bhn"}` `[units]`), the same
+    result `{output_sequence, {new_h}}`, run as one fusex GRU layer
+    (`Fusex.Defn.gru/4`; docs/RNN.md maps these onto PyTorch's `w_ih`,
+    `w_hh`, `b_ih`, `b_hh`). The initial state is zeros, or `{hidden}` as
+    `gru/4` takes it.
+
+    Options: `:name`, `:kernel_initializer` (default `:glorot_uniform`),
+    `:bias_initializer` (default `:zeros`); `:activation` and `:gate` only
+    as their defaults (`:tanh`, `:sigmoid`), `:unroll` is taken and has no
+    effect (the kernel is the loop).
+    """
+    def gru(x, units, opts \\ []) when is_integer(units), do: rnn(:gru, x, nil, units, opts)
+
+    @doc "As `gru/3`, from the initial state `{hidden}` (`[batch, units]`)."
+    def gru(x, {%Axon{} = hidden}, units, opts), do: rnn(:gru, x, {hidden}, units, opts)
+
+    @doc """
+    An LSTM layer in place of `Axon.lstm/3`: parameters `"input_kernel"`
+    `%{"wii", "wif", "wig", "wio"}`, `"hidden_kernel"` `%{"whi", "whf",
+    "whg", "who"}`, `"bias"` `%{"bi", "bf", "bg", "bo"}`; result
+    `{output_sequence, {new_c, new_h}}`. Initial states zeros, or `{cell,
+    hidden}` as `lstm/4` takes them. Options as `gru/3`.
+    """
+    def lstm(x, units, opts \\ []) when is_integer(units), do: rnn(:lstm, x, nil, units, opts)
+
+    @doc "As `lstm/3`, from the initial states `{cell, hidden}`."
+    def lstm(x, {%Axon{}, %Axon{}} = state, units, opts), do: rnn(:lstm, x, state, units, opts)
+
+    @rnn_gates %{gru: ~w(r z n), lstm: ~w(i f g o)}
+
+    defp rnn(cell, x, state, units, opts) do
+      input!(x)
+      units!(units)
+
+      opts =
+        Fusex.Opts.keyword!(opts, [:name, :meta, :recurrent_initializer, :seed, activation: :tanh, gate: :sigmoid,
+          unroll: :dynamic, use_bias: true, kernel_initializer: :glorot_uniform, bias_initializer: :zeros])
+
+      name!(opts)
+      initializer!(opts, :kernel_initializer)
+      initializer!(opts, :bias_initializer)
+      Fusex.Opts.value!(opts, :activation, ":tanh (fusex's cells)", &(&1 == :tanh))
+      Fusex.Opts.value!(opts, :gate, ":sigmoid (fusex's cells)", &(&1 == :sigmoid))
+      Fusex.Opts.value!(opts, :use_bias, "true or false", &is_boolean/1)
+      gates = @rnn_gates[cell]
+      bias_keys = if cell == :gru, do: ~w(br bz bin bhn), else: Enum.map(gates, &"b#{&1}")
+      # the parameters' templates from the layer's inputs: x (and the states)
+      template = fn shape_of ->
+        if state,
+          do: fn inp, _states -> Nx.template(shape_of.(Nx.shape(inp)), {:f, 32}) end,
+          else: fn inp -> Nx.template(shape_of.(Nx.shape(inp)), {:f, 32}) end
+      end
+
+      input_kernel =
+        Axon.parameter("input_kernel", template.(fn s -> {elem(s, tuple_size(s) - 1), units} end),
+          initializer: split_initializer(Enum.map(gates, &"wi#{&1}"), opts[:kernel_initializer])
+        )
+
+      hidden_kernel =
+        Axon.parameter("hidden_kernel", template.(fn _ -> {units, units} end),
+          initializer: split_initializer(Enum.map(gates, &"wh#{&1}"), opts[:kernel_initializer])
+        )
+
+      bias =
+        if opts[:use_bias],
+          do: Axon.parameter("bias", template.(fn _ -> {units} end), initializer: split_initializer(bias_keys, opts[:bias_initializer])),
+          else: Axon.constant(0)
+
+      {fun, inputs} =
+        if state,
+          do: {&rnn_layer/6, [x, Axon.container(state), input_kernel, hidden_kernel, bias]},
+          else: {&rnn_layer(&1, {}, &2, &3, &4, &5), [x, input_kernel, hidden_kernel, bias]}
+
+      out =
+        Axon.layer(fun, inputs,
+          name: opts[:name],
+          op_name: :"fusex_#{cell}",
+          cell: cell,
+          units: units
+        )
+
+      seq = Axon.layer(fn o, _ -> elem(o, 0) end, [out], op_name: :elem)
+
+      case cell do
+        :gru -> {seq, {Axon.layer(fn o, _ -> elem(elem(o, 1), 0) end, [out], op_name: :elem)}}
+        :lstm -> {seq, {Axon.layer(fn o, _ -> elem(elem(o, 1), 0) end, [out], op_name: :elem),
+                        Axon.layer(fn o, _ -> elem(elem(o, 1), 1) end, [out], op_name: :elem)}}
+      end
+    end
+
+    # A map parameter of `keys`, each initialized alone (as Axon's own).
+    defp split_initializer(keys, init) do
+      fn shape, type, key ->
+        init = if is_atom(init), do: apply(Axon.Initializers, init, []), else: init
+        keys_rng = Nx.Random.split(key, parts: length(keys))
+
+        for {k, i} <- Enum.with_index(keys), into: %{} do
+          value = if is_function(init, 2), do: init.(shape, type), else: init.(shape, type, keys_rng[i])
+          {k, value}
+        end
+      end
+    end
+
+    @doc false
+    # Axon's parameters in PyTorch's layout (docs/RNN.md): the gate kernels
+    # [features, units] side by side and transposed, b_hh zero but for the
+    # GRU's n gate (Axon's bhn), b_ih the rest.
+    def rnn_layer(x, states, wi, wh, bias, opts) do
+      cell = opts[:cell]
+      units = opts[:units]
+      gates = @rnn_gates[cell]
+      cat = fn map, prefix -> gates |> Enum.map(&map["#{prefix}#{&1}"]) |> Nx.concatenate(axis: 1) |> Nx.transpose() |> Nx.as_type(x.type) end
+      zeros = Nx.broadcast(Nx.tensor(0, type: {:f, 32}), {units})
+
+      {b_ih, b_hh} =
+        case {cell, bias} do
+          {:gru, %{} = b} -> {Nx.concatenate([b["br"], b["bz"], b["bin"]]), Nx.concatenate([zeros, zeros, b["bhn"]])}
+          {:lstm, %{} = b} -> {Nx.concatenate(Enum.map(gates, &b["b#{&1}"])), Nx.concatenate([zeros, zeros, zeros, zeros])}
+          {_, _} -> {Nx.broadcast(0.0, {length(gates) * units}), Nx.broadcast(0.0, {length(gates) * units})}
+        end
+
+      layer = %{w_ih: cat.(wi, "wi"), w_hh: cat.(wh, "wh"), b_ih: b_ih, b_hh: b_hh}
+      initial = fn t -> t |> Nx.as_type({:f, 32}) |> Nx.new_axis(0) end
+
+      case {cell, states} do
+        {:gru, {}} ->
+          {y, h} = Fusex.Defn.gru(x, [layer], %{}, return_state: true)
+          {y, {h[0]}}
+
+        {:gru, {h0}} ->
+          {y, h} = Fusex.Defn.gru(x, [layer], %{h0: initial.(h0)}, return_state: true)
+          {y, {h[0]}}
+
+        {:lstm, st} ->
+          tensors = case st do {c0, h0} -> %{h0: initial.(h0), c0: initial.(c0)}; {} -> %{} end
+          {y, {h, c}} = Fusex.Defn.lstm(x, [layer], tensors, return_state: true)
+          {y, {c[0], h[0]}}
+      end
     end
 
     # ---- the arguments, checked with the house message ----

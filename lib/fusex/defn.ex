@@ -2,12 +2,12 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
   defmodule Fusex.Defn do
     @moduledoc """
     fusex's recurrences inside `defn`: the selective scan, the linear scan,
-    MinGRU, MinLSTM and Liquid, with their gradients and steps, and the
-    other layers of a Mamba block (the causal depthwise convolution and its
-    step, RMSNorm and LayerNorm with residual and gate), as parts of
-    compiled programs (Nx ≥ 0.12). Linear layers are not here: inside a
-    compiled program XLA's own products are the right ones (`Fusex.linear/3`
-    is the eager one).
+    MinGRU, MinLSTM and Liquid, the stacked GRU and LSTM, with their
+    gradients and steps, and the other layers of a Mamba block (the causal
+    depthwise convolution and its step, RMSNorm and LayerNorm with residual
+    and gate), as parts of compiled programs (Nx ≥ 0.12). Linear layers are
+    not here: inside a compiled program XLA's own products are the right
+    ones (`Fusex.linear/3` is the eager one).
 
     Each function works inside `defn` (and `Nx.Defn.jit/2`) and on plain
     tensors outside. Semantics, shapes, types and error messages are those
@@ -60,7 +60,7 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     """
 
     import Nx.Defn, only: [deftransform: 2]
-    alias Fusex.Defn.{Call, Conv, Linrec, Norm, SSM}
+    alias Fusex.Defn.{Call, Conv, Linrec, Norm, RNN, SSM}
 
     # ---- selective scan ----
 
@@ -124,6 +124,54 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     """
     deftransform liquid(f_logits, tau, a, tensors \\ %{}, opts \\ []),
       do: Call.forward(:liquid, Linrec, [f_logits: f_logits, tau: tau, a: a], tensors, opts)
+
+    # ---- GRU and LSTM ----
+
+    @doc """
+    A stacked GRU over a sequence (PyTorch's `nn.GRU`, batch first); see
+    `:fusex.gru/3` and docs/RNN.md.
+
+    `x`: `[batch, seqlen, input]`; `layers`: a list or tuple of layers,
+    each a map `%{w_ih: _, w_hh: _, b_ih: _, b_hh: _}` (or a tuple in that
+    order): `w_ih` `[3*hidden, input]` (`[3*hidden, hidden]` above layer
+    0), `w_hh` `[3*hidden, hidden]`, the biases `[3*hidden]`. Tensors:
+    `:h0` (`[layers, batch, hidden]`). Options: `:return_state` (also
+    `h_n`, `[layers, batch, hidden]` in the state type).
+    """
+    deftransform gru(x, layers, tensors \\ %{}, opts \\ []),
+      do: Call.forward(:gru, RNN, [x: x, layers: layers], tensors, opts)
+
+    @doc """
+    A stacked LSTM (gate blocks i, f, g, o); as `gru/4` with `4*hidden`
+    rows. Tensors: `:h0`, `:c0`. Returns `y`, or `{y, {h_n, c_n}}` with
+    `return_state: true`.
+    """
+    deftransform lstm(x, layers, tensors \\ %{}, opts \\ []) do
+      case Call.forward(:lstm, RNN, [x: x, layers: layers], tensors, opts) do
+        {y, h_n, c_n} -> {y, {h_n, c_n}}
+        y -> y
+      end
+    end
+
+    @doc """
+    One frame of `gru/4` through every layer: `h` `[layers, batch,
+    hidden]` (the state type), `x` `[batch, input]`. Returns `{y, new_h}`.
+    The step has no optional tensors nor options (`tensors`, `opts`: empty).
+    """
+    deftransform gru_step(h, x, layers, tensors \\ %{}, opts \\ []),
+      do: Call.step(:gru, RNN, [h: h, x: x, layers: layers], tensors, opts)
+
+    @doc "One frame of `lstm/4`: `state` `{h, c}`. Returns `{y, {new_h, new_c}}`."
+    deftransform lstm_step(state, x, layers, tensors \\ %{}, opts \\ []) do
+      {h, c} =
+        case state do
+          {h, c} -> {h, c}
+          other -> Fusex.Defn.Check.fail("state", "a tuple {h, c} of two tensors", inspect(other, limit: 3))
+        end
+
+      {y, new_h, new_c} = Call.step(:lstm, RNN, [h: h, c: c, x: x, layers: layers], tensors, opts)
+      {y, {new_h, new_c}}
+    end
 
     @doc "One frame of `linear_scan/4`: `{h, new_state}`; `state` `[batch, hidden]`."
     deftransform linear_scan_step(state, a, b, tensors \\ %{}, opts \\ []),

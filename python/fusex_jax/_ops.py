@@ -23,7 +23,12 @@ description's names: ``forward(op, args, **options)`` for a forward,
     (its ``save`` attribute 1) and the backward the description names,
     feeding it by role (the forward's inputs and kept results by name, the
     cotangents ``d`` + a result) and taking ``d`` + each input back; a
-    step's is that backward on sequences of one step from ``h0 = state``.
+    step's is that backward on sequences of one step from ``h0 = state``;
+  * a repeated group (a stacked RNN's layers): the positional argument of
+    the repeat attribute's name (``layers``), one tuple of the group's
+    tensors per repetition; the call's description has the group written
+    out once per repetition (``layers[1].w_hh``: one input or result per
+    slot, as the handlers take them), its op ``(index, repetitions)``.
 """
 
 import functools
@@ -39,8 +44,48 @@ from ._lib import ArgumentError
 _INDEX = {d["name"]: i for i, d in enumerate(_lib.DESCRIPTIONS)}
 
 
+def _base(op):
+    """The library's index of a call's op (an index, or (index, repetitions))."""
+    return op[0] if isinstance(op, tuple) else op
+
+
+def _repeat_attr(d):
+    return next((k for k, a in enumerate(d["attrs"]) if a["role"] == "repeat"), -1)
+
+
+@functools.lru_cache(maxsize=None)
+def _expanded(index, repeats):
+    """Description `index` with its repeated group written out `repeats`
+    times: one entry per slot, named ``layers[r].w_ih`` (a gradient
+    ``dlayers[r].w_ih``: "d" + its input's slot)."""
+    d = _lib.DESCRIPTIONS[index]
+    group = d["attrs"][_repeat_attr(d)]["name"]
+
+    def slots(entries):
+        out = [e for e in entries if not e["repeated"]]
+        for r in range(repeats):
+            for e in (e for e in entries if e["repeated"]):
+                grad = e["role"] == "grad"
+                name = f"{'d' if grad else ''}{group}[{r}].{e['name'][1:] if grad else e['name']}"
+                out.append(dict(e, name=name))
+        return out
+
+    return dict(d, inputs=slots(d["inputs"]), results=slots(d["results"]))
+
+
+def _with_repeats(op, repeats):
+    """The call's op for `repeats` repetitions (the index alone where the
+    description has no repeated group)."""
+    index = _base(op)
+    return (index, repeats) if _repeat_attr(_lib.DESCRIPTIONS[index]) >= 0 else index
+
+
+def _repeats_of(op):
+    return op[1] if isinstance(op, tuple) else 1
+
+
 def _desc(op):
-    return _lib.DESCRIPTIONS[op]
+    return _expanded(*op) if isinstance(op, tuple) else _lib.DESCRIPTIONS[op]
 
 
 def _find(name):
@@ -169,6 +214,31 @@ def _broadcast(d, inputs, i, value):
     return jnp.broadcast_to(value.astype(first.dtype), shape)
 
 
+def _flatten_group(name, d, args):
+    """`args` with the repeated group's argument (``layers``: a sequence of
+    tuples of the group's tensors) written out by slot, and the number of
+    repetitions (1 without a group)."""
+    a = _repeat_attr(d)
+    if a < 0:
+        return args, 1
+    group = d["attrs"][a]["name"]
+    entries = [e["name"] for e in d["inputs"] if e["repeated"]]
+    expected = f"a non-empty sequence of ({', '.join(entries)}), one per layer"
+    value = args.get(group)
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or not hasattr(value, "__iter__"):
+        raise ArgumentError(f"{group}: expected {expected}, got {_show(value)}")
+    value = list(value)
+    if not value:
+        raise ArgumentError(f"{group}: expected {expected}, got none")
+    out = {k: v for k, v in args.items() if k != group}
+    for r, item in enumerate(value):
+        if isinstance(item, dict) or not hasattr(item, "__len__") or len(item) != len(entries):
+            raise ArgumentError(f"{group}[{r}]: expected a tuple ({', '.join(entries)}), got {_show(item)}")
+        for e, t in zip(entries, item):
+            out[f"{group}[{r}].{e}"] = t
+    return out, len(value)
+
+
 class _Call(NamedTuple):
     """What is fixed at trace time: the description and its attributes
     (one number each, in its order; presence ones as the tensors say)."""
@@ -181,6 +251,8 @@ def _prepare(name, args, options):
     the description's, None where absent) from the public function's
     positional tensors and options."""
     op = _find(name)
+    args, repeats = _flatten_group(name, _desc(op), args)
+    op = _with_repeats(op, repeats)
     d = _desc(op)
     positional = [s["name"] for s in d["inputs"] if s["role"] in ("arg", "state")]
     if list(args) != positional:
@@ -190,6 +262,8 @@ def _prepare(name, args, options):
         i = _index_of(d["inputs"], k)
         inputs[i] = _tensor(k, v, f"an array {d['inputs'][i]['layout']}")
     attrs = [float(a["default"]) for a in d["attrs"]]
+    if _repeat_attr(d) >= 0:
+        attrs[_repeat_attr(d)] = float(repeats)
     known = [o for o in d["options"] if o != "save_for_backward"]
     unknown = [k for k in options if k not in known]
     if unknown:
@@ -245,7 +319,8 @@ def _specs(op, attrs, inputs):
     """The op layer's check of the call: each result's (dtype, shape), None
     where absent; ArgumentError with its message for bad input."""
     d = _desc(op)
-    return _lib.check(op, [None if t is None else (t.dtype, t.shape) for t in inputs], _presence(d, attrs, inputs))
+    return _lib.check(_base(op), [None if t is None else (t.dtype, t.shape) for t in inputs],
+                      _presence(d, attrs, inputs), desc=d)
 
 
 def _run(op, attrs, inputs):
@@ -256,12 +331,13 @@ def _run(op, attrs, inputs):
     specs = _specs(op, attrs, inputs)
     given = [i for i, t in enumerate(inputs) if t is not None]
     made = [r for r, s in enumerate(specs) if s is not None]
-    values = {a["name"]: np.int64(v) if a["kind"] in ("flag", "enum") else np.float64(v)
-              for a, v in zip(d["attrs"], attrs)}
-    # A step's state is updated in place where the caller donates it.
-    state_in = [k for k, i in enumerate(given) if d["inputs"][i]["role"] == "state"]
-    state_out = [k for k, r in enumerate(made) if d["results"][r]["role"] == "state"]
-    aliases = {state_in[0]: state_out[0]} if state_in and state_out else None
+    values = {a["name"]: np.int64(v) if a["kind"] in ("flag", "enum") else np.float64(v) for a, v in zip(d["attrs"], attrs)}
+    # A step's states are updated in place where the caller donates them:
+    # state S (the operand) into "new_" + S (the result).
+    state_in = {d["inputs"][i]["name"]: k for k, i in enumerate(given) if d["inputs"][i]["role"] == "state"}
+    aliases = {state_in[d["results"][r]["name"][len("new_"):]]: k for k, r in enumerate(made)
+               if d["results"][r]["role"] == "state" and d["results"][r]["name"][len("new_"):] in state_in}
+    aliases = aliases or None
     fn = jax.ffi.ffi_call(d["target"], tuple(jax.ShapeDtypeStruct(specs[r][1], specs[r][0]) for r in made),
                           vmap_method="sequential", input_output_aliases=aliases)
     outs = iter(fn(*(inputs[i] for i in given), **values))
@@ -300,7 +376,7 @@ def _attrs_from(op, source_op, source_attrs):
     attrs = []
     for a in d["attrs"]:
         k = _index_of(s["attrs"], a["name"])
-        attrs.append(source_attrs[k] if k >= 0 and a["role"] == "option" else float(a["default"]))
+        attrs.append(source_attrs[k] if k >= 0 and a["role"] in ("option", "repeat") else float(a["default"]))
     return tuple(attrs)
 
 
@@ -309,7 +385,7 @@ def _backward(fwd_op, inputs, saved, cotangents, source_op, source_attrs):
     by name, `saved` results by name, `cotangents` by result name; absent
     where None), its gradients by forward input name."""
     fwd = _desc(fwd_op)
-    bwd_op = _find(fwd["backward"])
+    bwd_op = _with_repeats(_find(fwd["backward"]), _repeats_of(fwd_op))
     bwd = _desc(bwd_op)
     operands = []
     for spec in bwd["inputs"]:

@@ -54,6 +54,7 @@ defmodule Fusex.Defn.XLA do
         false
 
       desc ->
+        desc = Desc.for_attrs(desc, block.attrs)
         names = Desc.operand_names(desc, block.attrs, length(args))
         specs = Map.new(Enum.zip(names, args), fn {name, t} -> {name, {t.type, t.shape}} end)
         length(names) == length(args) and match?({:ok, _}, Desc.check(desc, specs, block.attrs, device))
