@@ -72,7 +72,7 @@ XLA_HDRS   := $(XLA_FFI_INC)/xla/ffi/api/ffi.h $(XLA_FFI_INC)/xla/ffi/api/api.h 
 CXXFLAGS   ?= -O2 -g
 XLA_CXXFLAGS := $(CXXFLAGS) -std=c++17 -fPIC -fvisibility=hidden $(WARN) -isystem $(XLA_FFI_INC) -Iinclude -Ic_src
 
-.PHONY: all nif xla deps erl test test-c test-erl test-ex test-emu test-gpu test-ipc sanitize bench demo docs clean \
+.PHONY: all nif xla deps erl test test-c test-erl test-ex test-emu test-gpu test-ipc sanitize bench demo selftest docs clean \
         test-jax test-jax-gpu test-xla-c test-xla-c-gpu xla-fixtures test-asan
 
 all: nif erl
@@ -225,7 +225,7 @@ $(BUILD)/emu/fusex_cuda.so: $(EMU_OBJ) $(BUILD)/libfusex_core.a test/emu/shared.
 	$(CXX) -shared -o $@ $(EMU_OBJ) $(BUILD)/libfusex_core.a -Wl,--exclude-libs,ALL -Wl,--no-undefined \
 	  -Wl,-T,test/emu/shared.ld $(LDLIBS)
 
-EMU_SUITES  := ops optim linrec ssm rnn exec replay op linear norm conv
+EMU_SUITES  := ops optim linrec ssm rnn exec replay op linear norm conv model
 EMU_SEED     = $${FUSEX_EMU_SEED:-$$(date +%s)}
 
 test-emu:
@@ -283,7 +283,7 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 
 test: deps
 	$(MAKE) -j$(JOBS) all
-	$(MAKE) test-c test-emu test-erl test-ex test-xla-c test-jax
+	$(MAKE) test-c test-emu test-erl test-ex test-xla-c test-jax selftest demo
 
 # The same suites, forced onto CUDA; fails where there is no GPU.
 test-gpu: all $(BUILD)/fusex_check
@@ -386,9 +386,17 @@ test-asan: $(ASAN)/priv/fusex_nif.so $(ASAN)/fusex_check
 bench: all
 	$(ERL) -noshell -pa _build/default/lib/fusex/ebin -eval 'fusex_bench:main(init:get_plain_arguments())' -extra $(BENCH_ARGS)
 
+# Trains two small recurrent policies (a GRU, Mamba) and plays them frame by frame
+# (src/fusex_demo.erl, docs/MODELS.md).
 demo: deps
 	$(MAKE) all
 	$(ERL) -noshell -pa _build/default/lib/fusex/ebin -eval 'fusex_demo:main()'
+
+# Every op on every device against the CPU reference, one table a device
+# (src/fusex_selftest.erl).
+selftest: deps
+	$(MAKE) all
+	$(ERL) -noshell -pa _build/default/lib/fusex/ebin -eval 'fusex_selftest:main()'
 
 docs:
 	$(REBAR3) edoc

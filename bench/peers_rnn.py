@@ -1,7 +1,7 @@
 """cuDNN's GRU and LSTM through PyTorch at the shapes of dev/rnn_bench (the
 issue's targets), on the GPU, as the peer fusex's rows are compared with.
 
-    python3 bench/peers_rnn.py [--reps 30] [--out FILE] [--dtype f32|bf16|both]
+    python3 bench/peers_rnn.py [--reps 30] [--out FILE] [--dtype f32|f32-exact|bf16|both]
 
 Prints one markdown table. Per case:
 
@@ -16,11 +16,12 @@ Prints one markdown table. Per case:
 
 The step case is one frame of both layers (seq 1, h and c carried), what an
 agent calls once a frame: its graph replay is the issue's "35.7 us GRU,
-29.5 us LSTM" row. cudnn.benchmark is on and TF32 is left at PyTorch's
-defaults (cuDNN's RNNs may use TF32 for f32: torch.backends.cudnn.allow_tf32
-is True by default), which the table says.
+29.5 us LSTM" row. cudnn.benchmark is on; the weights are flattened into
+cuDNN's one buffer. The f32 rows leave TF32 at PyTorch's default (cuDNN's
+RNNs may use TF32 for f32: torch.backends.cudnn.allow_tf32 is True by
+default); the f32-exact rows turn it off, the products fusex's f32 computes.
 
-The coordinator runs this beside build/rnn_bench in one GPU call:
+Run it beside build/rnn_bench in one GPU call:
 
     make nif && make -f dev/Makefile build/rnn_bench
     FUSEX_PRIV=priv build/rnn_bench --markdown 1 && python3 bench/peers_rnn.py
@@ -51,12 +52,15 @@ CASES = [
     ("gru", 1, 4, 32, 2048, 2048, "fwd", None),
 ]
 
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"f32": torch.float32, "f32-exact": torch.float32, "bf16": torch.bfloat16}
 
 
 def make(op, layers, batch, seqlen, inp, hidden, dtype):
     cls = torch.nn.GRU if op == "gru" else torch.nn.LSTM
     net = cls(inp, hidden, num_layers=layers, batch_first=True).cuda().to(dtype)
+    # one contiguous weight buffer, as cuDNN wants it (else it compacts
+    # the weights again every call and the eager rows time that too)
+    net.flatten_parameters()
     x = torch.randn(batch, seqlen, inp, device="cuda", dtype=dtype)
     h0 = torch.randn(layers, batch, hidden, device="cuda", dtype=dtype)
     state = h0 if op == "gru" else (h0, torch.randn_like(h0))
@@ -133,13 +137,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out")
-    ap.add_argument("--dtype", default="both", choices=["f32", "bf16", "both"])
+    ap.add_argument("--dtype", default="both", choices=["f32", "f32-exact", "bf16", "both"])
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("peers_rnn: no CUDA device", file=sys.stderr)
         sys.exit(2)
     torch.backends.cudnn.benchmark = True
-    dtypes = ["f32", "bf16"] if args.dtype == "both" else [args.dtype]
+    # f32-exact: cuDNN without TF32, the products fusex's f32 computes
+    dtypes = ["f32", "f32-exact", "bf16"] if args.dtype == "both" else [args.dtype]
     lines = [
         f"cuDNN {torch.backends.cudnn.version()} through PyTorch {torch.__version__} on "
         f"{torch.cuda.get_device_name()} (cudnn.allow_tf32={torch.backends.cudnn.allow_tf32})",
@@ -148,6 +153,7 @@ def main():
         "|---|---|---|---:|---:|---:|---:|",
     ]
     for dt in dtypes:
+        torch.backends.cudnn.allow_tf32 = dt != "f32-exact"
         for op, layers, b, l, i, h, mode, target in CASES:
             net, x, state = make(op, layers, b, l, i, h, DTYPES[dt])
             call = runner(net, x, state, mode)

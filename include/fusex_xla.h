@@ -59,8 +59,8 @@ const char *fusex_xla_op_describe(int op);
  * use, as a JSON list indexed by code: ["f32", "f64", "bf16", "f16",
  * "s32", "s64", "u8"]. Static storage. */
 const char *fusex_xla_dtypes_json(void);
-/* The index of the op named `name` ("mingru_fwd", or its target
- * "fusex_mingru_fwd"), or -1. */
+/* The index of the op named `name` ("<op>_fwd", or its target
+ * "fusex_<op>_fwd"), or -1. */
 int fusex_xla_op_index(const char *name);
 /* Op `op`'s XLA_FFI_Handler for `platform` (0: Host, 1: CUDA), for
  * jax.ffi.register_ffi_target; NULL past the last op or platform. */

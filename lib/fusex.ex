@@ -140,6 +140,44 @@ defmodule Fusex do
         in_place: [:state]
       )
 
+  # ---- GRU and LSTM, stacked: fusex:gru/3, lstm/3, their _backward/3 and
+  # _step/3 (docs/RNN.md) ----
+
+  @doc """
+  A stacked GRU (PyTorch's `nn.GRU`, batch first); see `fusex:gru/3`.
+  `layers`: one map `%{w_ih:, w_hh:, b_ih:, b_hh:}` per layer. Options:
+  `:h0`, `:return_state`, `:save_for_backward`.
+  """
+  def gru(x, layers, opts \\ []),
+    do: Op.run(:gru, [x: x, layers: layers], opts, erl_opts: true)
+
+  @doc "A stacked LSTM; see `fusex:lstm/3`. Options: `:h0`, `:c0`, `:return_state`, `:save_for_backward`."
+  def lstm(x, layers, opts \\ []),
+    do: Op.run(:lstm, [x: x, layers: layers], opts, erl_opts: true)
+
+  @doc "Every gradient of `gru/3` from a saved context; see `fusex:gru_backward/3` (option `:dh_n`)."
+  def gru_backward(dy, ctx, opts \\ []),
+    do: Op.run(:gru_backward, [dy: dy, ctx: ctx], opts, erl_opts: true)
+
+  @doc "Every gradient of `lstm/3`; see `fusex:lstm_backward/3` (options `:dh_n`, `:dc_n`)."
+  def lstm_backward(dy, ctx, opts \\ []),
+    do: Op.run(:lstm_backward, [dy: dy, ctx: ctx], opts, erl_opts: true)
+
+  @doc """
+  One frame of `gru/3` through every layer: `{y_t, h}`, `h` (a handle,
+  `[layers, batch, hidden]`) updated in place. Both results are
+  `%Fusex.Tensor{}` handles (the state must stay one).
+  """
+  def gru_step(h, x_t, layers, opts \\ []),
+    do: Op.run(:gru_step, [h: h, x_t: x_t, layers: layers], Keyword.put(opts, :resident, true), in_place: [:h])
+
+  @doc "One frame of `lstm/3`: `{y_t, {h, c}}`, both handles updated in place; handles back."
+  def lstm_step(state, x_t, layers, opts \\ []),
+    do:
+      Op.run(:lstm_step, [state: state, x_t: x_t, layers: layers], Keyword.put(opts, :resident, true),
+        in_place: [:state]
+      )
+
   # ---- selective scan (Mamba S6): fusex:selective_scan/6, _backward/3,
   # _step/7 (docs/SSM.md) ----
 
@@ -158,4 +196,58 @@ defmodule Fusex do
         erl_opts: true,
         in_place: [:state]
       )
+
+  # ---- the layers of a Mamba block: fusex:causal_conv1d/3, rms_norm/3,
+  # layer_norm/4, linear/3, their _backward/3, causal_conv1d_step/4
+  # (docs/LAYERS.md) ----
+
+  @doc """
+  The causal depthwise convolution over time; see `fusex:causal_conv1d/3`.
+  Options: `:bias`, `:activation` (`:none` or `:silu`), `:initial_state`,
+  `:return_state`, `:save_for_backward`.
+  """
+  def causal_conv1d(x, w, opts \\ []),
+    do: Op.run(:causal_conv1d, [x: x, w: w], opts, erl_opts: true)
+
+  @doc "Gradients of `causal_conv1d/3` from a saved context; see `fusex:causal_conv1d_backward/3`."
+  def causal_conv1d_backward(dy, ctx, opts \\ []),
+    do: Op.run(:causal_conv1d_backward, [dy: dy, ctx: ctx], opts, erl_opts: true)
+
+  @doc "One frame of `causal_conv1d/3`; `state` (a handle) is updated in place. Returns `y`."
+  def causal_conv1d_step(state, x, w, opts \\ []),
+    do: Op.run(:causal_conv1d_step, [state: state, x: x, w: w], opts, erl_opts: true, in_place: [:state])
+
+  @doc """
+  RMSNorm over the last dimension with residual and gate; see
+  `fusex:rms_norm/3`. Options: `:bias`, `:residual`, `:gate`, `:eps`,
+  `:residual_in_f32`, `:save_for_backward`.
+  """
+  def rms_norm(x, weight, opts \\ []),
+    do: Op.run(:rms_norm, [x: x, weight: weight], opts, erl_opts: true)
+
+  @doc "Gradients of `rms_norm/3` from a saved context; see `fusex:rms_norm_backward/3`."
+  def rms_norm_backward(dy, ctx, opts \\ []),
+    do: Op.run(:rms_norm_backward, [dy: dy, ctx: ctx], opts, erl_opts: true)
+
+  @doc "LayerNorm over the last dimension with residual and gate; see `fusex:layer_norm/4`."
+  def layer_norm(x, weight, bias, opts \\ []),
+    do: Op.run(:layer_norm, [x: x, weight: weight, bias: bias], opts, erl_opts: true)
+
+  @doc "Gradients of `layer_norm/4` from a saved context; see `fusex:layer_norm_backward/3`."
+  def layer_norm_backward(dy, ctx, opts \\ []),
+    do: Op.run(:layer_norm_backward, [dy: dy, ctx: ctx], opts, erl_opts: true)
+
+  @doc """
+  A linear layer `y = act(x W^T + bias)`, `w` `[out, in]`; see
+  `fusex:linear/3`. Options: `:bias`, `:activation` (`:none`, `:relu`,
+  `:gelu`, `:silu`, `:tanh`, `:sigmoid`), `:allow_tf32`,
+  `:save_for_backward`. Eager only (no `Fusex.Defn` function): inside a
+  compiled program XLA's own products are the right ones.
+  """
+  def linear(x, w, opts \\ []),
+    do: Op.run(:linear, [x: x, w: w], opts, erl_opts: true)
+
+  @doc "Gradients of `linear/3` from a saved context; see `fusex:linear_backward/3`."
+  def linear_backward(dy, ctx, opts \\ []),
+    do: Op.run(:linear_backward, [dy: dy, ctx: ctx], opts, erl_opts: true)
 end

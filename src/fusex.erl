@@ -52,10 +52,22 @@
               norm_opts/0, layer_norm_opts/0, norm_result/0, norm_ctx/0, norm_grads/0,
               linear_opts/0, linear_ctx/0, linear_grads/0, activation/0]).
 
+%% Classic GRU and LSTM, stacked (PyTorch's nn.GRU / nn.LSTM, batch first; see docs/RNN.md).
+-export([gru/2, gru/3, gru_backward/2, gru_backward/3, gru_step/3, lstm/2, lstm/3,
+         lstm_backward/2, lstm_backward/3, lstm_step/3]).
+-export_type([rnn_layer/0, gru_opts/0, lstm_opts/0, rnn_ctx/0, rnn_grads/0]).
+
 %% XLA custom-call targets (see docs/XLA.md).
 -export([op_list/0, op_check/4]).
 -export_type([op_description/0]).
 -export([xla_register/0, xla_register/1]).
+
+%% Resident models (see docs/MODELS.md).
+-export([model/2, model/3, model_info/1, model_weights/1, model_params/1, model_init_state/2,
+         model_reset_state/2, model_step/3, model_forward/2, model_forward/3, model_loss/4,
+         model_gradients/4, model_optimizer/2, model_train_step/5]).
+-export_type([model/0, model_state/0, model_spec/0, model_layer/0, model_weights/0,
+              model_loss_opts/0, model_train_opts/0]).
 
 -type tensor() :: reference().
 %% A handle to a tensor resident on a device.
@@ -835,6 +847,121 @@ causal_conv1d_step(State, Xt, W) -> causal_conv1d_step(State, Xt, W, #{}).
 -spec causal_conv1d_step(State :: tensor(), Xt :: tensor(), W :: tensor(), conv_step_opts()) -> tensor().
 causal_conv1d_step(State, Xt, W, Opts) -> ?NIF:op(causal_conv1d_step, [State, Xt, W], Opts).
 
+%% ---- GRU and LSTM ----
+
+-type rnn_layer() :: #{w_ih := tensor(), w_hh := tensor(), b_ih := tensor(), b_hh := tensor()}.
+%% One layer's parameters in PyTorch's layout, `G' gate blocks of `hidden'
+%% rows (GRU: 3, r z n; LSTM: 4, i f g o): `w_ih' `[G*hidden, input]' (layer
+%% 0; `[G*hidden, hidden]' above), `w_hh' `[G*hidden, hidden]', `b_ih',
+%% `b_hh' `[G*hidden]'.
+-type gru_opts() :: #{h0 => tensor(), return_state => boolean(), save_for_backward => boolean()}.
+%% `h0' `[layers, batch, hidden]' (zeros when absent); `return_state': also
+%% return `h_n'; `save_for_backward': also return a context for
+%% {@link gru_backward/3}.
+-type lstm_opts() :: #{h0 => tensor(), c0 => tensor(), return_state => boolean(),
+                       save_for_backward => boolean()}.
+%% As {@link gru_opts()}, with the cell state `c0' `[layers, batch, hidden]'.
+-opaque rnn_ctx() :: reference().
+%% What a forward with `save_for_backward' keeps for its backward.
+-type rnn_grads() :: #{x := tensor(), h0 => tensor(), c0 => tensor(),
+                       layers := [#{w_ih := tensor(), w_hh := tensor(), b_ih := tensor(),
+                                    b_hh := tensor()}]}.
+%% Every gradient of a forward: `x', `h0' and `c0' where given, and per layer
+%% its parameters' (summed over batch and time), each with its input's
+%% shape and type.
+
+%% @equiv gru(X, Layers, #{})
+-spec gru(tensor(), [rnn_layer()]) -> tensor().
+gru(X, Layers) -> gru(X, Layers, #{}).
+
+%% @doc A stacked GRU over a whole sequence, as PyTorch's `nn.GRU' with
+%% `batch_first=True': per layer, with `ax = W_ih x_t + b_ih' and
+%% `ah = W_hh h_{t-1} + b_hh' in gate blocks r, z, n,
+%% ```
+%% r = sigmoid(ax_r + ah_r)   z = sigmoid(ax_z + ah_z)
+%% n = tanh(ax_n + r * ah_n)  h_t = (1 - z) * n + z * h_{t-1}
+%% '''
+%% each layer above the first reading the one below's `h_t' as its `x_t'.
+%%
+%% `X' `[batch, seqlen, input]'; `Layers' one {@link rnn_layer()} per layer
+%% (at least one). Returns `Y' `[batch, seqlen, hidden]' (the last layer's
+%% `h_t', `X''s type); `{Y, Hn}' with `return_state' (`Hn' `[layers, batch,
+%% hidden]'); `{Y, Ctx}' with `save_for_backward', `{Y, Hn, Ctx}' with both.
+%%
+%% Types: `X' and every `w_ih', `w_hh' share one type, `{f,32}', `{bf,16}' or
+%% `{f,16}' (also `{f,64}' on `cpu'); biases and `h0' any float type. The
+%% states are `{f,32}' (`{f,64}' for `{f,64}' inputs). A training forward
+%% keeps `[layers, batch, seqlen, 5*hidden]' states of that type (the gates
+%% and `h_t': the backward recomputes nothing step by step) and references
+%% to its inputs (do not update them in place before the backward).
+-spec gru(X :: tensor(), Layers :: [rnn_layer()], gru_opts()) ->
+          tensor() | {tensor(), tensor()} | {tensor(), rnn_ctx()} | {tensor(), tensor(), rnn_ctx()}.
+gru(X, Layers, Opts) -> ?NIF:op(gru_fwd, [X, Layers], Opts).
+
+%% @equiv lstm(X, Layers, #{})
+-spec lstm(tensor(), [rnn_layer()]) -> tensor().
+lstm(X, Layers) -> lstm(X, Layers, #{}).
+
+%% @doc A stacked LSTM over a whole sequence, as PyTorch's `nn.LSTM' with
+%% `batch_first=True' (gate blocks i, f, g, o):
+%% ```
+%% i = sigmoid(ax_i + ah_i)   f = sigmoid(ax_f + ah_f)
+%% g = tanh(ax_g + ah_g)      o = sigmoid(ax_o + ah_o)
+%% c_t = f * c_{t-1} + i * g  h_t = o * tanh(c_t)
+%% '''
+%% As {@link gru/3}, with the cell state: options `h0', `c0'; `{Y, {Hn, Cn}}'
+%% with `return_state' (`{Y, Ctx}', `{Y, {Hn, Cn}, Ctx}' with
+%% `save_for_backward'). A training forward keeps `[layers, batch, seqlen,
+%% 6*hidden]' states.
+-spec lstm(X :: tensor(), Layers :: [rnn_layer()], lstm_opts()) ->
+          tensor() | {tensor(), {tensor(), tensor()}} | {tensor(), rnn_ctx()} |
+          {tensor(), {tensor(), tensor()}, rnn_ctx()}.
+lstm(X, Layers, Opts) ->
+    case ?NIF:op(lstm_fwd, [X, Layers], Opts) of
+        {Y, Hn, Cn, Ctx} -> {Y, {Hn, Cn}, Ctx};
+        {Y, Hn, Cn} -> {Y, {Hn, Cn}};
+        Result -> Result
+    end.
+
+%% @equiv gru_backward(Dy, Ctx, #{})
+-spec gru_backward(tensor(), rnn_ctx()) -> rnn_grads().
+gru_backward(Dy, Ctx) -> gru_backward(Dy, Ctx, #{}).
+
+%% @doc Every gradient of a {@link gru/3} that ran with `save_for_backward',
+%% from `Dy' (`Y''s gradient: its shape and type) and, optionally, `dh_n'
+%% (the final state's, `[layers, batch, hidden]', any float type): `x', `h0'
+%% where given, and `layers', one map of `w_ih', `w_hh', `b_ih', `b_hh' per
+%% layer. A context can serve more than one backward.
+-spec gru_backward(tensor(), rnn_ctx(), #{dh_n => tensor()}) -> rnn_grads().
+gru_backward(Dy, Ctx, Opts) -> ?NIF:op_backward(gru_bwd, Dy, Ctx, Opts).
+
+%% @equiv lstm_backward(Dy, Ctx, #{})
+-spec lstm_backward(tensor(), rnn_ctx()) -> rnn_grads().
+lstm_backward(Dy, Ctx) -> lstm_backward(Dy, Ctx, #{}).
+
+%% @doc As {@link gru_backward/3} for {@link lstm/3}: options `dh_n' and
+%% `dc_n'; `c0''s gradient where it was given.
+-spec lstm_backward(tensor(), rnn_ctx(), #{dh_n => tensor(), dc_n => tensor()}) -> rnn_grads().
+lstm_backward(Dy, Ctx, Opts) -> ?NIF:op_backward(lstm_bwd, Dy, Ctx, Opts).
+
+%% @doc One frame of {@link gru/3} through every layer: `H' `[layers, batch,
+%% hidden]' (`{f,32}'; `{f,64}' for `{f,64}' inputs: a forward's `Hn', or
+%% zeros) is read as `h_{t-1}' and updated in place to `h_t'; `Xt' `[batch,
+%% input]'. Returns `{Yt, H}': `Yt' `[batch, hidden]' (the last layer's
+%% `h_t', `Xt''s type) and `H' itself, updated. A chain of steps equals the
+%% forward over the sequence.
+-spec gru_step(H :: tensor(), Xt :: tensor(), Layers :: [rnn_layer()]) -> {tensor(), tensor()}.
+gru_step(H, Xt, Layers) -> {?NIF:op(gru_step, [H, Xt, Layers], #{}), H}.
+
+%% @doc One frame of {@link lstm/3}: as {@link gru_step/3} with the states
+%% `{H, C}', both updated in place. Returns `{Yt, {H, C}}'.
+-spec lstm_step({H :: tensor(), C :: tensor()}, Xt :: tensor(), Layers :: [rnn_layer()]) ->
+          {tensor(), {tensor(), tensor()}}.
+lstm_step({H, C}, Xt, Layers) -> {?NIF:op(lstm_step, [H, C, Xt, Layers], #{}), {H, C}};
+lstm_step(State, _Xt, _Layers) ->
+    erlang:error({badarg, iolist_to_binary(["state: expected a tuple {H, C} of two tensors, got ",
+                                            io_lib:format("~0tp", [State])])}).
+
 -type norm_opts() :: #{bias => tensor(), residual => tensor(), gate => tensor(), eps => number(),
                        residual_in_f32 => boolean(), save_for_backward => boolean()}.
 %% `bias' `[hidden]' (rms_norm; layer_norm takes it as an argument);
@@ -1021,3 +1148,144 @@ bad_library(Library) ->
 library_too_long(Bin) ->
     iolist_to_binary(io_lib:format("library: expected a path or soname of at most ~B bytes, got one of ~B bytes",
                                    [?XLA_LIBRARY_MAX_BYTES, erlang:byte_size(Bin)])).
+
+%% ---- resident models (see docs/MODELS.md) ----
+
+
+-type model() :: reference().
+%% A model resident on one device: its layers' weights (owned by the model,
+%% updated in place by {@link model_train_step/5}) and their gradients.
+-type model_state() :: reference().
+%% The recurrent states of one batch of a model, with the buffers a frame
+%% needs: updated in place by {@link model_step/3} and
+%% {@link model_forward/3}.
+-type model_layer() :: {linear, #{out := pos_integer(), activation => activation(),
+                                  bias => boolean(), residual => boolean()}}
+                     | {rms_norm | layer_norm, #{eps => number(), bias => boolean(),
+                                                 residual => boolean()}}
+                     | rms_norm | layer_norm
+                     | {mingru | minlstm | gru | lstm, #{hidden := pos_integer(), bias => boolean(),
+                                                         residual => boolean()}}
+                     | {mamba, #{expand => pos_integer(), d_state => pos_integer(),
+                                 d_conv => pos_integer(), dt_rank => pos_integer(),
+                                 residual => boolean()}}
+                     | mamba.
+%% One layer. `bias' defaults to true (`layer_norm''s bias; rms_norm has
+%% none), `eps' to 1.0e-5, `activation' to `none'. A Mamba block keeps its
+%% input's width (d_model): d_inner = `expand' (2) times it, `d_state' 16,
+%% `d_conv' 4, `dt_rank' ceil(d_model / 16). `residual => true' adds the
+%% layer's input to its output (the widths must agree).
+-type model_spec() :: #{input := pos_integer(), layers := [model_layer(), ...],
+                        type => {f, 32} | {f, 64}, seed => integer()}.
+%% `input': the frame's width. `type': {f,32} (default), or {f,64} on the
+%% CPU. `seed': the initial weights of {@link model/2} (default 0).
+-type model_weights() :: [#{atom() => tensor() | binary()}].
+%% One map per layer, weight name to a tensor (copied onto the model's
+%% device) or a binary of the model's type in native byte order: linear
+%% `w' [out, in], `b' [out]; rms_norm `weight' [in]; layer_norm `weight',
+%% `bias'; mingru `w_z', `b_z', `w_h', `b_h' ([hidden, in], [hidden]);
+%% minlstm the same with `w_f', `b_f', `w_i', `b_i', `w_h', `b_h'; gru and
+%% lstm `w_ih' [G*hidden, in], `w_hh' [G*hidden, hidden], `b_ih', `b_hh'
+%% [G*hidden] (G = 3 or 4, PyTorch's gate order); mamba `w_in_x', `w_in_z',
+%% `w_conv', `b_conv', `w_x_dt', `w_x_b', `w_x_c', `w_dt', `b_dt', `a', `d',
+%% `w_out' (docs/MODELS.md gives their shapes).
+-type model_loss_opts() :: #{loss => mse | cross_entropy}.
+%% `mse' (default): targets shaped as the outputs. `cross_entropy': the
+%% outputs are logits, targets {s,32} `{Batch, SeqLen}' class indices.
+-type model_train_opts() :: #{loss => mse | cross_entropy, lr => number()}.
+%% The loss, and the learning rate of this step (default: the optimizer's).
+
+%% @doc A model on `Device' built from `Spec', its weights initialized
+%% from the spec's seed (uniform in +-1/sqrt(fan_in), norms 1 and 0).
+%% Bad specs raise `{badarg, Msg}' naming the layer, e.g.
+%% `<<"layers[1] (gru): hidden: expected an integer >= 1, got 0">>'.
+-spec model(device(), model_spec()) -> model().
+model(Device, Spec) -> ?NIF:model_new(Device, Spec, none).
+
+%% @doc A model with the given weights (see {@link model_weights()}), each
+%% checked: `<<"layers[0].w: expected shape {16,4} ([out, in]), got {4,16}">>'.
+-spec model(device(), model_spec(), model_weights()) -> model().
+model(Device, Spec, Weights) -> ?NIF:model_new(Device, Spec, Weights).
+
+%% @doc The model's device, type, widths, parameter count and layers.
+-spec model_info(model()) -> #{device := device(), type := type(), input := pos_integer(),
+                               output := pos_integer(), params := non_neg_integer(),
+                               layers := [map()]}.
+model_info(Model) -> ?NIF:model_info(Model).
+
+%% @doc The weights as {@link model/3} takes them: tensors sharing the
+%% model's memory (training changes them in place).
+-spec model_weights(model()) -> model_weights().
+model_weights(Model) -> ?NIF:model_weights(Model).
+
+%% @doc Every parameter in the optimizer's order (layer by layer, as
+%% {@link model_weights()} lists them, absent biases left out), sharing
+%% the model's memory.
+-spec model_params(model()) -> [tensor()].
+model_params(Model) -> ?NIF:model_params(Model).
+
+%% @doc A state of zeros for `Batch' rows, with every buffer a frame of
+%% that batch needs (after this call a frame allocates only its output).
+-spec model_init_state(model(), pos_integer()) -> model_state().
+model_init_state(Model, Batch) -> ?NIF:model_init_state(Model, Batch).
+
+%% @doc Zeros the state's recurrences again (a new episode).
+-spec model_reset_state(model(), model_state()) -> ok.
+model_reset_state(Model, State) -> ?NIF:model_reset_state(Model, State).
+
+%% @doc One frame `{Batch, Input}' through every layer: returns the output
+%% `{Batch, Output}' and the state, whose recurrences were updated in place
+%% (the same term). On CUDA the frame's kernels are enqueued in order on
+%% the device's stream and the call returns without waiting.
+-spec model_step(model(), model_state(), tensor()) -> {tensor(), model_state()}.
+model_step(Model, State, Frame) -> {?NIF:model_step(Model, State, Frame), State}.
+
+%% @doc A window `{Batch, SeqLen, Input}' from zero states: the outputs
+%% `{Batch, SeqLen, Output}' and a new state holding the final states.
+-spec model_forward(model(), tensor()) -> {tensor(), model_state()}.
+model_forward(Model, Window) ->
+    State = model_init_state(Model, window_batch(Window)),
+    model_forward(Model, Window, State).
+
+%% The window's batch where it has one; the NIF names what else is wrong.
+window_batch(Window) ->
+    case shape(Window) of
+        {Batch, _, _} when Batch >= 1 -> Batch;
+        _ -> 1
+    end.
+
+%% @doc A window from `State' (updated in place to the state after it).
+-spec model_forward(model(), tensor(), model_state()) -> {tensor(), model_state()}.
+model_forward(Model, Window, State) -> {?NIF:model_forward(Model, State, Window), State}.
+
+%% @doc The loss of a window `Inputs' (from zero states) against `Targets'.
+-spec model_loss(model(), tensor(), tensor(), model_loss_opts()) -> float().
+model_loss(Model, Inputs, Targets, Opts) ->
+    ?NIF:model_gradients(Model, Inputs, Targets, loss_opt(Opts), false).
+
+%% @doc The loss and every parameter's gradient (in {@link model_params/1}'s
+%% order): the model's resident gradients, overwritten by the next call.
+-spec model_gradients(model(), tensor(), tensor(), model_loss_opts()) -> {float(), [tensor()]}.
+model_gradients(Model, Inputs, Targets, Opts) ->
+    ?NIF:model_gradients(Model, Inputs, Targets, loss_opt(Opts), true).
+
+%% @doc An AdamW state over the model's parameters ({@link adamw_init/2}).
+-spec model_optimizer(model(), adamw_opts()) -> optimizer().
+model_optimizer(Model, Opts) -> adamw_init(model_params(Model), Opts).
+
+%% @doc One training step: the forward over `Inputs' saving what the
+%% backward reads, the loss against `Targets', the backward through every
+%% layer, and the optimizer's fused step on the resident weights (AdamW
+%% from {@link model_optimizer/2}, or any {@link adamw_init/2} or
+%% {@link sgd_init/2} state over {@link model_params/1}). Returns the loss.
+-spec model_train_step(model(), optimizer(), tensor(), tensor(), model_train_opts()) -> float().
+model_train_step(Model, #{optimizer := _, ref := Ref}, Inputs, Targets, Opts) ->
+    ?NIF:model_train_step(Model, Ref, Inputs, Targets, Opts);
+model_train_step(_Model, Other, _Inputs, _Targets, _Opts) ->
+    erlang:error({badarg, not_a_state(<<"adamw_init/2, sgd_init/2 or model_optimizer/2">>, Other)}).
+
+loss_opt(Opts) when is_map(Opts) ->
+    check_opts(Opts, [loss]),
+    maps:get(loss, Opts, mse);
+loss_opt(Other) ->
+    erlang:error({badarg, iolist_to_binary(io_lib:format("opts: expected a map, got ~0tP", [Other, 10]))}).

@@ -12,6 +12,9 @@
 -export([op/3, op_backward/4, op_check/4, op_list/0]).
 -export([ssm_saved_shape/3, ssm_save_every/3]).
 -export([xla_register/1]).
+-export([model_new/3, model_info/1, model_weights/1, model_params/1, model_init_state/2,
+         model_reset_state/2, model_step/3, model_forward/3, model_gradients/5,
+         model_train_step/5]).
 
 -on_load(init/0).
 
@@ -73,3 +76,13 @@ op_list() -> ?NOT_LOADED.
 ssm_saved_shape(_XShape, _BShape, _Type) -> ?NOT_LOADED.
 ssm_save_every(_XShape, _BShape, _Type) -> ?NOT_LOADED.
 xla_register(_Library) -> ?NOT_LOADED.
+model_new(_Device, _Spec, _Weights) -> ?NOT_LOADED.
+model_info(_Model) -> ?NOT_LOADED.
+model_weights(_Model) -> ?NOT_LOADED.
+model_params(_Model) -> ?NOT_LOADED.
+model_init_state(_Model, _Batch) -> ?NOT_LOADED.
+model_reset_state(_Model, _State) -> ?NOT_LOADED.
+model_step(_Model, _State, _Frame) -> ?NOT_LOADED.
+model_forward(_Model, _State, _Window) -> ?NOT_LOADED.
+model_gradients(_Model, _Inputs, _Targets, _Loss, _Grads) -> ?NOT_LOADED.
+model_train_step(_Model, _Optimizer, _Inputs, _Targets, _Opts) -> ?NOT_LOADED.

@@ -8,7 +8,7 @@
 %% are valid by construction must succeed, and their results are checked
 %% against pure-Erlang references (elementwise ops, conversions, copies,
 %% the linear recurrences, the selective scan, the layers (causal conv1d,
-%% the norms, linear), the optimizers) or, for
+%% the norms, linear), the GRU and the LSTM, the optimizers) or, for
 %% gradients, against central differences of the forward in f64. Anything
 %% else fails: another exception, a hang, a wrong or unwritten value (the
 %% heap is filled with freed NaN tensors before the valid cases, so memory
@@ -140,10 +140,12 @@ outcome(Case = #{run := Run, expect := Expect}) ->
         Class:Reason:Stack -> {fail, {Class, Reason, lists:sublist(Stack, 3)}}
     end.
 
-%% "name: expected ..." (name[i] for list items), naming the argument the
-%% case broke when it says which.
+%% "name: expected ..." (name[i] for list items, name[i].key for a map's
+%% in a list: "layers[1].w_hh"), naming the argument the case broke when it
+%% says which.
 clean_badarg(Msg, Case) ->
-    case re:run(Msg, "^([a-z_][a-z0-9_]*)(\\[[0-9]+\\])?: expected ", [{capture, [1], binary}]) of
+    case re:run(Msg, "^([a-z_][a-z0-9_]*(?:\\[[0-9]+\\]\\.[a-z_][a-z0-9_]*)?)(\\[[0-9]+\\])?: expected ",
+                [{capture, [1], binary}]) of
         {match, [Name]} ->
             case maps:find(arg, Case) of
                 {ok, Arg} when Arg =/= Name -> {fail, {badarg_names, Name, expected, Arg, Msg}};
@@ -299,6 +301,8 @@ gen_case() ->
                     {8, fun ssm_forward/0}, {5, fun ssm_backward/0}, {4, fun ssm_step/0},
                     {8, fun layer_forward/0}, {5, fun layer_backward/0}, {3, fun layer_step/0},
                     {3, fun layer_bad_input/0}, {6, fun mutated_layer/0},
+                    {5, fun rnn_forward/0}, {3, fun rnn_backward/0}, {3, fun rnn_step/0},
+                    {3, fun rnn_bad_input/0}, {4, fun mutated_rnn/0},
                     {6, fun optimizer/0}, {3, fun optimizer_misuse/0},
                     {5, fun freed_input/0}, {4, fun huge_empty/0}, {10, fun mutated_scan/0},
                     {3, fun nonfinite_scan/0}, {2, fun killed_call/0}, {20, fun junk_call/0}]),
@@ -1207,6 +1211,183 @@ layer_bad_input() ->
                   apply(fusex, Op, Args2 ++ [Opts2])
           end,
     #{kind => layer_bad_input, desc => {Op, K, Shape, Type}, run => Run, expect => error, arg => atom_to_binary(K)}.
+
+%% -- the GRU and the LSTM --
+
+%% A stacked GRU or LSTM problem: shapes with zeros and ones, 1 to 3
+%% layers, h0 and c0 given or not; values rounded to Type (h0, c0 f32 or
+%% f64: the state type).
+rnn_problem(Type) ->
+    Cell = pick([gru, lstm]),
+    Dims = {ri(4) - 1, weighted([{1, 0}, {6, ri(5)}]), ri(5), pick([1, 2, 3, ri(9)]), ri(3)},
+    {B, L, I, H, NL} = Dims,
+    G = case Cell of gru -> 3; lstm -> 4 end,
+    S = 1 / math:sqrt(H),
+    U = fun(N) -> rounded(Type, [S * (2 * u() - 1) || _ <- lists:seq(1, N)]) end,
+    State = case Type of {f, 64} -> {f, 64}; _ -> {f, 32} end,
+    #{cell => Cell, type => Type, state_type => State, dims => Dims,
+      given => [K || K <- [h0, c0], chance(0.5), K =:= h0 orelse Cell =:= lstm],
+      values => #{x => rounded(Type, [rand:normal() || _ <- lists:seq(1, B * L * I)]),
+                  layers => [#{w_ih => U(G * H * case K of 1 -> I; _ -> H end), w_hh => U(G * H * H),
+                               b_ih => U(G * H), b_hh => U(G * H)} || K <- lists:seq(1, NL)],
+                  h0 => [0.5 * (2 * u() - 1) || _ <- lists:seq(1, NL * B * H)],
+                  c0 => [0.5 * (2 * u() - 1) || _ <- lists:seq(1, NL * B * H)]}}.
+
+rnn_layer_shapes(#{cell := Cell, dims := {_, _, I, H, _}}, K) ->
+    G = case Cell of gru -> 3; lstm -> 4 end,
+    #{w_ih => {G * H, case K of 1 -> I; _ -> H end}, w_hh => {G * H, H}, b_ih => {G * H}, b_hh => {G * H}}.
+
+%% The call's arguments: X, Layers and the options of the inputs given.
+rnn_args(P = #{type := Type, state_type := State, dims := {B, L, I, H, NL}, values := Vs, given := Given}) ->
+    Layers = [maps:map(fun(K, V) -> t(Type, maps:get(K, rnn_layer_shapes(P, N)), V) end, Lv)
+              || {N, Lv} <- lists:zip(lists:seq(1, NL), maps:get(layers, Vs))],
+    {t(Type, {B, L, I}, maps:get(x, Vs)), Layers,
+     maps:from_list([{K, t(State, {NL, B, H}, maps:get(K, Vs))} || K <- Given])}.
+
+%% Y, Hn and Cn as value lists (Cn [] for the GRU).
+rnn_run(#{cell := Cell}, X, Layers, Opts) ->
+    case Cell of
+        gru -> {Y, Hn} = fusex:gru(X, Layers, Opts#{return_state => true}), {vals(Y), vals(Hn), []};
+        lstm -> {Y, {Hn, Cn}} = fusex:lstm(X, Layers, Opts#{return_state => true}), {vals(Y), vals(Hn), vals(Cn)}
+    end.
+
+rnn_want(P = #{cell := Cell, dims := Dims, values := Vs, given := Given}) ->
+    {Y, Hn, Cn} = fusex_test_util:rnn_reference(Cell, Dims, maps:merge(Vs, maps:with(Given, Vs)), Given),
+    {rounded(maps:get(type, P), Y), Hn, case Cell of gru -> []; lstm -> Cn end}.
+
+rnn_forward() ->
+    P = rnn_problem(pick(floats())),
+    #{type := Type} = P,
+    Run = fun() -> poison_heap([4096]), {X, Layers, Opts} = rnn_args(P), rnn_run(P, X, Layers, Opts) end,
+    {WantY, WantH, WantC} = rnn_want(P),
+    %% 16-bit inputs: the states are f32 over rounded gates' inputs
+    Tol = case Type of {f, 64} -> 1.0e-10; {f, 32} -> 1.0e-5; _ -> 3.0e-2 end,
+    Check = fun({Y, Hn, Cn}) -> all_ok([close_l2(Y, WantY, Tol), close_l2(Hn, WantH, Tol),
+                                        close_l2(Cn, WantC, Tol)]) end,
+    #{kind => rnn_forward, desc => {maps:get(cell, P), Type, maps:get(dims, P), maps:get(given, P)}, run => Run,
+      expect => valid, check => Check}.
+
+%% Every gradient against central differences of the f64 forward on the
+%% CPU along a random direction: L = <Wy, Y> + <Wh, Hn> (+ <Wc, Cn>).
+rnn_backward() ->
+    put(fuzz_device, cpu),
+    P = rnn_problem({f, 64}),
+    #{cell := Cell, dims := {B, L, _, H, NL}, values := Vs, given := Given} = P,
+    Dir = maps:map(fun(layers, Ls) -> [maps:map(fun(_, V) -> [rand:normal() || _ <- V] end, Lv) || Lv <- Ls];
+                      (_, V) -> [rand:normal() || _ <- V]
+                   end, maps:with([x, layers | Given], Vs)),
+    Wy = [rand:normal() || _ <- lists:seq(1, B * L * H)],
+    Wh = [rand:normal() || _ <- lists:seq(1, NL * B * H)],
+    Wc = [rand:normal() || _ <- lists:seq(1, NL * B * H)],
+    Loss = fun(Q) ->
+                   {X, Layers, Opts} = rnn_args(Q),
+                   {Y, Hn, Cn} = rnn_run(Q, X, Layers, Opts),
+                   dot(Wy, Y) + dot(Wh, Hn) + case Cell of gru -> 0; lstm -> dot(Wc, Cn) end
+           end,
+    Along = fun(E) -> P#{values := maps:map(fun(layers, Ls) ->
+                                                    [maps:map(fun(K, V) -> axpy(E, maps:get(K, Dl), V) end, Lv)
+                                                     || {Lv, Dl} <- lists:zip(Ls, maps:get(layers, Dir))];
+                                               (K, V) -> case Dir of #{K := Dv} -> axpy(E, Dv, V); _ -> V end
+                                            end, Vs)} end,
+    Run = fun() ->
+                  {X, Layers, Opts} = rnn_args(P),
+                  State = {f, 64},
+                  Dy = tr({B, L, H}, Wy),
+                  Dh = t(State, {NL, B, H}, Wh),
+                  Grads = case Cell of
+                              gru -> {_, Ctx} = fusex:gru(X, Layers, Opts#{save_for_backward => true}),
+                                     poison_heap([4096]),
+                                     fusex:gru_backward(Dy, Ctx, #{dh_n => Dh});
+                              lstm -> {_, Ctx} = fusex:lstm(X, Layers, Opts#{save_for_backward => true}),
+                                      poison_heap([4096]),
+                                      fusex:lstm_backward(Dy, Ctx, #{dh_n => Dh, dc_n => t(State, {NL, B, H}, Wc)})
+                          end,
+                  An = lists:sum([dot(vals(maps:get(K, Grads)), maps:get(K, Dir)) || K <- [x | Given]]) +
+                      lists:sum([dot(vals(maps:get(K, Gl)), maps:get(K, Dl))
+                                 || {Gl, Dl} <- lists:zip(maps:get(layers, Grads), maps:get(layers, Dir)),
+                                    K <- [w_ih, w_hh, b_ih, b_hh]]),
+                  E = 1.0e-6,
+                  Fd = (Loss(Along(E)) - Loss(Along(-E))) / (2 * E),
+                  {lists:sort(maps:keys(Grads)), An, Fd, Loss(P)}
+          end,
+    WantKeys = lists:sort([x, layers | Given]),
+    Check = fun({Keys, An, Fd, L0}) when Keys =:= WantKeys -> fd_close(An, Fd, L0);
+               ({Keys, _, _, _}) -> {fail, {gradient_keys, Keys, expected, WantKeys}}
+            end,
+    #{kind => rnn_backward, desc => {Cell, maps:get(dims, P), Given}, run => Run, expect => valid, check => Check}.
+
+%% One frame of every layer (states in place) against the reference's
+%% first step from h0 (and c0).
+rnn_step() ->
+    P0 = rnn_problem(pick(floats())),
+    #{cell := Cell, type := Type, state_type := State, dims := {B, _, I, H, NL}, values := Vs} = P0,
+    P = P0#{dims := {B, 1, I, H, NL}, given := [h0 | [c0 || Cell =:= lstm]],
+            values := Vs#{x := rounded(Type, [rand:normal() || _ <- lists:seq(1, B * I)])}},
+    Run = fun() ->
+                  {_, Layers, _} = rnn_args(P),
+                  Xt = t(Type, {B, I}, maps:get(x, maps:get(values, P))),
+                  Hs = t(State, {NL, B, H}, maps:get(h0, Vs)),
+                  case Cell of
+                      gru -> {Yt, Hs} = fusex:gru_step(Hs, Xt, Layers), {vals(Yt), vals(Hs), []};
+                      lstm -> Cs = t(State, {NL, B, H}, maps:get(c0, Vs)),
+                              {Yt, {Hs, Cs}} = fusex:lstm_step({Hs, Cs}, Xt, Layers), {vals(Yt), vals(Hs), vals(Cs)}
+                  end
+          end,
+    {WantY, WantH, WantC} = rnn_want(P),
+    Tol = case Type of {f, 64} -> 1.0e-10; {f, 32} -> 1.0e-5; _ -> 3.0e-2 end,
+    Check = fun({Y, Hn, Cn}) -> all_ok([close_l2(Y, WantY, Tol), close_l2(Hn, WantH, Tol),
+                                        close_l2(Cn, WantC, Tol)]) end,
+    #{kind => rnn_step, desc => {Cell, Type, {B, I, H, NL}}, run => Run, expect => valid, check => Check}.
+
+%% A valid call with one layer's parameter of a wrong shape or type, or h0
+%% of a wrong shape: refused, naming it ("layers[1].w_hh", "h0").
+rnn_bad_input() ->
+    P = rnn_problem({f, 32}),
+    #{dims := {B, _, _, H, NL}} = P,
+    N = ri(NL),
+    Wider = fun(Shape) -> setelement(tuple_size(Shape), Shape, element(tuple_size(Shape), Shape) + 1) end,
+    {What, Arg} = case ri(4) of
+                      4 -> {h0, <<"h0">>};
+                      _ -> Param = pick([w_ih, w_hh, b_ih, b_hh]),
+                           {{N, Param}, iolist_to_binary(io_lib:format("layers[~b].~s", [N - 1, Param]))}
+                  end,
+    Run = fun() ->
+                  {X, Layers, Opts} = rnn_args(P),
+                  case What of
+                      h0 -> rnn_run(P, X, Layers, Opts#{h0 => t({f, 32}, {NL + 1, B, H},
+                                                                values({f, 32}, (NL + 1) * B * H))});
+                      {N, K} ->
+                          Shape = maps:get(K, rnn_layer_shapes(P, N)),
+                          %% (w_hh's columns are hidden, which layer 0's fixes: its rows)
+                          Changed = case K of w_hh -> setelement(1, Shape, element(1, Shape) + 1);
+                                        _ -> Wider(Shape) end,
+                          {Type, Shape2} = pick([{{f, 32}, Changed}, {{s, 32}, Shape}]),
+                          Bad = t(Type, Shape2, values(Type, numel(Shape2))),
+                          rnn_run(P, X, replace(N, Layers, (lists:nth(N, Layers))#{K => Bad}), Opts)
+                  end
+          end,
+    #{kind => rnn_bad_input, desc => {maps:get(cell, P), maps:get(dims, P), What}, run => Run, expect => error,
+      arg => Arg}.
+
+%% A valid call with one thing changed (a layer map's value, a layer, the
+%% layer list or an option replaced by junk, an unknown key): a clean error
+%% or a sane result.
+mutated_rnn() ->
+    P = rnn_problem(pick([{f, 32}, {f, 64}])),
+    #{cell := Cell} = P,
+    {X, Layers, Opts} = rnn_args(P),
+    N = ri(length(Layers)),
+    {Layers2, Opts2} = case ri(5) of
+                           1 -> {replace(N, Layers, (lists:nth(N, Layers))#{pick([w_ih, w_hh, b_ih, b_hh]) => junk()}),
+                                 Opts};
+                           2 -> {replace(N, Layers, junk()), Opts};
+                           3 -> {junk(), Opts};
+                           4 -> {replace(N, Layers, (lists:nth(N, Layers))#{junk_key() => junk_tensor()}), Opts};
+                           5 -> {Layers, Opts#{pick([h0, c0, return_state, save_for_backward, junk_key()]) => junk()}}
+                       end,
+    Run = fun() -> fusex:Cell(X, Layers2, Opts2) end,
+    #{kind => mutated_rnn, desc => {Cell, [summary(L) || L <- [Layers2]], summary(Opts2)}, run => Run,
+      expect => any}.
 
 %% Args and Opts with input K replaced.
 put_input(Op, K, T, Args, Opts) ->

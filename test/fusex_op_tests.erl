@@ -18,8 +18,9 @@ op_list_test() ->
                   liquid_fwd, liquid_bwd, liquid_step,
                   causal_conv1d_fwd, causal_conv1d_bwd, causal_conv1d_step,
                   rms_norm_fwd, rms_norm_bwd, layer_norm_fwd, layer_norm_bwd,
+                  gru_fwd, gru_bwd, gru_step, lstm_fwd, lstm_bwd, lstm_step,
                   linear_fwd, linear_bwd], [N || #{name := N} <- Ops]),
-    ?assertEqual(lists:seq(0, 23), [I || #{index := I} <- Ops]),
+    ?assertEqual(lists:seq(0, 29), [I || #{index := I} <- Ops]),
     %% the linear layers are no XLA targets: no target, and listed last
     ?assertEqual([linear_fwd, linear_bwd], [N || D = #{name := N} <- Ops, not maps:is_key(target, D)]),
     [Conv] = [D || D = #{name := causal_conv1d_fwd} <- Ops],

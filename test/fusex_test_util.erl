@@ -6,7 +6,7 @@
 -export([check_badarg/2, settled_memory/1, device/0, seed/0, uniform/3, normal/1, encode/2, decode/2, tensor/3, tensor/4,
          values/1, rel_l2/2, assert_close/3, poisoned/2, poisoned/3,
          ssm_reference/3, linrec_reference/4, sig/1, softplus/1, cand/2,
-         conv_reference/3, norm_reference/4, linear_reference/3, act/2, central_differences/2, dot/2]).
+         conv_reference/3, norm_reference/4, rnn_reference/4, linear_reference/3, act/2, central_differences/2, dot/2]).
 
 %% The device the suites run on: the default device (FUSEX_DEVICE), which
 %% must be CUDA when FUSEX_REQUIRE_CUDA=1 (make test-gpu).
@@ -312,3 +312,58 @@ central_differences(Loss, Xs) ->
      end || I <- lists:seq(1, N)].
 
 dot(Xs, Ys) -> lists:sum([X * Y || {X, Y} <- lists:zip(Xs, Ys)]).
+
+rnn_gates(gru) -> 3;
+rnn_gates(lstm) -> 4.
+
+rnn_chunks([], _) -> [];
+rnn_chunks(List, N) -> {A, Rest} = lists:split(N, List), [A | rnn_chunks(Rest, N)].
+
+rnn_matvec(Rows, V) -> [dot(Row, V) || Row <- Rows].
+rnn_add(A, B) -> lists:zipwith(fun erlang:'+'/2, A, B).
+
+rnn_cell(gru, {Wi, Wh, Bi, Bh}, X, H, C) ->
+    Hd = length(H),
+    [Axr, Axz, Axn] = rnn_chunks(rnn_add(rnn_matvec(Wi, X), Bi), Hd),
+    [Ahr, Ahz, Ahn] = rnn_chunks(rnn_add(rnn_matvec(Wh, H), Bh), Hd),
+    R = [sig(A + B) || {A, B} <- lists:zip(Axr, Ahr)],
+    Z = [sig(A + B) || {A, B} <- lists:zip(Axz, Ahz)],
+    N = [math:tanh(A + Rr * B) || {A, Rr, B} <- lists:zip3(Axn, R, Ahn)],
+    {[(1 - Zz) * Nn + Zz * Hh || {Zz, Nn, Hh} <- lists:zip3(Z, N, H)], C};
+rnn_cell(lstm, {Wi, Wh, Bi, Bh}, X, H, C) ->
+    Hd = length(H),
+    [Gi, Gf, Gg, Go] = rnn_chunks(rnn_add(rnn_add(rnn_matvec(Wi, X), Bi), rnn_add(rnn_matvec(Wh, H), Bh)), Hd),
+    C2 = [sig(F) * Cc + sig(I) * math:tanh(G) || {F, Cc, {I, G}} <- lists:zip3(Gf, C, lists:zip(Gi, Gg))],
+    {[sig(O) * math:tanh(Cc) || {O, Cc} <- lists:zip(Go, C2)], C2}.
+
+rnn_seq(Cell, P, Seq, H, C) ->
+    {Out, Hn, Cn} = lists:foldl(fun(Xt, {Acc, Ht, Ct}) ->
+                                        {H2, C2} = rnn_cell(Cell, P, Xt, Ht, Ct),
+                                        {[H2 | Acc], H2, C2}
+                                end, {[], H, C}, Seq),
+    {lists:reverse(Out), Hn, Cn}.
+
+%% The stacked GRU or LSTM (include/fusex_rnn.h: PyTorch's nn.GRU and
+%% nn.LSTM) of dims {Batch, Seqlen, Input, Hidden, Layers}: {Y, Hn, Cn} as flat lists ([batch, seqlen, hidden], [layers, batch,
+%% hidden]) from the values of a problem; h0, c0 zeros unless in `With'.
+rnn_reference(_Cell, {0, _, _, _, _}, _V, _With) -> {[], [], []};
+rnn_reference(Cell, {B, L, I, H, NL}, V, With) ->
+    Zero = lists:duplicate(NL * B * H, 0.0),
+    H0 = case lists:member(h0, With) of true -> maps:get(h0, V); false -> Zero end,
+    C0 = case lists:member(c0, With) of true -> maps:get(c0, V); false -> Zero end,
+    PerLayer = fun(S) -> [rnn_chunks(Sl, H) || Sl <- rnn_chunks(S, B * H)] end,
+    Seqs0 = case L of
+                0 -> lists:duplicate(B, []);
+                _ -> [rnn_chunks(Xb, I) || Xb <- rnn_chunks(maps:get(x, V), L * I)]
+            end,
+    Params = [{rnn_chunks(Wi, length(Wi) div (rnn_gates(Cell) * H)), rnn_chunks(Wh, H), Bi, Bh}
+              || #{w_ih := Wi, w_hh := Wh, b_ih := Bi, b_hh := Bh} <- maps:get(layers, V)],
+    {Seqs, Hs, Cs} = lists:foldl(
+                       fun({P, Hl, Cl}, {In, AccH, AccC}) ->
+                               Res = [rnn_seq(Cell, P, Seq, Hb, Cb) || {Seq, Hb, Cb} <- lists:zip3(In, Hl, Cl)],
+                               {[O || {O, _, _} <- Res], [[Hn || {_, Hn, _} <- Res] | AccH],
+                                [[Cn || {_, _, Cn} <- Res] | AccC]}
+                       end, {Seqs0, [], []}, lists:zip3(Params, PerLayer(H0), PerLayer(C0))),
+    {lists:append(lists:append(Seqs)), lists:append(lists:append(lists:reverse(Hs))),
+     lists:append(lists:append(lists:reverse(Cs)))}.
+

@@ -24,7 +24,7 @@ all() ->
 -define(TARGETS,
         [<<"fusex_", Op/binary, "_", Dir/binary>>
          || Op <- [<<"selective_scan">>, <<"linear_scan">>, <<"mingru">>, <<"minlstm">>, <<"liquid">>,
-                   <<"causal_conv1d">>],
+                   <<"causal_conv1d">>, <<"gru">>, <<"lstm">>],
             Dir <- [<<"fwd">>, <<"bwd">>, <<"step">>]]
         ++ [<<"fusex_", Op/binary, "_", Dir/binary>>
             || Op <- [<<"rms_norm">>, <<"layer_norm">>], Dir <- [<<"fwd">>, <<"bwd">>]]).
@@ -86,7 +86,7 @@ expect_all_registered() ->
     Want = lists:sort([{T, P, <<"0.2">>} || T <- ?TARGETS, P <- [<<"Host">>, <<"CUDA">>]]),
     Got = lists:sort(registrations()),
     ct:log("~p registrations: ~p", [length(Got), Got]),
-    ?assertEqual(44, length(Want)),
+    ?assertEqual(56, length(Want)),
     ?assertEqual(Want, Got).
 
 registrations() ->

@@ -139,8 +139,8 @@ static int step_run(const fx_exec *ex, const fx_op_call *c, fx_status *st)
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 #define FLAG(name, role) {name, FX_ATTR_FLAG, role, 0, NULL, {NULL}, false}
 #define ACTIVATION {"activation", FX_ATTR_ENUM, FX_ATTR_OPTION, 0, NULL, {"none", "silu"}, false}
-#define IN(name, layout, role) {name, layout, role, FX_WHEN_ALWAYS, NULL, false}
-#define IN_IF(name, layout, role, flag) {name, layout, role, FX_WHEN_FLAG, flag, false}
+#define IN(name, layout, role) {name, layout, role, FX_WHEN_ALWAYS, NULL, false, false}
+#define IN_IF(name, layout, role, flag) {name, layout, role, FX_WHEN_FLAG, flag, false, false}
 
 static const fx_op_attr fwd_attrs[] = {
     ACTIVATION,

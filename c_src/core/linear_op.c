@@ -121,9 +121,9 @@ static size_t bwd_scratch(const fx_exec *ex, const fx_op_call *c)
 #define ACTIVATION                                                                                          \
     {"activation", FX_ATTR_ENUM, FX_ATTR_OPTION, 0, NULL, {"none", "relu", "gelu", "silu", "tanh", "sigmoid"}, \
      false}
-#define IN(name, layout, role) {name, layout, role, FX_WHEN_ALWAYS, NULL, false}
-#define IN_IF(name, layout, role, flag) {name, layout, role, FX_WHEN_FLAG, flag, false}
-#define BY_RULE(name, layout, role, kept) {name, layout, role, FX_WHEN_RULE, NULL, kept}
+#define IN(name, layout, role) {name, layout, role, FX_WHEN_ALWAYS, NULL, false, false}
+#define IN_IF(name, layout, role, flag) {name, layout, role, FX_WHEN_FLAG, flag, false, false}
+#define BY_RULE(name, layout, role, kept) {name, layout, role, FX_WHEN_RULE, NULL, kept, false}
 
 static const fx_op_attr fwd_attrs[] = {ACTIVATION, FLAG("allow_tf32", FX_ATTR_OPTION),
                                        FLAG("has_bias", FX_ATTR_PRESENCE), FLAG("save", FX_ATTR_SAVE)};
@@ -133,7 +133,7 @@ static const fx_op_attr bwd_attrs[] = {ACTIVATION, FLAG("allow_tf32", FX_ATTR_OP
 static const fx_op_io fwd_inputs[] = {IN("x", L_X, FX_IO_ARG), IN("w", L_W, FX_IO_ARG),
                                       IN_IF("bias", L_B, FX_IO_OPTION, "has_bias")};
 static const fx_op_io fwd_results[] = {
-    {"y", L_Y, FX_IO_OUTPUT, FX_WHEN_ALWAYS, NULL, true},
+    {"y", L_Y, FX_IO_OUTPUT, FX_WHEN_ALWAYS, NULL, true, false},
     BY_RULE("pre", L_Y, FX_IO_SAVED, true),
 };
 static const fx_op_io bwd_inputs[] = {

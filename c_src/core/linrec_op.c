@@ -158,8 +158,8 @@ static int step_run(const fx_exec *ex, const fx_op_call *c, fx_status *st)
 #define FLAG(name, role) {name, FX_ATTR_FLAG, role, 0, NULL, {NULL, NULL}, false}
 #define CANDIDATE {"candidate_g", FX_ATTR_FLAG, FX_ATTR_OPTION, 0, "candidate_activation", {"identity", "g"}, false}
 #define DT_NUMBER {"dt", FX_ATTR_NUMBER, FX_ATTR_OPTION, 1.0, NULL, {NULL, NULL}, true}
-#define IN(name, layout, role) {name, layout, role, FX_WHEN_ALWAYS, NULL, false}
-#define IN_IF(name, layout, role, flag) {name, layout, role, FX_WHEN_FLAG, flag, false}
+#define IN(name, layout, role) {name, layout, role, FX_WHEN_ALWAYS, NULL, false, false}
+#define IN_IF(name, layout, role, flag) {name, layout, role, FX_WHEN_FLAG, flag, false, false}
 
 #define REVERSE FLAG("reverse", FX_ATTR_OPTION)
 #define HAS_DT FLAG("has_dt", FX_ATTR_PRESENCE)
@@ -210,7 +210,7 @@ static const fx_op_io liquid_step_inputs[] = {STATE, IN("f_logits", L_FRAME, FX_
                                               IN_IF("dt", L_DT_FRAME, FX_IO_OPTION, "has_dt")};
 
 static const fx_op_io fwd_results[] = {
-    {"h", L_SEQ, FX_IO_OUTPUT, FX_WHEN_ALWAYS, NULL, true},
+    {"h", L_SEQ, FX_IO_OUTPUT, FX_WHEN_ALWAYS, NULL, true, false},
     IN_IF("state", L_FRAME, FX_IO_OUTPUT, "return_state"),
 };
 #define DH0 IN_IF("dh0", L_FRAME, FX_IO_GRAD, "has_h0")

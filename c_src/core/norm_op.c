@@ -124,9 +124,9 @@ static size_t bwd_scratch(const fx_exec *ex, const fx_op_call *c)
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 #define FLAG(name, role) {name, FX_ATTR_FLAG, role, 0, NULL, {NULL}, false}
 #define EPS {"eps", FX_ATTR_NUMBER, FX_ATTR_OPTION, 1e-5, NULL, {NULL}, false}
-#define IN(name, layout, role) {name, layout, role, FX_WHEN_ALWAYS, NULL, false}
-#define IN_IF(name, layout, role, flag) {name, layout, role, FX_WHEN_FLAG, flag, false}
-#define KEPT(name, layout, role, flag) {name, layout, role, FX_WHEN_FLAG, flag, true}
+#define IN(name, layout, role) {name, layout, role, FX_WHEN_ALWAYS, NULL, false, false}
+#define IN_IF(name, layout, role, flag) {name, layout, role, FX_WHEN_FLAG, flag, false, false}
+#define KEPT(name, layout, role, flag) {name, layout, role, FX_WHEN_FLAG, flag, true, false}
 
 #define HEAD EPS, FLAG("residual_in_f32", FX_ATTR_OPTION)
 #define TAIL FLAG("has_residual", FX_ATTR_PRESENCE), FLAG("has_gate", FX_ATTR_PRESENCE)

@@ -15,7 +15,7 @@
 /* Every family's descriptions, in the order the registry lists them
  * (docs/XLA.md's order). Families whose ops are no XLA targets (`no_xla`)
  * come last: the XLA library's ops are the registry's first. */
-#define FX_OP_FAMILIES(X) X(ssm) X(linrec) X(conv) X(norm) X(linear)
+#define FX_OP_FAMILIES(X) X(ssm) X(linrec) X(conv) X(norm) X(rnn) X(linear)
 
 #define DECLARE(family)                                                                                      \
     extern const fx_op_desc fx_##family##_op_descs[];                                                        \
@@ -36,11 +36,14 @@ static const family families[] = {FX_OP_FAMILIES(ENTRY)};
 #define MAX_OPS 256
 
 /* What the generic code looks up on every call, worked out once: each
- * input's and result's flag attribute (-1: none), the step's state. */
+ * input's and result's flag attribute (-1: none), the step's states (the
+ * input each state result updates, -1: none), the repeated groups. */
 typedef struct op_info {
     const fx_op_desc *d;
     signed char in_flag[FX_OP_MAX_IO], out_flag[FX_OP_MAX_IO];
-    signed char state_in, new_state_out; /* -1 for ops that are not steps */
+    signed char state_of[FX_OP_MAX_IO];  /* by result */
+    signed char repeat_attr;             /* -1: no repeated group */
+    signed char in_first, in_group, out_first, out_group;
 } op_info;
 
 static op_info infos[MAX_OPS];
@@ -81,16 +84,29 @@ static void build_infos(void)
             const fx_op_desc *d = &families[f].descs[k];
             op_info *info = &infos[nops++];
             info->d = d;
-            info->state_in = info->new_state_out = -1;
+            info->repeat_attr = -1;
+            for (int a = 0; a < d->nattrs; a++)
+                if (d->attrs[a].role == FX_ATTR_REPEAT && info->repeat_attr < 0)
+                    info->repeat_attr = (signed char)a;
+            info->in_first = (signed char)d->ninputs;
+            info->out_first = (signed char)d->nresults;
             for (int i = 0; i < d->ninputs && i < FX_OP_MAX_IO; i++) {
                 info->in_flag[i] = (signed char)fx_op_attr_index(d, d->inputs[i].flag);
-                if (d->inputs[i].role == FX_IO_STATE)
-                    info->state_in = (signed char)i;
+                if (d->inputs[i].repeated && info->in_group == 0)
+                    info->in_first = (signed char)i;
+                info->in_group = (signed char)(d->inputs[i].repeated ? d->ninputs - info->in_first : 0);
             }
             for (int i = 0; i < d->nresults && i < FX_OP_MAX_IO; i++) {
                 info->out_flag[i] = (signed char)fx_op_attr_index(d, d->results[i].flag);
-                if (d->results[i].role == FX_IO_STATE)
-                    info->new_state_out = (signed char)i;
+                info->state_of[i] = -1;
+                if (d->results[i].role == FX_IO_STATE && strncmp(d->results[i].name, "new_", 4) == 0) {
+                    int in = fx_op_input_index(d, d->results[i].name + 4);
+                    if (in >= 0 && d->inputs[in].role == FX_IO_STATE)
+                        info->state_of[i] = (signed char)in;
+                }
+                if (d->results[i].repeated && info->out_group == 0)
+                    info->out_first = (signed char)i;
+                info->out_group = (signed char)(d->results[i].repeated ? d->nresults - info->out_first : 0);
             }
             if (!d->no_xla && nxla == nops - 1)
                 nxla = nops;
@@ -137,6 +153,97 @@ int fx_op_index(const fx_op_desc *d)
 {
     const op_info *info = info_of(d);
     return info ? (int)(info - infos) : -1;
+}
+
+int fx_op_state_input(const fx_op_desc *d, int result)
+{
+    const op_info *info = info_of(d);
+    return info && result >= 0 && result < d->nresults ? info->state_of[result] : -1;
+}
+
+/* ---- repeated groups and slots ---- */
+
+int fx_op_group(const fx_op_desc *d, bool result, int *first)
+{
+    const op_info *info = info_of(d);
+    if (first)
+        *first = result ? info->out_first : info->in_first;
+    return result ? info->out_group : info->in_group;
+}
+
+int fx_op_repeat_attr(const fx_op_desc *d) { return info_of(d)->repeat_attr; }
+
+/* The repetitions one description's slots hold. */
+static int own_max_repeats(const op_info *info)
+{
+    int in = info->in_group ? (FX_OP_MAX_IO - info->in_first) / info->in_group : FX_OP_MAX_IO;
+    int out = info->out_group ? (FX_OP_MAX_IO - info->out_first) / info->out_group : FX_OP_MAX_IO;
+    return in < out ? in : out;
+}
+
+/* One limit for all of an op's descriptions (a forward whose backward
+ * could not take its layers would be no use for training). */
+int fx_op_max_repeats(const fx_op_desc *d)
+{
+    const op_info *info = info_of(d);
+    if (info->repeat_attr < 0)
+        return 1;
+    int most = own_max_repeats(info);
+    for (int i = 0; i < nops; i++)
+        if (infos[i].repeat_attr >= 0 && strcmp(infos[i].d->op, d->op) == 0 &&
+            strcmp(infos[i].d->family, d->family) == 0 && own_max_repeats(&infos[i]) < most)
+            most = own_max_repeats(&infos[i]);
+    return most;
+}
+
+static bool repeats_valid(const fx_op_desc *d, double v)
+{
+    return v == floor(v) && v >= 1 && v <= fx_op_max_repeats(d);
+}
+
+int fx_op_repeats(const fx_op_call *c)
+{
+    int a = fx_op_repeat_attr(c->op);
+    return a >= 0 && repeats_valid(c->op, c->attrs[a]) ? (int)c->attrs[a] : 1;
+}
+
+int fx_op_slot_count(const fx_op_desc *d, bool result, int repeats)
+{
+    int first, group = fx_op_group(d, result, &first);
+    return group ? first + repeats * group : (result ? d->nresults : d->ninputs);
+}
+
+int fx_op_slot_entry(const fx_op_desc *d, bool result, int slot, int *rep)
+{
+    int first, group = fx_op_group(d, result, &first);
+    if (rep)
+        *rep = 0;
+    if (slot < 0 || slot >= FX_OP_MAX_IO)
+        return -1;
+    if (!group || slot < first)
+        return slot < (result ? d->nresults : d->ninputs) ? slot : -1;
+    if (rep)
+        *rep = (slot - first) / group;
+    return first + (slot - first) % group;
+}
+
+int fx_op_slot_of(const fx_op_desc *d, bool result, int index, int rep)
+{
+    int first, group = fx_op_group(d, result, &first);
+    return group && index >= first ? first + rep * group + (index - first) : index;
+}
+
+void fx_op_slot_name(const fx_op_desc *d, bool result, int slot, char *out, size_t len)
+{
+    int rep, e = fx_op_slot_entry(d, result, slot, &rep);
+    const fx_op_io *io = e < 0 ? NULL : result ? &d->results[e] : &d->inputs[e];
+    int a = fx_op_repeat_attr(d);
+    if (!io)
+        snprintf(out, len, "?");
+    else if (io->repeated && a >= 0)
+        snprintf(out, len, "%s[%d].%s", d->attrs[a].name, rep, io->name);
+    else
+        snprintf(out, len, "%s", io->name);
 }
 
 int fx_op_choice_count(const fx_op_attr *a)
@@ -254,6 +361,8 @@ static int check_backward(const fx_op_desc *fwd, fx_status *st)
             return fault(st, bwd, "result %d: expected the gradient d%s", g, in->name);
         if (bwd->results[g].role != FX_IO_GRAD)
             return fault(st, bwd, "result %s: a gradient", bwd->results[g].name);
+        if (bwd->results[g].repeated != in->repeated)
+            return fault(st, bwd, "result %s: repeated exactly when %s is", bwd->results[g].name, in->name);
         g++;
     }
     if (g != bwd->nresults)
@@ -262,6 +371,8 @@ static int check_backward(const fx_op_desc *fwd, fx_status *st)
         const fx_op_io *in = &bwd->inputs[i];
         if (in->role == FX_IO_FORWARD && fx_op_input_index(fwd, in->name) < 0)
             return fault(st, bwd, "input %s: not an input of %s", in->name, fwd->name);
+        if (in->role == FX_IO_FORWARD && fwd->inputs[fx_op_input_index(fwd, in->name)].repeated != in->repeated)
+            return fault(st, bwd, "input %s: repeated exactly when in %s", in->name, fwd->name);
         int r = fx_op_result_index(fwd, in->name);
         if (in->role == FX_IO_SAVED && (r < 0 || !fwd->results[r].kept))
             return fault(st, bwd, "input %s: not a kept result of %s", in->name, fwd->name);
@@ -298,6 +409,60 @@ static int check_choices(const fx_op_desc *d, const fx_op_attr *at, fx_status *s
     }
 }
 
+/* A repeated group: trailing, always present, no state, announced by one
+ * FX_ATTR_REPEAT number; a description with that attribute has a group. */
+static int check_group(const fx_op_desc *d, const fx_op_io *io, int n, const char *which, fx_status *st)
+{
+    bool seen = false;
+    for (int i = 0; i < n; i++) {
+        if (seen && !io[i].repeated)
+            return fault(st, d, "%s %s: after the repeated group (it is the trailing entries)", which, io[i].name);
+        seen = seen || io[i].repeated;
+        if (io[i].repeated && (io[i].when != FX_WHEN_ALWAYS || io[i].role == FX_IO_STATE || io[i].kept))
+            return fault(st, d, "%s %s: a repeated entry is always present, no state and not kept", which,
+                         io[i].name);
+    }
+    return FX_OK;
+}
+
+static int check_repeat(const fx_op_desc *d, fx_status *st)
+{
+    int n = 0;
+    for (int a = 0; a < d->nattrs; a++)
+        if (d->attrs[a].role == FX_ATTR_REPEAT) {
+            if (d->attrs[a].kind != FX_ATTR_NUMBER || d->attrs[a].dflt != 1)
+                return fault(st, d, "attribute %s: a repeat count is a number of default 1", d->attrs[a].name);
+            n++;
+        }
+    if (check_group(d, d->inputs, d->ninputs, "input", st) || check_group(d, d->results, d->nresults, "result", st))
+        return st->code;
+    bool group = fx_op_group(d, false, NULL) || fx_op_group(d, true, NULL);
+    if (n != (group ? 1 : 0))
+        return fault(st, d, "one repeat attribute exactly when it has a repeated group, got %d", n);
+    if (group && fx_op_max_repeats(d) < 1)
+        return fault(st, d, "its repeated group does not fit %d slots once", FX_OP_MAX_IO);
+    return FX_OK;
+}
+
+/* Each state input S of a step is updated into the result "new_" + S. */
+static int check_states(const fx_op_desc *d, fx_status *st)
+{
+    for (int i = 0; i < d->ninputs; i++) {
+        if (d->inputs[i].role != FX_IO_STATE)
+            continue;
+        int r = -1;
+        for (int k = 0; k < d->nresults && r < 0; k++)
+            if (fx_op_state_input(d, k) == i)
+                r = k;
+        if (r < 0)
+            return fault(st, d, "state %s: no result new_%s updates it", d->inputs[i].name, d->inputs[i].name);
+    }
+    for (int r = 0; r < d->nresults; r++)
+        if (d->results[r].role == FX_IO_STATE && fx_op_state_input(d, r) < 0)
+            return fault(st, d, "result %s: a state result is \"new_\" + a state input", d->results[r].name);
+    return FX_OK;
+}
+
 static int check_desc(const fx_op_desc *d, fx_status *st)
 {
     if (!d->name || !d->op || !d->family || !d->check || !d->run)
@@ -311,14 +476,13 @@ static int check_desc(const fx_op_desc *d, fx_status *st)
             return st->code;
     }
     if (check_io(d, d->inputs, d->ninputs, "input", st) || check_io(d, d->results, d->nresults, "result", st) ||
-        check_options(d, st))
+        check_options(d, st) || check_repeat(d, st) || check_states(d, st))
         return st->code;
-    const op_info *info = info_of(d);
-    if ((d->dir == FX_OP_STEP) != (info->state_in >= 0 && info->new_state_out >= 0))
-        return fault(st, d, "a step has the input state and the result new_state, other ops neither");
-    if (info->state_in >= 0 && (strcmp(d->inputs[info->state_in].name, "state") ||
-                                strcmp(d->results[info->new_state_out].name, "new_state")))
-        return fault(st, d, "the step's state is the input \"state\" and the result \"new_state\"");
+    bool states = false;
+    for (int i = 0; i < d->ninputs; i++)
+        states = states || d->inputs[i].role == FX_IO_STATE;
+    if ((d->dir == FX_OP_STEP) != states)
+        return fault(st, d, "a step has a state input (\"state\", updated into \"new_state\"), other ops none");
     if (d->backward && d->dir != FX_OP_FWD)
         return fault(st, d, "only a forward has a backward");
     if (d->backward && fx_op_find(d->backward) && fx_op_find(d->backward)->no_xla != d->no_xla)
@@ -353,9 +517,15 @@ void fx_op_call_init(fx_op_call *c, const fx_op_desc *d, fx_device *dev)
         c->attrs[a] = d->attrs[a].dflt;
 }
 
+/* `index`: a slot (the entries of a repeated group are always present). */
 static int present(const op_info *info, const fx_op_call *c, bool result, int index, bool *out, fx_status *st)
 {
     const fx_op_desc *d = c->op;
+    index = fx_op_slot_entry(d, result, index, NULL);
+    if (index < 0) {
+        *out = false;
+        return FX_OK;
+    }
     const fx_op_io *io = result ? &d->results[index] : &d->inputs[index];
     switch (io->when) {
     case FX_WHEN_FLAG: *out = c->attrs[result ? info->out_flag[index] : info->in_flag[index]] != 0; return FX_OK;
@@ -386,17 +556,30 @@ int fx_op_result_flag(const fx_op_desc *d, int index)
     return info && index >= 0 && index < d->nresults ? info->out_flag[index] : -1;
 }
 
-/* Why an input should or should not be there, for the message. */
+/* Why an input (slot `i`) should or should not be there, for the message. */
 static int presence_error(const fx_op_call *c, int i, bool want, fx_status *st)
 {
-    const fx_op_io *io = &c->op->inputs[i];
+    const fx_op_io *io = &c->op->inputs[fx_op_slot_entry(c->op, false, i, NULL)];
+    char name[64];
+    fx_op_slot_name(c->op, false, i, name, sizeof name);
     if (io->when == FX_WHEN_FLAG)
-        return fx_fail(st, FX_EBADARG, "%s: expected %s (%s is %d), got %s", io->name, want ? "a tensor" : "none",
+        return fx_fail(st, FX_EBADARG, "%s: expected %s (%s is %d), got %s", name, want ? "a tensor" : "none",
                        io->flag, want ? 1 : 0, want ? "none" : "a tensor");
     if (io->when == FX_WHEN_RULE)
-        return fx_fail(st, FX_EBADARG, "%s: expected %s for these inputs, got %s", io->name,
+        return fx_fail(st, FX_EBADARG, "%s: expected %s for these inputs, got %s", name,
                        want ? "a tensor" : "none", want ? "none" : "a tensor");
-    return fx_fail(st, FX_EBADARG, "%s: expected a tensor, got none", io->name);
+    return fx_fail(st, FX_EBADARG, "%s: expected a tensor, got none", name);
+}
+
+/* The repeat count is an integer the slots hold. */
+int fx_op_check_repeats(const fx_op_call *c, fx_status *st)
+{
+    const fx_op_desc *d = c->op;
+    int a = fx_op_repeat_attr(d);
+    if (a < 0 || repeats_valid(d, c->attrs[a]))
+        return FX_OK;
+    return fx_fail(st, FX_EBADARG, "%s: expected an integer from 1 to %d, got %g", d->attrs[a].name,
+                   fx_op_max_repeats(d), c->attrs[a]);
 }
 
 int fx_op_check(const fx_op_call *c, fx_op_spec results[FX_OP_MAX_IO], fx_status *st)
@@ -411,7 +594,17 @@ int fx_op_check(const fx_op_call *c, fx_op_spec results[FX_OP_MAX_IO], fx_status
             snprintf(got, sizeof got, "%g", c->attrs[a]);
             return fx_op_enum_error(&d->attrs[a], got, st);
         }
-    for (int i = 0; i < d->ninputs; i++) {
+    if (fx_op_check_repeats(c, st))
+        return st->code;
+    const int nin = fx_op_slot_count(d, false, fx_op_repeats(c)), nout = fx_op_slot_count(d, true, fx_op_repeats(c));
+    for (int i = nin; i < FX_OP_MAX_IO; i++)
+        if (c->in[i]) {
+            char name[64];
+            fx_op_slot_name(d, false, i, name, sizeof name);
+            return fx_fail(st, FX_EBADARG, "inputs: expected %d tensors (for %d repetitions), got one more (%s)",
+                           nin, fx_op_repeats(c), name);
+        }
+    for (int i = 0; i < nin; i++) {
         bool want;
         if (present(info, c, false, i, &want, st))
             return st->code;
@@ -420,11 +613,12 @@ int fx_op_check(const fx_op_call *c, fx_op_spec results[FX_OP_MAX_IO], fx_status
             continue;
         /* Saved states the device's backward does not read: the check
          * decides (it refuses their absence where it needs them). */
-        if (!given && d->inputs[i].role == FX_IO_SAVED && d->inputs[i].when == FX_WHEN_RULE)
+        const fx_op_io *io = &d->inputs[fx_op_slot_entry(d, false, i, NULL)];
+        if (!given && io->role == FX_IO_SAVED && io->when == FX_WHEN_RULE)
             continue;
         return presence_error(c, i, want, st);
     }
-    for (int r = 0; r < d->nresults; r++) {
+    for (int r = 0; r < nout; r++) {
         results[r].dtype = FX_F32;
         results[r].rank = 0;
         if (present(info, c, true, r, &results[r].present, st))
@@ -436,13 +630,20 @@ int fx_op_check(const fx_op_call *c, fx_op_spec results[FX_OP_MAX_IO], fx_status
 /* Every present result is given and no other. */
 static int expect_results(const fx_op_call *c, const fx_op_spec *specs, fx_status *st)
 {
-    for (int r = 0; r < c->op->nresults; r++)
-        if (specs[r].present != (c->out[r] != NULL))
-            return fx_fail(st, FX_EBADARG, "%s: expected %s, got %s", c->op->results[r].name,
-                           specs[r].present ? "a result tensor" : "no result tensor",
-                           specs[r].present ? "none" : "one");
+    const int n = fx_op_slot_count(c->op, true, fx_op_repeats(c));
+    for (int r = 0; r < FX_OP_MAX_IO; r++) {
+        bool want = r < n && specs[r].present;
+        if (want == (c->out[r] != NULL))
+            continue;
+        char name[64];
+        fx_op_slot_name(c->op, true, r, name, sizeof name);
+        return fx_fail(st, FX_EBADARG, "%s: expected %s, got %s", name, want ? "a result tensor" : "no result tensor",
+                       want ? "none" : "one");
+    }
     return FX_OK;
 }
+
+int fx_op_call_results(const fx_op_call *c) { return fx_op_slot_count(c->op, true, fx_op_repeats(c)); }
 
 int fx_op_run_into(const fx_exec *ex, const fx_op_call *c, fx_status *st)
 {
@@ -475,7 +676,7 @@ size_t fx_op_scratch(const fx_exec *ex, const fx_op_call *c)
     fx_op_call q = *c;
     if (fx_op_check(c, specs, &st))
         return 0;
-    for (int r = 0; r < c->op->nresults; r++)
+    for (int r = 0; r < fx_op_call_results(c); r++)
         if (specs[r].present && !q.out[r]) {
             if (shape_only(&specs[r], c->dev, &stand_in[r], &st))
                 return 0;
@@ -486,7 +687,7 @@ size_t fx_op_scratch(const fx_exec *ex, const fx_op_call *c)
 
 static void release_outs(fx_op_call *c, fx_tensor outs[FX_OP_MAX_IO])
 {
-    for (int r = 0; r < c->op->nresults; r++) {
+    for (int r = 0; r < FX_OP_MAX_IO; r++) {
         fx_tensor_release(&outs[r]);
         c->out[r] = NULL;
     }
@@ -495,17 +696,17 @@ static void release_outs(fx_op_call *c, fx_tensor outs[FX_OP_MAX_IO])
 int fx_op_run(fx_op_call *c, fx_tensor outs[FX_OP_MAX_IO], fx_status *st)
 {
     const fx_op_desc *d = c->op;
-    const op_info *info = info_of(d);
     fx_op_spec specs[FX_OP_MAX_IO];
     memset(outs, 0, sizeof(fx_tensor) * FX_OP_MAX_IO);
     memset(c->out, 0, sizeof c->out);
     if (fx_op_check(c, specs, st))
         return st->code;
-    for (int r = 0; r < d->nresults; r++) {
+    for (int r = 0; r < fx_op_call_results(c); r++) {
         if (!specs[r].present)
             continue;
-        if (r == info->new_state_out) {
-            c->out[r] = c->in[info->state_in];
+        int state = fx_op_state_input(d, fx_op_slot_entry(d, true, r, NULL));
+        if (state >= 0) {
+            c->out[r] = c->in[state];
             continue;
         }
         if (fx_tensor_alloc(c->dev, specs[r].dtype, specs[r].rank, specs[r].dims, &outs[r], st)) {
@@ -555,14 +756,16 @@ static int backward_call(const fx_op_desc *fwd, const double *attrs, const fx_te
             bwd->attrs[a] = attrs[f];
     }
     const op_info *info = info_of(d);
-    for (int i = 0; i < d->ninputs; i++) {
-        const fx_op_io *io = &d->inputs[i];
+    const int nin = fx_op_slot_count(d, false, fx_op_repeats(bwd));
+    for (int i = 0; i < nin; i++) {
+        int rep, e = fx_op_slot_entry(d, false, i, &rep);
+        const fx_op_io *io = &d->inputs[e];
         int f;
         bool wanted;
         switch (io->role) {
         case FX_IO_FORWARD:
             f = fx_op_input_index(fwd, io->name);
-            bwd->in[i] = f >= 0 ? in[f] : NULL;
+            bwd->in[i] = f >= 0 ? in[fx_op_slot_of(fwd, false, f, rep)] : NULL;
             break;
         case FX_IO_SAVED:
             f = fx_op_result_index(fwd, io->name);
@@ -574,8 +777,8 @@ static int backward_call(const fx_op_desc *fwd, const double *attrs, const fx_te
             break;
         default: bwd->in[i] = cotangents ? cotangents[i] : NULL; break;
         }
-        if (info->in_flag[i] >= 0 && d->attrs[info->in_flag[i]].role == FX_ATTR_PRESENCE)
-            bwd->attrs[info->in_flag[i]] = bwd->in[i] != NULL;
+        if (info->in_flag[e] >= 0 && d->attrs[info->in_flag[e]].role == FX_ATTR_PRESENCE)
+            bwd->attrs[info->in_flag[e]] = bwd->in[i] != NULL;
     }
     return FX_OK;
 }
@@ -601,7 +804,7 @@ int fx_op_ctx_new(const fx_op_call *fwd, fx_op_ctx **out, fx_status *st)
     ctx->op = d;
     ctx->dev = fwd->dev;
     memcpy(ctx->attrs, fwd->attrs, sizeof ctx->attrs);
-    for (int i = 0; i < d->ninputs; i++)
+    for (int i = 0; i < FX_OP_MAX_IO; i++)
         if (fwd->in[i]) {
             keep(&ctx->in[i], fwd->in[i]);
             ctx->has_in[i] = true;
@@ -708,7 +911,7 @@ static void put_key(writer *w, const char *key, const char *value, bool first)
 
 static const char *const dir_names[] = {"fwd", "bwd", "step"};
 static const char *const kind_names[] = {"flag", "number", "enum"};
-static const char *const attr_role_names[] = {"option", "presence", "save"};
+static const char *const attr_role_names[] = {"option", "presence", "save", "repeat"};
 static const char *const io_role_names[] = {"arg", "option", "state", "forward", "saved", "cotangent", "output",
                                             "grad"};
 static const char *const when_names[] = {"always", "flag", "rule"};
@@ -731,7 +934,8 @@ static void put_io(writer *w, const char *key, const fx_op_io *io, int n)
         put_key(w, "role", io_role_names[io[i].role], false);
         put_key(w, "presence", when_names[io[i].when], false);
         put_key(w, "flag", io[i].flag, false);
-        put(w, ", \"kept\": %s}", io[i].kept ? "true" : "false");
+        put(w, ", \"kept\": %s", io[i].kept ? "true" : "false");
+        put(w, ", \"repeated\": %s}", io[i].repeated ? "true" : "false");
     }
     put(w, "]");
 }

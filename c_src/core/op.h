@@ -27,7 +27,21 @@
  *     belong to ("dy", "dh", "dstate");
  *   - a step's state is the input "state", updated into the result
  *     "new_state" (an XLA program aliases or copies; the NIF updates the
- *     input in place).
+ *     input in place); a step with more than one state (the LSTM's h and
+ *     c) names each S and updates it into "new_" + S, in the same order.
+ *
+ * A repeated group (a stacked RNN's layers): the trailing inputs marked
+ * `repeated` form a group given once per layer, as many times as the
+ * description's one FX_ATTR_REPEAT attribute ("layers", at least 1) says;
+ * a backward's gradients of them are its trailing results, repeated
+ * alike. A call holds its tensors by slot: the entries before the group
+ * at their own index, then entry `first + k` of repetition r at slot
+ * `first + r * group + k` (one repetition: slot and index agree). The
+ * arrays of the check entry (fusex_xla_op_check) and XLA's operands and
+ * results follow the slots; messages name a slot "layers[1].w_hh". The
+ * group's entries are always present and no state. The Erlang rows take
+ * the group as one positional list of maps, [#{w_ih => T, ...}], and give
+ * a backward's gradients of it as `layers => [#{w_ih => dW, ...}]`.
  */
 #ifndef FX_CORE_OP_H
 #define FX_CORE_OP_H
@@ -41,7 +55,9 @@
 extern "C" {
 #endif
 
-#define FX_OP_MAX_IO 16
+/* The most tensors (slots) a call passes or returns: a repeated group's
+ * repetitions are limited by it (fx_op_max_repeats). */
+#define FX_OP_MAX_IO 64
 #define FX_OP_MAX_ATTRS 16
 /* The most names an enumerated attribute has (FX_ATTR_ENUM). */
 #define FX_OP_MAX_CHOICES 8
@@ -61,6 +77,10 @@ typedef enum fx_attr_role {
      * scan's saved states): set by training forwards (save_for_backward,
      * a traced gradient). */
     FX_ATTR_SAVE,
+    /* How many times the repeated group is given (a number, an integer
+     * from 1 to fx_op_max_repeats): the surfaces set it from the groups
+     * the caller passes, never as an option. */
+    FX_ATTR_REPEAT,
 } fx_attr_role;
 
 typedef enum fx_attr_kind {
@@ -129,6 +149,9 @@ typedef struct fx_op_io {
      * linear layer's y only for the activations whose derivative reads
      * it). */
     bool kept;
+    /* One of the trailing entries given once per repetition (the layers'
+     * w_ih, w_hh, b_ih, b_hh; their gradients): see the header. */
+    bool repeated;
 } fx_op_io;
 
 /* A result's type and shape, as the check gives it. */
@@ -141,8 +164,8 @@ typedef struct fx_op_spec {
 
 struct fx_op_desc;
 
-/* One call of an op: its attributes, inputs and results by the
- * description's indices (NULL: absent). The check runs on tensors whose
+/* One call of an op: its attributes, inputs and results by slot (the
+ * description's indices without a repeated group; NULL: absent). The check runs on tensors whose
  * `data` may be NULL (shapes and types only: the check entry of JAX and
  * Fusex.Defn); every check that reads addresses (overlap) skips them. */
 typedef struct fx_op_call {
@@ -223,6 +246,34 @@ int fx_op_result_index(const fx_op_desc *d, const char *name);
  * -1: fx_op_attr_index of its flag, looked up once. */
 int fx_op_input_flag(const fx_op_desc *d, int index);
 int fx_op_result_flag(const fx_op_desc *d, int index);
+/* A step's state result `index` ("new_" + S): the input S it updates, or
+ * -1 where the result is no state. */
+int fx_op_state_input(const fx_op_desc *d, int result);
+/* ---- repeated groups and slots (see the header) ---- */
+/* The repeated group among the inputs (`result` false) or results: its
+ * size (0: none) and its first entry's index. */
+int fx_op_group(const fx_op_desc *d, bool result, int *first);
+/* The FX_ATTR_REPEAT attribute's index, or -1. */
+int fx_op_repeat_attr(const fx_op_desc *d);
+/* The most repetitions a call may have (the slots of every description of
+ * its op within FX_OP_MAX_IO: a forward takes what its backward takes);
+ * 1 without a group. */
+int fx_op_max_repeats(const fx_op_desc *d);
+/* The call's repetitions: its FX_ATTR_REPEAT value where valid (an
+ * integer 1 .. fx_op_max_repeats), else 1 (fx_op_check refuses it). */
+int fx_op_repeats(const fx_op_call *c);
+/* How many input / result slots a call with `repeats` repetitions has. */
+int fx_op_slot_count(const fx_op_desc *d, bool result, int repeats);
+/* The entry (description index) of a slot, and its repetition (0 for an
+ * entry outside the group); -1 past the last slot. */
+int fx_op_slot_entry(const fx_op_desc *d, bool result, int slot, int *rep);
+/* The slot of entry `index` in repetition `rep` (rep ignored outside the
+ * group). */
+int fx_op_slot_of(const fx_op_desc *d, bool result, int index, int rep);
+/* A slot's name in messages: "x", "layers[1].w_hh". */
+void fx_op_slot_name(const fx_op_desc *d, bool result, int slot, char *out, size_t len);
+/* A call's result slots: fx_op_slot_count for its repetitions. */
+int fx_op_call_results(const fx_op_call *c);
 /* The description's place in the registry (fx_op_at(i) == d), or -1. */
 int fx_op_index(const fx_op_desc *d);
 /* An attribute's names (FX_ATTR_FLAG with two, FX_ATTR_ENUM): how many
@@ -259,6 +310,10 @@ int fx_op_result_present(const fx_op_call *c, int index, bool *present, fx_statu
  * each. Works on tensors whose
  * `data` is NULL (shapes and types only). */
 int fx_op_check(const fx_op_call *c, fx_op_spec results[FX_OP_MAX_IO], fx_status *st);
+/* The repeat attribute (where the description has one) is an integer from
+ * 1 to fx_op_max_repeats: what fx_op_check checks first, for a binder
+ * that must know the slots before it takes the tensors. */
+int fx_op_check_repeats(const fx_op_call *c, fx_status *st);
 /* Check, then run into results the caller allocated (c->out: each present
  * result, NULL for the others) on `ex` (NULL: the device's own context).
  * A step updates c->out[new_state] in place, reading it as the state
@@ -303,14 +358,14 @@ int fx_op_ctx_backward(const fx_op_ctx *ctx, const fx_tensor *const cotangents[F
  *    "family": "linrec", "dir": "fwd" | "bwd" | "step",
  *    "target": "fusex_linear_scan_fwd",
  *    "attrs": [{"name", "kind": "flag" | "number" | "enum",
- *               "role": "option" | "presence" | "save", "default": 0,
+ *               "role": "option" | "presence" | "save" | "repeat", "default": 0,
  *               "option": null | "candidate_activation",
  *               "choices": null | ["identity", "g"] | ["none", "silu"],
  *               "positive": false}],
  *    "inputs": [{"name", "layout", "role": "arg" | "option" | "state" |
  *                "forward" | "saved" | "cotangent" | "output" | "grad",
  *                "presence": "always" | "flag" | "rule", "flag": null | "has_h0",
- *                "kept": false}],
+ *                "kept": false, "repeated": false}],
  *    "results": [the same],
  *    "options": ["h0", "return_state", ...],
  *    "backward": null | "linear_scan_bwd", "saved_by": "fusex:linear_scan"}

@@ -367,23 +367,31 @@ static int zero_grads(const fx_exec *ex, const fx_rnn_inputs *in, const fx_rnn_g
     return FX_OK;
 }
 
+int fx_rnn_check_backward(const fx_rnn_inputs *in, const fx_tensor *saved, const fx_tensor *dy,
+                          const fx_tensor *dh_n, const fx_tensor *dc_n, fx_rnn_dims *n, fx_status *st)
+{
+    if (fx_rnn_check_forward(in, n, st) || expect_rnn(st, in->x->device, in->cell, OP_BACKWARD) ||
+        expect_cotangents(in, n, dy, dh_n, dc_n, st))
+        return st->code;
+    const fx_tensor *x = in->x;
+    int64_t sdims[4];
+    fx_rnn_saved_shape(n, sdims);
+    if (!saved && !nothing_to_run(n))
+        return fx_fail(st, FX_EBADARG, "saved: expected the tensor a training forward keeps %s, got none",
+                       LAYOUT_SAVED);
+    if (saved && expect_typed(st, "saved", saved, x, fx_rnn_state_type(x->dtype), 4, sdims, LAYOUT_SAVED))
+        return st->code;
+    return FX_OK;
+}
+
 int fx_op_rnn_backward_into(const fx_exec *ex, const fx_rnn_inputs *in, const fx_tensor *saved,
                             const fx_tensor *dy, const fx_tensor *dh_n, const fx_tensor *dc_n,
                             const fx_rnn_grad_outs *g, fx_status *st)
 {
     fx_rnn_dims n;
-    if (fx_rnn_check_forward(in, &n, st) || expect_rnn(st, in->x->device, in->cell, OP_BACKWARD) ||
-        expect_cotangents(in, &n, dy, dh_n, dc_n, st))
+    if (fx_rnn_check_backward(in, saved, dy, dh_n, dc_n, &n, st) || expect_grads(in, g, st))
         return st->code;
     const fx_tensor *x = in->x;
-    int64_t sdims[4];
-    fx_rnn_saved_shape(&n, sdims);
-    if (!saved && !nothing_to_run(&n))
-        return fx_fail(st, FX_EBADARG, "saved: expected the tensor a training forward keeps %s, got none",
-                       LAYOUT_SAVED);
-    if ((saved && expect_typed(st, "saved", saved, x, fx_rnn_state_type(x->dtype), 4, sdims, LAYOUT_SAVED)) ||
-        expect_grads(in, g, st))
-        return st->code;
     fx_device *dev = x->device;
     fx_exec own;
     if (!(ex = fx_exec_resolve(dev, ex, &own, st)))

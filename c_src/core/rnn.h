@@ -50,6 +50,11 @@ int fx_rnn_check_forward(const fx_rnn_inputs *in, fx_rnn_dims *n, fx_status *st)
  * sharing no byte with each other or with what the step reads. */
 int fx_rnn_check_step(const fx_rnn_inputs *in, const fx_tensor *h, const fx_tensor *c, fx_rnn_dims *n,
                       fx_status *st);
+/* Checks a backward's inputs: the forward's, its saved tensor (required
+ * unless the problem is empty) and the cotangents dy, dh_n, dc_n (each
+ * NULL: zeros). */
+int fx_rnn_check_backward(const fx_rnn_inputs *in, const fx_tensor *saved, const fx_tensor *dy,
+                          const fx_tensor *dh_n, const fx_tensor *dc_n, fx_rnn_dims *n, fx_status *st);
 /* The saved tensor's shape for a forward of n: [layers, batch, seqlen,
  * fx_rnn_saved_width]; its type is fx_rnn_state_type. Returns the rank, 4. */
 int fx_rnn_saved_shape(const fx_rnn_dims *n, int64_t dims[4]);

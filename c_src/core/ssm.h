@@ -46,7 +46,7 @@ int fx_ssm_check_dims(const fx_ssm_dims *n, fx_dtype x_type, fx_status *st);
 /* The sizes of a scan from the shapes of x ([batch, seqlen, dim]) and b
  * ([batch, seqlen, [groups,] dstate]) and x's type alone, checked as
  * fx_ssm_check_dims does: for a caller sizing the saved states
- * (fusex:selective_scan_saved_shape/3). */
+ * (the Erlang API's saved-shape query). */
 int fx_ssm_dims_of_shapes(int x_rank, const int64_t *x, int b_rank, const int64_t *b, fx_dtype x_type,
                           fx_ssm_dims *n, fx_status *st);
 

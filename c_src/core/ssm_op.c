@@ -151,8 +151,8 @@ static int step_run(const fx_exec *ex, const fx_op_call *c, fx_status *st)
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 #define FLAG(name, role) {name, FX_ATTR_FLAG, role, 0, NULL, {NULL, NULL}, false}
-#define IN(name, layout, role) {name, layout, role, FX_WHEN_ALWAYS, NULL, false}
-#define IN_IF(name, layout, role, flag) {name, layout, role, FX_WHEN_FLAG, flag, false}
+#define IN(name, layout, role) {name, layout, role, FX_WHEN_ALWAYS, NULL, false, false}
+#define IN_IF(name, layout, role, flag) {name, layout, role, FX_WHEN_FLAG, flag, false, false}
 
 static const fx_op_attr fwd_attrs[] = {
     FLAG("dt_softplus", FX_ATTR_OPTION), FLAG("has_d", FX_ATTR_PRESENCE),       FLAG("has_z", FX_ATTR_PRESENCE),
@@ -182,12 +182,12 @@ static const fx_op_io fwd_inputs[] = {SCAN_INPUTS(FX_IO_ARG, FX_IO_OPTION)};
 static const fx_op_io fwd_results[] = {
     IN("y", L_X, FX_IO_OUTPUT),
     IN_IF("state", L_STATE, FX_IO_OUTPUT, "return_state"),
-    {"saved", L_SAVED, FX_IO_SAVED, FX_WHEN_RULE, NULL, true},
+    {"saved", L_SAVED, FX_IO_SAVED, FX_WHEN_RULE, NULL, true, false},
 };
 
 static const fx_op_io bwd_inputs[] = {
     SCAN_INPUTS(FX_IO_FORWARD, FX_IO_FORWARD),
-    {"saved", L_SAVED, FX_IO_SAVED, FX_WHEN_RULE, NULL, false},
+    {"saved", L_SAVED, FX_IO_SAVED, FX_WHEN_RULE, NULL, false, false},
     IN("dy", L_X, FX_IO_COTANGENT),
     IN_IF("dstate", L_STATE, FX_IO_COTANGENT, "has_dstate"),
 };

@@ -8,8 +8,8 @@
 // ~3 more instructions to get denormal results right. The gates never need
 // them (e^x is added to 1, the log's argument is in [1, 2]): sigmoid and
 // softplus come out in the same bits as with __expf / __logf (checked on all
-// of 2^30 inputs in [-200, 200) by dev/floor_bench), and the streaming
-// MinGRU / MinLSTM forwards lose 6 / 12 % of their instructions
+// of 2^30 inputs in [-200, 200) by dev/floor_bench), and the gated
+// recurrences' streaming forwards lose 6 to 12 % of their instructions
 // (bench/RESULTS.md).
 #ifndef FX_CUDA_SFU_CUH
 #define FX_CUDA_SFU_CUH

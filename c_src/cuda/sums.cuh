@@ -1,5 +1,5 @@
 // Gradients reduced over batch, time, channels or blocks (the selective
-// scan's da, db, dc, dd, ddt_bias; Liquid's dtau, dA and dt tensor) are
+// scan's da, db, dc, dd, ddt_bias; the linear recurrences' dtau, dA and dt) are
 // written by the kernels as rows of partial sums in f32 scratch, one row
 // per block (or per batch row, per channel tile: whatever adds into one
 // element from different blocks), each element of a row written by one

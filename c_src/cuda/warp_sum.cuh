@@ -3,7 +3,7 @@
 // lane and keeps the other half, so that V values cost about V shuffles, not
 // V per round. Shared by the selective scan's backward (the b and c
 // gradients, summed over a warp's channels) and the linrec streaming
-// backward (Liquid's dt gradient, summed over the warp's lanes). Compiled
+// backward (a per-step time constant's gradient, summed over the warp's lanes). Compiled
 // for the CPU emulator too (test/emu: its __shfl_xor_sync).
 #ifndef FX_CUDA_WARP_SUM_CUH
 #define FX_CUDA_WARP_SUM_CUH

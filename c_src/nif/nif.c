@@ -34,6 +34,7 @@ static ErlNifFunc nif_funcs[] = {
     FX_OP_NIFS,
     FX_SSM_SHAPE_NIFS,
     FX_XLA_NIFS,
+    FX_MODEL_NIFS,
 };
 
 ERL_NIF_INIT(fusex_nif, nif_funcs, on_load, NULL, on_upgrade, NULL)

@@ -100,4 +100,28 @@ ERL_NIF_TERM nif_xla_register(ErlNifEnv *, int, const ERL_NIF_TERM[]);
 
 #define FX_XLA_NIFS {"xla_register", 1, nif_xla_register, ERL_NIF_DIRTY_JOB_IO_BOUND}
 
+/* model_nif.c: resident models (docs/MODELS.md) */
+FX_ENTRY(nif_model_new);
+FX_ENTRY(nif_model_init_state);
+FX_ENTRY(nif_model_reset_state);
+FX_ENTRY(nif_model_step);
+FX_ENTRY(nif_model_forward);
+FX_ENTRY(nif_model_gradients);
+FX_ENTRY(nif_model_train_step);
+ERL_NIF_TERM nif_model_info(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+ERL_NIF_TERM nif_model_weights(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+ERL_NIF_TERM nif_model_params(ErlNifEnv *, int, const ERL_NIF_TERM[]);
+
+#define FX_MODEL_NIFS                                                \
+    {"model_new", 3, nif_model_new_entry, 0},                        \
+    {"model_info", 1, nif_model_info, 0},                            \
+    {"model_weights", 1, nif_model_weights, 0},                      \
+    {"model_params", 1, nif_model_params, 0},                        \
+    {"model_init_state", 2, nif_model_init_state_entry, 0},          \
+    {"model_reset_state", 2, nif_model_reset_state_entry, 0},        \
+    {"model_step", 3, nif_model_step_entry, 0},                      \
+    {"model_forward", 3, nif_model_forward_entry, 0},                \
+    {"model_gradients", 5, nif_model_gradients_entry, 0},            \
+    {"model_train_step", 5, nif_model_train_step_entry, 0}
+
 #endif

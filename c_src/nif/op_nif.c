@@ -10,7 +10,11 @@
  *
  * The options of a call are the description's (its `options`: optional
  * tensors by input name, option attributes by name or alias, choices and
- * enums as atoms, save_for_backward), checked against the allowed keys. */
+ * enums as atoms, save_for_backward), checked against the allowed keys.
+ * A repeated group (an RNN's layers, core/op.h) is one positional list of
+ * maps, [#{w_ih => T, ...}], its repeat attribute its length; a backward
+ * gives its gradients of it likewise, under the attribute's name
+ * (layers => [#{w_ih => DW, ...}]). */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -216,16 +220,100 @@ static void set_save(fx_op_call *call)
             call->attrs[a] = !d->saves_on || d->saves_on(call->dev);
 }
 
+/* Reads one value of a repeated group into slot `slot`. */
+typedef int (*group_reader)(fx_call *c, ERL_NIF_TERM value, const char *name, int slot, void *arg);
+
+/* "#{w_ih, w_hh, b_ih, b_hh}": the keys of a repeated group's maps. */
+static void group_keys(const fx_op_desc *d, char *out, size_t len)
+{
+    int first, n = fx_op_group(d, false, &first);
+    size_t used = (size_t)snprintf(out, len, "#{");
+    for (int k = 0; k < n && used < len; k++)
+        used += (size_t)snprintf(out + used, len - used, "%s%s", k ? ", " : "", d->inputs[first + k].name);
+    if (used < len)
+        snprintf(out + used, len - used, "}");
+}
+
+/* The repeated group: one map per repetition, every entry of the group a
+ * key and no other; the repeat attribute set from the list's length. */
+static int arg_group(fx_call *c, ERL_NIF_TERM list, fx_op_call *call, group_reader read, void *arg)
+{
+    const fx_op_desc *d = call->op;
+    const int attr = fx_op_repeat_attr(d);
+    int first, n = fx_op_group(d, false, &first);
+    char keys[128], expected[192], name[64];
+    unsigned len;
+    group_keys(d, keys, sizeof keys);
+    if (!enif_get_list_length(c->env, list, &len) || len < 1 || (int)len > fx_op_max_repeats(d)) {
+        snprintf(expected, sizeof expected, "a list of 1 to %d maps %s", fx_op_max_repeats(d), keys);
+        return bad_value(c, d->attrs[attr].name, expected, list);
+    }
+    snprintf(expected, sizeof expected, "a map %s", keys);
+    call->attrs[attr] = len;
+    ERL_NIF_TERM head, tail = list;
+    for (int r = 0; enif_get_list_cell(c->env, tail, &head, &tail); r++) {
+        size_t size;
+        snprintf(name, sizeof name, "%s[%d]", d->attrs[attr].name, r);
+        if (!enif_get_map_size(c->env, head, &size))
+            return bad_value(c, name, expected, head);
+        for (int k = 0; k < n; k++) {
+            const char *entry = d->inputs[first + k].name;
+            ERL_NIF_TERM v;
+            int slot = fx_op_slot_of(d, false, first + k, r);
+            fx_op_slot_name(d, false, slot, name, sizeof name);
+            if (!enif_get_map_value(c->env, head, fx_atom(c->env, entry), &v))
+                return fx_fail(&c->st, FX_EBADARG, "%s: expected a tensor %s, got none", name,
+                               d->inputs[first + k].layout);
+            if (read(c, v, name, slot, arg))
+                return c->st.code;
+        }
+        if ((int)size != n) {
+            ErlNifMapIterator it;
+            ERL_NIF_TERM key = head, value;
+            enif_map_iterator_create(c->env, head, &it, ERL_NIF_MAP_ITERATOR_FIRST);
+            while (enif_map_iterator_get_pair(c->env, &it, &key, &value)) {
+                bool known = false;
+                for (int k = 0; k < n && !known; k++)
+                    known = enif_is_identical(key, fx_atom(c->env, d->inputs[first + k].name));
+                if (!known)
+                    break;
+                enif_map_iterator_next(c->env, &it);
+            }
+            enif_map_iterator_destroy(c->env, &it);
+            snprintf(name, sizeof name, "%s[%d]", d->attrs[attr].name, r);
+            snprintf(expected, sizeof expected, "only the keys %s", keys);
+            return bad_value(c, name, expected, key);
+        }
+    }
+    return FX_OK;
+}
+
+static int read_tensor(fx_call *c, ERL_NIF_TERM value, const char *name, int slot, void *arg)
+{
+    fx_op_call *call = ((void **)arg)[0];
+    fx_tensor *held = ((void **)arg)[1];
+    if (fx_arg_tensor(c, value, name, &held[slot]))
+        return c->st.code;
+    call->in[slot] = &held[slot];
+    return FX_OK;
+}
+
 /* The positional tensors: the inputs the public function takes in order
- * (a step's state first). */
+ * (a step's state first; a repeated group as one list of maps, its
+ * last). */
 static int arg_positional(fx_call *c, ERL_NIF_TERM list, fx_op_call *call, fx_tensor *held)
 {
     const fx_op_desc *d = call->op;
     int want = 0;
     const char *names[FX_OP_MAX_IO];
     int index[FX_OP_MAX_IO];
+    const int attr = fx_op_repeat_attr(d);
     for (int i = 0; i < d->ninputs; i++)
-        if (d->inputs[i].role == FX_IO_ARG || d->inputs[i].role == FX_IO_STATE) {
+        if (d->inputs[i].repeated) {
+            names[want] = d->attrs[attr].name;
+            index[want++] = -1;
+            break;
+        } else if (d->inputs[i].role == FX_IO_ARG || d->inputs[i].role == FX_IO_STATE) {
             names[want] = d->inputs[i].name;
             index[want++] = i;
         }
@@ -240,10 +328,13 @@ static int arg_positional(fx_call *c, ERL_NIF_TERM list, fx_op_call *call, fx_te
         return bad_value(c, "args", expected, list);
     }
     ERL_NIF_TERM head, tail = list;
+    void *group_arg[2] = {call, held};
     for (int k = 0; enif_get_list_cell(c->env, tail, &head, &tail); k++) {
-        if (fx_arg_tensor(c, head, names[k], &held[index[k]]))
+        if (index[k] < 0 ? arg_group(c, head, call, read_tensor, group_arg)
+                         : fx_arg_tensor(c, head, names[k], &held[index[k]]))
             return c->st.code;
-        call->in[index[k]] = &held[index[k]];
+        if (index[k] >= 0)
+            call->in[index[k]] = &held[index[k]];
     }
     call->dev = held[index[0]].device;
     return FX_OK;
@@ -253,7 +344,8 @@ static int arg_positional(fx_call *c, ERL_NIF_TERM list, fx_op_call *call, fx_te
  * Erlang). */
 static int hold_outs(fx_call *c, const fx_op_desc *d, fx_tensor *outs)
 {
-    for (int r = 0; r < d->nresults; r++)
+    (void)d;
+    for (int r = 0; r < FX_OP_MAX_IO; r++)
         if (outs[r].buffer && fx_call_hold(c, &outs[r]))
             return c->st.code;
     return FX_OK;
@@ -344,9 +436,26 @@ static ERL_NIF_TERM nif_op_backward(ErlNifEnv *env, int argc, const ERL_NIF_TERM
         hold_outs(&c, d, outs))
         return fx_call_finish(&c, 0);
     ERL_NIF_TERM map = enif_make_new_map(env);
-    for (int r = 0; r < d->nresults; r++)
-        if (outs[r].buffer) /* "dz_logits" -> z_logits */
-            enif_make_map_put(env, map, fx_atom(env, d->results[r].name + 1), fx_make_tensor(&c, &outs[r]), &map);
+    ERL_NIF_TERM groups[FX_OP_MAX_IO];
+    const int nslots = fx_op_call_results(&call);
+    int nreps = 0;
+    for (int r = 0; r < nslots; r++) {
+        int rep, e = fx_op_slot_entry(d, true, r, &rep);
+        if (!outs[r].buffer)
+            continue;
+        /* "dz_logits" -> z_logits; a repeated group's by repetition */
+        ERL_NIF_TERM key = fx_atom(env, d->results[e].name + 1), value = fx_make_tensor(&c, &outs[r]);
+        if (!d->results[e].repeated) {
+            enif_make_map_put(env, map, key, value, &map);
+            continue;
+        }
+        for (; nreps <= rep; nreps++)
+            groups[nreps] = enif_make_new_map(env);
+        enif_make_map_put(env, groups[rep], key, value, &groups[rep]);
+    }
+    if (nreps)
+        enif_make_map_put(env, map, fx_atom(env, d->attrs[fx_op_repeat_attr(d)].name),
+                          enif_make_list_from_array(env, groups, (unsigned)nreps), &map);
     return fx_call_finish(&c, map);
 }
 
@@ -364,39 +473,54 @@ static int unknown_key(fx_call *c, const char *what, const char *noun, ERL_NIF_T
     return bad_value(c, what, expected, key);
 }
 
+/* {Type, Shape} as a tensor without memory. */
+static int read_spec(fx_call *c, ERL_NIF_TERM value, const char *name, int slot, void *arg)
+{
+    fx_op_call *call = ((void **)arg)[0];
+    fx_tensor *t = ((void **)arg)[1];
+    const ERL_NIF_TERM *pair;
+    int arity;
+    if (!enif_get_tuple(c->env, value, &arity, &pair) || arity != 2)
+        return bad_value(c, name, "{Type, Shape}", value);
+    memset(&t[slot], 0, sizeof t[slot]);
+    t[slot].device = call->dev;
+    if (fx_arg_dtype(c, pair[0], name, &t[slot].dtype) || fx_arg_shape(c, pair[1], name, &t[slot].rank, t[slot].dims) ||
+        fx_shape_nbytes(name, t[slot].dtype, t[slot].rank, t[slot].dims, &t[slot].numel, &t[slot].nbytes, &c->st))
+        return c->st.code;
+    call->in[slot] = &t[slot];
+    return FX_OK;
+}
+
 /* #{Input => {Type, Shape}}: tensors of those shapes and types, without
- * memory. */
+ * memory; a repeated group as its attribute's name => [#{Entry =>
+ * {Type, Shape}}]. */
 static int arg_specs(fx_call *c, ERL_NIF_TERM map, fx_op_call *call, fx_tensor *t)
 {
     const fx_op_desc *d = call->op;
     if (!enif_is_map(c->env, map))
         return bad_value(c, "inputs", "a map of input names to {Type, Shape}", map);
     const char *names[FX_OP_MAX_IO];
-    for (int i = 0; i < d->ninputs; i++)
-        names[i] = d->inputs[i].name;
+    int first, nnames = 0, group = fx_op_group(d, false, &first);
+    for (int i = 0; i < (group ? first : d->ninputs); i++)
+        names[nnames++] = d->inputs[i].name;
+    if (group)
+        names[nnames++] = d->attrs[fx_op_repeat_attr(d)].name;
+    void *group_arg[2] = {call, t};
     ErlNifMapIterator it;
     ERL_NIF_TERM key, value;
     int rc = FX_OK;
     enif_map_iterator_create(c->env, map, &it, ERL_NIF_MAP_ITERATOR_FIRST);
     while (rc == FX_OK && enif_map_iterator_get_pair(c->env, &it, &key, &value)) {
         int i = -1;
-        for (int k = 0; k < d->ninputs && i < 0; k++)
+        for (int k = 0; k < nnames && i < 0; k++)
             if (enif_is_identical(key, fx_atom(c->env, names[k])))
                 i = k;
-        const ERL_NIF_TERM *pair;
-        int arity;
-        if (i < 0) {
-            rc = unknown_key(c, "inputs", "inputs", key, names, d->ninputs);
-        } else if (!enif_get_tuple(c->env, value, &arity, &pair) || arity != 2) {
-            rc = bad_value(c, names[i], "{Type, Shape}", value);
-        } else {
-            memset(&t[i], 0, sizeof t[i]);
-            t[i].device = call->dev;
-            rc = fx_arg_dtype(c, pair[0], names[i], &t[i].dtype) ||
-                 fx_arg_shape(c, pair[1], names[i], &t[i].rank, t[i].dims) ||
-                 fx_shape_nbytes(names[i], t[i].dtype, t[i].rank, t[i].dims, &t[i].numel, &t[i].nbytes, &c->st);
-            call->in[i] = &t[i];
-        }
+        if (i < 0)
+            rc = unknown_key(c, "inputs", "inputs", key, names, nnames);
+        else if (group && i == first)
+            rc = arg_group(c, value, call, read_spec, group_arg);
+        else
+            rc = read_spec(c, value, names[i], i, group_arg);
         enif_map_iterator_next(c->env, &it);
     }
     enif_map_iterator_destroy(c->env, &it);
@@ -469,7 +593,8 @@ static int arg_attrs(fx_call *c, ERL_NIF_TERM map, fx_op_call *call)
     for (int a = 0; a < d->nattrs; a++) {
         if (!has[a])
             continue;
-        if (d->attrs[a].role == FX_ATTR_PRESENCE && given[a] != call->attrs[a])
+        if ((d->attrs[a].role == FX_ATTR_PRESENCE || d->attrs[a].role == FX_ATTR_REPEAT) &&
+            given[a] != call->attrs[a])
             return fx_fail(&c->st, FX_EBADARG, "%s: expected %g (as the inputs given say), got %g", names[a],
                            call->attrs[a], given[a]);
         call->attrs[a] = given[a];
@@ -490,6 +615,34 @@ static ERL_NIF_TERM make_type(ErlNifEnv *env, fx_dtype t)
     return enif_make_tuple2(env, fx_atom(env, fx_dtype_kind(t)), enif_make_int(env, fx_dtype_bits(t)));
 }
 
+/* #{Result => {Type, Shape}} for the present results; a repeated group's
+ * as the attribute's name => [#{Result => {Type, Shape}}]. */
+static ERL_NIF_TERM specs_term(ErlNifEnv *env, const fx_op_call *call, const fx_op_spec *specs)
+{
+    const fx_op_desc *d = call->op;
+    ERL_NIF_TERM result = enif_make_new_map(env), groups[FX_OP_MAX_IO];
+    int nreps = 0;
+    for (int r = 0; r < fx_op_call_results(call); r++) {
+        int rep, e = fx_op_slot_entry(d, true, r, &rep);
+        if (!specs[r].present)
+            continue;
+        ERL_NIF_TERM key = fx_atom(env, d->results[e].name),
+                     value = enif_make_tuple2(env, make_type(env, specs[r].dtype),
+                                              make_shape(env, specs[r].rank, specs[r].dims));
+        if (!d->results[e].repeated) {
+            enif_make_map_put(env, result, key, value, &result);
+            continue;
+        }
+        for (; nreps <= rep; nreps++)
+            groups[nreps] = enif_make_new_map(env);
+        enif_make_map_put(env, groups[rep], key, value, &groups[rep]);
+    }
+    if (nreps)
+        enif_make_map_put(env, result, fx_atom(env, d->attrs[fx_op_repeat_attr(d)].name),
+                          enif_make_list_from_array(env, groups, (unsigned)nreps), &result);
+    return result;
+}
+
 /* op_check(Name, Inputs, Attrs, Device) -> #{Result => {Type, Shape}} for
  * every result the call would have, or {badarg, Msg} (the op layer's
  * message, as a run of the op would raise it). Normal scheduler: shapes
@@ -508,15 +661,8 @@ ERL_NIF_TERM nif_op_check(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
     if (arg_op(&c, argv[0], -1, &d) == FX_OK && fx_arg_device(&c, argv[3], "device", &dev) == FX_OK) {
         fx_op_call_init(&call, d, dev);
         if (arg_specs(&c, argv[1], &call, t) == FX_OK && arg_attrs(&c, argv[2], &call) == FX_OK &&
-            fx_op_check(&call, specs, &c.st) == FX_OK) {
-            result = enif_make_new_map(env);
-            for (int r = 0; r < d->nresults; r++)
-                if (specs[r].present)
-                    enif_make_map_put(env, result, fx_atom(env, d->results[r].name),
-                                      enif_make_tuple2(env, make_type(env, specs[r].dtype),
-                                                       make_shape(env, specs[r].rank, specs[r].dims)),
-                                      &result);
-        }
+            fx_op_check(&call, specs, &c.st) == FX_OK)
+            result = specs_term(env, &call, specs);
     }
     if (c.st.code != FX_OK) {
         result = fx_status_reason(env, &c.st);
@@ -529,7 +675,7 @@ ERL_NIF_TERM nif_op_check(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 
 static const char *const dir_names[] = {"fwd", "bwd", "step"};
 static const char *const kind_names[] = {"flag", "number", "enum"};
-static const char *const attr_role_names[] = {"option", "presence", "save"};
+static const char *const attr_role_names[] = {"option", "presence", "save", "repeat"};
 static const char *const io_role_names[] = {"arg", "option", "state", "forward", "saved", "cotangent", "output",
                                             "grad"};
 static const char *const when_names[] = {"always", "flag", "rule"};
@@ -574,6 +720,7 @@ static ERL_NIF_TERM io_list(ErlNifEnv *env, const fx_op_io *io, int n)
         m = put(env, m, "role", fx_atom(env, io_role_names[io[i].role]));
         m = put(env, m, "presence", fx_atom(env, when_names[io[i].when]));
         m = put(env, m, "kept", bool_term(env, io[i].kept));
+        m = put(env, m, "repeated", bool_term(env, io[i].repeated));
         if (io[i].flag)
             m = put(env, m, "flag", fx_atom(env, io[i].flag));
         list = enif_make_list_cell(env, m, list);

@@ -31,7 +31,7 @@ typedef enum fx_xla_platform { FX_XLA_HOST = 0, FX_XLA_CUDA = 1, FX_XLA_PLATFORM
 
 /* The most operands, results and attributes a call may pass: those of
  * the op layer's descriptions (FX_OP_MAX_IO, FX_OP_MAX_ATTRS). */
-#define FX_XLA_MAX_BUFFERS 16
+#define FX_XLA_MAX_BUFFERS 64
 #define FX_XLA_MAX_ATTRS 16
 
 /* An operand or result as XLA passes it: `type` is XLA_FFI_DataType. */

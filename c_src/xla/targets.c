@@ -205,10 +205,11 @@ typedef struct frame {
     fx_exec ex;
     fx_op_call call;
     int nargs, nrets;                            /* listed so far */
-    int arg_of[FX_OP_MAX_IO], ret_of[FX_OP_MAX_IO]; /* the description's index of each */
+    int arg_of[FX_OP_MAX_IO], ret_of[FX_OP_MAX_IO]; /* the call's slot of each */
     const char *arg_names[FX_OP_MAX_IO], *ret_names[FX_OP_MAX_IO];
     int wrapped;                                 /* operands wrapped so far */
     char undecided_names[FX_OP_MAX_IO][48];      /* "[saved]" */
+    char arg_slot_names[FX_OP_MAX_IO][48], ret_slot_names[FX_OP_MAX_IO][48]; /* "layers[1].w_hh" */
     fx_tensor args[FX_OP_MAX_IO], rets[FX_OP_MAX_IO];
 } frame;
 
@@ -224,17 +225,21 @@ static int wrap_args(const fx_xla_call *c, frame *f, fx_status *st)
     return FX_OK;
 }
 
-/* The operands, in the description's order: present by flag, or by rule
+/* The operands, in the description's order (a repeated group once per
+ * repetition, as the call's attribute says): present by flag, or by rule
  * where the operands before it are there to decide it ("[name]" in the
  * count's message where they are not). */
 static int bind_args(const fx_xla_call *c, frame *f, fx_status *st)
 {
     const fx_op_desc *d = f->call.op;
     bool undecided = false;
-    for (int i = 0; i < d->ninputs; i++) {
+    const int nslots = fx_op_slot_count(d, false, fx_op_repeats(&f->call));
+    for (int i = 0; i < nslots; i++) {
         bool present = true;
-        const char *name = d->inputs[i].name;
-        if (d->inputs[i].when == FX_WHEN_RULE && !undecided) {
+        const fx_op_io *io = &d->inputs[fx_op_slot_entry(d, false, i, NULL)];
+        fx_op_slot_name(d, false, i, f->arg_slot_names[i], sizeof f->arg_slot_names[i]);
+        const char *name = f->arg_slot_names[i];
+        if (io->when == FX_WHEN_RULE && !undecided) {
             if (c->nargs > f->nargs) {
                 if (wrap_args(c, f, st) || fx_op_input_present(&f->call, i, &present, st))
                     return st->code;
@@ -242,10 +247,10 @@ static int bind_args(const fx_xla_call *c, frame *f, fx_status *st)
                 undecided = true;
             }
         }
-        if (d->inputs[i].when == FX_WHEN_RULE && undecided) {
+        if (io->when == FX_WHEN_RULE && undecided) {
             snprintf(f->undecided_names[f->nargs], sizeof f->undecided_names[0], "[%s]", name);
             name = f->undecided_names[f->nargs];
-        } else if (d->inputs[i].when != FX_WHEN_RULE && fx_op_input_present(&f->call, i, &present, st)) {
+        } else if (io->when != FX_WHEN_RULE && fx_op_input_present(&f->call, i, &present, st)) {
             return st->code;
         }
         if (!present)
@@ -264,7 +269,7 @@ static int list_rets(const fx_xla_call *c, frame *f, const fx_op_spec *specs, fx
 {
     const fx_op_desc *d = f->call.op;
     f->nrets = 0;
-    for (int r = 0; r < d->nresults; r++) {
+    for (int r = 0; r < fx_op_call_results(&f->call); r++) {
         bool present;
         if (specs)
             present = specs[r].present;
@@ -272,8 +277,9 @@ static int list_rets(const fx_xla_call *c, frame *f, const fx_op_spec *specs, fx
             return st->code;
         if (!present)
             continue;
+        fx_op_slot_name(d, true, r, f->ret_slot_names[r], sizeof f->ret_slot_names[r]);
         f->ret_of[f->nrets] = r;
-        f->ret_names[f->nrets++] = d->results[r].name;
+        f->ret_names[f->nrets++] = f->ret_slot_names[r];
     }
     if (c->nrets != f->nrets)
         return count_error(st, "results", f->ret_names, f->nrets, c->nrets);
@@ -298,20 +304,30 @@ static bool any_rule(const fx_op_io *io, int n)
     return false;
 }
 
-/* XLA programs are functional: a step reads `state` and returns the state
- * after it as `new_state`, which it updates in place after a copy, unless
- * the caller aliased the two (the copy is then skipped). */
-static int copy_state(frame *f, fx_status *st)
+/* XLA programs are functional: a step reads each state S (`state`) and
+ * returns the state after it as "new_" + S (`new_state`), which it updates
+ * in place after a copy, unless the caller aliased the two (the copy is
+ * then skipped). */
+static int copy_states(frame *f, fx_status *st)
 {
     const fx_op_desc *d = f->call.op;
-    int in = fx_op_input_index(d, "state"), out = fx_op_result_index(d, "new_state");
-    const fx_tensor *state = f->call.in[in], *new_state = f->call.out[out];
-    if (fx_expect_dtype(st, "new_state", new_state, state->dtype) ||
-        fx_expect_shape(st, "new_state", new_state, state->rank, state->dims, "(the shape of state)"))
-        return st->code;
-    if (new_state->data == state->data || state->nbytes == 0)
-        return FX_OK;
-    return f->dev->backend->copy(&f->ex, new_state->data, state->data, state->nbytes, st);
+    for (int out = 0; out < d->nresults; out++) {
+        int in = fx_op_state_input(d, out);
+        if (in < 0)
+            continue;
+        const char *name = d->results[out].name;
+        const fx_tensor *state = f->call.in[in], *new_state = f->call.out[out];
+        char layout[64];
+        snprintf(layout, sizeof layout, "(the shape of %s)", d->inputs[in].name);
+        if (fx_expect_dtype(st, name, new_state, state->dtype) ||
+            fx_expect_shape(st, name, new_state, state->rank, state->dims, layout))
+            return st->code;
+        if (new_state->data == state->data || state->nbytes == 0)
+            continue;
+        if (f->dev->backend->copy(&f->ex, new_state->data, state->data, state->nbytes, st))
+            return st->code;
+    }
+    return FX_OK;
 }
 
 static int bind_and_run(const fx_xla_call *c, frame *f, fx_status *st)
@@ -319,11 +335,11 @@ static int bind_and_run(const fx_xla_call *c, frame *f, fx_status *st)
     const fx_op_desc *d = f->call.op;
     const bool rets_by_rule = any_rule(d->results, d->nresults);
     fx_op_spec specs[FX_OP_MAX_IO];
-    if (read_attrs(c, &f->call, st) || bind_args(c, f, st) ||
+    if (read_attrs(c, &f->call, st) || fx_op_check_repeats(&f->call, st) || bind_args(c, f, st) ||
         (!rets_by_rule && list_rets(c, f, NULL, st)) || wrap_args(c, f, st) ||
         (!rets_by_rule && wrap_rets(c, f, st)) || fx_op_check(&f->call, specs, st) ||
         (rets_by_rule && (list_rets(c, f, specs, st) || wrap_rets(c, f, st))) ||
-        (d->dir == FX_OP_STEP && copy_state(f, st)))
+        (d->dir == FX_OP_STEP && copy_states(f, st)))
         return st->code;
     return fx_op_run_into(&f->ex, &f->call, st);
 }
@@ -340,7 +356,7 @@ int fx_xla_run(const fx_xla_call *c, fx_status *st)
         bind_and_run(c, &f, st);
     }
     if (st->code != FX_OK) {
-        /* "fusex_mingru_fwd: cand: expected ..." */
+        /* "fusex_<op>_fwd: <input>: expected ..." */
         char msg[FX_MSG_LEN + 64];
         snprintf(msg, sizeof msg, "%s: %s", fx_xla_target_name(c->op), st->msg);
         memcpy(st->msg, msg, FX_MSG_LEN - 1);
@@ -373,9 +389,13 @@ int fx_xla_check(int op, int platform, const int32_t *present, const int32_t *dt
     for (int a = 0; a < d->nattrs; a++)
         call.attrs[a] = attrs[a];
     fx_tensor t[FX_OP_MAX_IO];
-    for (int i = 0; i < d->ninputs; i++) {
-        const char *name = d->inputs[i].name;
-        int flag = fx_op_input_flag(d, i);
+    /* the arrays hold one entry per slot: a repeated group once per
+     * repetition, as the attributes say */
+    const int nslots = fx_op_slot_count(d, false, fx_op_repeats(&call));
+    for (int i = 0; i < nslots; i++) {
+        char name[64];
+        fx_op_slot_name(d, false, i, name, sizeof name);
+        int flag = fx_op_input_flag(d, fx_op_slot_entry(d, false, i, NULL));
         if (flag >= 0 && d->attrs[flag].role == FX_ATTR_PRESENCE)
             call.attrs[flag] = present[i] != 0;
         if (!present[i])
@@ -398,7 +418,7 @@ int fx_xla_check(int op, int platform, const int32_t *present, const int32_t *dt
     fx_op_spec specs[FX_OP_MAX_IO];
     if (fx_op_check(&call, specs, st))
         return st->code;
-    for (int r = 0; r < d->nresults; r++) {
+    for (int r = 0; r < fx_op_call_results(&call); r++) {
         out_present[r] = specs[r].present;
         out_dtypes[r] = specs[r].present ? (int32_t)specs[r].dtype : -1;
         out_ranks[r] = specs[r].present ? specs[r].rank : 0;

@@ -23,7 +23,14 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
       * `min_lstm/3` - `f_kernel`, `f_bias`, `i_kernel`, `i_bias`,
         `h_kernel`, `h_bias`;
       * `liquid/3` - `kernel`, `bias` (the gate's logits), `log_tau`
-        (tau = exp(log_tau), so that it stays positive), `a`.
+        (tau = exp(log_tau), so that it stays positive), `a`;
+      * `causal_conv1d/2` - `kernel` `[dim, width]`, `bias` `[dim]` (the
+        sequence keeps its width);
+      * `rms_norm/2`, `layer_norm/2` - `weight`, `bias` `[hidden]` (any
+        shape `[..., hidden]`, kept), with an optional gate input.
+      * `gru/3`, `lstm/3` - Axon's own GRU and LSTM parameters
+        (`input_kernel`, `hidden_kernel`, `bias`), so that they drop in
+        where `Axon.gru/3` and `Axon.lstm/3` stood.
 
     Kernels take `:kernel_initializer` (default `:glorot_uniform`), biases
     `:bias_initializer` (default `:zeros`).
@@ -184,6 +191,113 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
       Fusex.Defn.liquid(dense(x, kernel, bias), Nx.exp(log_tau), a, %{}, reverse: opts[:reverse], dt: opts[:dt])
     end
 
+    # ---- the other layers of a Mamba block: causal conv1d, the norms ----
+
+    @doc """
+    The causal depthwise convolution over time (`Fusex.Defn.causal_conv1d/4`):
+    `x` `[batch, seqlen, dim]` to the same shape, `y_t = act(bias + sum_k
+    kernel[:, k] x_{t - (width - 1) + k})`, the inputs before the first
+    zeros. Parameters: `kernel` `[dim, width]`, `bias` `[dim]` (with
+    `use_bias: true`, the default). Options: `:name`, `:width` (1 to 16,
+    default 4), `:activation` (`:none` or `:silu`, default `:none`),
+    `:use_bias`, `:kernel_initializer` (default `:glorot_uniform`),
+    `:bias_initializer` (default `:zeros`).
+    """
+    def causal_conv1d(x, opts \\ []) do
+      input!(x)
+
+      opts =
+        Fusex.Opts.keyword!(opts, [:name, width: 4, activation: :none, use_bias: true,
+          kernel_initializer: :glorot_uniform, bias_initializer: :zeros])
+
+      name!(opts)
+      Fusex.Opts.value!(opts, :width, "an integer 1 to 16", &(is_integer(&1) and &1 in 1..16))
+      Fusex.Opts.value!(opts, :activation, ":none or :silu", &(&1 in [:none, :silu]))
+      Fusex.Opts.boolean!(opts, :use_bias)
+      Enum.each([:kernel_initializer, :bias_initializer], &initializer!(opts, &1))
+
+      width = opts[:width]
+      kernel = Axon.param("kernel", fn s -> {last(s), width} end, initializer: opts[:kernel_initializer])
+      bias = if opts[:use_bias], do: [Axon.param("bias", fn s -> {last(s)} end, initializer: opts[:bias_initializer])], else: []
+      fun = if opts[:use_bias], do: &causal_conv1d_layer/4, else: &causal_conv1d_layer/3
+
+      Axon.layer(fun, [x, kernel | bias], name: opts[:name], op_name: :fusex_causal_conv1d,
+        activation: opts[:activation])
+    end
+
+    @doc false
+    def causal_conv1d_layer(x, kernel, opts), do: Fusex.Defn.causal_conv1d(x, kernel, %{}, activation: opts[:activation])
+
+    @doc false
+    def causal_conv1d_layer(x, kernel, bias, opts),
+      do: Fusex.Defn.causal_conv1d(x, kernel, %{bias: bias}, activation: opts[:activation])
+
+    @doc """
+    RMSNorm over the last axis (`Fusex.Defn.rms_norm/4`): `y = x /
+    sqrt(mean(x^2) + eps) * weight + bias`, times `silu(gate)` with a
+    `:gate` (Mamba-2's gated norm). Parameters: `weight` `[hidden]`, and
+    `bias` with `use_bias: true` (default false). Options: `:name`, `:eps`
+    (default 1.0e-5), `:gate` (an `%Axon{}` of the input's shape),
+    `:use_bias`, `:weight_initializer` (default `:ones`),
+    `:bias_initializer` (default `:zeros`). The fused residual add (which
+    also returns `x + residual`) is `Fusex.Defn.rms_norm/4`'s.
+    """
+    def rms_norm(x, opts \\ []), do: norm(:rms_norm, x, opts, false)
+
+    @doc """
+    LayerNorm over the last axis (`Fusex.Defn.layer_norm/5`), with the
+    options of `rms_norm/2`; `bias` is a parameter unless `use_bias: false`
+    (then zeros).
+    """
+    def layer_norm(x, opts \\ []), do: norm(:layer_norm, x, opts, true)
+
+    defp norm(kind, x, opts, use_bias) do
+      input!(x)
+
+      opts =
+        Fusex.Opts.keyword!(opts, [:name, :gate, eps: 1.0e-5, use_bias: use_bias, weight_initializer: :ones,
+          bias_initializer: :zeros])
+
+      name!(opts)
+      eps = "a finite number >= 0"
+      Fusex.Opts.value!(opts, :eps, eps, &((is_float(&1) or is_integer(&1)) and &1 >= 0 and &1 <= 1.7976931348623157e308))
+      Fusex.Opts.value!(opts, :gate, "nil or an %Axon{} layer", &(&1 == nil or is_struct(&1, Axon)))
+      Fusex.Opts.boolean!(opts, :use_bias)
+      Enum.each([:weight_initializer, :bias_initializer], &initializer!(opts, &1))
+
+      gate = if opts[:gate], do: [opts[:gate]], else: []
+      # (a parameter's shape is a function of every input layer's shape)
+      hidden = if gate == [], do: fn s -> {last(s)} end, else: fn s, _gate -> {last(s)} end
+      weight = Axon.param("weight", hidden, initializer: opts[:weight_initializer])
+      bias = if opts[:use_bias], do: [Axon.param("bias", hidden, initializer: opts[:bias_initializer])], else: []
+      inputs = [x | gate] ++ [weight | bias]
+      fun = Enum.at([nil, nil, &norm_layer/3, &norm_layer/4, &norm_layer/5], length(inputs))
+
+      Axon.layer(fun, inputs, name: opts[:name], op_name: :"fusex_#{kind}", kind: kind, eps: opts[:eps] * 1.0,
+        gate: gate != [], use_bias: opts[:use_bias])
+    end
+
+    @doc false
+    def norm_layer(x, a, opts), do: norm_call([x, a], opts)
+    def norm_layer(x, a, b, opts), do: norm_call([x, a, b], opts)
+    def norm_layer(x, a, b, c, opts), do: norm_call([x, a, b, c], opts)
+
+    # [x, gate?, weight, bias?] as the layer's inputs came.
+    defp norm_call([x | rest], opts) do
+      {gate, [weight | bias]} = if opts[:gate], do: {hd(rest), tl(rest)}, else: {nil, rest}
+      tensors = if gate, do: %{gate: gate}, else: %{}
+      eps = [eps: opts[:eps]]
+
+      case {opts[:kind], bias} do
+        {:rms_norm, []} -> Fusex.Defn.rms_norm(x, weight, tensors, eps)
+        {:rms_norm, [b]} -> Fusex.Defn.rms_norm(x, weight, Map.put(tensors, :bias, b), eps)
+        {:layer_norm, []} -> Fusex.Defn.layer_norm(x, weight, Nx.broadcast(Nx.tensor(0, type: weight.type), weight.shape), tensors, eps)
+        {:layer_norm, [b]} -> Fusex.Defn.layer_norm(x, weight, b, tensors, eps)
+      end
+    end
+
+    defp last(shape), do: elem(shape, tuple_size(shape) - 1)
+
     # ---- shared ----
 
     defp validate_gated(opts) do
@@ -196,6 +310,152 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
       Fusex.Opts.value!(opts, :candidate_activation, ":identity or :g", &(&1 in [:identity, :g]))
       Enum.each([:kernel_initializer, :bias_initializer], &initializer!(opts, &1))
       opts
+    end
+
+    # ---- GRU and LSTM: Axon's layers, fusex's kernels ----
+
+    @doc """
+    A GRU layer that drops in where `Axon.gru/3` stood: the same
+    parameters (`"input_kernel"` `%{"wir", "wiz", "win"}` `[features,
+    units]` each, `"hidden_kernel"` `%{"whr", "whz", "whn"}` `[units,
+    units]`, `"bias"` `%{"br", "bz", "bin", "bhn"}` `[units]`), the same
+    result `{output_sequence, {new_h}}`, run as one fusex GRU layer
+    (`Fusex.Defn.gru/4`; docs/RNN.md maps these onto PyTorch's `w_ih`,
+    `w_hh`, `b_ih`, `b_hh`). The initial state is zeros, or `{hidden}` as
+    `gru/4` takes it.
+
+    Options: `:name`, `:kernel_initializer` (default `:glorot_uniform`),
+    `:bias_initializer` (default `:zeros`); `:activation` and `:gate` only
+    as their defaults (`:tanh`, `:sigmoid`), `:unroll` is taken and has no
+    effect (the kernel is the loop).
+    """
+    def gru(x, units, opts \\ []) when is_integer(units), do: rnn(:gru, x, nil, units, opts)
+
+    @doc "As `gru/3`, from the initial state `{hidden}` (`[batch, units]`)."
+    def gru(x, {%Axon{} = hidden}, units, opts), do: rnn(:gru, x, {hidden}, units, opts)
+
+    @doc """
+    An LSTM layer in place of `Axon.lstm/3`: parameters `"input_kernel"`
+    `%{"wii", "wif", "wig", "wio"}`, `"hidden_kernel"` `%{"whi", "whf",
+    "whg", "who"}`, `"bias"` `%{"bi", "bf", "bg", "bo"}`; result
+    `{output_sequence, {new_c, new_h}}`. Initial states zeros, or `{cell,
+    hidden}` as `lstm/4` takes them. Options as `gru/3`.
+    """
+    def lstm(x, units, opts \\ []) when is_integer(units), do: rnn(:lstm, x, nil, units, opts)
+
+    @doc "As `lstm/3`, from the initial states `{cell, hidden}`."
+    def lstm(x, {%Axon{}, %Axon{}} = state, units, opts), do: rnn(:lstm, x, state, units, opts)
+
+    @rnn_gates %{gru: ~w(r z n), lstm: ~w(i f g o)}
+
+    defp rnn(cell, x, state, units, opts) do
+      input!(x)
+      units!(units)
+
+      opts =
+        Fusex.Opts.keyword!(opts, [:name, :meta, :recurrent_initializer, :seed, activation: :tanh, gate: :sigmoid,
+          unroll: :dynamic, use_bias: true, kernel_initializer: :glorot_uniform, bias_initializer: :zeros])
+
+      name!(opts)
+      initializer!(opts, :kernel_initializer)
+      initializer!(opts, :bias_initializer)
+      Fusex.Opts.value!(opts, :activation, ":tanh (fusex's cells)", &(&1 == :tanh))
+      Fusex.Opts.value!(opts, :gate, ":sigmoid (fusex's cells)", &(&1 == :sigmoid))
+      Fusex.Opts.value!(opts, :use_bias, "true or false", &is_boolean/1)
+      gates = @rnn_gates[cell]
+      bias_keys = if cell == :gru, do: ~w(br bz bin bhn), else: Enum.map(gates, &"b#{&1}")
+      # the parameters' templates from the layer's inputs: x (and the states)
+      template = fn shape_of ->
+        if state,
+          do: fn inp, _states -> Nx.template(shape_of.(Nx.shape(inp)), {:f, 32}) end,
+          else: fn inp -> Nx.template(shape_of.(Nx.shape(inp)), {:f, 32}) end
+      end
+
+      input_kernel =
+        Axon.parameter("input_kernel", template.(fn s -> {elem(s, tuple_size(s) - 1), units} end),
+          initializer: split_initializer(Enum.map(gates, &"wi#{&1}"), opts[:kernel_initializer])
+        )
+
+      hidden_kernel =
+        Axon.parameter("hidden_kernel", template.(fn _ -> {units, units} end),
+          initializer: split_initializer(Enum.map(gates, &"wh#{&1}"), opts[:kernel_initializer])
+        )
+
+      bias =
+        if opts[:use_bias],
+          do: Axon.parameter("bias", template.(fn _ -> {units} end), initializer: split_initializer(bias_keys, opts[:bias_initializer])),
+          else: Axon.constant(0)
+
+      {fun, inputs} =
+        if state,
+          do: {&rnn_layer/6, [x, Axon.container(state), input_kernel, hidden_kernel, bias]},
+          else: {&rnn_layer(&1, {}, &2, &3, &4, &5), [x, input_kernel, hidden_kernel, bias]}
+
+      out =
+        Axon.layer(fun, inputs,
+          name: opts[:name],
+          op_name: :"fusex_#{cell}",
+          cell: cell,
+          units: units
+        )
+
+      seq = Axon.layer(fn o, _ -> elem(o, 0) end, [out], op_name: :elem)
+
+      case cell do
+        :gru -> {seq, {Axon.layer(fn o, _ -> elem(elem(o, 1), 0) end, [out], op_name: :elem)}}
+        :lstm -> {seq, {Axon.layer(fn o, _ -> elem(elem(o, 1), 0) end, [out], op_name: :elem),
+                        Axon.layer(fn o, _ -> elem(elem(o, 1), 1) end, [out], op_name: :elem)}}
+      end
+    end
+
+    # A map parameter of `keys`, each initialized alone (as Axon's own).
+    defp split_initializer(keys, init) do
+      fn shape, type, key ->
+        init = if is_atom(init), do: apply(Axon.Initializers, init, []), else: init
+        keys_rng = Nx.Random.split(key, parts: length(keys))
+
+        for {k, i} <- Enum.with_index(keys), into: %{} do
+          value = if is_function(init, 2), do: init.(shape, type), else: init.(shape, type, keys_rng[i])
+          {k, value}
+        end
+      end
+    end
+
+    @doc false
+    # Axon's parameters in PyTorch's layout (docs/RNN.md): the gate kernels
+    # [features, units] side by side and transposed, b_hh zero but for the
+    # GRU's n gate (Axon's bhn), b_ih the rest.
+    def rnn_layer(x, states, wi, wh, bias, opts) do
+      cell = opts[:cell]
+      units = opts[:units]
+      gates = @rnn_gates[cell]
+      cat = fn map, prefix -> gates |> Enum.map(&map["#{prefix}#{&1}"]) |> Nx.concatenate(axis: 1) |> Nx.transpose() |> Nx.as_type(x.type) end
+      zeros = Nx.broadcast(Nx.tensor(0, type: {:f, 32}), {units})
+
+      {b_ih, b_hh} =
+        case {cell, bias} do
+          {:gru, %{} = b} -> {Nx.concatenate([b["br"], b["bz"], b["bin"]]), Nx.concatenate([zeros, zeros, b["bhn"]])}
+          {:lstm, %{} = b} -> {Nx.concatenate(Enum.map(gates, &b["b#{&1}"])), Nx.concatenate([zeros, zeros, zeros, zeros])}
+          {_, _} -> {Nx.broadcast(0.0, {length(gates) * units}), Nx.broadcast(0.0, {length(gates) * units})}
+        end
+
+      layer = %{w_ih: cat.(wi, "wi"), w_hh: cat.(wh, "wh"), b_ih: b_ih, b_hh: b_hh}
+      initial = fn t -> t |> Nx.as_type({:f, 32}) |> Nx.new_axis(0) end
+
+      case {cell, states} do
+        {:gru, {}} ->
+          {y, h} = Fusex.Defn.gru(x, [layer], %{}, return_state: true)
+          {y, {h[0]}}
+
+        {:gru, {h0}} ->
+          {y, h} = Fusex.Defn.gru(x, [layer], %{h0: initial.(h0)}, return_state: true)
+          {y, {h[0]}}
+
+        {:lstm, st} ->
+          tensors = case st do {c0, h0} -> %{h0: initial.(h0), c0: initial.(c0)}; {} -> %{} end
+          {y, {h, c}} = Fusex.Defn.lstm(x, [layer], tensors, return_state: true)
+          {y, {c[0], h[0]}}
+      end
     end
 
     # ---- the arguments, checked with the house message ----

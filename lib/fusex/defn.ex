@@ -2,12 +2,16 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
   defmodule Fusex.Defn do
     @moduledoc """
     fusex's recurrences inside `defn`: the selective scan, the linear scan,
-    MinGRU, MinLSTM and Liquid, with their gradients and steps, as parts of
-    compiled programs (Nx ≥ 0.12).
+    MinGRU, MinLSTM and Liquid, the stacked GRU and LSTM, with their
+    gradients and steps, and the other layers of a Mamba block (the causal
+    depthwise convolution and its step, RMSNorm and LayerNorm with residual
+    and gate), as parts of compiled programs (Nx ≥ 0.12). Linear layers are
+    not here: inside a compiled program XLA's own products are the right
+    ones (`Fusex.linear/3` is the eager one).
 
     Each function works inside `defn` (and `Nx.Defn.jit/2`) and on plain
     tensors outside. Semantics, shapes, types and error messages are those
-    of the Erlang API (`:fusex`, docs/SSM.md, docs/LINREC.md); tensors are
+    of the Erlang API (`:fusex`, docs/SSM.md, docs/LINREC.md, docs/LAYERS.md); tensors are
     Nx tensors, optional tensors come in a map and options in a keyword
     list:
 
@@ -56,7 +60,7 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     """
 
     import Nx.Defn, only: [deftransform: 2]
-    alias Fusex.Defn.{Call, Linrec, SSM}
+    alias Fusex.Defn.{Call, Conv, Linrec, Norm, RNN, SSM}
 
     # ---- selective scan ----
 
@@ -121,6 +125,54 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     deftransform liquid(f_logits, tau, a, tensors \\ %{}, opts \\ []),
       do: Call.forward(:liquid, Linrec, [f_logits: f_logits, tau: tau, a: a], tensors, opts)
 
+    # ---- GRU and LSTM ----
+
+    @doc """
+    A stacked GRU over a sequence (PyTorch's `nn.GRU`, batch first); see
+    `:fusex.gru/3` and docs/RNN.md.
+
+    `x`: `[batch, seqlen, input]`; `layers`: a list or tuple of layers,
+    each a map `%{w_ih: _, w_hh: _, b_ih: _, b_hh: _}` (or a tuple in that
+    order): `w_ih` `[3*hidden, input]` (`[3*hidden, hidden]` above layer
+    0), `w_hh` `[3*hidden, hidden]`, the biases `[3*hidden]`. Tensors:
+    `:h0` (`[layers, batch, hidden]`). Options: `:return_state` (also
+    `h_n`, `[layers, batch, hidden]` in the state type).
+    """
+    deftransform gru(x, layers, tensors \\ %{}, opts \\ []),
+      do: Call.forward(:gru, RNN, [x: x, layers: layers], tensors, opts)
+
+    @doc """
+    A stacked LSTM (gate blocks i, f, g, o); as `gru/4` with `4*hidden`
+    rows. Tensors: `:h0`, `:c0`. Returns `y`, or `{y, {h_n, c_n}}` with
+    `return_state: true`.
+    """
+    deftransform lstm(x, layers, tensors \\ %{}, opts \\ []) do
+      case Call.forward(:lstm, RNN, [x: x, layers: layers], tensors, opts) do
+        {y, h_n, c_n} -> {y, {h_n, c_n}}
+        y -> y
+      end
+    end
+
+    @doc """
+    One frame of `gru/4` through every layer: `h` `[layers, batch,
+    hidden]` (the state type), `x` `[batch, input]`. Returns `{y, new_h}`.
+    The step has no optional tensors nor options (`tensors`, `opts`: empty).
+    """
+    deftransform gru_step(h, x, layers, tensors \\ %{}, opts \\ []),
+      do: Call.step(:gru, RNN, [h: h, x: x, layers: layers], tensors, opts)
+
+    @doc "One frame of `lstm/4`: `state` `{h, c}`. Returns `{y, {new_h, new_c}}`."
+    deftransform lstm_step(state, x, layers, tensors \\ %{}, opts \\ []) do
+      {h, c} =
+        case state do
+          {h, c} -> {h, c}
+          other -> Fusex.Defn.Check.fail("state", "a tuple {h, c} of two tensors", inspect(other, limit: 3))
+        end
+
+      {y, new_h, new_c} = Call.step(:lstm, RNN, [h: h, c: c, x: x, layers: layers], tensors, opts)
+      {y, {new_h, new_c}}
+    end
+
     @doc "One frame of `linear_scan/4`: `{h, new_state}`; `state` `[batch, hidden]`."
     deftransform linear_scan_step(state, a, b, tensors \\ %{}, opts \\ []),
       do: Call.step(:linear_scan, Linrec, [state: state, a: a, b: b], tensors, opts)
@@ -141,5 +193,47 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     """
     deftransform liquid_step(state, f_logits, tau, a, tensors \\ %{}, opts \\ []),
       do: Call.step(:liquid, Linrec, [state: state, f_logits: f_logits, tau: tau, a: a], tensors, opts)
+
+    # ---- the layers of a Mamba block: causal conv1d, the norms ----
+    # (linear layers have no Fusex.Defn function: inside a defn, XLA's own
+    # products are the right ones; `Fusex.linear/3` is the eager one.)
+
+    @doc """
+    The causal depthwise convolution over time; see
+    `:fusex.causal_conv1d/3`. `x`: `[batch, seqlen, dim]`, `w`: `[dim,
+    width]` (width 1 to 16; `w[:, width - 1]` multiplies the current
+    input). Tensors: `:bias` (`[dim]`), `:initial_state` (`[batch, dim,
+    width - 1]`, the inputs before the first, oldest first). Options:
+    `:activation` (`:none` or `:silu`), `:return_state` (also the final
+    state, the last `width - 1` inputs).
+    """
+    deftransform causal_conv1d(x, w, tensors \\ %{}, opts \\ []),
+      do: Call.forward(:causal_conv1d, Conv, [x: x, w: w], tensors, opts)
+
+    @doc """
+    One frame of `causal_conv1d/4`: `{y, new_state}`; `state` `[batch,
+    dim, width - 1]` (a forward's final state, or zeros), `x` `[batch,
+    dim]`. Tensors: `:bias`. Options: `:activation`.
+    """
+    deftransform causal_conv1d_step(state, x, w, tensors \\ %{}, opts \\ []),
+      do: Call.step(:causal_conv1d, Conv, [state: state, x: x, w: w], tensors, opts)
+
+    @doc """
+    RMSNorm over the last axis with the residual add before it and the
+    gate after it; see `:fusex.rms_norm/3`. `x`: `[..., hidden]`,
+    `weight`: `[hidden]`. Tensors: `:bias` (`[hidden]`), `:residual`
+    (then `{y, s}` is returned, `s = x + residual`), `:gate` (`y *
+    silu(gate)`). Options: `:eps` (default 1.0e-5), `:residual_in_f32`.
+    """
+    deftransform rms_norm(x, weight, tensors \\ %{}, opts \\ []),
+      do: Call.forward(:rms_norm, Norm, [x: x, weight: weight], tensors, opts)
+
+    @doc """
+    LayerNorm over the last axis, fused as `rms_norm/4`; see
+    `:fusex.layer_norm/4`. Tensors: `:residual`, `:gate`. Options: `:eps`,
+    `:residual_in_f32`.
+    """
+    deftransform layer_norm(x, weight, bias, tensors \\ %{}, opts \\ []),
+      do: Call.forward(:layer_norm, Norm, [x: x, weight: weight, bias: bias], tensors, opts)
   end
 end

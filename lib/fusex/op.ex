@@ -133,6 +133,10 @@ defmodule Fusex.Op do
   defp in_place_ref(list, name, device) when is_list(list),
     do: list |> Enum.with_index() |> Enum.map(fn {v, i} -> in_place_ref(v, "#{name}[#{i}]", device) end)
 
+  # the states of a step with several ({h, c})
+  defp in_place_ref(tuple, name, device) when is_tuple(tuple),
+    do: tuple |> Tuple.to_list() |> in_place_ref(name, device) |> List.to_tuple()
+
   defp in_place_ref(map, name, device) when is_map(map) and not is_struct(map),
     do: Map.new(map, fn {k, v} -> {k, in_place_ref(v, "#{name}.#{k}", device)} end)
 

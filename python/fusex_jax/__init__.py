@@ -5,7 +5,8 @@ Importing the package loads ``priv/fusex_xla.so`` (or ``FUSEX_XLA_LIB``) and
 registers its targets for the ``cpu`` and ``CUDA`` platforms. The CPU
 handlers run fusex's CPU backend (f64 accumulation); the CUDA ones launch
 fusex's kernels on XLA's stream, with scratch from XLA's allocator.
-Semantics are those of the Erlang API (docs/SSM.md, docs/LINREC.md);
+Semantics are those of the Erlang API (docs/SSM.md, docs/LINREC.md,
+docs/LAYERS.md);
 the targets themselves are documented in docs/XLA.md.
 
 Each kernel family the library describes has its public functions in the

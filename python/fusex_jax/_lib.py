@@ -76,7 +76,7 @@ def _load():
 
 
 LIB, DESCRIPTIONS = _load()
-# The targets, in the library's order ("fusex_selective_scan_fwd", ...).
+# The targets, in the library's order ("fusex_<op>_fwd", ...).
 TARGETS = tuple(d["target"] for d in DESCRIPTIONS)
 
 # The element types by the library's codes, as numpy dtypes ("f32" ->
@@ -96,13 +96,16 @@ def type_name(dtype):
     return f"{{{kind},{dtype.itemsize * 8}}}"
 
 
-def check(op, inputs, attrs):
+def check(op, inputs, attrs, desc=None):
     """The op layer's check of a call of description ``op`` (its index) on
     the Host platform: ``inputs`` one ``(dtype, shape)`` or None per input
     of the description, ``attrs`` one number per attribute (presence
     attributes follow from the inputs given). Returns one ``(dtype, shape)``
-    or None per result; raises ArgumentError with the op layer's message."""
-    d = DESCRIPTIONS[op]
+    or None per result; raises ArgumentError with the op layer's message.
+    ``desc``: the description with its repeated group written out once per
+    repetition (one input and result per slot; docs/XLA.md), where it has
+    one."""
+    d = desc or DESCRIPTIONS[op]
     n_in, n_out = len(d["inputs"]), len(d["results"])
     present = (ctypes.c_int32 * max(n_in, 1))()
     dtypes = (ctypes.c_int32 * max(n_in, 1))()

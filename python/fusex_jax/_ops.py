@@ -7,7 +7,9 @@ description's names: ``forward(op, args, **options)`` for a forward,
 
   * the options: a tensor option is an input (None: not given), a flag a
     boolean (Python's, numpy's, a 0-d boolean array), a flag with choices
-    one of its two names, a number a concrete real scalar; an option that is both a number and an input (a tensor or
+    one of its two names, an enum one of its names (a string; None for its
+    first, "none"), passed to XLA as its index, a number a concrete real
+    scalar; an option that is both a number and an input (a tensor or
     a number) is the number when it is a concrete scalar and the input
     otherwise (an array of shape ``()`` broadcast to the input's layout);
   * the operands in the description's order, the presence attributes set
@@ -21,7 +23,12 @@ description's names: ``forward(op, args, **options)`` for a forward,
     (its ``save`` attribute 1) and the backward the description names,
     feeding it by role (the forward's inputs and kept results by name, the
     cotangents ``d`` + a result) and taking ``d`` + each input back; a
-    step's is that backward on sequences of one step from ``h0 = state``.
+    step's is that backward on sequences of one step from ``h0 = state``;
+  * a repeated group (a stacked RNN's layers): the positional argument of
+    the repeat attribute's name (``layers``), one tuple of the group's
+    tensors per repetition; the call's description has the group written
+    out once per repetition (``layers[1].w_hh``: one input or result per
+    slot, as the handlers take them), its op ``(index, repetitions)``.
 """
 
 import functools
@@ -37,8 +44,48 @@ from ._lib import ArgumentError
 _INDEX = {d["name"]: i for i, d in enumerate(_lib.DESCRIPTIONS)}
 
 
+def _base(op):
+    """The library's index of a call's op (an index, or (index, repetitions))."""
+    return op[0] if isinstance(op, tuple) else op
+
+
+def _repeat_attr(d):
+    return next((k for k, a in enumerate(d["attrs"]) if a["role"] == "repeat"), -1)
+
+
+@functools.lru_cache(maxsize=None)
+def _expanded(index, repeats):
+    """Description `index` with its repeated group written out `repeats`
+    times: one entry per slot, named ``layers[r].w_ih`` (a gradient
+    ``dlayers[r].w_ih``: "d" + its input's slot)."""
+    d = _lib.DESCRIPTIONS[index]
+    group = d["attrs"][_repeat_attr(d)]["name"]
+
+    def slots(entries):
+        out = [e for e in entries if not e["repeated"]]
+        for r in range(repeats):
+            for e in (e for e in entries if e["repeated"]):
+                grad = e["role"] == "grad"
+                name = f"{'d' if grad else ''}{group}[{r}].{e['name'][1:] if grad else e['name']}"
+                out.append(dict(e, name=name))
+        return out
+
+    return dict(d, inputs=slots(d["inputs"]), results=slots(d["results"]))
+
+
+def _with_repeats(op, repeats):
+    """The call's op for `repeats` repetitions (the index alone where the
+    description has no repeated group)."""
+    index = _base(op)
+    return (index, repeats) if _repeat_attr(_lib.DESCRIPTIONS[index]) >= 0 else index
+
+
+def _repeats_of(op):
+    return op[1] if isinstance(op, tuple) else 1
+
+
 def _desc(op):
-    return _lib.DESCRIPTIONS[op]
+    return _expanded(*op) if isinstance(op, tuple) else _lib.DESCRIPTIONS[op]
 
 
 def _find(name):
@@ -103,6 +150,21 @@ def _choice(name, value, choices):
     raise ArgumentError(f"{name}: expected {choices[0]} or {choices[1]}, got {_show(value)}")
 
 
+def _choice_list(choices):
+    """The op layer's list of names (fx_op_choice_list): "a, b or c"."""
+    return choices[0] if len(choices) == 1 else ", ".join(choices[:-1]) + " or " + choices[-1]
+
+
+def _enum(name, value, choices):
+    """An enum option (an activation): one of its names, as a string, or
+    None for its first ("none"); its index."""
+    if value is None:
+        return 0.0
+    if isinstance(value, str) and value in choices:
+        return float(choices.index(value))
+    raise ArgumentError(f"{name}: expected {_choice_list(choices)}, got {_show(value)}")
+
+
 def _number(name, value, expected):
     """A concrete real scalar as a float (the op layer checks its range);
     None where value is not a scalar at all."""
@@ -152,6 +214,31 @@ def _broadcast(d, inputs, i, value):
     return jnp.broadcast_to(value.astype(first.dtype), shape)
 
 
+def _flatten_group(name, d, args):
+    """`args` with the repeated group's argument (``layers``: a sequence of
+    tuples of the group's tensors) written out by slot, and the number of
+    repetitions (1 without a group)."""
+    a = _repeat_attr(d)
+    if a < 0:
+        return args, 1
+    group = d["attrs"][a]["name"]
+    entries = [e["name"] for e in d["inputs"] if e["repeated"]]
+    expected = f"a non-empty sequence of ({', '.join(entries)}), one per layer"
+    value = args.get(group)
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or not hasattr(value, "__iter__"):
+        raise ArgumentError(f"{group}: expected {expected}, got {_show(value)}")
+    value = list(value)
+    if not value:
+        raise ArgumentError(f"{group}: expected {expected}, got none")
+    out = {k: v for k, v in args.items() if k != group}
+    for r, item in enumerate(value):
+        if isinstance(item, dict) or not hasattr(item, "__len__") or len(item) != len(entries):
+            raise ArgumentError(f"{group}[{r}]: expected a tuple ({', '.join(entries)}), got {_show(item)}")
+        for e, t in zip(entries, item):
+            out[f"{group}[{r}].{e}"] = t
+    return out, len(value)
+
+
 class _Call(NamedTuple):
     """What is fixed at trace time: the description and its attributes
     (one number each, in its order; presence ones as the tensors say)."""
@@ -164,6 +251,8 @@ def _prepare(name, args, options):
     the description's, None where absent) from the public function's
     positional tensors and options."""
     op = _find(name)
+    args, repeats = _flatten_group(name, _desc(op), args)
+    op = _with_repeats(op, repeats)
     d = _desc(op)
     positional = [s["name"] for s in d["inputs"] if s["role"] in ("arg", "state")]
     if list(args) != positional:
@@ -173,6 +262,8 @@ def _prepare(name, args, options):
         i = _index_of(d["inputs"], k)
         inputs[i] = _tensor(k, v, f"an array {d['inputs'][i]['layout']}")
     attrs = [float(a["default"]) for a in d["attrs"]]
+    if _repeat_attr(d) >= 0:
+        attrs[_repeat_attr(d)] = float(repeats)
     known = [o for o in d["options"] if o != "save_for_backward"]
     unknown = [k for k in options if k not in known]
     if unknown:
@@ -191,6 +282,9 @@ def _prepare(name, args, options):
                 continue
             if i < 0:
                 raise ArgumentError(f"{key}: expected {expected}, got {_show(value)}")
+        elif a >= 0 and d["attrs"][a]["kind"] == "enum":
+            attrs[a] = _enum(key, value, d["attrs"][a]["choices"])
+            continue
         elif a >= 0:
             choices = d["attrs"][a]["choices"]
             attrs[a] = _choice(key, value, choices) if choices else _flag(key, value)
@@ -225,7 +319,8 @@ def _specs(op, attrs, inputs):
     """The op layer's check of the call: each result's (dtype, shape), None
     where absent; ArgumentError with its message for bad input."""
     d = _desc(op)
-    return _lib.check(op, [None if t is None else (t.dtype, t.shape) for t in inputs], _presence(d, attrs, inputs))
+    return _lib.check(_base(op), [None if t is None else (t.dtype, t.shape) for t in inputs],
+                      _presence(d, attrs, inputs), desc=d)
 
 
 def _run(op, attrs, inputs):
@@ -236,11 +331,13 @@ def _run(op, attrs, inputs):
     specs = _specs(op, attrs, inputs)
     given = [i for i, t in enumerate(inputs) if t is not None]
     made = [r for r, s in enumerate(specs) if s is not None]
-    values = {a["name"]: np.int64(v) if a["kind"] == "flag" else np.float64(v) for a, v in zip(d["attrs"], attrs)}
-    # A step's state is updated in place where the caller donates it.
-    state_in = [k for k, i in enumerate(given) if d["inputs"][i]["role"] == "state"]
-    state_out = [k for k, r in enumerate(made) if d["results"][r]["role"] == "state"]
-    aliases = {state_in[0]: state_out[0]} if state_in and state_out else None
+    values = {a["name"]: np.int64(v) if a["kind"] in ("flag", "enum") else np.float64(v) for a, v in zip(d["attrs"], attrs)}
+    # A step's states are updated in place where the caller donates them:
+    # state S (the operand) into "new_" + S (the result).
+    state_in = {d["inputs"][i]["name"]: k for k, i in enumerate(given) if d["inputs"][i]["role"] == "state"}
+    aliases = {state_in[d["results"][r]["name"][len("new_"):]]: k for k, r in enumerate(made)
+               if d["results"][r]["role"] == "state" and d["results"][r]["name"][len("new_"):] in state_in}
+    aliases = aliases or None
     fn = jax.ffi.ffi_call(d["target"], tuple(jax.ShapeDtypeStruct(specs[r][1], specs[r][0]) for r in made),
                           vmap_method="sequential", input_output_aliases=aliases)
     outs = iter(fn(*(inputs[i] for i in given), **values))
@@ -279,7 +376,7 @@ def _attrs_from(op, source_op, source_attrs):
     attrs = []
     for a in d["attrs"]:
         k = _index_of(s["attrs"], a["name"])
-        attrs.append(source_attrs[k] if k >= 0 and a["role"] == "option" else float(a["default"]))
+        attrs.append(source_attrs[k] if k >= 0 and a["role"] in ("option", "repeat") else float(a["default"]))
     return tuple(attrs)
 
 
@@ -288,7 +385,7 @@ def _backward(fwd_op, inputs, saved, cotangents, source_op, source_attrs):
     by name, `saved` results by name, `cotangents` by result name; absent
     where None), its gradients by forward input name."""
     fwd = _desc(fwd_op)
-    bwd_op = _find(fwd["backward"])
+    bwd_op = _with_repeats(_find(fwd["backward"]), _repeats_of(fwd_op))
     bwd = _desc(bwd_op)
     operands = []
     for spec in bwd["inputs"]:
@@ -355,6 +452,19 @@ def _framing(fwd_layout, step_layout):
     return axis if axis >= 0 and _seq_axis(step_layout) < 0 else -1
 
 
+def _forward_state_names(step, fwd):
+    """A step's state input and result ("state", "new_state") as its
+    forward's input and result: h0 and state, or where the forward has no
+    h0, its optional input and its output of the state's layout (the
+    convolution's initial_state and final_state)."""
+    if _index_of(fwd["inputs"], "h0") >= 0:
+        return {"state": "h0", "new_state": "state"}
+    layout = next(s["layout"] for s in step["inputs"] if s["role"] == "state")
+    initial = next(s["name"] for s in fwd["inputs"] if s["role"] == "option" and s["layout"] == layout)
+    final = next(r["name"] for r in fwd["results"] if r["role"] == "output" and r["layout"] == layout)
+    return {"state": initial, "new_state": final}
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _step(call, inputs):
     return _public(call.op, _run(call.op, call.attrs, inputs))
@@ -376,11 +486,11 @@ def _step_bwd(call, residuals, cotangent):
     layouts = {s["name"]: s["layout"] for s in fwd["inputs"] + fwd["results"]}
 
     # The step's tensors under the forward's names: its state is h0 (in),
-    # the final state (out).
+    # the final state (out), or what the forward calls them.
+    state_names = _forward_state_names(step, fwd)
+
     def forward_name(spec):
-        if spec["role"] != "state":
-            return spec["name"]
-        return {"state": "h0", "new_state": "state"}[spec["name"]]
+        return state_names[spec["name"]] if spec["role"] == "state" else spec["name"]
 
     def framing(spec):
         return _framing(layouts.get(forward_name(spec), spec["layout"]), spec["layout"])

@@ -855,7 +855,9 @@ static void layer_make(fx_device *dev, const fx_op_desc *d, int k, layer_run *r)
     fx_op_call_init(&f->cpu, d, fx_test_oracle());
     for (int a = 0; a < d->nattrs; a++) {
         const fx_op_attr *at = &d->attrs[a];
-        double v = at->kind == FX_ATTR_FLAG ? 1 : at->dflt;
+        /* Every flag on (all inputs given, every option taken), except
+         * TF32's: its products are not f32's, as the CPU's are. */
+        double v = at->kind == FX_ATTR_FLAG && strcmp(at->name, "allow_tf32") ? 1 : at->dflt;
         if (at->kind == FX_ATTR_ENUM) {
             int gelu = fx_op_choice_index(at, "gelu");
             v = k ? 0 : gelu >= 0 ? gelu : fx_op_choice_count(at) - 1;

@@ -315,6 +315,19 @@ START_TEST(gemm_batches_alpha_beta_and_empty_k)
             g.aux = variant != 0;
             check_gemm_case(&g, false);
         }
+    /* batches of rows 130 wide through the epilogue kernel (silu, tanh:
+     * no cuBLASLt epilogue), with and without the pre-activation kept */
+    for (int variant = 0; variant < 4; variant++) {
+        gemm_case g = gemm_plain(6, 130, 17);
+        g.ab = g.c = g.bias_type = types[variant % 2];
+        g.batch = 3;
+        g.pad = variant >= 2 ? 2 : 0;
+        g.beta = variant == 3 ? 0.5f : 0.0f;
+        g.bias = variant != 1;
+        g.act = variant % 2 ? FX_ACT_TANH : FX_ACT_SILU;
+        g.aux = variant >= 1;
+        check_gemm_case(&g, false);
+    }
     /* k = 0: alpha·AB is nothing, C = act(beta C + bias) */
     for (int beta = 0; beta < 2; beta++) {
         gemm_case g = gemm_plain(5, 7, 0);
@@ -608,8 +621,10 @@ static lin_case lin_of(int64_t rows, int64_t in, int64_t out, fx_dtype type, int
 
 START_TEST(layer_matches_reference)
 {
-    /* rows, in, out: K 1 and 1000, single rows and columns, odd sizes */
-    const int64_t shapes[][3] = {{7, 1, 16}, {37, 1000, 9}, {1, 37, 65}, {5, 16, 1}, {16, 64, 48}, {1, 256, 40}};
+    /* rows, in, out: K 1 and 1000, single rows and columns, odd sizes;
+     * rows of 128 columns and more (CUDA's epilogue a row a block) */
+    const int64_t shapes[][3] = {{7, 1, 16}, {37, 1000, 9}, {1, 37, 65}, {5, 16, 1}, {16, 64, 48}, {1, 256, 40},
+                                 {5, 24, 200}, {3, 7, 129}};
     int count = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int act = 0; act < FX_ACT_COUNT; act++) {

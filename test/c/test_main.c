@@ -36,6 +36,7 @@ int main(void)
     srunner_add_suite(sr, fx_suite_norm());
     srunner_add_suite(sr, fx_suite_conv());
     srunner_add_suite(sr, fx_suite_replay());
+    srunner_add_suite(sr, fx_suite_model());
     srunner_add_suite(sr, fx_suite_fast());
     if (dev->kind == FX_DEVICE_CUDA)
         srunner_set_fork_status(sr, CK_NOFORK);

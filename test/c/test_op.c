@@ -21,9 +21,11 @@
 
 /* The sizes the layouts' names stand for: a sequence long enough for the
  * selective scan to save states (seqlen 37: two chunks after the first),
- * a convolution of width 4, a linear layer 6 -> 5, "..." two axes. */
+ * a convolution of width 4, a linear layer 6 -> 5, one RNN layer of input
+ * 3, "..." two axes. */
 static const fx_test_size size_names[] = {{"batch", 2}, {"seqlen", 37}, {"dim", 8},      {"dstate", 4}, {"hidden", 5},
-                                          {"width", 4}, {"width - 1", 3}, {"in", 6}, {"out", 5}};
+                                          {"width", 4}, {"width - 1", 3}, {"in", 6}, {"out", 5},
+                                          {"input", 3}, {"layers", 1}};
 static const int64_t leading[] = {3, 7};
 static const fx_test_sizes sizes = {size_names, (int)(sizeof size_names / sizeof size_names[0]), leading, 2};
 
@@ -155,7 +157,7 @@ static void run_on_exact_scratch(fx_op_call *c, fx_tensor outs[FX_OP_MAX_IO])
             fx_test_poisoned(dev, specs[r].dtype, specs[r].rank, specs[r].dims, &outs[r]);
             c->out[r] = &outs[r];
         } else if (specs[r].present) {
-            c->out[r] = c->in[fx_op_input_index(c->op, "state")];
+            c->out[r] = c->in[fx_op_state_input(c->op, r)];
         }
     fx_exec ex;
     ck_assert_int_eq(dev->backend->exec_default(dev->ordinal, &ex, &st), FX_OK);
@@ -309,7 +311,8 @@ START_TEST(the_registry_is_consistent)
         "linear_scan_step",   "mingru_fwd",         "mingru_bwd",          "mingru_step",     "minlstm_fwd",
         "minlstm_bwd",        "minlstm_step",       "liquid_fwd",          "liquid_bwd",      "liquid_step",
         "causal_conv1d_fwd",  "causal_conv1d_bwd",  "causal_conv1d_step",  "rms_norm_fwd",    "rms_norm_bwd",
-        "layer_norm_fwd",     "layer_norm_bwd",     "linear_fwd",          "linear_bwd"};
+        "layer_norm_fwd",     "layer_norm_bwd",     "gru_fwd",             "gru_bwd",         "gru_step",
+        "lstm_fwd",           "lstm_bwd",           "lstm_step",           "linear_fwd",      "linear_bwd"};
     const int count = (int)(sizeof names / sizeof names[0]);
     ck_assert_int_eq(fx_op_count(), count);
     ck_assert_int_eq(fx_op_xla_count(), count - 2);
@@ -415,16 +418,16 @@ START_TEST(the_json)
         "\"choices\": null, \"positive\": false}], "
         "\"inputs\": ["
         "{\"name\": \"a\", \"layout\": \"[batch, seqlen, hidden]\", \"role\": \"arg\", \"presence\": \"always\", "
-        "\"flag\": null, \"kept\": false}, "
+        "\"flag\": null, \"kept\": false, \"repeated\": false}, "
         "{\"name\": \"b\", \"layout\": \"[batch, seqlen, hidden]\", \"role\": \"arg\", \"presence\": \"always\", "
-        "\"flag\": null, \"kept\": false}, "
+        "\"flag\": null, \"kept\": false, \"repeated\": false}, "
         "{\"name\": \"h0\", \"layout\": \"[batch, hidden]\", \"role\": \"option\", \"presence\": \"flag\", "
-        "\"flag\": \"has_h0\", \"kept\": false}], "
+        "\"flag\": \"has_h0\", \"kept\": false, \"repeated\": false}], "
         "\"results\": ["
         "{\"name\": \"h\", \"layout\": \"[batch, seqlen, hidden]\", \"role\": \"output\", \"presence\": \"always\", "
-        "\"flag\": null, \"kept\": true}, "
+        "\"flag\": null, \"kept\": true, \"repeated\": false}, "
         "{\"name\": \"state\", \"layout\": \"[batch, hidden]\", \"role\": \"output\", \"presence\": \"flag\", "
-        "\"flag\": \"return_state\", \"kept\": false}], "
+        "\"flag\": \"return_state\", \"kept\": false, \"repeated\": false}], "
         "\"options\": [\"h0\", \"return_state\", \"reverse\", \"save_for_backward\"], "
         "\"backward\": \"linear_scan_bwd\", \"saved_by\": \"fusex:linear_scan\"}";
     char out[4096];

@@ -198,7 +198,13 @@ int fx_test_layout(const char *layout, const fx_test_sizes *s, int64_t dims[FX_M
             continue;
         }
         ck_assert_msg(rank < FX_MAX_RANK, "layout %s: more than %d axes", layout, FX_MAX_RANK);
-        dims[rank++] = size_named(s, start, len);
+        /* "3*hidden": a multiple of a size */
+        char *times;
+        long long factor = strtoll(start, &times, 10);
+        if (times > start && *times == '*')
+            dims[rank++] = factor * size_named(s, times + 1, len - (size_t)(times + 1 - start));
+        else
+            dims[rank++] = size_named(s, start, len);
     }
     return rank;
 }

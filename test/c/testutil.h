@@ -88,6 +88,7 @@ Suite *fx_suite_linear(void);
 Suite *fx_suite_norm(void);
 Suite *fx_suite_conv(void);
 Suite *fx_suite_replay(void);
+Suite *fx_suite_model(void);
 Suite *fx_suite_fast(void);
 
 #endif

@@ -10,19 +10,36 @@ defmodule FusexDefnTest do
 
   import Fusex.NxHelpers
 
+  # The ops that are XLA targets: those with no target (the linear
+  # layers: inside a compiled program XLA's own products are the right
+  # ones) are eager only (Fusex.linear/3).
+  defp targets, do: for(d <- :fusex.op_list(), Map.has_key?(d, :target), do: d)
+
   test "every described op has its Fusex.Defn functions, and every family its test file" do
     Code.ensure_loaded!(Fusex.Defn)
 
-    for d <- :fusex.op_list(), d.dir != :bwd do
+    for d <- targets(), d.dir != :bwd do
       name = if d.dir == :step, do: :"#{d.op}_step", else: d.op
-      positional = Enum.count(d.inputs, &(&1.role in [:arg, :state]))
+      # a repeated group (an RNN's layers) is one argument, and so are a
+      # step's states where it has several (the LSTM's {h, c})
+      fixed = Enum.reject(d.inputs, &Map.get(&1, :repeated, false))
+      states = Enum.count(fixed, &(&1.role == :state))
+      group = if Enum.any?(d.inputs, &Map.get(&1, :repeated, false)), do: 1, else: 0
+      positional = Enum.count(fixed, &(&1.role == :arg)) + min(states, 1) + group
       assert function_exported?(Fusex.Defn, name, positional + 2), "Fusex.Defn.#{name}/#{positional + 2} missing"
     end
 
     here = Path.dirname(__ENV__.file)
 
-    for family <- :fusex.op_list() |> Enum.map(& &1.family) |> Enum.uniq() do
+    for family <- targets() |> Enum.map(& &1.family) |> Enum.uniq() do
       assert File.exists?(Path.join(here, "fusex_defn_#{family}_test.exs")), "no test file for the #{family} family"
+    end
+
+    # and an op without a target has no Fusex.Defn function, but its eager one
+    for d <- :fusex.op_list(), not Map.has_key?(d, :target), d.dir == :fwd do
+      positional = Enum.count(d.inputs, &(&1.role in [:arg, :state]))
+      refute function_exported?(Fusex.Defn, d.op, positional + 2), "Fusex.Defn.#{d.op} is no XLA target"
+      assert function_exported?(Fusex, d.op, positional + 1), "Fusex.#{d.op}/#{positional + 1} missing"
     end
   end
 

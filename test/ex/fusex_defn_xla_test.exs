@@ -28,7 +28,9 @@ defmodule FusexDefnXlaTest do
   end
 
   test "every described op's target name, and attributes as MLIR" do
-    descs = :fusex.op_list()
+    # (the linear layers are no XLA targets: their descriptions have none)
+    {descs, untargeted} = Enum.split_with(:fusex.op_list(), &Map.has_key?(&1, :target))
+    assert Enum.map(untargeted, & &1.op) |> Enum.uniq() == [:linear]
     names = for d <- descs, do: Block.target_name(%Block{op: d.op, direction: d.dir})
 
     assert names == Enum.map(descs, & &1.target)
@@ -49,6 +51,24 @@ defmodule FusexDefnXlaTest do
     [{"dt", text}] = Block.mlir_attributes(%Block{op: :liquid, direction: :step, attrs: [dt: 0.1 + 0.2]})
     [number, " f64"] = String.split(text, ":")
     assert String.to_float(String.trim(number)) == 0.1 + 0.2
+  end
+
+  test "the layers' blocks: an enum attribute as its index (i64); an op with no target is never lowered" do
+    XLA.__put_registration__(:ok)
+    f32 = {:f, 32}
+
+    conv = %Block{op: :causal_conv1d, direction: :fwd, attrs: [activation: 1, has_bias: 0, has_initial_state: 0, return_state: 0]}
+    assert {:ok, "fusex_causal_conv1d_fwd", attrs} = XLA.lowering(conv, [t(f32, {2, 5, 3}), t(f32, {3, 4})], :host)
+    assert attrs == [{"activation", "1 : i64"}, {"has_bias", "0 : i64"}, {"has_initial_state", "0 : i64"}, {"return_state", "0 : i64"}]
+
+    norm = %Block{op: :rms_norm, direction: :fwd,
+                  attrs: [eps: 1.0e-5, residual_in_f32: 0, has_bias: 0, has_residual: 0, has_gate: 0, save: 0]}
+    assert {:ok, "fusex_rms_norm_fwd", _} = XLA.lowering(norm, [t(f32, {4, 8}), t(f32, {8})], :host)
+    # the op layer's check refuses an activation out of range: the block is no target then
+    assert XLA.lowering(%{conv | attrs: Keyword.put(conv.attrs, :activation, 2)}, [t(f32, {2, 5, 3}), t(f32, {3, 4})], :host) == :skip
+
+    linear = %Block{op: :linear, direction: :fwd, attrs: [activation: 0, allow_tf32: 0, has_bias: 0, save: 0]}
+    assert XLA.lowering(linear, [t(f32, {4, 8}), t(f32, {3, 8})], :host) == :skip
   end
 
   test "with the targets registered: host runs f32, 16-bit and f64 blocks as targets" do

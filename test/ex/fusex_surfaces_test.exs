@@ -43,7 +43,16 @@ defmodule FusexSurfacesTest do
      [x: {:f32, {2, 5, 4}}, dt: {:f32, {2, 5, 4}}, a: {:f32, {4, 3}}, b: {:f32, {2, 5, 3}}, c: {:f32, {2, 5, 3}}], [],
      [return_state: 0]},
     {:liquid_step, [state: {:f32, {2, 4}}, f_logits: {:f32, {2, 4}}, tau: {:f32, {4}}, a: {:f32, {4}}],
-     [dt: {:f16, {2, 1}}], []}
+     [dt: {:f16, {2, 1}}], []},
+    # the causal convolution and the norms
+    {:causal_conv1d, [x: {:f32, {2, 3, 4}}, w: {:f32, {5, 3}}], [], []},
+    {:causal_conv1d, [x: {:f32, {2, 3, 4}}, w: {:f32, {4, 3}}], [initial_state: {:f16, {2, 4, 2}}], []},
+    {:causal_conv1d, [x: {:f32, {2, 3, 4}}, w: {:f32, {4, 3}}], [bias: {:f32, {3}}], [return_state: 0]},
+    {:causal_conv1d_step, [state: {:f32, {2, 4}}, x: {:f32, {2, 4}}, w: {:f32, {4, 3}}], [], []},
+    {:rms_norm, [x: {:f32, {2, 8}}, weight: {:f32, {7}}], [], []},
+    {:rms_norm, [x: {:bf16, {2, 8}}, weight: {:f32, {8}}], [residual: {:f16, {2, 8}}], []},
+    {:layer_norm, [x: {:f32, {2, 8}}, weight: {:f32, {8}}, bias: {:f32, {8}}], [gate: {:f16, {2, 8}}], []},
+    {:layer_norm, [x: {:f32, {2, 8}}, weight: {:f32, {8}}, bias: {:f32, {8}}], [], [eps: -1]}
   ]
 
   @types %{f32: {:f, 32}, f64: {:f, 64}, bf16: {:bf, 16}, f16: {:f, 16}, s32: {:s, 32}}

@@ -278,14 +278,31 @@ NUMBER_REFUSES = [0, -1.0, np.float32(-1), np.int32(0), np.array(-0.5), jnp.asar
 
 def option_kinds(desc):
     """The scalar options of a description: {option: "flag" | "choice" |
-    "number"}."""
+    "enum" | "number"}."""
     kinds = {}
     for a in desc["attrs"]:
         if a["role"] != "option" or (a["option"] or a["name"]) not in desc["options"]:
             continue
-        kinds[a["option"] or a["name"]] = "number" if a["kind"] == "number" else ("choice" if a["choices"] else
-                                                                                   "flag")
+        kind = a["kind"] if a["kind"] in ("number", "enum") else ("choice" if a["choices"] else "flag")
+        kinds[a["option"] or a["name"]] = kind
     return kinds
+
+
+# An enum (an activation) takes its names and None (its first); it
+# refuses anything else, in the op layer's list of names.
+def choice_list(choices):
+    return ", ".join(choices[:-1]) + " or " + choices[-1]
+
+
+ENUM_REFUSES = [1, 0, True, b"silu", np.int64(0), 0.0]
+
+# A number that need not be positive (a norm's eps) takes zero too; the
+# real values its range refuses are the family's to name (the op layer's
+# own words, `range_refuses` of scalar_options_case), the rest it refuses
+# as not a number.
+NONNEGATIVE_TAKES = [0, 0.0, np.int32(0), jnp.asarray(0.0, F32)]
+NOT_A_NUMBER = [10**400, True, np.True_, np.array(False), 1j, np.complex128(1), np.array(1 + 0j), "1.0", b"1", None,
+                [1.0], np.array([0.5])]
 
 
 def describe(name):
@@ -297,11 +314,13 @@ def shown(value):
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def scalar_options_case(desc_name, call):
+def scalar_options_case(desc_name, call, range_refuses=None):
     """Every scalar option of description `desc_name` given every kind of
     scalar: what it takes computes as the Python value it stands for
     (`call(**{option: value})` returns the public function's results),
-    what it refuses raises ArgumentError naming the option."""
+    what it refuses raises ArgumentError naming the option. A number that
+    need not be positive refuses the values `range_refuses[option]` lists
+    ([(value, message)]) besides every kind that is no number."""
     @case(f"scalar options of {desc_name}: every kind of scalar, taken as its value or refused")
     def run():
         desc = describe(desc_name)
@@ -318,12 +337,23 @@ def scalar_options_case(desc_name, call):
                 takes = [(c, c) for c in choices] + [(np.str_(choices[1]), choices[1])]
                 refuses = [(v, f"{option}: expected {choices[0]} or {choices[1]}, got {shown(v)}")
                            for v in [choices[1].upper(), 1, True, None, b"g", [choices[0]]]]
+            elif kind == "enum":
+                choices = next(a["choices"] for a in desc["attrs"] if (a["option"] or a["name"]) == option)
+                takes = [(c, c) for c in choices] + [(None, choices[0]), (np.str_(choices[-1]), choices[-1])]
+                refuses = [(v, f"{option}: expected {choice_list(choices)}, got {shown(v)}")
+                           for v in ENUM_REFUSES + [choices[-1].upper(), choices[-1] + " ", [choices[0]]]]
             else:
-                takes = [(v, float(np.asarray(v, np.float64)) if not isinstance(v, int) else float(v))
-                         for v in NUMBER_TAKES]
+                positive = next(a["positive"] for a in desc["attrs"] if (a["option"] or a["name"]) == option)
+                values = NUMBER_TAKES + ([] if positive else NONNEGATIVE_TAKES)
+                takes = [(v, float(np.asarray(v, np.float64)) if not isinstance(v, int) else float(v)) for v in values]
                 layout = next((s["layout"] for s in desc["inputs"] if s["name"] == option), None)
-                expected = "a positive number" + (f" or a tensor ({layout})" if layout else "")
-                refuses = [(v, f"{option}: expected {expected}, got {refused_text(v)}") for v in NUMBER_REFUSES]
+                expected = ("a positive number" if positive else "a number") + (f" or a tensor ({layout})" if layout
+                                                                                 else "")
+                if positive:
+                    refuses = [(v, f"{option}: expected {expected}, got {refused_text(v)}") for v in NUMBER_REFUSES]
+                else:
+                    refuses = [(v, f"{option}: expected {expected}, got {refused_text(v)}") for v in NOT_A_NUMBER]
+                    refuses += (range_refuses or {}).get(option, [])
             for value, meaning in takes:
                 got, want = call(**{option: value}), call(**{option: meaning})
                 for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):

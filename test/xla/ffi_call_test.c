@@ -46,7 +46,7 @@
 static int failures, checks;
 static uint64_t rng_state;
 
-#define MAX_BUF 16
+#define MAX_BUF 64
 #define MAX_ATTR 12
 
 static void fail(const char *fmt, ...)
@@ -733,6 +733,183 @@ static void causal_conv1d(int64_t B, int64_t L, int64_t D, int64_t W, fx_dtype t
     run(&s);
 }
 
+/* ---- the GRU and the LSTM: a repeated group (the layers) by slot ---- */
+
+static const char *const rnn_params[4] = {"w_ih", "w_hh", "b_ih", "b_hh"};
+static const char *const rnn_grads[4] = {"dw_ih", "dw_hh", "db_ih", "db_hh"};
+
+static void layers_attr(call *c, int64_t layers)
+{
+    c->attrs[c->nattrs++] = (attr){.name = "layers", .type = 'd', .f64 = (double)layers};
+}
+
+/* Layer l's parameters as operands (names from `names`: a slot's,
+ * "layers[1].w_hh", is the message's, not the call's). */
+static void rnn_layer_args(call *c, int lstm, int64_t l, int64_t I, int64_t H, fx_dtype t)
+{
+    const int64_t G = (lstm ? 4 : 3) * H, in = l == 0 ? I : H;
+    arg(c, rnn_params[0], 'n', t, DIMS(G, in));
+    arg(c, rnn_params[1], 'n', t, DIMS(G, H));
+    arg(c, rnn_params[2], 'n', t, DIMS(G));
+    arg(c, rnn_params[3], 'n', t, DIMS(G));
+    for (int k = 0; k < 4; k++) { /* PyTorch's scale, 1/sqrt(hidden) */
+        buffer *b = &c->args[c->nargs - 4 + k];
+        for (int64_t i = 0; i < b->numel; i++)
+            store(b, i, load(b, i) / sqrt((double)H));
+    }
+}
+
+/* A stacked GRU or LSTM through the generic handlers: the training
+ * forward (h0, c0, return_state, save), its backward on what it saved
+ * (every gradient, dh_n and dc_n given), and a chain of steps from h0
+ * (c0) whose outputs are the forward's y frame by frame and whose final
+ * states are its h_n (c_n). */
+static void rnn(int lstm, int64_t B, int64_t L, int64_t I, int64_t H, int64_t NL, fx_dtype t)
+{
+    const char *cell = lstm ? "lstm" : "gru";
+    char target[64];
+    const int nstates = lstm ? 2 : 1;
+    const int64_t W = (lstm ? 6 : 5) * H;
+    snprintf(target, sizeof target, "fusex_%s_fwd", cell);
+    call f = {.target = target};
+    arg(&f, "x", 'n', t, DIMS(B, L, I));
+    arg(&f, "h0", 'n', FX_F32, DIMS(NL, B, H));
+    if (lstm)
+        arg(&f, "c0", 'n', FX_F32, DIMS(NL, B, H));
+    for (int64_t l = 0; l < NL; l++)
+        rnn_layer_args(&f, lstm, l, I, H, t);
+    ret(&f, "y", t, DIMS(B, L, H), (int)H);
+    ret(&f, "h_n", FX_F32, DIMS(NL, B, H), (int)H);
+    if (lstm)
+        ret(&f, "c_n", FX_F32, DIMS(NL, B, H), (int)H);
+    ret(&f, "saved", FX_F32, DIMS(NL, B, L, W), (int)H);
+    layers_attr(&f, NL);
+    flag(&f, "has_h0", 1);
+    if (lstm)
+        flag(&f, "has_c0", 1);
+    flag(&f, "return_state", 1);
+    flag(&f, "save", 1);
+    if (run_host(&f) != 0) {
+        free_call(&f);
+        return;
+    }
+    const int first = 1 + nstates; /* the layers' first slot */
+
+    char bwd_target[64];
+    snprintf(bwd_target, sizeof bwd_target, "fusex_%s_bwd", cell);
+    call bw = {.target = bwd_target};
+    for (int i = 0; i < first; i++)
+        like(bw.args, &bw.nargs, f.args[i].name, &f.args[i]);
+    like(bw.args, &bw.nargs, "saved", &f.rets[f.nrets - 1]);
+    arg(&bw, "dy", 'n', t, DIMS(B, L, H));
+    arg(&bw, "dh_n", 'n', FX_F32, DIMS(NL, B, H));
+    if (lstm)
+        arg(&bw, "dc_n", 'n', FX_F32, DIMS(NL, B, H));
+    for (int i = first; i < f.nargs; i++)
+        like(bw.args, &bw.nargs, f.args[i].name, &f.args[i]);
+    static const char *const state_grads[] = {"dx", "dh0", "dc0"};
+    for (int i = 0; i < first; i++)
+        like(bw.rets, &bw.nrets, state_grads[i], &f.args[i])->terms = (int)(L * H);
+    for (int i = first; i < f.nargs; i++) /* summed over batch and time */
+        like(bw.rets, &bw.nrets, rnn_grads[(i - first) % 4], &f.args[i])->terms = (int)(B * L);
+    layers_attr(&bw, NL);
+    flag(&bw, "has_h0", 1);
+    flag(&bw, "has_dh_n", 1);
+    if (lstm) {
+        flag(&bw, "has_c0", 1);
+        flag(&bw, "has_dc_n", 1);
+    }
+    run(&bw);
+
+    /* the steps, each from the last one's states */
+    char step_target[64];
+    snprintf(step_target, sizeof step_target, "fusex_%s_step", cell);
+    buffer want_y = f.rets[0];
+    double worst = 0;
+    buffer states[2];
+    for (int k = 0; k < nstates; k++)
+        states[k] = f.args[1 + k];
+    for (int64_t step = 0; step < L; step++) {
+        call s = {.target = step_target};
+        for (int k = 0; k < nstates; k++)
+            like(s.args, &s.nargs, k ? "c" : "h", &states[k]);
+        buffer *xt = arg(&s, "x", 'n', t, DIMS(B, I));
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < I; i++)
+                store(xt, b * I + i, load(&f.args[0], (b * L + step) * I + i));
+        for (int i = first; i < f.nargs; i++)
+            like(s.args, &s.nargs, f.args[i].name, &f.args[i]);
+        ret(&s, "y", t, DIMS(B, H), (int)H);
+        ret(&s, "new_h", FX_F32, DIMS(NL, B, H), (int)H);
+        if (lstm)
+            ret(&s, "new_c", FX_F32, DIMS(NL, B, H), (int)H);
+        layers_attr(&s, NL);
+        if (run_host(&s) != 0) {
+            free_call(&s);
+            break;
+        }
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++) {
+                double g = load(&s.rets[0], b * H + h), w = load(&want_y, (b * L + step) * H + h);
+                worst = fmax(worst, fabs(g - w) / fmax(1.0, fabs(w)));
+            }
+        if (step > 0)
+            for (int k = 0; k < nstates; k++)
+                free(states[k].host);
+        for (int k = 0; k < nstates; k++) { /* keep the new states, free the rest */
+            states[k] = s.rets[1 + k];
+            s.rets[1 + k].host = malloc(1);
+        }
+        free_call(&s);
+    }
+    checks++;
+    const double tol = t == FX_F32 ? 1e-5 : 1e-2;
+    if (!(worst <= tol))
+        fail("%s: the steps' y differs from the forward's by %g (tolerance %g)", step_target, worst, tol);
+    for (int k = 0; k < nstates && states[k].host != f.args[1 + k].host; k++) {
+        checks++;
+        double diff = 0, ref = 0;
+        for (int64_t i = 0; i < states[k].numel; i++) {
+            double g = load(&states[k], i), w = load(&f.rets[1 + k], i);
+            diff += (g - w) * (g - w);
+            ref += w * w;
+        }
+        if (!(sqrt(diff) <= 1e-5 * sqrt(ref)))
+            fail("%s: the steps' final %s differs from the forward's by %g", step_target, k ? "c" : "h",
+                 sqrt(diff / ref));
+        free(states[k].host);
+    }
+#ifdef FX_XLA_TEST_CUDA
+    run_cuda_against_host(&f);
+#endif
+    free_call(&f);
+}
+
+/* A layer's parameter of the wrong shape, named by its slot; too many
+ * layers for the slots. */
+static void rnn_errors(void)
+{
+    call c = {.target = "fusex_gru_fwd"};
+    arg(&c, "x", 'n', FX_F32, DIMS(2, 3, 5));
+    rnn_layer_args(&c, 0, 0, 5, 4, FX_F32);
+    rnn_layer_args(&c, 0, 1, 5, 5, FX_F32); /* hidden 5 above a layer of 4 */
+    ret(&c, "y", FX_F32, DIMS(2, 3, 4), 1);
+    layers_attr(&c, 2);
+    flag(&c, "has_h0", 0);
+    flag(&c, "return_state", 0);
+    flag(&c, "save", 0);
+    expect_error(&c, "host", XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                 "fusex_gru_fwd: layers[1].w_ih: expected shape {12,4} ([3*hidden, hidden]), got {15,5}");
+    c.attrs[0].f64 = 1; /* one layer: four operands too many */
+    expect_error(&c, "host", XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                 "fusex_gru_fwd: operands: expected 5 (x, layers[0].w_ih, layers[0].w_hh, layers[0].b_ih, "
+                 "layers[0].b_hh), got 9");
+    c.attrs[0].f64 = 15;
+    expect_error(&c, "host", XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                 "fusex_gru_fwd: layers: expected an integer from 1 to 14, got 15");
+    free_call(&c);
+}
+
 /* rms_norm's or layer_norm's training forward with a bias, a residual
  * (of type `rt`; s in f32 when residual_in_f32) and a gate, and its
  * backward on what that forward returned (s, the statistics), dy and ds. */
@@ -1168,10 +1345,11 @@ static void check_entry_agrees(call *c)
 static void check_entry(void)
 {
     checks++;
-    if (fusex_xla_op_count() != 22 || fusex_xla_op_index("fusex_mingru_fwd") != 6 ||
+    if (fusex_xla_op_count() != 28 || fusex_xla_op_index("fusex_mingru_fwd") != 6 ||
         fusex_xla_op_index("mingru_fwd") != 6 || fusex_xla_op_index("fusex_nothing") != -1 ||
-        fusex_xla_op_index("fusex_layer_norm_bwd") != 21 || fusex_xla_op_index("linear_fwd") != -1 ||
-        fusex_xla_op_describe(22) || fusex_xla_op_handler(22, 0) || fusex_xla_op_handler(0, 2) ||
+        fusex_xla_op_index("fusex_layer_norm_bwd") != 21 || fusex_xla_op_index("fusex_lstm_step") != 27 ||
+        fusex_xla_op_index("linear_fwd") != -1 || fusex_xla_op_describe(28) || fusex_xla_op_handler(28, 0) ||
+        fusex_xla_op_handler(0, 2) ||
         strncmp(fusex_xla_op_describe(0), "{\"index\": 0, \"name\": \"selective_scan_fwd\"", 40) ||
         strcmp(fusex_xla_dtypes_json(), "[\"f32\", \"f64\", \"bf16\", \"f16\", \"s32\", \"s64\", \"u8\"]"))
         fail("the ops' index, descriptions, handlers or element types");
@@ -1278,8 +1456,8 @@ static void registration(void)
         fake_registration regs[64];
         int n = fake_xla_registrations(regs, 64);
         checks++;
-        if (n != 44)
-            fail("registrations: %d, expected 44 (22 targets, two platforms)", n);
+        if (n != 56)
+            fail("registrations: %d, expected 56 (28 targets, two platforms)", n);
         for (int i = 0; i < n && i < 64; i++)
             if (regs[i].major != 0 || regs[i].minor != 2 || regs[i].traits != 0 ||
                 regs[i].execute != handler(regs[i].name, strcmp(regs[i].platform, "Host") == 0 ? "host" : "cuda"))
@@ -1329,6 +1507,12 @@ int main(void)
     causal_conv1d(2, 37, 64, 4, FX_F32);
     causal_conv1d(1, 3, 5, 7, FX_BF16); /* a sequence shorter than the state */
     causal_conv1d(2, 19, 37, 1, FX_F32); /* width 1: no state */
+    rnn_errors();
+    for (int lstm = 0; lstm < 2; lstm++) {
+        rnn(lstm, 3, 7, 5, 37, 3, FX_F32);
+        rnn(lstm, 1, 4, 3, 1, 1, FX_F32);
+        rnn(lstm, 2, 5, 4, 16, 2, FX_BF16);
+    }
     norm("rms_norm", 37, 96, FX_F32, FX_F32, 0);
     norm("rms_norm", 5, 1024, FX_BF16, FX_F32, 1);
     norm("layer_norm", 9, 65, FX_F32, FX_F32, 1);

@@ -15,7 +15,8 @@ defmodule Fusex.Defn.Block do
     * `:op` - the op (`fusex:op_list/0`'s `op`);
     * `:direction` - `:fwd`, `:bwd`, `:step`;
     * `:attrs` - `[{name, value}]`, every attribute of the description in
-      its order: flags are 0 or 1 (`i64`), numbers floats (`f64`).
+      its order: flags are 0 or 1 (`i64`), enums the index of their choice
+      (`i64`: an activation), numbers floats (`f64`).
 
   Needs no Nx: it is data.
   """

@@ -6,8 +6,9 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     #
     #   * its tensors and options parsed by the description: the optional
     #     tensors are its inputs of role option, the options its option
-    #     attributes (a flag true or false, or one of its choices; a number,
-    #     which may instead be given as the tensor of that name);
+    #     attributes (a flag true or false, or one of its choices; an enum
+    #     one of its atoms, its index in the block; a number, which may
+    #     instead be given as the tensor of that name);
     #   * the op layer's check on the cpu device (fusex:op_check/4) on the
     #     tensors' templates: the results' types and shapes, or the message
     #     a run of the op would raise, raised at trace time;
@@ -29,7 +30,7 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     # the description's order) with the optional tensors and options given:
     # its output, or a tuple of its outputs.
     def forward(op, impl, args, tensors, opts) do
-      desc = Desc.fetch!(op, :fwd)
+      {desc, args} = group!(Desc.fetch!(op, :fwd), args)
       given = parse!(desc, args, tensors, opts)
       traced = traced?(Map.values(given.tensors))
       tensors = as_operands(given.tensors, traced)
@@ -56,7 +57,7 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     @doc false
     # Op `op`'s step: {output, new_state}.
     def step(op, impl, args, tensors, opts) do
-      desc = Desc.fetch!(op, :step)
+      {desc, args} = group!(Desc.fetch!(op, :step), args)
       given = parse!(desc, args, tensors, opts)
       tensors = as_operands(given.tensors, traced?(Map.values(given.tensors)))
       attrs = attrs(desc, given.values, tensors, false)
@@ -67,6 +68,48 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     end
 
     # ---- the arguments, by the description ----
+
+    # A repeated group (an RNN's layers): its argument (a list or tuple of
+    # maps, or tuples in the group's order) written out by slot, and the
+    # description expanded to them (Desc.expand/2).
+    defp group!(desc, args) do
+      case Desc.repeat_attr(desc) do
+        nil ->
+          {Desc.expand(desc, 1), args}
+
+        attr ->
+          entries = Desc.group(desc)
+          keys = "{" <> Enum.map_join(entries, ", ", &Atom.to_string/1) <> "}"
+          layers = Keyword.get(args, attr.name)
+          layers = if is_tuple(layers), do: Tuple.to_list(layers), else: layers
+
+          unless is_list(layers) and layers != [],
+            do: Check.fail(Atom.to_string(attr.name), "a non-empty list or tuple of maps %#{keys}", "#{inspect_term(layers)}")
+
+          slots =
+            for {layer, r} <- Enum.with_index(layers), {entry, k} <- Enum.with_index(entries) do
+              {:"#{attr.name}[#{r}].#{entry}", layer_entry!(layer, entry, {k, length(entries)}, "#{attr.name}[#{r}]", keys)}
+            end
+
+          {Desc.expand(desc, length(layers)), Keyword.delete(args, attr.name) ++ slots}
+      end
+    end
+
+    defp layer_entry!(%{} = layer, entry, _k, name, keys) when not is_struct(layer) do
+      case Map.fetch(layer, entry) do
+        {:ok, t} -> t
+        :error -> Check.fail("#{name}.#{entry}", "a tensor", "none (the map has no key #{entry}; keys: %#{keys})")
+      end
+    end
+
+    defp layer_entry!(layer, _entry, {k, n}, _name, _keys) when is_tuple(layer) and tuple_size(layer) == n,
+      do: elem(layer, k)
+
+    defp layer_entry!(other, _entry, _k, name, keys),
+      do: Check.fail(name, "a map %#{keys} or a tuple of those four", inspect_term(other))
+
+    defp inspect_term(%{__struct__: Nx.Tensor}), do: "a tensor"
+    defp inspect_term(other), do: inspect(other, limit: 5)
 
     # %{tensors: name => tensor, values: option attribute => number}.
     defp parse!(desc, args, tensors, opts) do
@@ -99,6 +142,9 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
       end
     end
 
+    defp value!(_desc, key, %{kind: :enum} = a, opts, _given),
+      do: Check.enum!(opts, key, a.choices, Enum.at(a.choices, trunc(a.default)))
+
     defp value!(desc, key, %{kind: :number} = a, opts, given) do
       tensor = Enum.find(desc.inputs, &(&1.name == key))
 
@@ -127,6 +173,7 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
             :option -> Map.get(values, a.name, a.default)
             :presence -> Block.flag(Map.get(flags, a.name, false))
             :save -> Block.flag(save)
+            :repeat -> desc.repeats
           end
 
         {a.name, if(a.kind == :number, do: value * 1.0, else: trunc(value))}
@@ -166,7 +213,7 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     # backward block given the forward's tensors, its results `outs` (by
     # name) and the cotangents `grads` of its results (in order).
     defp backward(fwd, impl, tensors, fwd_attrs, results, outs, grads) do
-      bwd = Desc.find(fwd.backward)
+      bwd = fwd.backward |> Desc.find() |> Desc.expand(fwd.repeats)
       cotangents = Map.new(Enum.zip(present(fwd.results, results), grads))
 
       given =
@@ -233,7 +280,7 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     end
 
     # Nx.block's default implementation takes the operands as arguments.
-    for arity <- 1..32 do
+    for arity <- 1..64 do
       args = Macro.generate_arguments(arity, __MODULE__)
 
       defp default_fun(unquote(arity), impl),

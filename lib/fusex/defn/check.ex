@@ -83,6 +83,22 @@ defmodule Fusex.Defn.Check do
   end
 
   @doc false
+  # An enum option (an activation): one of its atoms, as the Erlang API
+  # takes it; its index. Refused in the op layer's words ("none or silu",
+  # "none, relu, gelu, silu, tanh or sigmoid").
+  def enum!(opts, key, choices, default) do
+    value = Map.get(opts, key, default)
+
+    case Enum.find_index(choices, &(&1 == value)) do
+      nil -> fail(Atom.to_string(key), choice_list(choices), term(value))
+      index -> index
+    end
+  end
+
+  defp choice_list([one]), do: "#{one}"
+  defp choice_list(choices), do: Enum.join(Enum.drop(choices, -1), ", ") <> " or #{List.last(choices)}"
+
+  @doc false
   # A number option as a float: `expected` says what it may be ("a
   # positive number or a tensor ([batch, seqlen, 1])"); `positive` refuses
   # zero and below. Integers beyond a double's range are refused too.

@@ -8,7 +8,7 @@ defmodule Fusex.Defn.Desc do
   @key {__MODULE__, :descriptions}
 
   @doc false
-  # Every description, by name (:mingru_fwd => map), read once per VM.
+  # Every description, by name (:<op>_fwd => map), read once per VM.
   def all do
     case :persistent_term.get(@key, nil) do
       nil ->
@@ -33,6 +33,57 @@ defmodule Fusex.Defn.Desc do
   end
 
   @doc false
+  # A repeated group (a stacked RNN's layers, c_src/core/op.h): the
+  # description with the group written out `repeats` times, one input and
+  # result per slot (:"layers[1].w_hh"; a gradient :"dlayers[1].w_hh", "d"
+  # + its input's slot), with `repeats` and each slot's {group, r, entry};
+  # the description itself (repeats 1) where it has no group.
+  def expand(desc, repeats) do
+    case repeat_attr(desc) do
+      nil ->
+        Map.merge(desc, %{repeats: 1, slots: %{}})
+
+      attr ->
+        {inputs, in_slots} = slots(desc.inputs, attr.name, repeats)
+        {results, out_slots} = slots(desc.results, attr.name, repeats)
+        Map.merge(desc, %{inputs: inputs, results: results, repeats: repeats, slots: Map.merge(in_slots, out_slots)})
+    end
+  end
+
+  @doc false
+  # The description of a block's call: expanded by its repeat attribute.
+  def for_attrs(desc, attrs) do
+    case repeat_attr(desc) do
+      nil -> expand(desc, 1)
+      attr -> expand(desc, trunc(Keyword.get(attrs, attr.name, 1)))
+    end
+  end
+
+  @doc false
+  def repeat_attr(desc), do: Enum.find(desc.attrs, &(&1.role == :repeat))
+
+  @doc false
+  # The group's entries (the inputs given once per repetition).
+  def group(desc), do: for(i <- desc.inputs, Map.get(i, :repeated, false), do: i.name)
+
+  defp slots(entries, group, repeats) do
+    {fixed, repeated} = Enum.split_with(entries, &(not Map.get(&1, :repeated, false)))
+
+    expanded =
+      for r <- 0..(repeats - 1)//1, e <- repeated do
+        {slot, entry} =
+          case {e.role, Atom.to_string(e.name)} do
+            {:grad, "d" <> of} -> {:"d#{group}[#{r}].#{of}", e.name}
+            {_, name} -> {:"#{group}[#{r}].#{name}", e.name}
+          end
+
+        {%{e | name: slot}, {slot, {group, r, entry}}}
+      end
+
+    {fixed ++ Enum.map(expanded, &elem(&1, 0)), Map.new(expanded, &elem(&1, 1))}
+  end
+
+  @doc false
   # The inputs present for the block attributes `attrs` (a keyword list)
   # and `count` operands: those always there, those whose flag is 1, and a
   # rule's (the selective scan's saved states) where the count says so.
@@ -54,9 +105,41 @@ defmodule Fusex.Defn.Desc do
   # {:ok, result name => {type, shape}} for the results present, or
   # {:error, message}.
   def check(desc, specs, attrs, device \\ :cpu) do
-    case :fusex.op_check(desc.name, specs, Map.new(attrs), device) do
+    case :fusex.op_check(desc.name, nest(desc, specs), Map.new(attrs), device) do
       {:badarg, message} -> {:error, message}
-      results when is_map(results) -> {:ok, results}
+      results when is_map(results) -> {:ok, unnest(desc, results)}
+    end
+  end
+
+  # Slots as fusex:op_check/4 takes a group: its name => [%{entry => spec}].
+  defp nest(desc, specs) do
+    slots = Map.get(desc, :slots, %{})
+
+    Enum.reduce(specs, %{}, fn {name, spec}, acc ->
+      case slots[name] do
+        nil ->
+          Map.put(acc, name, spec)
+
+        {group, r, entry} ->
+          list = Map.get(acc, group, [])
+          list = list ++ List.duplicate(%{}, max(r + 1 - length(list), 0))
+          Map.put(acc, group, List.update_at(list, r, &Map.put(&1, entry, spec)))
+      end
+    end)
+  end
+
+  # A group's results back to their slots.
+  defp unnest(desc, results) do
+    case repeat_attr(desc) do
+      nil ->
+        results
+
+      attr ->
+        {groups, rest} = Map.pop(results, attr.name, [])
+        by_entry = Map.new(Map.get(desc, :slots, %{}), fn {slot, key} -> {key, slot} end)
+
+        for {entries, r} <- Enum.with_index(groups), {entry, spec} <- entries, into: rest,
+            do: {Map.fetch!(by_entry, {attr.name, r, entry}), spec}
     end
   end
 

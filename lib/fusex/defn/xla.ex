@@ -49,7 +49,12 @@ defmodule Fusex.Defn.XLA do
       nil ->
         false
 
+      # an op that is no XLA target (the linear layers)
+      desc when not is_map_key(desc, :target) ->
+        false
+
       desc ->
+        desc = Desc.for_attrs(desc, block.attrs)
         names = Desc.operand_names(desc, block.attrs, length(args))
         specs = Map.new(Enum.zip(names, args), fn {name, t} -> {name, {t.type, t.shape}} end)
         length(names) == length(args) and match?({:ok, _}, Desc.check(desc, specs, block.attrs, device))

@@ -1,0 +1,245 @@
+/* Resident models (core/model.h) on the device under test against the same
+ * model on the CPU: a chain of frames equals the window's forward on both,
+ * the device's forward, frames and gradients equal the CPU's, a frame
+ * allocates nothing, and bad specs and weights are refused with their
+ * messages. Under `make test-emu` this runs the CUDA launchers of every
+ * layer's frame, window and backward. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/model.h"
+#include "core/ops.h"
+#include "fusex_activation.h"
+#include "testutil.h"
+
+/* Every layer kind, widths that fit no tile, residuals where they fit. */
+static const fx_layer_spec every_kind[] = {
+    {.kind = FX_LAYER_LINEAR, .size = 7, .activation = FX_ACT_TANH, .bias = true},
+    {.kind = FX_LAYER_MINGRU, .size = 6, .bias = true},
+    {.kind = FX_LAYER_GRU, .size = 6, .bias = true, .residual = true},
+    {.kind = FX_LAYER_RMS_NORM, .eps = 1e-5},
+    {.kind = FX_LAYER_MINLSTM, .size = 5, .bias = false},
+    {.kind = FX_LAYER_LSTM, .size = 5, .bias = true, .residual = true},
+    {.kind = FX_LAYER_LAYER_NORM, .eps = 1e-5, .bias = true, .residual = true},
+    {.kind = FX_LAYER_MAMBA, .inner = 10, .dstate = 5, .dconv = 4, .dt_rank = 2, .residual = true},
+    {.kind = FX_LAYER_LINEAR, .size = 3, .activation = FX_ACT_GELU, .bias = true},
+};
+
+static fx_model_spec spec_of(const fx_layer_spec *layers, int n, int64_t input)
+{
+    fx_model_spec spec = {.dtype = FX_F32, .input = input, .nlayers = n, .layers = layers, .seed = 7};
+    return spec;
+}
+
+/* The CPU model and the same weights on the device under test. */
+static void model_pair(const fx_model_spec *spec, fx_model **cpu, fx_model **dev)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    fx_model_new(fx_cpu_device(), spec, NULL, cpu, &st);
+    FX_CK_OK(st);
+    const fx_tensor *w[FX_MODEL_MAX_LAYERS * FX_LAYER_MAX_SLOTS] = {NULL};
+    for (int l = 0; l < (*cpu)->nlayers; l++)
+        for (int s = 0; s < FX_LAYER_MAX_SLOTS; s++)
+            if ((*cpu)->layer[l].param[s].buffer)
+                w[l * FX_LAYER_MAX_SLOTS + s] = &(*cpu)->layer[l].param[s];
+    fx_model_new(fx_test_device(), spec, w, dev, &st);
+    FX_CK_OK(st);
+}
+
+static void window(fx_device *dev, int64_t b, int64_t t, int64_t w, const double *v, fx_tensor *out)
+{
+    const int64_t dims[3] = {b, t, w};
+    fx_test_tensor(dev, FX_F32, 3, dims, v, out);
+}
+
+/* y [B, L, O] of model m over the window from zeros. */
+static double *forward_values(fx_model *m, const double *xs, int64_t b, int64_t l)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    fx_model_state *s;
+    fx_tensor x, y;
+    fx_model_state_new(m, b, &s, &st);
+    FX_CK_OK(st);
+    window(m->device, b, l, m->input, xs, &x);
+    fx_model_forward(m, s, &x, &y, &st);
+    FX_CK_OK(st);
+    double *v = fx_test_read(&y);
+    fx_tensor_release(&x);
+    fx_tensor_release(&y);
+    fx_model_state_free(s);
+    return v;
+}
+
+/* The same from frames, laid out [B, L, O]. */
+static double *step_values(fx_model *m, const double *xs, int64_t b, int64_t l)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    fx_model_state *s;
+    fx_model_state_new(m, b, &s, &st);
+    FX_CK_OK(st);
+    const int64_t in = m->input, o = m->output;
+    const int64_t fdims[2] = {b, in}, odims[2] = {b, o};
+    double *frame = malloc(sizeof *frame * (size_t)(b * in));
+    double *ys = malloc(sizeof *ys * (size_t)(b * l * o));
+    fx_tensor out;
+    fx_test_poisoned(m->device, FX_F32, 2, odims, &out);
+    for (int64_t t = 0; t < l; t++) {
+        for (int64_t i = 0; i < b; i++)
+            memcpy(frame + i * in, xs + (i * l + t) * in, sizeof *frame * (size_t)in);
+        fx_tensor f;
+        fx_test_tensor(m->device, FX_F32, 2, fdims, frame, &f);
+        fx_model_step_into(m, s, &f, &out, &st);
+        FX_CK_OK(st);
+        double *got = fx_test_read(&out);
+        for (int64_t i = 0; i < b; i++)
+            memcpy(ys + (i * l + t) * o, got + i * o, sizeof *ys * (size_t)o);
+        free(got);
+        fx_tensor_release(&f);
+    }
+    fx_tensor_release(&out);
+    fx_model_state_free(s);
+    free(frame);
+    return ys;
+}
+
+START_TEST(frames_and_windows_match_the_cpu)
+{
+    const fx_model_spec spec = spec_of(every_kind, 9, 5);
+    fx_model *cpu, *dev;
+    model_pair(&spec, &cpu, &dev);
+    const int64_t b = 3, l = 9;
+    double *xs = malloc(sizeof *xs * (size_t)(b * l * spec.input));
+    fx_fill_uniform(xs, b * l * spec.input, -1, 1);
+    double *want = forward_values(cpu, xs, b, l);
+    double *cpu_steps = step_values(cpu, xs, b, l);
+    double *dev_fwd = forward_values(dev, xs, b, l);
+    double *dev_steps = step_values(dev, xs, b, l);
+    const int64_t n = b * l * cpu->output;
+    fx_assert_close(cpu_steps, want, n, 1e-5);
+    fx_assert_close(dev_fwd, want, n, 1e-5);
+    fx_assert_close(dev_steps, want, n, 1e-5);
+    free(xs), free(want), free(cpu_steps), free(dev_fwd), free(dev_steps);
+    fx_model_free(cpu);
+    fx_model_free(dev);
+}
+END_TEST
+
+START_TEST(gradients_match_the_cpu)
+{
+    const fx_model_spec spec = spec_of(every_kind, 9, 5);
+    fx_model *cpu, *dev;
+    model_pair(&spec, &cpu, &dev);
+    const int64_t b = 2, l = 6;
+    double *xs = malloc(sizeof *xs * (size_t)(b * l * spec.input));
+    double *ts = malloc(sizeof *ts * (size_t)(b * l * cpu->output));
+    fx_fill_uniform(xs, b * l * spec.input, -1, 1);
+    fx_fill_uniform(ts, b * l * cpu->output, -1, 1);
+    fx_model *both[2] = {cpu, dev};
+    double loss[2];
+    for (int i = 0; i < 2; i++) {
+        fx_status st;
+        fx_status_clear(&st);
+        fx_tensor x, t;
+        window(both[i]->device, b, l, spec.input, xs, &x);
+        window(both[i]->device, b, l, cpu->output, ts, &t);
+        fx_model_gradients(both[i], &x, &t, FX_LOSS_MSE, true, &loss[i], &st);
+        FX_CK_OK(st);
+        fx_tensor_release(&x);
+        fx_tensor_release(&t);
+    }
+    ck_assert_msg(fabs(loss[0] - loss[1]) <= 1e-5 * fabs(loss[0]), "loss %g vs %g", loss[1], loss[0]);
+    ck_assert_int_eq(fx_model_param_count(cpu), fx_model_param_count(dev));
+    for (int i = 0; i < fx_model_param_count(cpu); i++) {
+        double *g = fx_test_read(fx_model_grad(dev, i)), *w = fx_test_read(fx_model_grad(cpu, i));
+        fx_assert_close(g, w, fx_model_grad(cpu, i)->numel, 1e-4);
+        free(g), free(w);
+    }
+    free(xs), free(ts);
+    fx_model_free(cpu);
+    fx_model_free(dev);
+}
+END_TEST
+
+/* A frame into a caller's output allocates no device memory. */
+START_TEST(a_frame_allocates_nothing)
+{
+    const fx_model_spec spec = spec_of(every_kind, 9, 5);
+    fx_model *cpu, *dev;
+    model_pair(&spec, &cpu, &dev);
+    fx_status st;
+    fx_status_clear(&st);
+    fx_model_state *s;
+    fx_model_state_new(dev, 2, &s, &st);
+    FX_CK_OK(st);
+    const int64_t fdims[2] = {2, 5}, odims[2] = {2, 3};
+    double frame[10];
+    fx_fill_uniform(frame, 10, -1, 1);
+    fx_tensor f, out;
+    fx_test_tensor(dev->device, FX_F32, 2, fdims, frame, &f);
+    fx_test_poisoned(dev->device, FX_F32, 2, odims, &out);
+    fx_model_step_into(dev, s, &f, &out, &st);
+    FX_CK_OK(st);
+    const long long before = atomic_load(&dev->device->allocated);
+    for (int i = 0; i < 20; i++)
+        fx_model_step_into(dev, s, &f, &out, &st);
+    FX_CK_OK(st);
+    ck_assert_int_eq(atomic_load(&dev->device->allocated), before);
+    fx_tensor_release(&f);
+    fx_tensor_release(&out);
+    fx_model_state_free(s);
+    fx_model_free(cpu);
+    fx_model_free(dev);
+}
+END_TEST
+
+static void expect_refused(const fx_model_spec *spec, const fx_tensor *const *w, const char *msg)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    fx_model *m = NULL;
+    ck_assert_int_eq(fx_model_new(fx_test_device(), spec, w, &m, &st), FX_EBADARG);
+    ck_assert_ptr_null(m);
+    ck_assert_str_eq(st.msg, msg);
+}
+
+START_TEST(bad_specs_and_weights)
+{
+    fx_layer_spec layers[2] = {{.kind = FX_LAYER_RMS_NORM, .eps = 1e-5}, {.kind = FX_LAYER_GRU, .size = 0}};
+    fx_model_spec spec = spec_of(layers, 2, 4);
+    expect_refused(&spec, NULL, "layers[1] (gru): hidden: expected an integer >= 1, got 0");
+    layers[1] = (fx_layer_spec){.kind = FX_LAYER_LINEAR, .size = 3, .residual = true};
+    expect_refused(&spec, NULL,
+                   "layers[1] (linear): residual: expected the layer's output width to equal its input's (4), got 3");
+    layers[1] = (fx_layer_spec){.kind = FX_LAYER_LINEAR, .size = 3, .bias = true};
+    const fx_tensor *w[2 * FX_LAYER_MAX_SLOTS] = {NULL};
+    fx_tensor weight, wrong;
+    const double ones[12] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    const int64_t wdims[1] = {4}, bad_dims[2] = {4, 3};
+    fx_test_tensor(fx_test_device(), FX_F32, 1, wdims, ones, &weight);
+    fx_test_tensor(fx_test_device(), FX_F32, 2, bad_dims, ones, &wrong);
+    w[0] = &weight;
+    w[FX_LAYER_MAX_SLOTS] = &wrong;
+    expect_refused(&spec, w, "layers[1].w: expected shape {3,4} ([out, in]), got {4,3}");
+    w[FX_LAYER_MAX_SLOTS] = NULL;
+    expect_refused(&spec, w, "layers[1].w: expected a tensor [out, in], got none");
+    fx_tensor_release(&weight);
+    fx_tensor_release(&wrong);
+}
+END_TEST
+
+Suite *fx_suite_model(void)
+{
+    Suite *s = suite_create("model");
+    TCase *tc = tcase_create("model");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, frames_and_windows_match_the_cpu);
+    tcase_add_test(tc, gradients_match_the_cpu);
+    tcase_add_test(tc, a_frame_allocates_nothing);
+    tcase_add_test(tc, bad_specs_and_weights);
+    suite_add_tcase(s, tc);
+    return s;
+}
