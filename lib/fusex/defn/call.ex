@@ -226,14 +226,19 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     defp as_operands(tensors, true), do: Map.new(tensors, fn {k, t} -> {k, Nx.Defn.Expr.tensor(t)} end)
     defp as_operands(tensors, false), do: tensors
 
-    # An Nx.block of `block` whose default implementation is the pure-Nx
-    # module's forward/2, backward/2 or step/2 on the block and its
-    # operands.
+    # An Nx.block of `block` whose default implementation is fusex's NIF
+    # or the pure-Nx module's forward/2, backward/2 or step/2 on the block
+    # and its operands (Fusex.Defn.Runtime decides).
     defp block(block, inputs, templates, impl) do
       inputs = if traced?(inputs), do: Enum.map(inputs, &Nx.Defn.Expr.tensor/1), else: inputs
       output = if match?([_], templates), do: hd(templates), else: List.to_tuple(templates)
       fun = %{fwd: :forward, bwd: :backward, step: :step}[block.direction]
-      Nx.block(block, inputs, output, default_fun(length(inputs), fn b, args -> apply(impl, fun, [b, args]) end))
+
+      default = fn b, args ->
+        Fusex.Defn.Runtime.default(b, args, output, fn args -> apply(impl, fun, [b, args]) end)
+      end
+
+      Nx.block(block, inputs, output, default_fun(length(inputs), default))
     end
 
     # Nx.block's default implementation takes the operands as arguments.
