@@ -52,6 +52,12 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     end
 
     @doc false
+    # Sets the calling process's implementation (nil: the application's);
+    # the previous one.
+    def put_implementation(impl) when impl in [nil, :auto, :nx],
+      do: if(impl, do: Process.put(@key, impl), else: Process.delete(@key))
+
+    @doc false
     def with_implementation(impl, fun) when impl in [:auto, :nx] and is_function(fun, 0) do
       previous = Process.put(@key, impl)
 
@@ -118,7 +124,13 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
       held = Enum.zip_with(names, args, fn name, t -> {name, import!(desc, name, t, device)} end)
 
       try do
-        results = Fusex.Erl.call(:op_run, [desc.name, Map.new(held, fn {k, t} -> {k, t.ref} end), Map.new(block.attrs)])
+        results =
+          Fusex.Erl.call(:op_run, [
+            desc.name,
+            Map.new(held, fn {k, t} -> {k, t.ref} end),
+            Map.new(block.attrs)
+          ])
+
         emit(block, device)
         outs = for r <- desc.results, ref = results[r.name], ref != nil, do: export(ref, backend)
 
@@ -167,7 +179,12 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
 
     defp emit(block, device) do
       if Code.ensure_loaded?(:telemetry),
-        do: :telemetry.execute(@event, %{count: 1}, %{op: block.op, direction: block.direction, device: device})
+        do:
+          :telemetry.execute(@event, %{count: 1}, %{
+            op: block.op,
+            direction: block.direction,
+            device: device
+          })
     end
   end
 end
