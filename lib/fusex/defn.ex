@@ -12,11 +12,13 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     Each function works inside `defn` (and `Nx.Defn.jit/2`) and on plain
     tensors outside. Semantics, shapes, types and error messages are those
     of the Erlang API (`:fusex`, docs/SSM.md, docs/LINREC.md, docs/LAYERS.md); tensors are
-    Nx tensors, optional tensors come in a map and options in a keyword
-    list:
+    Nx tensors; the optional tensors and the options come in one keyword
+    list, as the eager `Fusex` functions take them (or apart: the tensors
+    in a map, then the options):
 
         defn layer(x, dt, a, b, c, d) do
-          Fusex.Defn.selective_scan(x, dt, a, b, c, %{d: d}, dt_softplus: true)
+          Fusex.Defn.selective_scan(x, dt, a, b, c, d: d, dt_softplus: true)
+          # the same: Fusex.Defn.selective_scan(x, dt, a, b, c, %{d: d}, dt_softplus: true)
         end
 
     Each op is an `Nx.block/4` whose tag is a `Fusex.Defn.Block`:

@@ -293,6 +293,37 @@ defmodule FusexDefnRuntimeTest do
     end
   end
 
+  test "one convention: Fusex.Defn takes the eager API's one keyword list, the same results as the map form" do
+    for op <- @ops, {p, tensors, opts} <- cases(op) do
+      one_list = apply(Fusex.Defn, op, Keyword.values(p) ++ [opts ++ Map.to_list(tensors)])
+      two = apply(Fusex.Defn, op, Keyword.values(p) ++ [tensors, opts])
+      eager = eager(op, p, tensors, opts)
+
+      for {a, b, e} <- Enum.zip([outputs(one_list), outputs(two), outputs(eager)]) do
+        assert Nx.to_binary(a) == Nx.to_binary(b), label(op, tensors, opts)
+        assert_close(a, e, tol(a.type), label(op, tensors, opts) <> " against the eager API")
+      end
+    end
+  end
+
+  test "one convention: an eager step given an Nx state returns {y, new_state} as Fusex.Defn's, the state untouched" do
+    for op <- @step_ops do
+      {state, p, tensors, opts} = step_case(op)
+      step = :"#{op}_step"
+      bytes = Nx.to_binary(state)
+
+      {y, new_state} =
+        apply(Fusex, step, [state | Keyword.values(p)] ++ [opts ++ Map.to_list(tensors)])
+
+      {y_defn, state_defn} =
+        apply(Fusex.Defn, step, [state | Keyword.values(p)] ++ [opts ++ Map.to_list(tensors)])
+
+      assert_close(y, y_defn, tol(y.type), "#{step} y")
+      assert_close(new_state, state_defn, tol(y.type), "#{step} new_state")
+      assert Nx.to_binary(state) == bytes, "#{step} left the caller's state"
+    end
+  end
+
   for op <- @step_ops do
     test "#{op}_step: under the Evaluator the NIF's step, equal to the eager step and pure Nx; traced, pure Nx" do
       op = unquote(op)

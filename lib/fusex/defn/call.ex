@@ -76,6 +76,7 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
       if Keyword.keys(args) != positional,
         do: raise(ArgumentError, "#{desc.name}: takes the tensors #{inspect(positional)}, got #{inspect(Keyword.keys(args))}")
 
+      {tensors, opts} = one_list(desc, tensors, opts)
       opts = Check.opts_map!(opts)
       tensors = Check.tensors_map!(tensors)
       options = options(desc)
@@ -86,6 +87,25 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
       values = Map.new(options, fn {key, attr} -> {attr.name, value!(desc, key, attr, opts, given)} end)
       %{tensors: given, values: values}
     end
+
+    # The eager API's convention, one keyword list for the optional
+    # tensors and the options (`mingru(z, c, h0: h, return_state: true)`):
+    # its keys naming an optional tensor with a tensor (or nil) value are
+    # the tensors, the others the options.
+    defp one_list(desc, tensors, []) when is_list(tensors) and tensors != [] do
+      if Keyword.keyword?(tensors) do
+        names = for i <- desc.inputs, i.role == :option, do: i.name
+        {given, opts} = Enum.split_with(tensors, fn {k, v} -> k in names and (is_nil(v) or tensor?(v)) end)
+        {Map.new(given), opts}
+      else
+        {tensors, []}
+      end
+    end
+
+    defp one_list(_desc, tensors, opts), do: {tensors, opts}
+
+    defp tensor?(%Nx.Tensor{}), do: true
+    defp tensor?(_), do: false
 
     # The options: {public name, attribute} for each option attribute the
     # public functions take, in the description's order.
