@@ -8,10 +8,22 @@ defmodule Mix.Tasks.Compile.FusexNif do
   @impl true
   def run(_args) do
     root = Path.dirname(__ENV__.file)
-    {_, status} = System.cmd("make", ["-C", root, "nif"], into: IO.stream(:stdio, :line))
+    make = ["--no-print-directory", "-C", root]
 
-    if status != 0 do
-      Mix.raise("fusex: `make nif` failed (exit #{status}); see the output above")
+    # Quiet where there is nothing to do, one line where there is work, the
+    # make output only where it fails; as many jobs as the machine has
+    # cores (the CUDA units build in parallel).
+    {_, up_to_date} = System.cmd("make", make ++ ["-q", "nif"], stderr_to_stdout: true)
+
+    if up_to_date != 0 do
+      jobs = System.schedulers_online()
+      Mix.shell().info("fusex: building the NIF (make -j#{jobs} nif)")
+      {out, status} = System.cmd("make", make ++ ["-s", "-j#{jobs}", "nif"], stderr_to_stdout: true)
+
+      if status != 0 do
+        IO.write(out)
+        Mix.raise("fusex: `make nif` failed (exit #{status}); see the output above")
+      end
     end
 
     priv = Path.join(root, "priv")
