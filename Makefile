@@ -66,7 +66,7 @@ XLA_HDRS   := $(XLA_FFI_INC)/xla/ffi/api/ffi.h $(XLA_FFI_INC)/xla/ffi/api/api.h 
 CXXFLAGS   ?= -O2 -g
 XLA_CXXFLAGS := $(CXXFLAGS) -std=c++17 -fPIC -fvisibility=hidden $(WARN) -isystem $(XLA_FFI_INC) -Iinclude -Ic_src
 
-.PHONY: all nif xla deps erl test test-c test-erl test-ex test-emu test-gpu test-ipc sanitize bench demo docs clean \
+.PHONY: all nif xla deps erl test test-c test-erl test-ex example-ex test-emu test-gpu test-ipc sanitize bench demo docs clean \
         test-jax test-jax-gpu test-xla-c test-xla-c-gpu xla-fixtures test-asan
 
 all: nif erl
@@ -243,6 +243,12 @@ test-erl: all xla-fixtures
 # Nx tests are listed as skipped); see tools/test_ex.sh.
 test-ex:
 	@bash tools/test_ex.sh
+	@$(MAKE) --no-print-directory example-ex
+
+# examples/elixir/train_and_serve.exs with the suites' Nx (skipped, saying
+# so, without Nx).
+example-ex:
+	@FUSEX_EX_RUN=examples/elixir/train_and_serve.exs bash tools/test_ex.sh
 
 # The XLA handlers called as XLA calls them, through a stand-in FFI API
 # (test/xla/ffi_call_test.c): Host here; on a GPU the CUDA handlers on a
