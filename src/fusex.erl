@@ -987,7 +987,10 @@ op_check(Name, Inputs, Attrs, Device) -> ?NIF:op_check(Name, Inputs, Attrs, Devi
              Attrs :: #{atom() => number() | boolean() | atom()}) -> #{atom() => tensor()}.
 op_run(Name, Inputs, Attrs) when is_map(Inputs) ->
     {Names, Tensors} = lists:unzip(maps:to_list(Inputs)),
-    ?NIF:op_run(Name, Names, Tensors, Attrs).
+    ?NIF:op_run(Name, Names, Tensors, Attrs);
+op_run(_Name, Other, _Attrs) ->
+    erlang:error({badarg, iolist_to_binary(io_lib:format("inputs: expected a map of input names to tensors, "
+                                                          "got ~0tP", [Other, 10]))}).
 
 %% ---------------------------------------------------------------------
 %% XLA custom-call targets
