@@ -66,7 +66,7 @@ XLA_HDRS   := $(XLA_FFI_INC)/xla/ffi/api/ffi.h $(XLA_FFI_INC)/xla/ffi/api/api.h 
 CXXFLAGS   ?= -O2 -g
 XLA_CXXFLAGS := $(CXXFLAGS) -std=c++17 -fPIC -fvisibility=hidden $(WARN) -isystem $(XLA_FFI_INC) -Iinclude -Ic_src
 
-.PHONY: all nif xla deps erl test test-c test-erl test-ex example-ex test-emu test-gpu test-ipc sanitize bench demo docs clean \
+.PHONY: all nif xla deps erl test test-c test-erl test-ex example-ex example-erl test-emu test-gpu test-ipc sanitize bench demo docs clean \
         test-jax test-jax-gpu test-xla-c test-xla-c-gpu xla-fixtures test-asan
 
 all: nif erl
@@ -238,6 +238,12 @@ endif
 test-erl: all xla-fixtures
 	$(REBAR3) eunit
 	FUSEX_TEST_XLA_DIR=$(abspath $(XLA_TEST_DIR)) $(REBAR3) ct --readable=compact
+	@$(MAKE) --no-print-directory example-erl
+
+# examples/erlang/train_and_serve.escript: train a MinGRU model, serve it
+# frame by frame (a second).
+example-erl: all
+	escript examples/erlang/train_and_serve.escript
 
 # The ExUnit suite, with Nx from hex, the offline kit, or none (then the
 # Nx tests are listed as skipped); see tools/test_ex.sh.
