@@ -66,7 +66,7 @@ XLA_HDRS   := $(XLA_FFI_INC)/xla/ffi/api/ffi.h $(XLA_FFI_INC)/xla/ffi/api/api.h 
 CXXFLAGS   ?= -O2 -g
 XLA_CXXFLAGS := $(CXXFLAGS) -std=c++17 -fPIC -fvisibility=hidden $(WARN) -isystem $(XLA_FFI_INC) -Iinclude -Ic_src
 
-.PHONY: all nif xla deps erl test test-c test-erl test-ex example-ex example-erl test-emu test-gpu test-ipc sanitize bench demo docs clean \
+.PHONY: all nif xla deps erl test test-c test-erl test-ex example-ex example-erl example-jax test-emu test-gpu test-ipc sanitize bench demo docs clean \
         test-jax test-jax-gpu test-xla-c test-xla-c-gpu xla-fixtures test-asan
 
 all: nif erl
@@ -276,6 +276,12 @@ JAX_VENV := $(BUILD)/jax-venv
 test-jax: nif
 	@test -f $(XLA_SO) || { echo "test-jax: $(XLA_SO) was not built (see \"fusex: XLA targets not built\" above)"; exit 1; }
 	@py=$$(bash tools/jax_venv.sh $(JAX_VENV)) && PYTHONPATH=python $$py test/python/test_fusex_jax.py
+	@$(MAKE) --no-print-directory example-jax
+
+# examples/jax/train_and_serve.py: train a MinGRU model under jax.grad,
+# serve it frame by frame (a few seconds).
+example-jax: nif
+	@py=$$(bash tools/jax_venv.sh $(JAX_VENV)) && PYTHONPATH=python $$py examples/jax/train_and_serve.py
 
 # The same on the GPU with the machine's own python3 and JAX (CUDA), which
 # must be there: nothing is installed. Also compares with the CPU handlers.
