@@ -72,7 +72,7 @@ XLA_HDRS   := $(XLA_FFI_INC)/xla/ffi/api/ffi.h $(XLA_FFI_INC)/xla/ffi/api/api.h 
 CXXFLAGS   ?= -O2 -g
 XLA_CXXFLAGS := $(CXXFLAGS) -std=c++17 -fPIC -fvisibility=hidden $(WARN) -isystem $(XLA_FFI_INC) -Iinclude -Ic_src
 
-.PHONY: all nif xla deps erl test test-c test-erl test-ex test-emu test-gpu test-ipc sanitize bench demo selftest docs clean \
+.PHONY: all nif xla deps erl test test-c test-erl test-ex example-ex example-erl example-jax test-emu test-gpu test-ipc sanitize bench demo selftest docs clean \
         test-jax test-jax-gpu test-xla-c test-xla-c-gpu xla-fixtures test-asan
 
 all: nif erl
@@ -244,11 +244,23 @@ endif
 test-erl: all xla-fixtures
 	$(REBAR3) eunit
 	FUSEX_TEST_XLA_DIR=$(abspath $(XLA_TEST_DIR)) $(REBAR3) ct --readable=compact
+	@$(MAKE) --no-print-directory example-erl
+
+# examples/erlang/train_and_serve.escript: train a MinGRU model, serve it
+# frame by frame (a second).
+example-erl: all
+	escript examples/erlang/train_and_serve.escript
 
 # The ExUnit suite, with Nx from hex, the offline kit, or none (then the
 # Nx tests are listed as skipped); see tools/test_ex.sh.
 test-ex:
 	@bash tools/test_ex.sh
+	@$(MAKE) --no-print-directory example-ex
+
+# examples/elixir/train_and_serve.exs with the suites' Nx (skipped, saying
+# so, without Nx).
+example-ex:
+	@FUSEX_EX_RUN=examples/elixir/train_and_serve.exs bash tools/test_ex.sh
 
 # The XLA handlers called as XLA calls them, through a stand-in FFI API
 # (test/xla/ffi_call_test.c): Host here; on a GPU the CUDA handlers on a
@@ -270,6 +282,12 @@ JAX_VENV := $(BUILD)/jax-venv
 test-jax: nif
 	@test -f $(XLA_SO) || { echo "test-jax: $(XLA_SO) was not built (see \"fusex: XLA targets not built\" above)"; exit 1; }
 	@py=$$(bash tools/jax_venv.sh $(JAX_VENV)) && PYTHONPATH=python $$py test/python/test_fusex_jax.py
+	@$(MAKE) --no-print-directory example-jax
+
+# examples/jax/train_and_serve.py: train a MinGRU model under jax.grad,
+# serve it frame by frame (a few seconds).
+example-jax: nif
+	@py=$$(bash tools/jax_venv.sh $(JAX_VENV)) && PYTHONPATH=python $$py examples/jax/train_and_serve.py
 
 # The same on the GPU with the machine's own python3 and JAX (CUDA), which
 # must be there: nothing is installed. Also compares with the CPU handlers.

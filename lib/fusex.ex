@@ -36,6 +36,20 @@ defmodule Fusex do
   a binary. EXLA preallocates most of the GPU by default: give fusex room
   with the client's `:memory_fraction` (or `preallocate: false`).
 
+  ## Arguments and steps
+
+  One convention with `Fusex.Defn`: the positional tensors, then one
+  keyword list of the optional tensors and the options, named as in the
+  Erlang API: `Fusex.mingru(z, c, h0: h, return_state: true)`, as
+  `Fusex.Defn.mingru(z, c, h0: h, return_state: true)` (which also takes
+  them apart: `Fusex.Defn.mingru(z, c, %{h0: h}, return_state: true)`).
+  Forwards return `y` (or `h`), `{y, state}` with `return_state: true`.
+
+  Steps: given the state as an Nx tensor, a step returns `{y,
+  new_state}` and leaves the state as it was, as `Fusex.Defn`'s steps do;
+  given a `%Fusex.Tensor{}` handle, it updates the handle in place and
+  returns `y` (no copy of the state per frame: the serving loop).
+
   Nx is optional: without it, everything works on `%Fusex.Tensor{}`
   handles (`Fusex.Tensor.from_binary/4`, `Fusex.Tensor.to_binary/1`).
   """
@@ -112,11 +126,11 @@ defmodule Fusex do
   def liquid_backward(dh, ctx, opts \\ []),
     do: Op.run(:liquid_backward, [dh: dh, ctx: ctx], opts, erl_opts: true)
 
-  @doc "One frame of `linear_scan/3`; `state` (a handle) is updated in place."
+  @doc "One frame of `linear_scan/3`; a handle is updated in place (returns `y`), an Nx state gives `{y, new_state}` (module doc, \"Arguments and steps\")."
   def linear_scan_step(state, a, b, opts \\ []),
     do: Op.run(:linear_scan_step, [state: state, a: a, b: b], opts, erl_opts: true, in_place: [:state])
 
-  @doc "One frame of `mingru/3`; `state` (a handle) is updated in place."
+  @doc "One frame of `mingru/3`; a handle is updated in place (returns `y`), an Nx state gives `{y, new_state}` (module doc, \"Arguments and steps\")."
   def mingru_step(state, z_logits, cand, opts \\ []),
     do:
       Op.run(:mingru_step, [state: state, z_logits: z_logits, cand: cand], opts,
@@ -124,7 +138,7 @@ defmodule Fusex do
         in_place: [:state]
       )
 
-  @doc "One frame of `minlstm/4`; `state` (a handle) is updated in place."
+  @doc "One frame of `minlstm/4`; a handle is updated in place (returns `y`), an Nx state gives `{y, new_state}` (module doc, \"Arguments and steps\")."
   def minlstm_step(state, f_logits, i_logits, cand, opts \\ []),
     do:
       Op.run(:minlstm_step, [state: state, f_logits: f_logits, i_logits: i_logits, cand: cand], opts,
@@ -132,7 +146,7 @@ defmodule Fusex do
         in_place: [:state]
       )
 
-  @doc "One frame of `liquid/4`; `state` (a handle) is updated in place."
+  @doc "One frame of `liquid/4`; a handle is updated in place (returns `y`), an Nx state gives `{y, new_state}` (module doc, \"Arguments and steps\")."
   def liquid_step(state, f_logits, tau, a, opts \\ []),
     do:
       Op.run(:liquid_step, [state: state, f_logits: f_logits, tau: tau, a: a], opts,
@@ -189,7 +203,7 @@ defmodule Fusex do
   def selective_scan_backward(dy, ctx, opts \\ []),
     do: Op.run(:selective_scan_backward, [dy: dy, ctx: ctx], opts, erl_opts: true)
 
-  @doc "One frame of the selective scan; `state` (a handle) is updated in place."
+  @doc "One frame of the selective scan; a handle is updated in place (returns `y`), an Nx state gives `{y, new_state}` (module doc, \"Arguments and steps\")."
   def selective_scan_step(state, x, dt, a, b, c, opts \\ []),
     do:
       Op.run(:selective_scan_step, [state: state, x: x, dt: dt, a: a, b: b, c: c], opts,
@@ -213,7 +227,7 @@ defmodule Fusex do
   def causal_conv1d_backward(dy, ctx, opts \\ []),
     do: Op.run(:causal_conv1d_backward, [dy: dy, ctx: ctx], opts, erl_opts: true)
 
-  @doc "One frame of `causal_conv1d/3`; `state` (a handle) is updated in place. Returns `y`."
+  @doc "One frame of `causal_conv1d/3`; a handle is updated in place (returns `y`), an Nx state gives `{y, new_state}` (module doc, \"Arguments and steps\")."
   def causal_conv1d_step(state, x, w, opts \\ []),
     do: Op.run(:causal_conv1d_step, [state: state, x: x, w: w], opts, erl_opts: true, in_place: [:state])
 

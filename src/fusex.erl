@@ -58,7 +58,7 @@
 -export_type([rnn_layer/0, gru_opts/0, lstm_opts/0, rnn_ctx/0, rnn_grads/0]).
 
 %% XLA custom-call targets (see docs/XLA.md).
--export([op_list/0, op_check/4]).
+-export([op_list/0, op_check/4, op_run/3]).
 -export_type([op_description/0]).
 -export([xla_register/0, xla_register/1]).
 
@@ -1109,6 +1109,22 @@ op_list() -> ?NIF:op_list().
                Attrs :: #{atom() => number() | boolean() | atom()}, device()) ->
           #{atom() => {type(), shape()}} | {badarg, binary()}.
 op_check(Name, Inputs, Attrs, Device) -> ?NIF:op_check(Name, Inputs, Attrs, Device).
+
+%% @doc Runs op `Name' (any `op_list/0' name: a forward, a backward or a
+%% step) on its inputs by name, with its attributes as `op_check/4' takes
+%% them (defaults where left out; presence attributes follow from the
+%% inputs given): the stateless call an XLA program makes, which
+%% `Fusex.Defn' makes where no XLA is. Returns every result present, by
+%% name; a step's `new_state' is its `state' input, updated in place. The
+%% device is the inputs'.
+-spec op_run(Name :: atom(), Inputs :: #{atom() => tensor()},
+             Attrs :: #{atom() => number() | boolean() | atom()}) -> #{atom() => tensor()}.
+op_run(Name, Inputs, Attrs) when is_map(Inputs) ->
+    {Names, Tensors} = lists:unzip(maps:to_list(Inputs)),
+    ?NIF:op_run(Name, Names, Tensors, Attrs);
+op_run(_Name, Other, _Attrs) ->
+    erlang:error({badarg, iolist_to_binary(io_lib:format("inputs: expected a map of input names to tensors, "
+                                                          "got ~0tP", [Other, 10]))}).
 
 %% ---------------------------------------------------------------------
 %% XLA custom-call targets

@@ -9,7 +9,7 @@
          event_elapsed_us/2, busy_wait/2, priv_dir/0, to_pointer/3, from_pointer/6,
          copy_into/2]).
 -export([optim_init/3, optim_step/5, optim_info/1]).
--export([op/3, op_backward/4, op_check/4, op_list/0]).
+-export([op/3, op_backward/4, op_run/4, op_check/4, op_list/0]).
 -export([ssm_saved_shape/3, ssm_save_every/3]).
 -export([xla_register/1]).
 -export([model_new/3, model_info/1, model_weights/1, model_params/1, model_init_state/2,
@@ -71,6 +71,7 @@ optim_step(_Kind, _State, _Params, _Grads, _Hyper) -> ?NOT_LOADED.
 optim_info(_State) -> ?NOT_LOADED.
 op(_Name, _Positional, _Opts) -> ?NOT_LOADED.
 op_backward(_Name, _Cotangent, _Ctx, _Opts) -> ?NOT_LOADED.
+op_run(_Name, _Names, _Tensors, _Attrs) -> ?NOT_LOADED.
 op_check(_Name, _Inputs, _Attrs, _Device) -> ?NOT_LOADED.
 op_list() -> ?NOT_LOADED.
 ssm_saved_shape(_XShape, _BShape, _Type) -> ?NOT_LOADED.

@@ -160,3 +160,36 @@ op_check_bad_terms_test() ->
                  fusex:op_check(mingru_fwd, Inputs#{cand => f32}, #{}, cpu)),
     ?assertMatch({badarg, <<"device: expected cpu, cuda or {cuda, N}", _/binary>>},
                  fusex:op_check(mingru_fwd, Inputs, #{}, gpu)).
+
+%% fusex:op_run/3 runs any description on its inputs by name: a forward as
+%% the public function computes it, its backward (the stateless call an
+%% XLA program makes) as the backward from a context, and a step in place.
+op_run_test() ->
+    fusex_test_util:seed(),
+    U = fun(Shape) -> fusex_test_util:tensor({f, 32}, Shape, fusex_test_util:uniform(prod(Shape), -1.0, 1.0)) end,
+    Z = U({2, 9, 3}), C = U({2, 9, 3}), H0 = U({2, 3}), Dh = U({2, 9, 3}),
+    #{h := H} = fusex:op_run(mingru_fwd, #{z_logits => Z, cand => C, h0 => H0}, #{}),
+    {Want, Ctx} = fusex:mingru(Z, C, #{h0 => H0, save_for_backward => true}),
+    fusex_test_util:assert_close(fusex_test_util:values(H), fusex_test_util:values(Want), 1.0e-6),
+    Grads = fusex:op_run(mingru_bwd, #{z_logits => Z, cand => C, h0 => H0, h => H, dh => Dh}, #{}),
+    WantGrads = fusex:mingru_backward(Dh, Ctx, #{}),
+    [fusex_test_util:assert_close(fusex_test_util:values(maps:get(list_to_atom("d" ++ atom_to_list(K)), Grads)),
+                                  fusex_test_util:values(V), 1.0e-6) || {K, V} <- maps:to_list(WantGrads)],
+    %% a step: new_state is the state, updated in place
+    State = U({2, 3}), Zt = U({2, 3}), Ct = U({2, 3}),
+    Copy = fusex:copy(State, fusex:device(State)),
+    #{h := Ht, new_state := New} = fusex:op_run(mingru_step, #{state => State, z_logits => Zt, cand => Ct}, #{}),
+    ?assertEqual(fusex_test_util:values(State), fusex_test_util:values(New)),
+    WantHt = fusex:mingru_step(Copy, Zt, Ct, #{}),
+    fusex_test_util:assert_close(fusex_test_util:values(Ht), fusex_test_util:values(WantHt), 1.0e-6),
+    fusex_test_util:assert_close(fusex_test_util:values(State), fusex_test_util:values(Copy), 1.0e-6),
+    %% bad input: the op layer's messages, naming the argument
+    fusex_test_util:check_badarg({prefix, <<"cand: expected shape {2,9,3}">>},
+                                 fun() -> fusex:op_run(mingru_fwd, #{z_logits => Z, cand => H0}, #{}) end),
+    fusex_test_util:check_badarg({prefix, <<"inputs: expected a map">>}, fun() -> fusex:op_run(mingru_fwd, [Z, C], #{}) end),
+    fusex_test_util:check_badarg({prefix, <<"names: expected only the inputs">>},
+                                 fun() -> fusex:op_run(mingru_fwd, #{x => Z, cand => C}, #{}) end),
+    fusex_test_util:check_badarg({prefix, <<"op: expected the name of a described op">>},
+                                 fun() -> fusex:op_run(nope_fwd, #{z_logits => Z}, #{}) end).
+
+prod(Shape) -> lists:foldl(fun(D, A) -> D * A end, 1, tuple_to_list(Shape)).

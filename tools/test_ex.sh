@@ -11,8 +11,8 @@
 #   * else without Nx, saying why; with FUSEX_REQUIRE_NX=1 (CI) that is a
 #     failure, so the Nx tests never go unrun unnoticed.
 #
-# Each way builds under its own _build/mix* tree (mix.exs), so switching
-# between them recompiles nothing needlessly.
+# Each way builds under its own _build/mix* tree (test/ex/mix.exs), so
+# switching between them recompiles nothing needlessly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -39,6 +39,14 @@ else
     why="hex unreachable (or Elixir older than 1.17) and no kit at $kit_dir"
 fi
 
+# The product mix.exs has hex's Nx, Axon and EXLA; every other way runs
+# through the suites' own project (test/ex/mix.exs).
+case $mode in
+    none) export MIX_EXS=test/ex/mix.exs FUSEX_TEST_DEPS=none ;;
+    kit) export MIX_EXS=test/ex/mix.exs FUSEX_TEST_DEPS=kit ;;
+    hex) if [ "${FUSEX_EXLA:-}" = 0 ]; then export MIX_EXS=test/ex/mix.exs FUSEX_TEST_DEPS=hex-noexla; fi ;;
+esac
+
 case $mode in
     none)
         if [ "${FUSEX_REQUIRE_NX:-}" = 1 ] && [ "${FUSEX_NX:-}" != none ]; then
@@ -59,4 +67,13 @@ case $mode in
         MIX_ENV=test mix deps.get
         ;;
 esac
+# FUSEX_EX_RUN=script: runs the script (an example) instead of the suites.
+if [ -n "${FUSEX_EX_RUN:-}" ]; then
+    if [ "$mode" = none ]; then
+        echo "fusex example $FUSEX_EX_RUN: skipped without Nx"
+        exit 0
+    fi
+    echo "fusex example: $FUSEX_EX_RUN"
+    MIX_ENV=test exec mix run "$FUSEX_EX_RUN"
+fi
 MIX_ENV=test exec mix test "$@"

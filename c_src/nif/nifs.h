@@ -77,12 +77,14 @@ FX_ENTRY(nif_optim_info);
 /* op_nif.c: every described op (c_src/core/op.h), by name */
 FX_ENTRY(nif_op);
 FX_ENTRY(nif_op_backward);
+FX_ENTRY(nif_op_run);
 ERL_NIF_TERM nif_op_check(ErlNifEnv *, int, const ERL_NIF_TERM[]);
 ERL_NIF_TERM nif_op_list(ErlNifEnv *, int, const ERL_NIF_TERM[]);
 
 #define FX_OP_NIFS                                                   \
     {"op", 3, nif_op_entry, 0},                                      \
     {"op_backward", 4, nif_op_backward_entry, 0},                    \
+    {"op_run", 4, nif_op_run_entry, 0},                              \
     {"op_check", 4, nif_op_check, 0},                                \
     {"op_list", 0, nif_op_list, 0}
 

@@ -5,6 +5,8 @@
  *
  *   op(Name, Positional, Opts)             a forward or a step
  *   op_backward(Name, Cotangent, Ctx, Opts) a backward from a forward's context
+ *   op_run(Name, Names, Tensors, Attrs)    any description (a backward too) on
+ *                                          its inputs by name and its attributes
  *   op_check(Name, Inputs, Attrs, Device)  the op layer's check on shapes and types
  *   op_list()                              the descriptions as terms
  *
@@ -669,6 +671,80 @@ ERL_NIF_TERM nif_op_check(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
         fx_status_clear(&c.st);
     }
     return fx_call_finish(&c, result);
+}
+
+/* ---- op_run: a description on its own inputs and attributes ---- */
+
+/* The inputs by name: Names (atoms) and Tensors (handles) pairwise, into
+ * `held` and the call, `terms` keeping each tensor's term. The device is
+ * the first tensor's. */
+static int arg_named_tensors(fx_call *c, ERL_NIF_TERM names, ERL_NIF_TERM tensors, fx_op_call *call,
+                             fx_tensor *held, ERL_NIF_TERM *terms)
+{
+    const fx_op_desc *d = call->op;
+    const char *all[FX_OP_MAX_IO];
+    for (int i = 0; i < d->ninputs; i++)
+        all[i] = d->inputs[i].name;
+    unsigned nnames, ntensors;
+    if (!enif_get_list_length(c->env, names, &nnames) || !enif_get_list_length(c->env, tensors, &ntensors) ||
+        nnames != ntensors || nnames == 0)
+        return bad_value(c, "tensors", "as many tensors as names (one at least)", tensors);
+    ERL_NIF_TERM name, tensor;
+    while (enif_get_list_cell(c->env, names, &name, &names) && enif_get_list_cell(c->env, tensors, &tensor, &tensors)) {
+        int i = -1;
+        for (int k = 0; k < d->ninputs && i < 0; k++)
+            if (enif_is_identical(name, fx_atom(c->env, all[k])))
+                i = k;
+        if (i < 0)
+            return unknown_key(c, "names", "inputs", name, all, d->ninputs);
+        if (call->in[i])
+            return bad_value(c, "names", "each input once", name);
+        if (fx_arg_tensor(c, tensor, all[i], &held[i]))
+            return c->st.code;
+        call->in[i] = &held[i];
+        terms[i] = tensor;
+        if (!call->dev)
+            call->dev = held[i].device;
+    }
+    return FX_OK;
+}
+
+/* op_run(Name, Names, Tensors, Attrs) -> #{Result => Tensor}: op `Name`
+ * (a forward, a backward or a step) on its inputs by name and its
+ * attributes by name (as op_check/4 takes them), every present result. A
+ * step's "new_state" is its "state" input, updated in place. */
+FX_ENQUEUE_NIF(nif_op_run)
+static ERL_NIF_TERM nif_op_run(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
+{
+    (void)argc;
+    fx_call c;
+    const fx_op_desc *d = NULL;
+    fx_op_call call;
+    fx_tensor held[FX_OP_MAX_IO], outs[FX_OP_MAX_IO];
+    ERL_NIF_TERM terms[FX_OP_MAX_IO];
+    memset(outs, 0, sizeof outs);
+    fx_call_init(&c, env);
+    if (arg_op(&c, argv[0], -1, &d))
+        return fx_call_finish(&c, 0);
+    if (d->dir != FX_OP_STEP)
+        fx_call_watch_caller(&c);
+    fx_op_call_init(&call, d, NULL);
+    if (arg_named_tensors(&c, argv[1], argv[2], &call, held, terms) || arg_attrs(&c, argv[3], &call) ||
+        fx_op_run(&call, outs, &c.st) || hold_outs(&c, d, outs))
+        return fx_call_finish(&c, 0);
+    int state = fx_op_input_index(d, "state");
+    ERL_NIF_TERM map = enif_make_new_map(env);
+    for (int r = 0; r < d->nresults; r++) {
+        ERL_NIF_TERM value;
+        if (outs[r].buffer)
+            value = fx_make_tensor(&c, &outs[r]);
+        else if (d->results[r].role == FX_IO_STATE && state >= 0 && call.in[state])
+            value = terms[state];
+        else
+            continue;
+        enif_make_map_put(env, map, fx_atom(env, d->results[r].name), value, &map);
+    }
+    return fx_call_finish(&c, map);
 }
 
 /* ---- op_list ---- */

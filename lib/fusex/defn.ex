@@ -12,11 +12,13 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     Each function works inside `defn` (and `Nx.Defn.jit/2`) and on plain
     tensors outside. Semantics, shapes, types and error messages are those
     of the Erlang API (`:fusex`, docs/SSM.md, docs/LINREC.md, docs/LAYERS.md); tensors are
-    Nx tensors, optional tensors come in a map and options in a keyword
-    list:
+    Nx tensors; the optional tensors and the options come in one keyword
+    list, as the eager `Fusex` functions take them (or apart: the tensors
+    in a map, then the options):
 
         defn layer(x, dt, a, b, c, d) do
-          Fusex.Defn.selective_scan(x, dt, a, b, c, %{d: d}, dt_softplus: true)
+          Fusex.Defn.selective_scan(x, dt, a, b, c, d: d, dt_softplus: true)
+          # the same: Fusex.Defn.selective_scan(x, dt, a, b, c, %{d: d}, dt_softplus: true)
         end
 
     Each op is an `Nx.block/4` whose tag is a `Fusex.Defn.Block`:
@@ -26,9 +28,12 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
         docs/XLA.md), fused into the compiled program, on the host or on
         the GPU, with no copy and no synchronization (see
         `Fusex.Defn.XLA` for when it does);
-      * everywhere else (the Evaluator, EXLA without fusex's targets, any
-        other compiler or backend) the block's default implementation runs:
-        the same maths in plain Nx.
+      * everywhere else the block's default implementation runs
+        (`Fusex.Defn.Runtime`): under `Nx.Defn.Evaluator`, on plain tensors
+        and under any compiler without custom calls, fusex's kernels
+        through its NIF (`Nx.runtime_call/4`), on the operands' device;
+        under EXLA without fusex's targets, or with the implementation set
+        to `:nx` (`with_implementation/2`), the same maths in plain Nx.
 
     `Nx.Defn.grad/2` reaches every tensor argument: the forward is wrapped
     in `custom_grad/3`, whose gradient is a second block, the backward
@@ -235,5 +240,18 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     """
     deftransform layer_norm(x, weight, bias, tensors \\ %{}, opts \\ []),
       do: Call.forward(:layer_norm, Norm, [x: x, weight: weight, bias: bias], tensors, opts)
+
+    # ---- where the blocks run ----
+
+    @doc """
+    Runs `fun` with the blocks' default implementation set to `impl` in
+    the calling process: `:auto` (fusex's NIF where it can run, see
+    `Fusex.Defn.Runtime`) or `:nx` (the pure-Nx code, everywhere but
+    EXLA's custom calls). The application-wide setting is `config :fusex,
+    defn_implementation: :nx`.
+
+        Fusex.Defn.with_implementation(:nx, fn -> Nx.Defn.jit(&f/2).(x, y) end)
+    """
+    def with_implementation(impl, fun), do: Fusex.Defn.Runtime.with_implementation(impl, fun)
   end
 end

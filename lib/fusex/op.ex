@@ -22,7 +22,8 @@ defmodule Fusex.Op do
     the Erlang options map (the last argument) with tensor values converted.
   * `in_place: [:state]` names arguments the op updates in place: they must
     be `%Fusex.Tensor{}` handles on the op's device (a converted Nx tensor
-    would lose the update).
+    would lose the update), but for a step's `state`: given as an Nx
+    tensor, the step works on a copy and returns `{y, new_state}`.
 
   Results: tensors in the Erlang result (alone, or in a tuple, list or map)
   become `%Fusex.Tensor{}` with `resident: true` or when every tensor
@@ -36,6 +37,40 @@ defmodule Fusex.Op do
 
   @doc false
   def run(fun, args, opts, spec \\ []) when is_list(args) do
+    case functional_state(args, spec) do
+      nil -> run_op(fun, args, opts, spec)
+      {name, nx} -> run_functional(fun, args, opts, spec, name, nx)
+    end
+  end
+
+  # A step (its in-place argument `state`, the descriptions' name) given
+  # its state as an Nx tensor, not a handle to update in place, is
+  # functional, as Fusex.Defn's steps: {y, new_state}, the caller's state
+  # untouched.
+  defp functional_state(args, spec) do
+    value = Keyword.get(args, :state)
+    if :state in Keyword.get(spec, :in_place, []) and Fusex.Interop.nx_tensor?(value), do: {:state, value}
+  end
+
+  defp run_functional(fun, args, opts, spec, name, nx) do
+    device = if is_list(opts), do: Keyword.get(opts, :device), else: nil
+    handle = Fusex.Interop.from_nx(nx, Atom.to_string(name), device: device, copy: true)
+    y = run_op(fun, Keyword.put(args, name, handle), opts, spec)
+
+    if is_list(opts) and Keyword.get(opts, :resident, false) do
+      {y, handle}
+    else
+      backend = (is_list(opts) && Keyword.get(opts, :backend)) || nx.data.__struct__
+
+      try do
+        {y, Fusex.Interop.to_nx_copy(handle, backend)}
+      after
+        Fusex.Tensor.free(handle)
+      end
+    end
+  end
+
+  defp run_op(fun, args, opts, spec) do
     unless is_list(opts) and Keyword.keyword?(opts) do
       raise ArgumentError, "opts: expected a keyword list, got #{inspect(opts)}"
     end

@@ -13,6 +13,8 @@ defmodule FusexDefnConvTest do
 
   import Fusex.NxHelpers
   import Fusex.DefnCase
+  # the pure-Nx code; the NIF's runs: fusex_defn_runtime_test.exs
+  setup :pure_nx
   alias Fusex.Defn.Block
 
   # {options, tensors} for x [batch, seqlen, dim] and width: every option

@@ -15,6 +15,8 @@ defmodule FusexDefnNormTest do
 
   import Fusex.NxHelpers
   import Fusex.DefnCase
+  # the pure-Nx code; the NIF's runs: fusex_defn_runtime_test.exs
+  setup :pure_nx
   alias Fusex.Defn.Block
 
   @kinds for d <- Fusex.DefnCase.described(:norm, :fwd), do: d.op

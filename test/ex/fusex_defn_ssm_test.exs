@@ -14,6 +14,8 @@ defmodule FusexDefnSSMTest do
 
   import Fusex.NxHelpers
   import Fusex.DefnCase
+  # the pure-Nx code; the NIF's runs: fusex_defn_runtime_test.exs
+  setup :pure_nx
   alias Fusex.Defn.Block
 
 

@@ -118,6 +118,7 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
       if Keyword.keys(args) != positional,
         do: raise(ArgumentError, "#{desc.name}: takes the tensors #{inspect(positional)}, got #{inspect(Keyword.keys(args))}")
 
+      {tensors, opts} = one_list(desc, tensors, opts)
       opts = Check.opts_map!(opts)
       tensors = Check.tensors_map!(tensors)
       options = options(desc)
@@ -128,6 +129,25 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
       values = Map.new(options, fn {key, attr} -> {attr.name, value!(desc, key, attr, opts, given)} end)
       %{tensors: given, values: values}
     end
+
+    # The eager API's convention, one keyword list for the optional
+    # tensors and the options (`mingru(z, c, h0: h, return_state: true)`):
+    # its keys naming an optional tensor with a tensor (or nil) value are
+    # the tensors, the others the options.
+    defp one_list(desc, tensors, []) when is_list(tensors) and tensors != [] do
+      if Keyword.keyword?(tensors) do
+        names = for i <- desc.inputs, i.role == :option, do: i.name
+        {given, opts} = Enum.split_with(tensors, fn {k, v} -> k in names and (is_nil(v) or tensor?(v)) end)
+        {Map.new(given), opts}
+      else
+        {tensors, []}
+      end
+    end
+
+    defp one_list(_desc, tensors, opts), do: {tensors, opts}
+
+    defp tensor?(%Nx.Tensor{}), do: true
+    defp tensor?(_), do: false
 
     # The options: {public name, attribute} for each option attribute the
     # public functions take, in the description's order.
@@ -269,14 +289,19 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
     defp as_operands(tensors, true), do: Map.new(tensors, fn {k, t} -> {k, Nx.Defn.Expr.tensor(t)} end)
     defp as_operands(tensors, false), do: tensors
 
-    # An Nx.block of `block` whose default implementation is the pure-Nx
-    # module's forward/2, backward/2 or step/2 on the block and its
-    # operands.
+    # An Nx.block of `block` whose default implementation is fusex's NIF
+    # or the pure-Nx module's forward/2, backward/2 or step/2 on the block
+    # and its operands (Fusex.Defn.Runtime decides).
     defp block(block, inputs, templates, impl) do
       inputs = if traced?(inputs), do: Enum.map(inputs, &Nx.Defn.Expr.tensor/1), else: inputs
       output = if match?([_], templates), do: hd(templates), else: List.to_tuple(templates)
       fun = %{fwd: :forward, bwd: :backward, step: :step}[block.direction]
-      Nx.block(block, inputs, output, default_fun(length(inputs), fn b, args -> apply(impl, fun, [b, args]) end))
+
+      default = fn b, args ->
+        Fusex.Defn.Runtime.default(b, args, output, fn args -> apply(impl, fun, [b, args]) end)
+      end
+
+      Nx.block(block, inputs, output, default_fun(length(inputs), default))
     end
 
     # Nx.block's default implementation takes the operands as arguments.

@@ -7,11 +7,21 @@ defmodule Fusex.DefnCase do
   # every op, right through every step), bad input against the Erlang API's
   # message, and the blocks a traced function holds. A family's file uses
   # these on its own inputs. Compiles without Nx (only calls into it).
-  @compile {:no_warn_undefined, [Nx, Nx.Defn, Nx.Defn.Expr, Nx.Defn.Composite, Fusex.Defn]}
+  @compile {:no_warn_undefined, [Nx, Nx.Defn, Nx.Defn.Expr, Nx.Defn.Composite, Fusex.Defn, Fusex.Defn.Runtime]}
 
   import ExUnit.Assertions
   import Fusex.NxHelpers
   alias Fusex.Defn.Block
+
+  @doc """
+  A setup: the test process's blocks run their pure-Nx code (the family
+  suites test it against the Erlang API; test/ex/fusex_defn_runtime_test.exs
+  tests the NIF's runs).
+  """
+  def pure_nx(_context) do
+    Fusex.Defn.Runtime.put_implementation(:nx)
+    :ok
+  end
 
   @doc "The descriptions (fusex:op_list/0) of `family`'s ops in direction `dir`."
   def described(family, dir), do: for(d <- :fusex.op_list(), d.family == family, d.dir == dir, do: d)
