@@ -1206,8 +1206,8 @@ START_TEST(validation_messages)
     }
 
     if (dev->kind != FX_DEVICE_CPU) {
-        fx_test_tensor(fx_test_oracle(), FX_F32, 3, d3, v, &vm.host);
-        fx_test_tensor(fx_test_oracle(), FX_F64, 3, d3, v, &vm.host64);
+        fx_test_tensor(fx_cpu_device(), FX_F32, 3, d3, v, &vm.host);
+        fx_test_tensor(fx_cpu_device(), FX_F64, 3, d3, v, &vm.host64);
         EXPECT_BADARG(forward_h0(GRU(x, &vm.host), NULL, false, 0, o1, o2, &st_),
                       "cand: expected a tensor on cuda:0 (where z_logits is), got one on cpu");
         EXPECT_BADARG(backward_h0(&saved, NULL, &vm.h, &vm.host, NULL, 0, &vm.g, &st_),

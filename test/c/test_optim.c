@@ -1171,7 +1171,7 @@ START_TEST(init_validation)
                       "params[0]: expected a tensor distinct from params[1], got overlapping memory");
     if (dev->kind != FX_DEVICE_CPU) {
         fx_tensor host;
-        fx_test_tensor(fx_test_oracle(), FX_F32, 1, d3, v, &host);
+        fx_test_tensor(fx_cpu_device(), FX_F32, 1, d3, v, &host);
         fx_tensor apart[2] = {f32a, host};
         expect_init_error(FX_OPTIM_ADAMW, apart, 2, &cfg,
                           "params[1]: expected a tensor on cuda:0 (where params[0] is), got one on cpu");
@@ -1292,7 +1292,7 @@ START_TEST(step_validation)
     expect_step_error(s, FX_OPTIM_ADAMW, p, 2, g, 2, &neg, "eps: expected a finite number >= 0, got -1");
     if (dev->kind != FX_DEVICE_CPU) {
         fx_tensor host;
-        fx_test_tensor(fx_test_oracle(), FX_F32, 1, d3, v, &host);
+        fx_test_tensor(fx_cpu_device(), FX_F32, 1, d3, v, &host);
         fx_tensor apart[2] = {host, p[1]};
         expect_step_error(s, FX_OPTIM_ADAMW, apart, 2, g, 2, h,
                           "params[0]: expected a tensor on cuda:0 (where the optimizer state is), got one on cpu");

@@ -1417,7 +1417,7 @@ START_TEST(validation_messages)
                               : "h0: expected a float type ({f,32}, {bf,16}, {f,16}), got {s,32}");
     if (dev->kind != FX_DEVICE_CPU) {
         fx_tensor host, big_a, f64;
-        tensor_of(fx_test_oracle(), FX_F32, 3, t.x.dims, &host);
+        tensor_of(fx_cpu_device(), FX_F32, 3, t.x.dims, &host);
         in = t.in, in.dt = &host;
         expect_fwd_error(&in, "dt: expected a tensor on cuda:0 (where x is), got one on cpu");
         int64_t dbig[2] = {8, 257};

@@ -85,7 +85,15 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(Nx.Defn) and function_exporte
 
     defp nif?(block, traced) do
       implementation() == :auto and function_exported?(Nx, :runtime_call, 4) and nif_loaded?() and
-        not (traced and (block.direction == :step or exla_compiling?()))
+        not (traced and (block.direction == :step or exla_compiling?())) and by_name?(block)
+    end
+
+    # The NIF's op_run takes an op's operands by name: a description with a
+    # repeated group (a stacked RNN's layers, one name per slot) or with
+    # several states is not run through it yet and keeps the pure-Nx code.
+    defp by_name?(block) do
+      desc = Desc.fetch!(block.op, block.direction)
+      Desc.repeat_attr(desc) == nil and Enum.count(desc.inputs, &(&1.role == :state)) <= 1
     end
 
     defp nif_loaded? do
