@@ -1,6 +1,7 @@
 /* The frame of a resident model as a C caller sees it (no Erlang): median
  * and p99 microseconds of fx_model_step_into plus a wait for the device,
- * and of the enqueue alone, for the issue's cases (docs/MODELS.md): a
+ * and of the enqueue alone, each frame case as the state's CUDA graph and
+ * as plain launches (graph => false), for the issue's cases (docs/MODELS.md): a
  * 2-layer Mamba d_model 256 d_state 16 at batch 1 and 32, a 2-layer GRU
  * hidden 512 at batch 1, and a Mamba window of 32 frames. Build:
  * make build/libfusex_core.a && cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Ic_src
@@ -44,11 +45,12 @@ static int fail(const fx_status *st)
 static int REPS = MAX_REPS; /* FUSEX_REPS lowers it */
 
 static int bench_frames(fx_device *dev, const char *name, const fx_layer_spec *layers, int n, int64_t input,
-                        int64_t batch)
+                        int64_t batch, bool graph)
 {
     fx_status st;
     fx_status_clear(&st);
-    fx_model_spec spec = {.dtype = FX_F32, .input = input, .nlayers = n, .layers = layers, .seed = 1};
+    fx_model_spec spec = {.dtype = FX_F32, .input = input, .nlayers = n, .layers = layers, .seed = 1,
+                          .no_graph = !graph};
     fx_model *m;
     fx_model_state *s;
     fx_tensor frame, out;
@@ -73,10 +75,13 @@ static int bench_frames(fx_device *dev, const char *name, const fx_layer_spec *l
     }
     if (st.code)
         return fail(&st);
-    char what[96];
-    snprintf(what, sizeof what, "%s B%lld frame + sync", name, (long long)batch);
+    char what[96], why[192];
+    const char *mode = fx_model_frame_graphs(m, why, sizeof why) ? "graph" : "launches";
+    if (graph && strcmp(mode, "graph") != 0)
+        printf("(%s: frames as launches: %s)\n", name, why);
+    snprintf(what, sizeof what, "%s B%lld frame (%s) + sync", name, (long long)batch, mode);
     report(what, synced, REPS);
-    snprintf(what, sizeof what, "%s B%lld frame enqueue", name, (long long)batch);
+    snprintf(what, sizeof what, "%s B%lld frame (%s) enqueue", name, (long long)batch, mode);
     report(what, enqueued, REPS);
     fx_tensor_release(&frame);
     fx_tensor_release(&out);
@@ -140,10 +145,12 @@ int main(void)
         {.kind = FX_LAYER_MAMBA, .inner = 512, .dstate = 16, .dconv = 4, .dt_rank = 16, .residual = true}};
     const fx_layer_spec gru2[2] = {{.kind = FX_LAYER_GRU, .size = 512, .bias = true},
                                    {.kind = FX_LAYER_GRU, .size = 512, .bias = true}};
-    int rc = bench_frames(dev, "2-layer Mamba d256 N16", mamba2, 2, 256, 1) ||
-             bench_frames(dev, "2-layer Mamba d256 N16", mamba2, 2, 256, 32) ||
-             bench_frames(dev, "2-layer GRU H512", gru2, 2, 512, 1) ||
-             bench_window(dev, "2-layer Mamba d256 N16", mamba2, 2, 256, 32);
+    int rc = 0;
+    for (int graph = 1; graph >= 0 && rc == 0; graph--)
+        rc = bench_frames(dev, "2-layer Mamba d256 N16", mamba2, 2, 256, 1, graph) ||
+             bench_frames(dev, "2-layer Mamba d256 N16", mamba2, 2, 256, 32, graph) ||
+             bench_frames(dev, "2-layer GRU H512", gru2, 2, 512, 1, graph);
+    rc = rc || bench_window(dev, "2-layer Mamba d256 N16", mamba2, 2, 256, 32);
     fx_runtime_shutdown();
     return rc;
 }

@@ -25,7 +25,7 @@ extern "C" {
 
 /* Bumped whenever fx_backend or an argument struct changes layout. The core
  * refuses a backend whose version or struct size differs from its own. */
-#define FX_ABI_VERSION 6
+#define FX_ABI_VERSION 7
 
 #define FX_MAX_RANK 8
 
@@ -245,6 +245,26 @@ typedef struct fx_backend {
      * *done false. NULL: every download may wait. */
     int (*try_download)(int dev, void *dst, const void *src, size_t nbytes, bool *done,
                         fx_status *st);
+
+    /* ---- CUDA graphs: work captured once and replayed as one launch (a
+     * model's frame, docs/MODELS.md). NULL where the device has none (the
+     * CPU); all four or none. ---- */
+
+    /* Starts capturing the work enqueued on `stream` (a stream of
+     * stream_create, never fusex's own, which other threads enqueue on)
+     * from this thread (thread-local mode: a synchronising or allocating
+     * call on this thread fails and spoils the capture). From here until
+     * graph_end nothing enqueued on `stream` runs. */
+    int (*graph_begin)(int dev, void *stream, fx_status *st);
+    /* Ends the capture on `stream` and instantiates it: *graph is an
+     * executable graph, or NULL with the error (a spoiled capture, an
+     * uncapturable call) in st, the stream no longer capturing either way. */
+    int (*graph_end)(int dev, void *stream, void **graph, fx_status *st);
+    /* Enqueues the whole graph on `stream` (NULL: fusex's own), ordered
+     * with the stream's other work like any launch. */
+    int (*graph_launch)(int dev, void *graph, void *stream, fx_status *st);
+    /* Frees a graph; work it enqueued finishes first. */
+    void (*graph_destroy)(int dev, void *graph);
 } fx_backend;
 
 /* The one symbol priv/fusex_cuda.so exports. */

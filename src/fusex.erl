@@ -1192,9 +1192,11 @@ library_too_long(Bin) ->
 %% `d_conv' 4, `dt_rank' ceil(d_model / 16). `residual => true' adds the
 %% layer's input to its output (the widths must agree).
 -type model_spec() :: #{input := pos_integer(), layers := [model_layer(), ...],
-                        type => {f, 32} | {f, 64}, seed => integer()}.
+                        type => {f, 32} | {f, 64}, seed => integer(), graph => boolean()}.
 %% `input': the frame's width. `type': {f,32} (default), or {f,64} on the
 %% CPU. `seed': the initial weights of {@link model/2} (default 0).
+%% `graph': on CUDA, each state's frame is captured once into a CUDA graph
+%% and replayed (default true; `false': plain launches).
 -type model_weights() :: [#{atom() => tensor() | binary()}].
 %% One map per layer, weight name to a tensor (copied onto the model's
 %% device) or a binary of the model's type in native byte order: linear
@@ -1223,10 +1225,14 @@ model(Device, Spec) -> ?NIF:model_new(Device, Spec, none).
 -spec model(device(), model_spec(), model_weights()) -> model().
 model(Device, Spec, Weights) -> ?NIF:model_new(Device, Spec, Weights).
 
-%% @doc The model's device, type, widths, parameter count and layers.
+%% @doc The model's device, type, widths, parameter count and layers, and
+%% how a frame is enqueued: `frame => graph' (a CUDA graph per state,
+%% replayed) or `launches', with `frame_why' saying why (the CPU, `graph =>
+%% false', a capture that failed).
 -spec model_info(model()) -> #{device := device(), type := type(), input := pos_integer(),
                                output := pos_integer(), params := non_neg_integer(),
-                               layers := [map()]}.
+                               layers := [map()], frame := graph | launches,
+                               frame_why => binary()}.
 model_info(Model) -> ?NIF:model_info(Model).
 
 %% @doc The weights as {@link model/3} takes them: tensors sharing the

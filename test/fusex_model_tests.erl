@@ -320,7 +320,7 @@ bad_spec_test() ->
     bad(<<"layers: expected a list of 1 to 64 layers, got []">>,
         fun() -> fusex:model(D, #{input => 2, layers => []}) end),
     bad({prefix, <<"spec: expected a map, got ">>}, fun() -> fusex:model(D, [rms_norm]) end),
-    bad(<<"spec: expected only the keys input, layers, type, seed, got inputs">>,
+    bad(<<"spec: expected only the keys input, layers, type, seed, graph, got inputs">>,
         fun() -> fusex:model(D, #{inputs => 2, layers => [rms_norm]}) end).
 
 bad_weights_test() ->
@@ -390,3 +390,28 @@ frames_keep_memory_test() ->
     ?assertEqual(Before, maps:get(allocated, fusex_test_util:settled_memory(D))),
     %% (the model and state stay referenced until here)
     {_, S} = fusex:model_step(M, S, F).
+
+%% How a frame is enqueued: a CUDA graph per state on a GPU, plain launches
+%% on the CPU or with graph => false; both give the same frames, bit for
+%% bit, over a chain (the graph replays what the launches run).
+frame_graph_test() ->
+    D = device(),
+    Spec = #{input => 4, seed => 21,
+             layers => [{mamba, #{d_state => 4, residual => true}}, {gru, #{hidden => 5}}, {linear, #{out => 3}}]},
+    Graph = fusex:model(D, Spec),
+    Plain = fusex:model(D, Spec#{graph => false}),
+    ?assertMatch(#{frame := launches, frame_why := <<"graph => false in the spec">>}, fusex:model_info(Plain)),
+    case D of
+        cpu -> ?assertMatch(#{frame := launches, frame_why := <<"cpu has no CUDA graphs">>},
+                            fusex:model_info(Graph));
+        _ -> ?assertMatch(#{frame := graph}, fusex:model_info(Graph))
+    end,
+    {B, L} = {2, 6},
+    Xs = fusex_test_util:uniform(B * L * 4, -1.0, 1.0),
+    Chain = fun(M) ->
+                S = fusex:model_init_state(M, B),
+                [fusex:to_binary(element(1, fusex:model_step(M, S, t({f, 32}, {B, 4}, frame_of(Xs, {B, L, 4}, T)))))
+                 || T <- lists:seq(0, L - 1)]
+            end,
+    ?assertEqual(Chain(Plain), Chain(Graph)),
+    bad(<<"graph: expected true or false, got 1">>, fun() -> fusex:model(D, Spec#{graph => 1}) end).

@@ -343,6 +343,32 @@ static int build_layer(fx_model *m, int li, const fx_layer_spec *ls, int64_t in,
     return FX_OK;
 }
 
+/* Whether frames can be graphs: a device with a stream whose backend
+ * captures (CUDA), and the spec not turning them off. */
+static void decide_graphs(fx_model *m, const fx_model_spec *spec)
+{
+    const fx_backend *b = m->device->backend;
+    m->graphs = false;
+    if (spec->no_graph)
+        snprintf(m->frame_why, sizeof m->frame_why, "graph => false in the spec");
+    else if (m->device->kind != FX_DEVICE_CUDA)
+        snprintf(m->frame_why, sizeof m->frame_why, "%s has no CUDA graphs", m->device->label);
+    else if (!b->graph_begin || !b->graph_end || !b->graph_launch || !b->graph_destroy || !b->stream_create)
+        snprintf(m->frame_why, sizeof m->frame_why, "the backend of %s has no graph capture", m->device->label);
+    else
+        m->graphs = true, m->frame_why[0] = '\0';
+}
+
+bool fx_model_frame_graphs(fx_model *m, char *why, size_t len)
+{
+    pthread_mutex_lock(&m->lock);
+    const bool graphs = m->graphs;
+    if (len)
+        snprintf(why, len, "%s", graphs ? "" : m->frame_why);
+    pthread_mutex_unlock(&m->lock);
+    return graphs;
+}
+
 int fx_model_new(fx_device *dev, const fx_model_spec *spec, const fx_tensor *const *weights, fx_model **out,
                  fx_status *st)
 {
@@ -373,6 +399,7 @@ int fx_model_new(fx_device *dev, const fx_model_spec *spec, const fx_tensor *con
         in = m->layer[i].out;
     }
     m->output = in;
+    decide_graphs(m, spec);
     *out = m;
     return FX_OK;
 }
@@ -636,6 +663,21 @@ static int alloc_arena(const fx_model *m, fx_model_state *s, fx_status *st)
     return fx_tensor_alloc(m->device, FX_U8, 1, dims, &s->arena, st);
 }
 
+/* What a graph frame needs beyond the plain frame's buffers: the fixed
+ * input and output frames and a stream of the state's own to capture on
+ * (never the device's, on which other threads enqueue meanwhile). Made
+ * with the state, so that no frame allocates. */
+static int alloc_graph_buffers(const fx_model *m, fx_model_state *s, fx_status *st)
+{
+    if (!m->graphs)
+        return FX_OK;
+    const int64_t in[2] = {s->batch, m->input}, out[2] = {s->batch, m->output};
+    if (tensor_like(m->device, m->dtype, 2, in, &s->frame_in, st) ||
+        tensor_like(m->device, m->dtype, 2, out, &s->frame_out, st))
+        return st->code;
+    return m->device->backend->stream_create(m->device->ordinal, &s->capture_stream, st);
+}
+
 int fx_model_state_new(const fx_model *m, int64_t batch, fx_model_state **out, fx_status *st)
 {
     *out = NULL;
@@ -654,6 +696,7 @@ int fx_model_state_new(const fx_model *m, int64_t batch, fx_model_state **out, f
         return fx_fail(st, FX_ENOMEM, "out of host memory for a model state");
     }
     s->model_id = m->id;
+    s->device = m->device;
     s->batch = batch;
     s->nlayers = m->nlayers;
     pthread_mutex_init(&s->lock, NULL);
@@ -662,12 +705,19 @@ int fx_model_state_new(const fx_model *m, int64_t batch, fx_model_state **out, f
             fx_model_state_free(s);
             return st->code;
         }
-    if (alloc_arena(m, s, st)) {
+    if (alloc_arena(m, s, st) || alloc_graph_buffers(m, s, st)) {
         fx_model_state_free(s);
         return st->code;
     }
     *out = s;
     return FX_OK;
+}
+
+static void release_graph(fx_model_state *s)
+{
+    if (s->graph)
+        s->device->backend->graph_destroy(s->device->ordinal, s->graph);
+    s->graph = NULL;
 }
 
 void fx_model_state_free(fx_model_state *s)
@@ -686,6 +736,11 @@ void fx_model_state_free(fx_model_state *s)
                 fx_tensor_release(&s->proj[FX_LAYER_MAX_TMP * l + k]);
     }
     fx_tensor_release(&s->arena);
+    release_graph(s);
+    if (s->capture_stream)
+        s->device->backend->stream_destroy(s->device->ordinal, s->capture_stream);
+    fx_tensor_release(&s->frame_in);
+    fx_tensor_release(&s->frame_out);
     if (s->rec) /* the lock was initialized with the arrays */
         pthread_mutex_destroy(&s->lock);
     free(s->rec);
@@ -721,6 +776,7 @@ int fx_model_state_reset(const fx_model *m, fx_model_state *s, fx_status *st)
 
 typedef struct frame_exec {
     fx_exec ex;
+    void *own_stream; /* the device's: plain frames and replays go there */
     fx_scratch_arena arena;
 } frame_exec;
 
@@ -820,6 +876,86 @@ static int check_frame(const fx_model *m, const fx_model_state *s, const fx_tens
     return FX_OK;
 }
 
+/* Every layer's ops from `frame` to `out` on fe's stream. */
+static int run_frame(frame_exec *fe, const fx_model *m, fx_model_state *s, const fx_tensor *frame,
+                     const fx_tensor *out, fx_status *st)
+{
+    const fx_tensor *x = frame;
+    for (int l = 0; l < m->nlayers && st->code == FX_OK; l++) {
+        const fx_tensor *y = l + 1 < m->nlayers ? &s->act[l] : out;
+        layer_step(fe, m, s, l, x, y, st);
+        x = y;
+    }
+    return st->code;
+}
+
+/* The addresses a captured frame holds of the weights (FNV-1a). */
+static uint64_t weights_key(const fx_model *m)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int l = 0; l < m->nlayers; l++)
+        for (int k = 0; k < m->layer[l].nslots; k++)
+            h = (h ^ (uint64_t)(uintptr_t)m->layer[l].param[k].data) * 1099511628211ull;
+    return h;
+}
+
+/* Captures the frame from frame_in to frame_out on the state's stream.
+ * Nothing runs while capturing, so a failure leaves the state as it was;
+ * the model's graphs are then off for good (its frames launched plainly). */
+static bool capture_frame(frame_exec *fe, fx_model *m, fx_model_state *s)
+{
+    const fx_backend *b = m->device->backend;
+    fx_status cst;
+    fx_status_clear(&cst);
+    fe->ex.stream = s->capture_stream;
+    if (b->graph_begin(m->device->ordinal, s->capture_stream, &cst) == FX_OK) {
+        run_frame(fe, m, s, &s->frame_in, &s->frame_out, &cst);
+        fx_status end;
+        fx_status_clear(&end);
+        if (b->graph_end(m->device->ordinal, s->capture_stream, &s->graph, &end) != FX_OK && cst.code == FX_OK)
+            cst = end;
+    }
+    fe->ex.stream = fe->own_stream;
+    if (cst.code != FX_OK) {
+        release_graph(s);
+        m->graphs = false;
+        snprintf(m->frame_why, sizeof m->frame_why, "the frame's capture failed: %s", cst.msg);
+        return false;
+    }
+    s->weights_key = weights_key(m);
+    return true;
+}
+
+/* The frame as the state's graph on the device's stream: the frame into
+ * frame_in, the graph, frame_out into `out`. */
+static int replay_frame(const fx_exec *ex, const fx_model *m, fx_model_state *s, const fx_tensor *frame,
+                        const fx_tensor *out, fx_status *st)
+{
+    const fx_backend *b = m->device->backend;
+    if (b->copy(ex, s->frame_in.data, frame->data, frame->nbytes, st) ||
+        b->graph_launch(m->device->ordinal, s->graph, ex->stream, st) ||
+        b->copy(ex, out->data, s->frame_out.data, out->nbytes, st))
+        return st->code;
+    s->replays++;
+    return FX_OK;
+}
+
+/* Plain launches for the state's first frame (the warm-up: cuBLASLt's
+ * handle and algorithm choices, shared-memory opt-ins and lazily loaded
+ * kernels are made outside any capture) and wherever graphs are off;
+ * from the second on the state's graph, captured once (again only if
+ * the weights moved). */
+static int step_locked(frame_exec *fe, fx_model *m, fx_model_state *s, const fx_tensor *frame,
+                       const fx_tensor *out, fx_status *st)
+{
+    if (m->graphs && s->graph && s->weights_key != weights_key(m))
+        release_graph(s);
+    if (m->graphs && s->frames > 0 && (s->graph || capture_frame(fe, m, s)))
+        return replay_frame(&fe->ex, m, s, frame, out, st);
+    fe->ex.stream = fe->own_stream;
+    return run_frame(fe, m, s, frame, out, st);
+}
+
 int fx_model_step_into(fx_model *m, fx_model_state *s, const fx_tensor *frame, const fx_tensor *out, fx_status *st)
 {
     if (check_state(m, s, st) || check_frame(m, s, frame, out, st))
@@ -827,18 +963,20 @@ int fx_model_step_into(fx_model *m, fx_model_state *s, const fx_tensor *frame, c
     frame_exec fe;
     if (!fx_exec_resolve(m->device, NULL, &fe.ex, st))
         return st->code;
+    fe.own_stream = fe.ex.stream;
     fe.arena.base = s->arena.data;
     fe.arena.size = s->arena.nbytes;
     fe.arena.used = 0;
     fe.ex.scratch = fx_scratch_arena_use(&fe.arena);
+    /* The stream's look-back cache tags each launch with a host-side epoch
+     * baked into its arguments: a replayed graph would reuse its tags. The
+     * ops take their statuses from the arena instead (the scratch queries
+     * size for that). */
+    fe.ex.cache = NULL;
     pthread_mutex_lock(&m->lock);
     pthread_mutex_lock(&s->lock);
-    const fx_tensor *x = frame;
-    for (int l = 0; l < m->nlayers && st->code == FX_OK; l++) {
-        const fx_tensor *y = l + 1 < m->nlayers ? &s->act[l] : out;
-        layer_step(&fe, m, s, l, x, y, st);
-        x = y;
-    }
+    if (step_locked(&fe, m, s, frame, out, st) == FX_OK)
+        s->frames++;
     pthread_mutex_unlock(&s->lock);
     pthread_mutex_unlock(&m->lock);
     return st->code;

@@ -64,6 +64,7 @@ typedef struct fx_model_spec {
     int nlayers;
     const fx_layer_spec *layers;
     uint64_t seed; /* the initial weights where none are given */
+    bool no_graph; /* frames as plain launches, never a CUDA graph (the spec's graph => false) */
 } fx_model_spec;
 
 typedef struct fx_layer {
@@ -82,6 +83,11 @@ typedef struct fx_model {
     int nlayers;
     fx_layer *layer;
     bool grads_ready;
+    /* Frames are captured into a CUDA graph per state and replayed (a CUDA
+     * device whose backend has graphs, the spec not saying graph => false,
+     * no capture failed yet); else plain launches, frame_why saying why. */
+    bool graphs;
+    char frame_why[192];
     pthread_mutex_t lock; /* one call at a time: frames, windows and training share the weights */
 } fx_model;
 
@@ -129,6 +135,18 @@ typedef struct fx_model_state {
     fx_tensor *proj;  /* [nlayers][FX_LAYER_MAX_TMP]: the min layers' projections, mamba's
                        * intermediates */
     fx_tensor arena;  /* scratch of the frame's ops (u8) */
+    /* The frame as a CUDA graph (models with graphs): captured on the
+     * state's own stream at its second frame (the first, plain, sets up
+     * what the libraries make on first use), replayed from then on. The
+     * graph reads the frame from frame_in and writes the output to
+     * frame_out, the state's own buffers: each frame is copied in before
+     * the launch and out after it. weights_key: the weights' addresses
+     * when captured (a graph holds them). */
+    fx_device *device;
+    void *capture_stream;
+    void *graph;
+    fx_tensor frame_in, frame_out;
+    uint64_t frames, replays, weights_key;
     pthread_mutex_t lock;
 } fx_model_state;
 
@@ -140,9 +158,16 @@ int fx_model_state_reset(const fx_model *m, fx_model_state *s, fx_status *st);
 
 /* One frame [batch, input] through every layer: the states in place, the
  * model's output into `out` [batch, output] (same type and device). Every
- * op is enqueued on the device's stream in order; nothing is allocated. */
+ * op is enqueued on the device's stream in order, or, with graphs, the
+ * state's graph is (captured at its second frame; a capture that fails
+ * turns the model's graphs off for good, the frame then launched plainly:
+ * never an error); nothing is allocated on the device. */
 int fx_model_step_into(fx_model *m, fx_model_state *s, const fx_tensor *frame, const fx_tensor *out,
                        fx_status *st);
+/* Whether the model's frames are enqueued as graphs; when not, why into
+ * `why` (`len` bytes). */
+bool fx_model_frame_graphs(fx_model *m, char *why, size_t len);
+
 /* A window [batch, seqlen, input] from the state `s` (updated to the
  * state after the window); y allocated [batch, seqlen, output]. */
 int fx_model_forward(fx_model *m, fx_model_state *s, const fx_tensor *window, fx_tensor *y, fx_status *st);

@@ -580,6 +580,63 @@ static int cuda_busy_wait(int dev, double us, fx_status *st)
     return check_launch(d, "busy_wait kernel", st);
 }
 
+// ---- CUDA graphs (a model's frame: captured once, replayed as one launch) ----
+
+static int cuda_graph_begin(int dev, void *stream, fx_status *st)
+{
+    Device *d = enter(dev, st);
+    if (!d)
+        return st->code;
+    // Thread-local: only this thread's unsafe calls (a synchronize, a
+    // cudaMalloc) spoil the capture; other threads keep using the device.
+    FX_CUDA_TRY(d, cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal),
+                "cudaStreamBeginCapture", st);
+    return FX_OK;
+}
+
+static int cuda_graph_end(int dev, void *stream, void **out, fx_status *st)
+{
+    *out = NULL;
+    Device *d = enter(dev, st);
+    if (!d)
+        return st->code;
+    cudaGraph_t graph = NULL;
+    // Ends the capture even when it was spoiled (then graph is NULL), so the
+    // stream takes plain work again.
+    const cudaError_t ended = cudaStreamEndCapture((cudaStream_t)stream, &graph);
+    if (ended != cudaSuccess) {
+        if (graph)
+            (void)cudaGraphDestroy(graph);
+        return fail(d, ended, "cudaStreamEndCapture", st);
+    }
+    cudaGraphExec_t exec = NULL;
+    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    (void)cudaGraphDestroy(graph); // the executable graph keeps what it needs
+    if (made != cudaSuccess)
+        return fail(d, made, "cudaGraphInstantiate", st);
+    *out = exec;
+    return FX_OK;
+}
+
+static int cuda_graph_launch(int dev, void *graph, void *stream, fx_status *st)
+{
+    Device *d = enter(dev, st);
+    if (!d)
+        return st->code;
+    FX_CUDA_TRY(d, cudaGraphLaunch((cudaGraphExec_t)graph, stream ? (cudaStream_t)stream : d->stream),
+                "cudaGraphLaunch", st);
+    return FX_OK;
+}
+
+static void cuda_graph_destroy(int dev, void *graph)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    // A graph still in flight is freed once its work completes.
+    if (graph && enter(dev, &st) && cudaGraphExecDestroy((cudaGraphExec_t)graph) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
 static const fx_backend cuda_backend = {
     .abi_version = FX_ABI_VERSION,
     .struct_size = sizeof(fx_backend),
@@ -624,6 +681,10 @@ static const fx_backend cuda_backend = {
     .pointer_check = pointer_check,
     .try_upload = cuda_try_upload,
     .try_download = cuda_try_download,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_destroy = cuda_graph_destroy,
 };
 
 } // namespace fx::cuda

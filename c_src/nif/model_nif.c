@@ -65,7 +65,7 @@ static ERL_NIF_TERM put(ErlNifEnv *env, ERL_NIF_TERM map, const char *key, ERL_N
 
 /* ---- the spec ---- */
 
-static const char *const spec_keys[] = {"input", "layers", "type", "seed", NULL};
+static const char *const spec_keys[] = {"input", "layers", "type", "seed", "graph", NULL};
 static const char *const linear_keys[] = {"out", "activation", "bias", "residual", NULL};
 static const char *const rms_keys[] = {"eps", "residual", NULL};
 static const char *const layer_norm_keys[] = {"eps", "bias", "residual", NULL};
@@ -172,6 +172,7 @@ static int parse_spec(fx_call *c, ERL_NIF_TERM term, parsed_spec *p)
     ERL_NIF_TERM v, list, head;
     unsigned n;
     int64_t seed = 0;
+    bool graph = true;
     memset(p, 0, sizeof *p);
     p->spec.dtype = FX_F32;
     if (fx_arg_opts(c, term, spec_keys))
@@ -180,9 +181,10 @@ static int parse_spec(fx_call *c, ERL_NIF_TERM term, parsed_spec *p)
         return fx_fail(&c->st, FX_EBADARG, "input: expected an integer >= 1 (the frame's width), got none");
     if (fx_arg_int64(c, v, "input", &p->spec.input) ||
         (fx_opt_term(c, term, "type", &v) && fx_arg_dtype(c, v, "type", &p->spec.dtype)) ||
-        opt_int64(c, term, "seed", 0, &seed))
+        opt_int64(c, term, "seed", 0, &seed) || fx_opt_bool(c, term, "graph", true, &graph))
         return c->st.code;
     p->spec.seed = (uint64_t)seed;
+    p->spec.no_graph = !graph;
     if (!fx_opt_term(c, term, "layers", &list) || !enif_get_list_length(c->env, list, &n) || n < 1 ||
         n > FX_MODEL_MAX_LAYERS) {
         char text[64] = "none";
@@ -328,7 +330,8 @@ static ERL_NIF_TERM layer_info(ErlNifEnv *env, const fx_layer *L)
     return m;
 }
 
-/* model_info(Model) -> #{device, type, input, output, params, layers} */
+/* model_info(Model) -> #{device, type, input, output, params, layers,
+ * frame => graph | launches, and frame_why (a binary) for launches} */
 ERL_NIF_TERM nif_model_info(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
 {
     (void)argc;
@@ -350,6 +353,11 @@ ERL_NIF_TERM nif_model_info(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[])
     r = put(env, r, "output", enif_make_int64(env, m->output));
     r = put(env, r, "params", enif_make_int64(env, count));
     r = put(env, r, "layers", layers);
+    char why[sizeof m->frame_why];
+    const bool graphs = fx_model_frame_graphs(m, why, sizeof why);
+    r = put(env, r, "frame", fx_atom(env, graphs ? "graph" : "launches"));
+    if (!graphs)
+        r = put(env, r, "frame_why", fx_make_string(env, why));
     return fx_call_finish(&c, r);
 }
 

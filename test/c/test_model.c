@@ -5,6 +5,7 @@
  * messages. Under `make test-emu` this runs the CUDA launchers of every
  * layer's frame, window and backward. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -196,6 +197,129 @@ START_TEST(a_frame_allocates_nothing)
 }
 END_TEST
 
+/* The outputs of `l` frames from a fresh state of m (then, from the same
+ * state reset, `l` more), laid out frame after frame; the state's replay
+ * count into *replays. */
+static double *chain(fx_model *m, const double *frames, int64_t b, int64_t l, uint64_t *replays)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    fx_model_state *s;
+    fx_model_state_new(m, b, &s, &st);
+    FX_CK_OK(st);
+    const int64_t in = m->input, o = m->output;
+    const int64_t fdims[2] = {b, in}, odims[2] = {b, o};
+    double *ys = malloc(sizeof *ys * (size_t)(2 * l * b * o));
+    fx_tensor out;
+    fx_test_poisoned(m->device, FX_F32, 2, odims, &out);
+    for (int64_t t = 0; t < 2 * l; t++) {
+        if (t == l) {
+            fx_model_state_reset(m, s, &st);
+            FX_CK_OK(st);
+        }
+        fx_tensor f;
+        fx_test_tensor(m->device, FX_F32, 2, fdims, frames + (t % l) * b * in, &f);
+        fx_model_step_into(m, s, &f, &out, &st);
+        FX_CK_OK(st);
+        double *got = fx_test_read(&out);
+        memcpy(ys + t * b * o, got, sizeof *ys * (size_t)(b * o));
+        free(got);
+        fx_tensor_release(&f);
+    }
+    *replays = s->replays;
+    fx_tensor_release(&out);
+    fx_model_state_free(s);
+    return ys;
+}
+
+static void assert_same_bits(const double *got, const double *want, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(!isnan(got[i]) && got[i] == want[i], "element %lld: %.9g, want %.9g (bit for bit)",
+                      (long long)i, got[i], want[i]);
+}
+
+/* Replayed frames equal launched ones bit for bit over a chain, and across
+ * a reset (the graph holds the state's addresses, which a reset keeps).
+ * Where the device has no graphs (the CPU) the model says so and the
+ * graph's assertions are skipped. */
+START_TEST(graph_frames_equal_launched_frames)
+{
+    fx_model_spec spec = spec_of(every_kind, 9, 5);
+    fx_model *graph, *plain;
+    fx_status st;
+    fx_status_clear(&st);
+    fx_model_new(fx_test_device(), &spec, NULL, &graph, &st);
+    FX_CK_OK(st);
+    spec.no_graph = true;
+    fx_model_new(fx_test_device(), &spec, NULL, &plain, &st);
+    FX_CK_OK(st);
+    char why[192];
+    ck_assert(!fx_model_frame_graphs(plain, why, sizeof why));
+    ck_assert_str_eq(why, "graph => false in the spec");
+    const bool graphs = fx_model_frame_graphs(graph, why, sizeof why);
+    if (graph->device->kind == FX_DEVICE_CPU) {
+        ck_assert(!graphs);
+        ck_assert_str_eq(why, "cpu has no CUDA graphs");
+        printf("model graph: the graph's assertions skipped: no CUDA device under test (%s)\n", why);
+    } else {
+        ck_assert_msg(graphs, "cuda model without graphs: %s", why);
+    }
+    const int64_t b = 3, l = 7;
+    double *frames = malloc(sizeof *frames * (size_t)(l * b * spec.input));
+    fx_fill_uniform(frames, l * b * spec.input, -1, 1);
+    uint64_t graph_replays, plain_replays;
+    double *want = chain(plain, frames, b, l, &plain_replays);
+    double *got = chain(graph, frames, b, l, &graph_replays);
+    assert_same_bits(got, want, 2 * l * b * graph->output);
+    ck_assert_int_eq(plain_replays, 0);
+    /* Every frame but the state's first (plain: the warm-up) is a replay. */
+    ck_assert_int_eq(graph_replays, graphs ? 2 * l - 1 : 0);
+    ck_assert(fx_model_frame_graphs(graph, why, sizeof why) == graphs);
+    free(frames), free(want), free(got);
+    fx_model_free(graph);
+    fx_model_free(plain);
+}
+END_TEST
+
+/* A capture that fails (the emulator's FUSEX_EMU_GRAPH=fail spoils every
+ * one) turns the model's graphs off for good, says why, and its frames
+ * still come out right, launched plainly: never an error. */
+START_TEST(a_failed_capture_falls_back)
+{
+    if (!fx_test_emulated()) {
+        printf("model graph: the failed capture's test skipped: it needs the CUDA emulator, whose captures can be "
+               "made to fail (device under test: %s)\n", fx_test_device()->label);
+        return;
+    }
+    fx_model_spec spec = spec_of(every_kind, 9, 5);
+    fx_model *graph, *plain;
+    fx_status st;
+    fx_status_clear(&st);
+    fx_model_new(fx_test_device(), &spec, NULL, &graph, &st);
+    FX_CK_OK(st);
+    spec.no_graph = true;
+    fx_model_new(fx_test_device(), &spec, NULL, &plain, &st);
+    FX_CK_OK(st);
+    const int64_t b = 2, l = 4;
+    double *frames = malloc(sizeof *frames * (size_t)(l * b * spec.input));
+    fx_fill_uniform(frames, l * b * spec.input, -1, 1);
+    uint64_t replays;
+    double *want = chain(plain, frames, b, l, &replays);
+    setenv("FUSEX_EMU_GRAPH", "fail", 1);
+    double *got = chain(graph, frames, b, l, &replays);
+    unsetenv("FUSEX_EMU_GRAPH");
+    assert_same_bits(got, want, 2 * l * b * graph->output);
+    ck_assert_int_eq(replays, 0);
+    char why[192];
+    ck_assert(!fx_model_frame_graphs(graph, why, sizeof why));
+    ck_assert_msg(strstr(why, "the frame's capture failed: cudaStreamEndCapture failed") == why, "why: %s", why);
+    free(frames), free(want), free(got);
+    fx_model_free(graph);
+    fx_model_free(plain);
+}
+END_TEST
+
 static void expect_refused(const fx_model_spec *spec, const fx_tensor *const *w, const char *msg)
 {
     fx_status st;
@@ -240,6 +364,8 @@ Suite *fx_suite_model(void)
     tcase_add_test(tc, gradients_match_the_cpu);
     tcase_add_test(tc, a_frame_allocates_nothing);
     tcase_add_test(tc, bad_specs_and_weights);
+    tcase_add_test(tc, graph_frames_equal_launched_frames);
+    tcase_add_test(tc, a_failed_capture_falls_back);
     suite_add_tcase(s, tc);
     return s;
 }

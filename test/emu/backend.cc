@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include <string>
+#include <new>
+#include <vector>
 
 #include "cuda/common.cuh"
 #include "cuda/families.h"
@@ -106,7 +108,127 @@ void emu_stream_destroy(int, void *stream) { free(stream); }
 
 int emu_stream_synchronize(int, void *, fx_status *) { return FX_OK; }
 
+// ---- CUDA graphs: a capture records the work enqueued on its stream from
+// this thread (cuda/launch.cuh, blas.cc, the table's copies and fills), a
+// graph is that record, its launch runs it. As cudaStreamCaptureModeThread
+// Local, a synchronising call on the capturing thread (a synchronize, a
+// download) fails and spoils the capture, whose end then fails.
+// FUSEX_EMU_GRAPH=fail makes every capture's end fail as a spoiled one
+// does (the callers' fallbacks); =off leaves the table without graphs. ----
+
+struct Capture {
+    const void *stream = nullptr;
+    std::vector<fx_emu::work> work;
+    const char *spoiled_by = nullptr;
+};
+
+thread_local Capture *capture;
+
+struct Graph {
+    std::vector<fx_emu::work> work;
+};
+
+// A call a capture forbids: fails (and spoils the capture) where this thread
+// is capturing.
+int unsafe_in_capture(const char *what, fx_status *st)
+{
+    if (!capture)
+        return FX_OK;
+    if (!capture->spoiled_by)
+        capture->spoiled_by = what;
+    return fx_fail(st, FX_ECUDA, "%s failed: operation not permitted when stream is capturing "
+                                 "(cudaErrorStreamCaptureUnsupported)", what);
+}
+
+int emu_graph_begin(int, void *stream, fx_status *st)
+{
+    if (capture)
+        return fx_fail(st, FX_ECUDA, "cudaStreamBeginCapture failed: this thread is capturing already "
+                                     "(cudaErrorIllegalState)");
+    capture = new (std::nothrow) Capture;
+    if (!capture)
+        return fx_fail(st, FX_ENOMEM, "out of host memory for a capture");
+    capture->stream = stream;
+    return FX_OK;
+}
+
+int emu_graph_end(int, void *stream, void **out, fx_status *st)
+{
+    *out = nullptr;
+    if (!capture || capture->stream != stream)
+        return fx_fail(st, FX_ECUDA, "cudaStreamEndCapture failed: the stream is not capturing "
+                                     "(cudaErrorIllegalState)");
+    Capture *done = capture;
+    capture = nullptr;
+    const char *forced = getenv("FUSEX_EMU_GRAPH");
+    const char *spoiled = done->spoiled_by    ? done->spoiled_by
+                          : forced && strcmp(forced, "fail") == 0 ? "FUSEX_EMU_GRAPH=fail"
+                                                                  : nullptr;
+    Graph *g = spoiled ? nullptr : new (std::nothrow) Graph;
+    if (g)
+        g->work = std::move(done->work);
+    delete done;
+    if (spoiled)
+        return fx_fail(st, FX_ECUDA, "cudaStreamEndCapture failed: operation failed due to a previous error "
+                                     "during capture (cudaErrorStreamCaptureInvalidated; %s)", spoiled);
+    if (!g)
+        return fx_fail(st, FX_ENOMEM, "out of host memory for a graph");
+    *out = g;
+    return FX_OK;
+}
+
+int emu_graph_launch(int, void *graph, void *, fx_status *st)
+{
+    if (capture)
+        return unsafe_in_capture("cudaGraphLaunch (on another stream)", st);
+    for (const fx_emu::work &w : static_cast<Graph *>(graph)->work)
+        if (w(st) != FX_OK)
+            return st->code;
+    return FX_OK;
+}
+
+void emu_graph_destroy(int, void *graph) { delete static_cast<Graph *>(graph); }
+
+int emu_copy(const fx_exec *ex, void *dst, const void *src, size_t n, fx_status *st)
+{
+    if (!fx_emu::capturing(ex->stream))
+        return fx_cpu_backend.copy(ex, dst, src, n, st);
+    fx_emu::record([dst, src, n](fx_status *) { return n ? (memcpy(dst, src, n), FX_OK) : FX_OK; });
+    return FX_OK;
+}
+
+int emu_fill_zero(const fx_exec *ex, void *dst, size_t n, fx_status *st)
+{
+    if (!fx_emu::capturing(ex->stream))
+        return fx_cpu_backend.fill_zero(ex, dst, n, st);
+    fx_emu::record([dst, n](fx_status *) { return n ? (memset(dst, 0, n), FX_OK) : FX_OK; });
+    return FX_OK;
+}
+
+int emu_download(int dev, void *dst, const void *src, size_t n, fx_status *st)
+{
+    return unsafe_in_capture("cudaMemcpy (download)", st) ? st->code : fx_cpu_backend.download(dev, dst, src, n, st);
+}
+
+int emu_synchronize(int dev, fx_status *st)
+{
+    return unsafe_in_capture("cudaStreamSynchronize", st) ? st->code : fx_cpu_backend.synchronize(dev, st);
+}
+
+int emu_stream_synchronize_checked(int dev, void *stream, fx_status *st)
+{
+    return unsafe_in_capture("cudaStreamSynchronize", st) ? st->code : emu_stream_synchronize(dev, stream, st);
+}
+
 } // namespace
+
+namespace fx_emu {
+
+bool capturing(const void *stream) { return capture && stream && capture->stream == stream; }
+
+void record(work w) { capture->work.push_back(std::move(w)); }
+
+} // namespace fx_emu
 
 // ---- what backend.cu gives the launchers (cuda/common.cuh) ----
 
@@ -179,7 +301,18 @@ __attribute__((visibility("default"))) const fx_backend *fusex_cuda_backend(void
     table.exec_default = emu_exec_default;
     table.stream_create = emu_stream_create;
     table.stream_destroy = emu_stream_destroy;
-    table.stream_synchronize = emu_stream_synchronize;
+    table.stream_synchronize = emu_stream_synchronize_checked;
+    table.copy = emu_copy;
+    table.fill_zero = emu_fill_zero;
+    table.download = emu_download;
+    table.synchronize = emu_synchronize;
+    const char *graphs = getenv("FUSEX_EMU_GRAPH");
+    if (!graphs || strcmp(graphs, "off") != 0) {
+        table.graph_begin = emu_graph_begin;
+        table.graph_end = emu_graph_end;
+        table.graph_launch = emu_graph_launch;
+        table.graph_destroy = emu_graph_destroy;
+    }
     table.cast = fx::cuda::cast;
     table.binary = fx::cuda::binary;
     table.scale = fx::cuda::scale;

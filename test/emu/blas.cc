@@ -74,7 +74,9 @@ int gemm(const Run &r, const Gemm &g, const char *what, fx_status *st)
     if (g.m == 0 || g.n == 0)
         return FX_OK;
     const detail::Plan p = detail::plan(g, true);
-    if (p.product)
+    if (p.product && fx_emu::capturing(r.stream))
+        fx_emu::record([g, p](fx_status *) { return product(g, p), FX_OK; });
+    else if (p.product)
         product(g, p);
     return detail::run_epilogue(r, g, p, what, st);
 }

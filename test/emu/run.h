@@ -5,7 +5,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
+
+#include "fusex.h"
 
 namespace fx_emu {
 
@@ -30,6 +33,15 @@ void release_all();
 
 // How launches are interleaved (the FUSEX_EMU_* settings), for the log.
 std::string describe();
+
+// CUDA graphs (backend.cc). While this thread captures `stream` (a token of
+// stream_create), work enqueued on it is recorded, with its arguments by
+// value as a kernel launch copies them, instead of run; a graph's launch
+// runs the record in order. Work on other streams runs at once, as a GPU
+// runs it during a capture.
+using work = std::function<int(fx_status *)>;
+bool capturing(const void *stream);
+void record(work w);
 
 } // namespace fx_emu
 

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <tuple>
+
 #include "cuda/common.cuh"
 #include "cuda/scratch.cuh"
 #include "run.h"
@@ -36,14 +38,28 @@ template <auto KERNEL> int opt_in_smem(Device *d, size_t bytes, const char *name
 // KERNEL(params...) in every thread of the grid, with `smem` bytes of
 // dynamic shared memory a block.
 template <auto KERNEL, class... P>
-int emu_launch(const Run &r, int64_t grid, int threads, size_t smem, const char *name, fx_status *st,
-               const P &...params)
+int emu_run(Device *d, int64_t grid, int threads, size_t smem, const char *name, fx_status *st, const P &...params)
 {
     auto thread = [&] { KERNEL(params...); };
     fx_emu::run_grid(
         name, grid, threads, smem, emu_opted_bytes<KERNEL>,
         [](void *body) { (*static_cast<decltype(thread) *>(body))(); }, &thread);
-    return check_launch(r.d, name, st);
+    return check_launch(d, name, st);
+}
+
+// Run now, or recorded with copies of its arguments on a capturing stream.
+template <auto KERNEL, class... P>
+int emu_launch(const Run &r, int64_t grid, int threads, size_t smem, const char *name, fx_status *st,
+               const P &...params)
+{
+    if (!fx_emu::capturing(r.stream))
+        return emu_run<KERNEL>(r.d, grid, threads, smem, name, st, params...);
+    Device *d = r.d;
+    fx_emu::record([d, grid, threads, smem, name, args = std::make_tuple(params...)](fx_status *replay) {
+        return std::apply(
+            [&](const P &...p) { return emu_run<KERNEL>(d, grid, threads, smem, name, replay, p...); }, args);
+    });
+    return FX_OK;
 }
 
 // A cooperative grid (c_src/cuda/launch.cuh): every block in flight at
@@ -59,11 +75,20 @@ int launch_cooperative(const Run &r, int64_t grid, int threads, size_t smem, con
     const int by_threads = r.d->max_threads_per_sm / (threads > 0 ? threads : 1);
     const int by_smem = (int)((r.d->shared_per_block_optin + 1024) / (smem + 1024));
     const int64_t resident = (int64_t)r.d->sm_count * (by_threads < by_smem ? by_threads : by_smem);
-    auto thread = [&] { KERNEL(params...); };
-    fx_emu::run_grid(
-        name, grid, threads, smem, emu_opted_bytes<KERNEL>,
-        [](void *body) { (*static_cast<decltype(thread) *>(body))(); }, &thread, resident);
-    return check_launch(r.d, name, st);
+    Device *d = r.d;
+    auto run = [d, grid, threads, smem, name, resident](fx_status *to, const P &...p) {
+        auto thread = [&] { KERNEL(p...); };
+        fx_emu::run_grid(
+            name, grid, threads, smem, emu_opted_bytes<KERNEL>,
+            [](void *body) { (*static_cast<decltype(thread) *>(body))(); }, &thread, resident);
+        return check_launch(d, name, to);
+    };
+    if (!fx_emu::capturing(r.stream))
+        return run(st, params...);
+    fx_emu::record([run, args = std::make_tuple(params...)](fx_status *replay) {
+        return std::apply([&](const P &...p) { return run(replay, p...); }, args);
+    });
+    return FX_OK;
 }
 
 template <auto KERNEL, class... P>
@@ -81,16 +106,24 @@ int launch(const Run &r, int64_t grid, int threads, const char *name, fx_status 
     return emu_launch<KERNEL>(r, grid, threads, 0, name, st, params...);
 }
 
-static inline int fill_zero(const Run &, void *dst, size_t bytes, const char *, fx_status *)
+static inline int fill_zero(const Run &r, void *dst, size_t bytes, const char *, fx_status *)
 {
-    if (bytes)
+    if (!bytes)
+        return FX_OK;
+    if (fx_emu::capturing(r.stream))
+        fx_emu::record([dst, bytes](fx_status *) { return memset(dst, 0, bytes), FX_OK; });
+    else
         memset(dst, 0, bytes);
     return FX_OK;
 }
 
-static inline int copy_device(const Run &, void *dst, const void *src, size_t bytes, const char *, fx_status *)
+static inline int copy_device(const Run &r, void *dst, const void *src, size_t bytes, const char *, fx_status *)
 {
-    if (bytes)
+    if (!bytes)
+        return FX_OK;
+    if (fx_emu::capturing(r.stream))
+        fx_emu::record([dst, src, bytes](fx_status *) { return memcpy(dst, src, bytes), FX_OK; });
+    else
         memcpy(dst, src, bytes);
     return FX_OK;
 }
