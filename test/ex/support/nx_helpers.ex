@@ -42,6 +42,25 @@ defmodule Fusex.NxHelpers do
     assert is_float(err) and err <= tol, "#{label}: rel-L2 #{inspect(err)} > #{tol}"
   end
 
+  @doc """
+  For a gradient summed over `terms` values (a parameter's, over batch and
+  time): rel-L2 within `tol` grown as sqrt(terms) / 4 (the C and JAX suites'
+  rule), or an absolute error within f32's rounding of the terms (1e-6 an
+  element and term), so that a sum that nearly cancels is not asked a
+  relative accuracy its terms cannot give.
+  """
+  def assert_close_sum(got, want, tol, terms, label) do
+    assert got.type == want.type, "#{label}: type #{inspect(got.type)}, want #{inspect(want.type)}"
+    tol = tol * max(1.0, :math.sqrt(terms) / 4)
+    diff = Nx.subtract(Nx.as_type(got, {:f, 64}), Nx.as_type(want, {:f, 64}))
+    d = diff |> Nx.pow(2) |> Nx.sum() |> Nx.to_number()
+    r = want |> Nx.as_type({:f, 64}) |> Nx.pow(2) |> Nx.sum() |> Nx.to_number()
+    floor = if tol < 1.0e-4, do: 1.0e-6 * :math.sqrt(Nx.size(want) * terms), else: 0.0
+    assert is_float(d) and is_float(r), "#{label}: NaN"
+    assert :math.sqrt(d) <= tol * :math.sqrt(r) + floor,
+           "#{label}: |diff| #{:math.sqrt(d)} > #{tol} |ref| + #{floor} (|ref| #{:math.sqrt(r)})"
+  end
+
   @doc "The tolerance of a type against the f64 reference (house rules)."
   def tol({:f, 64}), do: 1.0e-10
   def tol({:f, 32}), do: 1.0e-5
