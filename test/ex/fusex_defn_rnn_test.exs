@@ -127,6 +127,18 @@ defmodule FusexDefnRNNTest do
     end
   end
 
+  test "second derivatives through gru and lstm are refused at trace time" do
+    for cell <- [:gru, :lstm] do
+      [l0] = layers(cell, 3, 4, 1, {:f, 64})
+      x = uniform({2, 3, 3}, {:f, 64})
+
+      assert_second_order_refused(cell, {x, l0.w_ih, l0.w_hh, l0.b_ih, l0.b_hh}, fn {x, wi, wh, bi, bh} ->
+        layers = [%{w_ih: wi, w_hh: wh, b_ih: bi, b_hh: bh}]
+        if cell == :gru, do: Fusex.Defn.gru(x, layers, %{}), else: Fusex.Defn.lstm(x, layers, %{})
+      end)
+    end
+  end
+
   test "steps equal the forward" do
     for cell <- [:gru, :lstm], {batch, len, input, hidden, n} <- [{1, 3, 2, 1, 1}, {3, 4, 5, 37, 3}] do
       x = uniform({batch, len, input}, {:f, 32})
