@@ -329,10 +329,13 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
     as their defaults (`:tanh`, `:sigmoid`), `:unroll` is taken and has no
     effect (the kernel is the loop).
     """
-    def gru(x, units, opts \\ []) when is_integer(units), do: rnn(:gru, x, nil, units, opts)
+    def gru(x, units, opts \\ [])
+    def gru(x, {%Axon{}} = state, units), do: rnn(:gru, x, state, units, [])
+    def gru(x, units, opts), do: rnn(:gru, x, nil, units, opts)
 
     @doc "As `gru/3`, from the initial state `{hidden}` (`[batch, units]`)."
     def gru(x, {%Axon{} = hidden}, units, opts), do: rnn(:gru, x, {hidden}, units, opts)
+    def gru(_x, state, _units, _opts), do: Fusex.Opts.fail("state", "{hidden} of %Axon{} layers", state)
 
     @doc """
     An LSTM layer in place of `Axon.lstm/3`: parameters `"input_kernel"`
@@ -341,10 +344,13 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
     `{output_sequence, {new_c, new_h}}`. Initial states zeros, or `{cell,
     hidden}` as `lstm/4` takes them. Options as `gru/3`.
     """
-    def lstm(x, units, opts \\ []) when is_integer(units), do: rnn(:lstm, x, nil, units, opts)
+    def lstm(x, units, opts \\ [])
+    def lstm(x, {%Axon{}, %Axon{}} = state, units), do: rnn(:lstm, x, state, units, [])
+    def lstm(x, units, opts), do: rnn(:lstm, x, nil, units, opts)
 
     @doc "As `lstm/3`, from the initial states `{cell, hidden}`."
     def lstm(x, {%Axon{}, %Axon{}} = state, units, opts), do: rnn(:lstm, x, state, units, opts)
+    def lstm(_x, state, _units, _opts), do: Fusex.Opts.fail("state", "{cell, hidden} of %Axon{} layers", state)
 
     @rnn_gates %{gru: ~w(r z n), lstm: ~w(i f g o)}
 

@@ -127,6 +127,24 @@ defmodule FusexDefnRNNTest do
     end
   end
 
+  test "Fusex.Axon.gru and lstm refuse bad units, options and states with an ArgumentError naming them" do
+    inp = Axon.input("x", shape: {nil, 3, 2})
+
+    for f <- [&Fusex.Axon.gru/3, &Fusex.Axon.lstm/3] do
+      assert_raise ArgumentError, "units: expected a positive integer, got 0", fn -> f.(inp, 0, []) end
+      assert_raise ArgumentError, "units: expected a positive integer, got :x", fn -> f.(inp, :x, []) end
+      assert_raise ArgumentError, ~r/^activation: expected :tanh/, fn -> f.(inp, 4, activation: :relu) end
+    end
+
+    assert_raise ArgumentError, ~r/^state: expected \{hidden\} of %Axon\{\} layers, got :nope/, fn ->
+      Fusex.Axon.gru(inp, :nope, 4, [])
+    end
+
+    assert_raise ArgumentError, ~r/^state: expected \{cell, hidden\} of %Axon\{\} layers/, fn ->
+      Fusex.Axon.lstm(inp, {:a}, 4, [])
+    end
+  end
+
   test "second derivatives through gru and lstm are refused at trace time" do
     for cell <- [:gru, :lstm] do
       [l0] = layers(cell, 3, 4, 1, {:f, 64})
