@@ -405,12 +405,13 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
           units: units
         )
 
-      seq = Axon.layer(fn o, _ -> elem(o, 0) end, [out], op_name: :elem)
+      # (fusex_part says which part each takes: Fusex.Model.from_axon reads it)
+      seq = Axon.layer(fn o, _ -> elem(o, 0) end, [out], op_name: :elem, fusex_part: :sequence)
+      state_part = fn i -> Axon.layer(fn o, _ -> elem(elem(o, 1), i) end, [out], op_name: :elem, fusex_part: {:state, i}) end
 
       case cell do
-        :gru -> {seq, {Axon.layer(fn o, _ -> elem(elem(o, 1), 0) end, [out], op_name: :elem)}}
-        :lstm -> {seq, {Axon.layer(fn o, _ -> elem(elem(o, 1), 0) end, [out], op_name: :elem),
-                        Axon.layer(fn o, _ -> elem(elem(o, 1), 1) end, [out], op_name: :elem)}}
+        :gru -> {seq, {state_part.(0)}}
+        :lstm -> {seq, {state_part.(0), state_part.(1)}}
       end
     end
 
