@@ -223,7 +223,7 @@ static int binary_weight(fx_call *c, fx_device *dev, const fx_model_spec *spec, 
 }
 
 static int parse_layer_weights(fx_call *c, fx_device *dev, const fx_model_spec *spec, int li, int64_t in,
-                               ERL_NIF_TERM map, const fx_tensor **slots)
+                               ERL_NIF_TERM map, const fx_tensor **slots, fx_tensor *store)
 {
     const int kind = spec->layers[li].kind;
     const char *allowed[FX_LAYER_MAX_SLOTS + 1] = {NULL};
@@ -240,9 +240,7 @@ static int parse_layer_weights(fx_call *c, fx_device *dev, const fx_model_spec *
         snprintf(arg, sizeof arg, "layers[%d].%s", li, allowed[s]);
         if (!fx_opt_term(c, map, allowed[s], &v))
             continue; /* the op layer names what is missing */
-        fx_tensor *t = fx_call_alloc(c, sizeof *t);
-        if (!t)
-            return c->st.code;
+        fx_tensor *t = &store[li * FX_LAYER_MAX_SLOTS + s];
         if (enif_inspect_binary(c->env, v, &bin)) {
             if (binary_weight(c, dev, spec, li, in, s, &bin, arg, t))
                 return c->st.code;
@@ -261,7 +259,7 @@ static int parse_layer_weights(fx_call *c, fx_device *dev, const fx_model_spec *
 }
 
 static int parse_weights(fx_call *c, fx_device *dev, const fx_model_spec *spec, ERL_NIF_TERM term,
-                         const fx_tensor **slots)
+                         const fx_tensor **slots, fx_tensor *store)
 {
     unsigned n;
     ERL_NIF_TERM head, list = term;
@@ -273,7 +271,7 @@ static int parse_weights(fx_call *c, fx_device *dev, const fx_model_spec *spec, 
     }
     int64_t in = spec->input;
     for (int li = 0; enif_get_list_cell(c->env, list, &head, &list); li++) {
-        if (parse_layer_weights(c, dev, spec, li, in, head, slots))
+        if (parse_layer_weights(c, dev, spec, li, in, head, slots, store))
             return c->st.code;
         in = next_width(&spec->layers[li], in);
     }
@@ -294,10 +292,12 @@ static ERL_NIF_TERM nif_model_new(ErlNifEnv *env, int argc, const ERL_NIF_TERM a
     fx_call_init(&c, env);
     parsed_spec *p = fx_call_alloc(&c, sizeof *p);
     const fx_tensor **slots = fx_call_alloc(&c, sizeof *slots * FX_MODEL_MAX_LAYERS * FX_LAYER_MAX_SLOTS);
-    if (!p || !slots || fx_arg_device(&c, argv[0], "device", &dev) || parse_spec(&c, argv[1], p))
+    /* every weight's tensor in one block: the call's scratch allocations are few */
+    fx_tensor *store = fx_call_alloc(&c, sizeof *store * FX_MODEL_MAX_LAYERS * FX_LAYER_MAX_SLOTS);
+    if (!p || !slots || !store || fx_arg_device(&c, argv[0], "device", &dev) || parse_spec(&c, argv[1], p))
         return fx_call_finish(&c, 0);
     const bool given = !enif_is_identical(argv[2], fx_atom(env, "none"));
-    if ((given && parse_weights(&c, dev, &p->spec, argv[2], slots)) ||
+    if ((given && parse_weights(&c, dev, &p->spec, argv[2], slots, store)) ||
         fx_model_new(dev, &p->spec, given ? slots : NULL, &m, &c.st))
         return fx_call_finish(&c, 0);
     return fx_call_finish(&c, fx_make_ctx(&c, MODEL_CTX, m, destroy_model));

@@ -54,7 +54,7 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
       {input, layers} = chain(output, nodes, names, [])
       {specs, weights} = layers |> fold_activations() |> Enum.map(&convert(&1, data)) |> Enum.unzip()
       spec = %{input: input, layers: specs}
-      weights = Enum.map(weights, &to_fusex(&1, device))
+      weights = Enum.map(weights, &to_fusex/1)
       ref = Fusex.Erl.call(:model, [device, spec, weights])
       %__MODULE__{ref: ref, device: device, spec: spec}
     end
@@ -114,10 +114,10 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
 
     defp export(ref), do: ref |> Fusex.Tensor.wrap() |> Fusex.Interop.to_nx_copy(nil)
 
-    defp to_fusex(weights, device) do
-      Map.new(weights, fn {k, t} ->
-        {k, t |> Nx.as_type({:f, 32}) |> Fusex.Interop.from_nx("weight", device: device, copy: true) |> Map.fetch!(:ref)}
-      end)
+    # As binaries of the model's type in native byte order (what Nx's
+    # binaries are): no tensor handle per weight.
+    defp to_fusex(weights) do
+      Map.new(weights, fn {k, t} -> {k, t |> Nx.as_type({:f, 32}) |> Nx.to_binary()} end)
     end
 
     # ---- the Axon graph ----
@@ -133,7 +133,7 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
       names
     end
 
-    defp name_node(id, nodes, {names, counts} = acc) do
+    defp name_node(id, nodes, {names, _counts} = acc) do
       if Map.has_key?(names, id) do
         acc
       else
