@@ -11,7 +11,7 @@ defmodule FusexModelAxonTest do
   @moduletag :axon
   # (Axon.Loop logs its compiler options)
   @moduletag :capture_log
-  @compile {:no_warn_undefined, [Nx, Nx.Defn, Axon, Axon.Loop, Axon.ModelState, Fusex.Axon, Fusex.Model, Fusex.Optim]}
+  @compile {:no_warn_undefined, [Nx, Nx.Defn, Nx.Defn.Composite, Axon, Axon.Loop, Axon.ModelState, Fusex.Axon, Fusex.Model, Fusex.Optim]}
 
   import Fusex.NxHelpers
 
