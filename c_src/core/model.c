@@ -919,7 +919,7 @@ static bool capture_frame(frame_exec *fe, fx_model *m, fx_model_state *s)
     if (cst.code != FX_OK) {
         release_graph(s);
         m->graphs = false;
-        snprintf(m->frame_why, sizeof m->frame_why, "the frame's capture failed: %s", cst.msg);
+        snprintf(m->frame_why, sizeof m->frame_why, "the frame's capture failed: %.160s", cst.msg);
         return false;
     }
     s->weights_key = weights_key(m);

@@ -548,7 +548,9 @@ static void compare_model(const model *md, const model *cpu, const ref_model *r,
         if (!arrays[k][0].buffer)
             continue;
         double *want = gather_ref(ref_arrays[k], r, total, FX_F32);
-        compare_array(names[k], c, arrays[k], n, total, want, 1e-6);
+        /* f32's tolerance: with clipping, the gradients' norm is an f32 sum
+         * whose order differs by backend, and exp_avg_sq holds its square */
+        compare_array(names[k], c, arrays[k], n, total, want, 1e-5);
         free(want);
     }
     if (cpu) { /* the device against the CPU backend, array by array */
@@ -562,7 +564,7 @@ static void compare_model(const model *md, const model *cpu, const ref_model *r,
             if (!theirs[0].buffer)
                 continue;
             want = gather_tensors(theirs, n, total);
-            compare_array("vs cpu: state", c, arrays[k], n, total, want, 1e-6);
+            compare_array("vs cpu: state", c, arrays[k], n, total, want, 1e-5);
             free(want);
         }
         ck_assert_int_eq(read_step(md->state), read_step(cpu->state));
@@ -654,7 +656,8 @@ static void run_combo(const combo *c0, unsigned n, const int64_t *sizes, int ste
         float got_norm = read_norm(md.state);
         if (c.h.clip || c.h.skip_nonfinite) {
             if (isfinite(norm))
-                ck_assert_msg(fabs(got_norm - norm) <= 1e-6 * norm + 1e-30,
+                /* an f32 sum of squares over every element, in the backend's order */
+                ck_assert_msg(fabs(got_norm - norm) <= 1e-5 * norm + 1e-30,
                               "step %d norm %.9g, want %.9g", step, got_norm, norm);
             else
                 ck_assert_msg(isnan(norm) ? isnan(got_norm) : isinf(got_norm),

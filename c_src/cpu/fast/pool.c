@@ -91,6 +91,24 @@ static void chunk(const pool_job *j, int k, int64_t *lo, int64_t *hi)
     *hi = b * j->align < j->n ? b * j->align : j->n;
 }
 
+/* ---- per-thread scratch ---- */
+
+typedef struct scratch {
+    void *block;
+    size_t size;
+} scratch;
+
+static _Thread_local scratch task_scratch, call_scratch;
+
+/* A worker's scratch goes with it (its thread-local pointers do). */
+static void release_scratch(void)
+{
+    free(task_scratch.block);
+    free(call_scratch.block);
+    task_scratch = (scratch){0};
+    call_scratch = (scratch){0};
+}
+
 static void *worker(void *arg)
 {
     int index = (int)(intptr_t)arg; /* 1.. : the caller runs chunk 0 */
@@ -120,6 +138,7 @@ static void *worker(void *arg)
         pthread_mutex_lock(&pool.lock);
     }
     pthread_mutex_unlock(&pool.lock);
+    release_scratch();
     return NULL;
 }
 
@@ -203,14 +222,6 @@ void fx_pool_shutdown(void)
     pthread_mutex_unlock(&pool.lock);
 }
 
-/* ---- per-thread scratch ---- */
-
-typedef struct scratch {
-    void *block;
-    size_t size;
-} scratch;
-
-static _Thread_local scratch task_scratch, call_scratch;
 
 static void *grow(scratch *s, size_t bytes)
 {
