@@ -68,9 +68,14 @@ static void pair_compare(const pair *p, double tol, const char *what)
 {
     double *got = fx_test_read(&p->fast), *want = fx_test_read(&p->ref);
     double err = fx_rel_l2(got, want, p->n);
-    /* An all-zero reference (a gradient of nothing) compares absolutely. */
-    if (fx_l2(want, p->n) == 0.0)
+    /* An all-zero reference (a gradient of nothing) compares absolutely;
+     * so does a small one whose terms nearly cancel: within f32's rounding
+     * of unit-scale terms (1e-6 an element). */
+    const double diff = fx_l2_diff(got, want, p->n), ref = fx_l2(want, p->n);
+    if (ref == 0.0)
         err = fx_l2(got, p->n);
+    else if (tol < 1e-4 && !isnan(diff) && diff <= tol * ref + 1e-6 * sqrt((double)p->n))
+        err = 0.0;
     free(got);
     free(want);
     ck_assert_msg(err <= tol, "%s: rel-L2 %.3g > %.3g (seed %llu)", what, err, tol,
