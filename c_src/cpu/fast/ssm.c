@@ -157,6 +157,24 @@ static size_t fwd_scratch_floats(const fx_ssm_dims *n)
 }
 
 FX_FAST_KERNEL
+/* y's w channels from i0, times silu(z) where z is given, stored in y's
+ * type (a forward's step and a step alike). */
+static void write_gated(const fx_tensor *yt, const fx_tensor *zt, int64_t i0, int64_t w, const float *y, float *ybuf,
+                        float *zbuf)
+{
+    float *out = fx_fast_out(yt, i0, ybuf);
+    if (zt) {
+        const float *z = fx_fast_load(zt, i0, w, zbuf);
+#pragma omp simd
+        for (int64_t c = 0; c < w; c++)
+            out[c] = y[c] * fx_fast_silu(z[c]);
+    } else {
+        memcpy(out, y, sizeof(float) * (size_t)w);
+    }
+    if (out == ybuf)
+        fx_fast_store(yt, i0, w, out);
+}
+
 static void fwd_block(const fwd_job *job, int64_t b, int64_t d0, int64_t w, float *work)
 {
     const fx_ssm_fwd_args *a = job->a;
@@ -182,17 +200,7 @@ static void fwd_block(const fwd_job *job, int64_t b, int64_t d0, int64_t w, floa
             y[c] = dskip[c] * x[c];
         }
         scan_step(N, w, S, At, delta, dxb, brow, crow, h, y);
-        float *out = fx_fast_out(a->y, i0, ybuf);
-        if (a->z) {
-            const float *z = fx_fast_load(a->z, i0, w, zbuf);
-#pragma omp simd
-            for (int64_t c = 0; c < w; c++)
-                out[c] = y[c] * fx_fast_silu(z[c]);
-        } else {
-            memcpy(out, y, sizeof(float) * (size_t)w);
-        }
-        if (out == ybuf)
-            fx_fast_store(a->y, i0, w, out);
+        write_gated(a->y, a->z, i0, w, y, ybuf, zbuf);
         if (nsaved && (t + 1) % a->save_every == 0 && (t + 1) / a->save_every <= nsaved)
             store_states(a->saved, ((b * nsaved + (t + 1) / a->save_every - 1) * n->dim + d0) * N, N, w, S, h,
                          tbuf);
@@ -270,17 +278,7 @@ static void step_block(const fx_ssm_step_args *a, int64_t b, int64_t d0, int64_t
             fx_fast_store(a->state, (i0 + c) * N, N, h);
         y[c] = acc + dskip[c] * x[c];
     }
-    float *out = fx_fast_out(a->y, i0, ybuf);
-    if (a->z) {
-        const float *z = fx_fast_load(a->z, i0, w, zbuf);
-#pragma omp simd
-        for (int64_t c = 0; c < w; c++)
-            out[c] = y[c] * fx_fast_silu(z[c]);
-    } else {
-        memcpy(out, y, sizeof(float) * (size_t)w);
-    }
-    if (out == ybuf)
-        fx_fast_store(a->y, i0, w, out);
+    write_gated(a->y, a->z, i0, w, y, ybuf, zbuf);
 }
 
 static void step_range(void *ctx, int64_t lo, int64_t hi)
