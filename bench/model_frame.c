@@ -2,7 +2,7 @@
  * and p99 microseconds of fx_model_step_into plus a wait for the device,
  * and of the enqueue alone, each frame case as the state's CUDA graph and
  * as plain launches (graph => false), for the issue's cases (docs/MODELS.md): a
- * 2-layer Mamba d_model 256 d_state 16 at batch 1 and 32, a 2-layer GRU
+ * 2-layer Mamba d_model 256 d_state 16 (RMSNorm, block, residual) at batch 1 and 32, a 2-layer GRU
  * hidden 512 at batch 1, and a Mamba window of 32 frames. Build:
  * make build/libfusex_core.a && cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Ic_src
  * bench/model_frame.c build/libfusex_core.a -fopenmp -ldl -lpthread -lm -lmvec
@@ -140,17 +140,21 @@ int main(void)
         return 1;
     }
     printf("fusex model frames on %s\n", dev->label);
-    const fx_layer_spec mamba2[2] = {
+    /* Each Mamba layer an RMSNorm then the block with its residual, as
+     * bench/peers_model.py's peers and fusex_bench_model's rows. */
+    const fx_layer_spec mamba2[4] = {
+        {.kind = FX_LAYER_RMS_NORM, .eps = 1e-5},
         {.kind = FX_LAYER_MAMBA, .inner = 512, .dstate = 16, .dconv = 4, .dt_rank = 16, .residual = true},
+        {.kind = FX_LAYER_RMS_NORM, .eps = 1e-5},
         {.kind = FX_LAYER_MAMBA, .inner = 512, .dstate = 16, .dconv = 4, .dt_rank = 16, .residual = true}};
     const fx_layer_spec gru2[2] = {{.kind = FX_LAYER_GRU, .size = 512, .bias = true},
                                    {.kind = FX_LAYER_GRU, .size = 512, .bias = true}};
     int rc = 0;
     for (int graph = 1; graph >= 0 && rc == 0; graph--)
-        rc = bench_frames(dev, "2-layer Mamba d256 N16", mamba2, 2, 256, 1, graph) ||
-             bench_frames(dev, "2-layer Mamba d256 N16", mamba2, 2, 256, 32, graph) ||
+        rc = bench_frames(dev, "2-layer Mamba d256 N16", mamba2, 4, 256, 1, graph) ||
+             bench_frames(dev, "2-layer Mamba d256 N16", mamba2, 4, 256, 32, graph) ||
              bench_frames(dev, "2-layer GRU H512", gru2, 2, 512, 1, graph);
-    rc = rc || bench_window(dev, "2-layer Mamba d256 N16", mamba2, 2, 256, 32);
+    rc = rc || bench_window(dev, "2-layer Mamba d256 N16", mamba2, 4, 256, 32);
     fx_runtime_shutdown();
     return rc;
 }

@@ -3,8 +3,9 @@
 # forced onto CUDA, compute-sanitizer, benchmarks. Logs go under $OUT (at
 # most 8 files come back). Steps can be picked: tools/gpu-run.sh build test-c bench
 # Steps replay (the bit-equal suite, three times), kbench (dev/mamba_bench,
-# dev/rnn_bench and its forced paths) and peers (PyTorch's side of those rows)
-# are not in the default pass.
+# dev/rnn_bench and its forced paths), peers (PyTorch's side of those rows),
+# model (bench/model_frame.c and the model rows of make bench) and model-peers
+# (bench/peers_model.py) are not in the default pass.
 # Carry .gpu (the BEAM, the Elixir kit) and build/xla_ffi (the XLA FFI
 # headers: the GPU machine cannot fetch them); `setup` unpacks the BEAM.
 set -uo pipefail
@@ -47,6 +48,11 @@ for s in $steps; do
     kbench) step kbench bash -c 'make -f dev/Makefile build/mamba_bench build/rnn_bench &&
                                  FUSEX_PRIV=priv build/mamba_bench && FUSEX_PRIV=priv build/rnn_bench --markdown 1 &&
                                  for p in 1 2 18 3 19; do FUSEX_PRIV=priv build/rnn_bench --markdown 1 --path $p; done' ;;
+    model) step model bash -c 'cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Ic_src bench/model_frame.c \
+                                 build/libfusex_core.a -fopenmp -ldl -lpthread -lm -lmvec -o build/model_frame &&
+                                 FUSEX_PRIV=priv FUSEX_DEVICE=cuda build/model_frame &&
+                                 make bench BENCH_ARGS="--device cuda --ops model_ --out $OUT/bench-model.md"' ;;
+    model-peers) step model-peers env PYTHONPATH=python python3 bench/peers_model.py ;;
     peers) step peers bash -c 'python3 bench/peers_mamba.py && python3 bench/peers_rnn.py' ;;
     bench) step bench make bench BENCH_ARGS="--device cuda --out $OUT/bench.md ${BENCH_ARGS:-}" ;;
     *) echo "unknown step $s"; failed=1 ;;
