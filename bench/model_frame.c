@@ -122,6 +122,59 @@ static int bench_window(fx_device *dev, const char *name, const fx_layer_spec *l
     return 0;
 }
 
+/* A training step's parts for the issue's training case (a 2-layer Mamba
+ * d768 B8 L2048): the inference window, the training forward with the loss
+ * (fx_model_gradients without gradients), and the whole forward, loss and
+ * backward; medians of a few, each waited for. */
+static double seconds_of(fx_device *dev, fx_model *m, fx_model_state *s, const fx_tensor *x,
+                         const fx_tensor *t, int what, fx_status *st)
+{
+    double t0 = now_us(), loss;
+    fx_tensor y;
+    if (what == 0) {
+        if (fx_model_forward(m, s, x, &y, st) == FX_OK)
+            fx_tensor_release(&y);
+    } else {
+        fx_model_gradients(m, x, t, FX_LOSS_MSE, what == 2, &loss, st);
+    }
+    fx_op_synchronize(dev, st);
+    return now_us() - t0;
+}
+
+static int bench_training(fx_device *dev, const char *name, const fx_layer_spec *layers, int n, int64_t width,
+                          int64_t batch, int64_t seqlen)
+{
+    fx_status st;
+    fx_status_clear(&st);
+    fx_model_spec spec = {.dtype = FX_F32, .input = width, .nlayers = n, .layers = layers, .seed = 1};
+    fx_model *m;
+    fx_model_state *s;
+    fx_tensor x, t;
+    const int64_t dims[3] = {batch, seqlen, width};
+    if (fx_model_new(dev, &spec, NULL, &m, &st) || fx_model_state_new(m, batch, &s, &st) ||
+        fx_op_zeros(dev, FX_F32, 3, dims, &x, &st) || fx_op_zeros(dev, FX_F32, 3, dims, &t, &st))
+        return fail(&st);
+    static const char *parts[3] = {"window (inference)", "training forward + loss", "forward + loss + backward"};
+    for (int what = 0; what < 3; what++) {
+        double us[7];
+        for (int i = 0; i < 9; i++) {
+            double one = seconds_of(dev, m, s, &x, &t, what, &st);
+            if (st.code)
+                return fail(&st);
+            if (i >= 2)
+                us[i - 2] = one;
+        }
+        char label[128];
+        snprintf(label, sizeof label, "%s B%lld L%lld %s", name, (long long)batch, (long long)seqlen, parts[what]);
+        report(label, us, 7);
+    }
+    fx_tensor_release(&x);
+    fx_tensor_release(&t);
+    fx_model_state_free(s);
+    fx_model_free(m);
+    return 0;
+}
+
 int main(void)
 {
     fx_status st;
@@ -155,6 +208,13 @@ int main(void)
              bench_frames(dev, "2-layer Mamba d256 N16", mamba2, 4, 256, 32, graph) ||
              bench_frames(dev, "2-layer GRU H512", gru2, 2, 512, 1, graph);
     rc = rc || bench_window(dev, "2-layer Mamba d256 N16", mamba2, 4, 256, 32);
+    const fx_layer_spec mamba768[4] = {
+        {.kind = FX_LAYER_RMS_NORM, .eps = 1e-5},
+        {.kind = FX_LAYER_MAMBA, .inner = 1536, .dstate = 16, .dconv = 4, .dt_rank = 48, .residual = true},
+        {.kind = FX_LAYER_RMS_NORM, .eps = 1e-5},
+        {.kind = FX_LAYER_MAMBA, .inner = 1536, .dstate = 16, .dconv = 4, .dt_rank = 48, .residual = true}};
+    if (dev->kind == FX_DEVICE_CUDA || getenv("FUSEX_TRAIN"))
+        rc = rc || bench_training(dev, "2-layer Mamba d768 N16", mamba768, 4, 768, 8, 2048);
     fx_runtime_shutdown();
     return rc;
 }

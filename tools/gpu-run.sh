@@ -5,7 +5,8 @@
 # Steps replay (the bit-equal suite, three times), kbench (dev/mamba_bench,
 # dev/rnn_bench and its forced paths), peers (PyTorch's side of those rows),
 # model (bench/model_frame.c and the model rows of make bench) and model-peers
-# (bench/peers_model.py) are not in the default pass.
+# (bench/peers_model.py), and eunit-layers (the EUnit modules of this wave's
+# families alone) are not in the default pass.
 # Carry .gpu (the BEAM, the Elixir kit) and build/xla_ffi (the XLA FFI
 # headers: the GPU machine cannot fetch them); `setup` unpacks the BEAM.
 set -uo pipefail
@@ -41,6 +42,7 @@ for s in $steps; do
     test-erl) step test-erl make test-erl
               [ -f rebar3.crashdump ] && cp rebar3.crashdump "$OUT/rebar3.crashdump" ;;
     test-ex) step test-ex make test-ex ;;
+    eunit-layers) step eunit-layers rebar3 eunit --module=fusex_model_tests,fusex_rnn_tests,fusex_conv_tests,fusex_norm_tests,fusex_linear_tests ;;
     test-xla) step test-xla make test-xla-c-gpu test-jax-gpu ;;
     sanitize) step sanitize make sanitize ;;
     jax-bench) step jax-bench env PYTHONPATH=python python3 bench/jax_bench.py --out "$OUT/jax.md" ;;
