@@ -25,7 +25,7 @@ extern "C" {
 
 /* Bumped whenever fx_backend or an argument struct changes layout. The core
  * refuses a backend whose version or struct size differs from its own. */
-#define FX_ABI_VERSION 7
+#define FX_ABI_VERSION 8
 
 #define FX_MAX_RANK 8
 
@@ -205,6 +205,7 @@ typedef struct fx_backend {
     const struct fx_conv_ops *conv;
     const struct fx_norm_ops *norm;
     const struct fx_linear_ops *linear;
+    const struct fx_loss_ops *loss; /* row losses: a model's training loss */
 
     /* ---- pointer interop (fusex:to_pointer/from_pointer); see
      * docs/INTEROP.md. Any of these may be NULL where the device has no

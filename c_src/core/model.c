@@ -10,6 +10,7 @@
 #include "core/conv.h"
 #include "core/linear.h"
 #include "core/linrec.h"
+#include "core/loss.h"
 #include "core/norm.h"
 #include "core/ops.h"
 #include "core/rnn.h"
@@ -1360,67 +1361,70 @@ static int check_targets(const fx_model *m, const fx_tensor *inputs, const fx_te
                : FX_OK;
 }
 
-static double mse(const double *y, const double *t, double *dy, int64_t n)
+/* Cross-entropy's labels lie in [0, classes): checked on the host, where
+ * the message can name the row. */
+static int check_labels(const fx_tensor *targets, int64_t classes, fx_status *st)
 {
-    double sum = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const double d = y[i] - t[i];
-        sum += d * d;
-        dy[i] = 2.0 * d / (double)n;
-    }
-    return sum / (double)n;
+    int32_t *labels = malloc(targets->nbytes ? targets->nbytes : 1);
+    if (!labels)
+        return fx_fail(st, FX_ENOMEM, "out of host memory for the targets");
+    if (fx_op_to_host(targets, labels, st) == FX_OK)
+        for (int64_t r = 0; r < targets->numel; r++)
+            if (labels[r] < 0 || labels[r] >= classes) {
+                fx_fail(st, FX_EBADARG, "targets: expected class indices in [0, %lld), got %d at row %lld",
+                        (long long)classes, labels[r], (long long)r);
+                break;
+            }
+    free(labels);
+    return st->code;
 }
 
-/* Softmax cross-entropy over rows of `classes` logits. */
-static int cross_entropy(const double *y, const int32_t *labels, double *dy, int64_t rows, int64_t classes,
-                         double *loss, fx_status *st)
+/* The rows' losses, downloaded and summed in order (f64), scaled. */
+static int sum_rows(const fx_tensor *row_loss, double scale, double *value, fx_status *st)
 {
+    double *v = download_doubles(row_loss, st);
+    if (!v)
+        return st->code;
     double sum = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        const double *z = y + r * classes;
-        double *dz = dy + r * classes;
-        if (labels[r] < 0 || labels[r] >= classes)
-            return fx_fail(st, FX_EBADARG, "targets: expected class indices in [0, %lld), got %d at row %lld",
-                           (long long)classes, labels[r], (long long)r);
-        double top = z[0], total = 0;
-        for (int64_t c = 1; c < classes; c++)
-            top = z[c] > top ? z[c] : top;
-        for (int64_t c = 0; c < classes; c++)
-            total += exp(z[c] - top);
-        sum += log(total) + top - z[labels[r]];
-        for (int64_t c = 0; c < classes; c++)
-            dz[c] = (exp(z[c] - top) / total - (c == labels[r])) / (double)rows;
-    }
-    *loss = sum / (double)rows;
+    for (int64_t r = 0; r < row_loss->numel; r++)
+        sum += v[r];
+    free(v);
+    *value = sum * scale;
     return FX_OK;
 }
 
 /* The loss of y against the targets and, into dy_out (allocated), its
- * gradient. */
+ * gradient, on the model's device (fx_op_loss_rows_into). */
 static int loss_of(const fx_model *m, const fx_tensor *y, const fx_tensor *targets, int loss, double *value,
                    fx_tensor *dy_out, fx_status *st)
 {
-    double *yv = download_doubles(y, st), *dy = NULL, *tv = NULL;
-    int32_t *labels = NULL;
-    if (!yv)
+    const int64_t rows = y->numel / m->output;
+    const double scale = loss == FX_LOSS_MSE ? 1.0 / (double)(y->numel ? y->numel : 1) : 1.0 / (double)(rows ? rows : 1);
+    if (loss == FX_LOSS_CROSS_ENTROPY && check_labels(targets, m->output, st))
         return st->code;
-    dy = malloc((size_t)y->numel * sizeof *dy);
-    if (!dy)
-        fx_fail(st, FX_ENOMEM, "out of host memory for the loss's gradient");
-    else if (loss == FX_LOSS_MSE) {
-        if ((tv = download_doubles(targets, st)))
-            *value = mse(yv, tv, dy, y->numel);
-    } else if (!(labels = malloc(targets->nbytes ? targets->nbytes : 1))) {
-        fx_fail(st, FX_ENOMEM, "out of host memory for the targets");
-    } else if (fx_op_to_host(targets, labels, st) == FX_OK) {
-        cross_entropy(yv, labels, dy, targets->numel, m->output, value, st);
+    const int64_t ydims[2] = {rows, m->output}, tdims[2] = {rows, loss == FX_LOSS_MSE ? m->output : 1};
+    fx_tensor y2, t2, row_loss;
+    if (fx_op_reshape(y, 2, ydims, &y2, st))
+        return st->code;
+    if (fx_op_reshape(targets, loss == FX_LOSS_MSE ? 2 : 1, tdims, &t2, st)) {
+        fx_tensor_release(&y2);
+        return st->code;
     }
-    if (st->code == FX_OK)
-        upload_doubles(m->device, m->dtype, y->rank, y->dims, dy, y->numel, dy_out, st);
-    free(yv);
-    free(dy);
-    free(tv);
-    free(labels);
+    memset(&row_loss, 0, sizeof row_loss);
+    if (fx_tensor_alloc(m->device, y->dtype, 1, &rows, &row_loss, st) == FX_OK &&
+        fx_tensor_alloc(m->device, y->dtype, y->rank, y->dims, dy_out, st) == FX_OK) {
+        fx_tensor dy2;
+        if (fx_op_reshape(dy_out, 2, ydims, &dy2, st) == FX_OK) {
+            const fx_loss_args a = {.rows = rows, .classes = m->output, .kind = loss, .y = &y2, .targets = &t2,
+                                    .grad_scale = scale, .row_loss = &row_loss, .dy = &dy2};
+            if (fx_op_loss_rows_into(NULL, &a, st) == FX_OK)
+                sum_rows(&row_loss, scale, value, st);
+            fx_tensor_release(&dy2);
+        }
+    }
+    fx_tensor_release(&row_loss);
+    fx_tensor_release(&y2);
+    fx_tensor_release(&t2);
     return st->code;
 }
 

@@ -28,6 +28,7 @@
 #include <stdbool.h>
 
 #include "core/runtime.h"
+#include "fusex_loss.h"
 
 typedef enum fx_layer_kind {
     FX_LAYER_LINEAR = 0,
@@ -172,15 +173,15 @@ bool fx_model_frame_graphs(fx_model *m, char *why, size_t len);
  * state after the window); y allocated [batch, seqlen, output]. */
 int fx_model_forward(fx_model *m, fx_model_state *s, const fx_tensor *window, fx_tensor *y, fx_status *st);
 
-typedef enum fx_model_loss { FX_LOSS_MSE = 0, FX_LOSS_CROSS_ENTROPY } fx_model_loss;
-
 /* The loss of a window from zero states, and every parameter's gradient
- * into the model's resident gradients (fx_model_grad). MSE: targets like
- * the output, the mean of (y - t)^2 over every element. Cross-entropy:
- * targets {s,32} [batch, seqlen] class indices in [0, output), the mean
- * over rows of -log softmax(y)[t]. The loss and its gradient dy are
- * computed on the host (y goes down, dy up: one transfer each). With
- * `want_grads` false only the loss. */
+ * into the model's resident gradients (fx_model_grad). `loss` is an
+ * fx_loss_kind (include/fusex_loss.h). MSE: targets like the output, the
+ * mean of (y - t)^2 over every element. Cross-entropy: targets {s,32}
+ * [batch, seqlen] class indices in [0, output), the mean over rows of
+ * -log softmax(y)[t]. The loss's rows and its gradient dy are computed on
+ * the model's device; only the rows' losses come down (one value a row,
+ * summed on the host in f64, in order), and cross-entropy's labels, whose
+ * range is checked first. With `want_grads` false only the loss. */
 int fx_model_gradients(fx_model *m, const fx_tensor *inputs, const fx_tensor *targets, int loss, bool want_grads,
                        double *loss_out, fx_status *st);
 

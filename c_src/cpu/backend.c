@@ -296,6 +296,7 @@ const fx_backend fx_cpu_backend = {
     .conv = &fx_cpu_conv_ops,
     .norm = &fx_cpu_norm_ops,
     .linear = &fx_cpu_linear_ops,
+    .loss = &fx_cpu_loss_ops,
     /* Local pointers are host addresses; host memory has no IPC handle
      * here and nothing to check a foreign address against. */
     .alloc_exportable = NULL,

@@ -34,6 +34,7 @@ extern const struct fx_rnn_ops fx_cpu_rnn_ops;
 extern const struct fx_linear_ops fx_cpu_linear_ops;
 extern const struct fx_norm_ops fx_cpu_norm_ops;
 extern const struct fx_conv_ops fx_cpu_conv_ops;
+extern const struct fx_loss_ops fx_cpu_loss_ops;
 
 int fx_cpu_threads(void);
 

@@ -672,6 +672,7 @@ static const fx_backend cuda_backend = {
     .conv = &conv_ops,
     .norm = &norm_ops,
     .linear = &linear_ops,
+    .loss = &loss_ops,
     .alloc_exportable = alloc_exportable,
     .release_exportable = release_exportable,
     .ipc_export = ipc_export,

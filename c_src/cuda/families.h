@@ -40,6 +40,8 @@ extern const struct fx_norm_ops norm_ops;
 extern const struct fx_conv_ops conv_ops;
 // rnn.cu
 extern const struct fx_rnn_ops rnn_ops;
+// loss.cu
+extern const struct fx_loss_ops loss_ops;
 
 } // namespace fx::cuda
 

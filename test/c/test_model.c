@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/loss.h"
 #include "core/model.h"
 #include "core/ops.h"
 #include "fusex_activation.h"
@@ -162,6 +163,75 @@ START_TEST(gradients_match_the_cpu)
     free(xs), free(ts);
     fx_model_free(cpu);
     fx_model_free(dev);
+}
+END_TEST
+
+/* The row losses on the device under test against their formulas in f64
+ * (awkward widths: one class, fewer than a warp, more than a warp), their
+ * outputs poisoned first, and the op layer's refusals. */
+static void loss_case(int kind, int64_t rows, int64_t classes)
+{
+    fx_device *dev = fx_test_device();
+    const int64_t n = rows * classes, ydims[2] = {rows, classes};
+    double *y = malloc(sizeof *y * (size_t)n), *t = malloc(sizeof *t * (size_t)n);
+    double *want_rows = malloc(sizeof *want_rows * (size_t)rows), *want_dy = malloc(sizeof *want_dy * (size_t)n);
+    int32_t *labels = malloc(sizeof *labels * (size_t)rows);
+    fx_fill_uniform(y, n, -3, 3);
+    fx_fill_uniform(t, n, -3, 3);
+    const double scale = 1.0 / (double)n;
+    for (int64_t r = 0; r < rows; r++) {
+        labels[r] = (int32_t)((r * 7 + 3) % classes);
+        const double *yr = y + r * classes;
+        double sum = 0, top = yr[0], total = 0;
+        for (int64_t c = 0; c < classes; c++)
+            top = fmax(top, yr[c]);
+        for (int64_t c = 0; c < classes; c++)
+            total += exp(yr[c] - top);
+        for (int64_t c = 0; c < classes; c++) {
+            const double d = yr[c] - t[r * classes + c];
+            sum += d * d;
+            want_dy[r * classes + c] = kind == FX_LOSS_MSE ? scale * 2 * d
+                                                           : scale * (exp(yr[c] - top) / total - (c == labels[r]));
+        }
+        want_rows[r] = kind == FX_LOSS_MSE ? sum : log(total) + top - yr[labels[r]];
+    }
+    fx_status st;
+    fx_status_clear(&st);
+    fx_tensor yt, tt, row_loss, dy;
+    fx_test_tensor(dev, FX_F32, 2, ydims, y, &yt);
+    if (kind == FX_LOSS_MSE)
+        fx_test_tensor(dev, FX_F32, 2, ydims, t, &tt);
+    else
+        ck_assert_int_eq(fx_op_from_host(dev, FX_S32, 1, &rows, labels, sizeof *labels * (size_t)rows, &tt, &st), FX_OK);
+    fx_test_poisoned(dev, FX_F32, 1, &rows, &row_loss);
+    fx_test_poisoned(dev, FX_F32, 2, ydims, &dy);
+    const fx_loss_args a = {.rows = rows, .classes = classes, .kind = kind, .y = &yt, .targets = &tt,
+                            .grad_scale = scale, .row_loss = &row_loss, .dy = &dy};
+    fx_op_loss_rows_into(NULL, &a, &st);
+    FX_CK_OK(st);
+    double *got_rows = fx_test_read(&row_loss), *got_dy = fx_test_read(&dy);
+    fx_assert_close(got_rows, want_rows, rows, 1e-5);
+    fx_assert_close(got_dy, want_dy, n, 1e-5);
+    fx_loss_args wrong = a;
+    wrong.row_loss = &dy;
+    ck_assert_int_eq(fx_op_loss_rows_into(NULL, &wrong, &st), FX_EBADARG);
+    char want_msg[160];
+    snprintf(want_msg, sizeof want_msg, "row_loss: expected shape {%lld} [rows], got {%lld,%lld}", (long long)rows,
+             (long long)rows, (long long)classes);
+    ck_assert_str_eq(st.msg, want_msg);
+    free(got_rows), free(got_dy);
+    fx_tensor *all[] = {&yt, &tt, &row_loss, &dy};
+    for (int i = 0; i < 4; i++)
+        fx_tensor_release(all[i]);
+    free(y), free(t), free(want_rows), free(want_dy), free(labels);
+}
+
+START_TEST(loss_rows_match_their_formulas)
+{
+    const int64_t sizes[][2] = {{1, 1}, {3, 5}, {37, 33}, {70, 100}, {9, 257}};
+    for (int kind = FX_LOSS_MSE; kind <= FX_LOSS_CROSS_ENTROPY; kind++)
+        for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+            loss_case(kind, sizes[i][0], sizes[i][1]);
 }
 END_TEST
 
@@ -362,6 +432,7 @@ Suite *fx_suite_model(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, frames_and_windows_match_the_cpu);
     tcase_add_test(tc, gradients_match_the_cpu);
+    tcase_add_test(tc, loss_rows_match_their_formulas);
     tcase_add_test(tc, a_frame_allocates_nothing);
     tcase_add_test(tc, bad_specs_and_weights);
     tcase_add_test(tc, graph_frames_equal_launched_frames);

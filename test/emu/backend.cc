@@ -323,6 +323,7 @@ __attribute__((visibility("default"))) const fx_backend *fusex_cuda_backend(void
     table.norm = &fx::cuda::norm_ops;
     table.conv = &fx::cuda::conv_ops;
     table.rnn = &fx::cuda::rnn_ops;
+    table.loss = &fx::cuda::loss_ops;
     return &table;
 }
 
