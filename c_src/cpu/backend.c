@@ -293,9 +293,9 @@ const fx_backend fx_cpu_backend = {
     .linrec = &fx_cpu_fast_linrec_ops,
     .optim = &fx_cpu_fast_optim_ops,
     .rnn = &fx_cpu_rnn_ops,
-    .conv = &fx_cpu_conv_ops,
-    .norm = &fx_cpu_norm_ops,
-    .linear = &fx_cpu_linear_ops,
+    .conv = &fx_cpu_fast_conv_ops,
+    .norm = &fx_cpu_fast_norm_ops,
+    .linear = &fx_cpu_fast_linear_ops,
     /* Local pointers are host addresses; host memory has no IPC handle
      * here and nothing to check a foreign address against. */
     .alloc_exportable = NULL,
