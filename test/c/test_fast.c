@@ -105,7 +105,7 @@ static double ulps(float got, double want)
 
 START_TEST(approximations_within_bounds)
 {
-    double worst_exp = 0, worst_log = 0, worst_sig = 0, worst_sp = 0, worst_spa = 0;
+    double worst_exp = 0, worst_log = 0, worst_sig = 0, worst_sp = 0, worst_spa = 0, worst_tanh = 0;
     for (int i = 0; i <= 400000; i++) {
         float x = (float)(-103.0 + 191.7 * i / 400000.0);
         double e = exp((double)x);
@@ -123,9 +123,13 @@ START_TEST(approximations_within_bounds)
         worst_sp = fmax(worst_sp, ulps(fx_fast_softplus(s), sp));
         double spa = fmax((double)s, 0.0) + log1p(exp(-fabs((double)s)));
         worst_spa = fmax(worst_spa, ulps(fx_fast_softplus_any(s), spa));
+        float th = (float)(-12.0 + 24.0 * i / 400000.0);
+        worst_tanh = fmax(worst_tanh, ulps(fx_fast_tanh(th), tanh((double)th)));
     }
-    fprintf(stderr, "fast maths, worst ulps: exp %.2f log %.2f sigmoid %.2f softplus %.2f softplus_any %.2f\n",
-            worst_exp, worst_log, worst_sig, worst_sp, worst_spa);
+    fprintf(stderr, "fast maths, worst ulps: exp %.2f log %.2f sigmoid %.2f softplus %.2f softplus_any %.2f tanh %.2f\n",
+            worst_exp, worst_log, worst_sig, worst_sp, worst_spa, worst_tanh);
+    ck_assert_msg(worst_tanh <= 4.0, "tanh: %.2f ulp", worst_tanh);
+    ck_assert(isnan(fx_fast_tanh(NAN)) && fx_fast_tanh(100.0f) == 1.0f && fx_fast_tanh(-100.0f) == -1.0f);
     ck_assert_msg(worst_exp <= 2.0, "exp: %.2f ulp", worst_exp);
     ck_assert_msg(worst_log <= 2.0, "log: %.2f ulp", worst_log);
     ck_assert_msg(worst_sig <= 4.0, "sigmoid: %.2f ulp", worst_sig);
@@ -902,6 +906,244 @@ START_TEST(norm_against_oracle)
 }
 END_TEST
 
+/* ---- GRU and LSTM ---- */
+
+enum { R_BIAS = 1, R_H0 = 2, R_DHN = 4, R_DY = 8 };
+
+typedef struct rnn_case {
+    int cell;
+    int64_t layers, B, L, input, H;
+    fx_dtype type;
+    unsigned opts;
+} rnn_case;
+
+typedef struct rnn_set {
+    pair w_ih[3], w_hh[3], b_ih[3], b_hh[3], x, h0, c0;
+    fx_rnn_layer fl[3], rl[3];
+} rnn_set;
+
+static void rnn_make(const rnn_case *k, rnn_set *s, bool step)
+{
+    memset(s, 0, sizeof *s);
+    const int64_t rows = fx_rnn_gates(k->cell) * k->H, bound_hh[2] = {rows, k->H}, bd[1] = {rows};
+    const double a = 1.0 / sqrt((double)k->H);
+    for (int64_t l = 0; l < k->layers; l++) {
+        const int64_t wd[2] = {rows, l == 0 ? k->input : k->H};
+        pair_make(&s->w_ih[l], k->type, 2, wd, -a, a);
+        pair_make(&s->w_hh[l], k->type, 2, bound_hh, -a, a);
+        if (k->opts & R_BIAS) {
+            pair_make(&s->b_ih[l], k->type, 1, bd, -a, a);
+            pair_make(&s->b_hh[l], FX_F32, 1, bd, -a, a); /* a bias of another float type */
+        }
+        s->fl[l] = (fx_rnn_layer){&s->w_ih[l].fast, &s->w_hh[l].fast, s->b_ih[l].fast.buffer ? &s->b_ih[l].fast : NULL,
+                                  s->b_hh[l].fast.buffer ? &s->b_hh[l].fast : NULL};
+        s->rl[l] = (fx_rnn_layer){&s->w_ih[l].ref, &s->w_hh[l].ref, s->b_ih[l].ref.buffer ? &s->b_ih[l].ref : NULL,
+                                  s->b_hh[l].ref.buffer ? &s->b_hh[l].ref : NULL};
+    }
+    const int64_t xd[3] = {k->B, k->L, k->input}, xs[2] = {k->B, k->input}, sd[3] = {k->layers, k->B, k->H};
+    pair_make(&s->x, k->type, step ? 2 : 3, step ? xs : xd, -1.5, 1.5);
+    if ((k->opts & R_H0) && !step) {
+        pair_make(&s->h0, FX_F32, 3, sd, -1.0, 1.0);
+        if (k->cell == FX_RNN_LSTM)
+            pair_make(&s->c0, k->type, 3, sd, -1.0, 1.0);
+    }
+}
+
+static void rnn_release(rnn_set *s)
+{
+    for (int l = 0; l < 3; l++) {
+        pair *ps[] = {&s->w_ih[l], &s->w_hh[l], &s->b_ih[l], &s->b_hh[l]};
+        for (int i = 0; i < 4; i++)
+            if (ps[i]->fast.buffer)
+                pair_release(ps[i]);
+    }
+    pair *rest[] = {&s->x, &s->h0, &s->c0};
+    for (int i = 0; i < 3; i++)
+        if (rest[i]->fast.buffer)
+            pair_release(rest[i]);
+}
+
+static void rnn_check(const rnn_case *k)
+{
+    char what[160], w2[200];
+    snprintf(what, sizeof what, "%s layers %lld B%lld L%lld in %lld H%lld %s opts %#x",
+             k->cell == FX_RNN_GRU ? "gru" : "lstm", (long long)k->layers, (long long)k->B, (long long)k->L,
+             (long long)k->input, (long long)k->H, fx_dtype_name(k->type), k->opts);
+    const double tol = tol_of(k->type);
+    const bool lstm = k->cell == FX_RNN_LSTM;
+    rnn_set s;
+    rnn_make(k, &s, false);
+    fx_rnn_inputs fi = {k->cell, k->layers, s.fl, &s.x.fast, s.h0.fast.buffer ? &s.h0.fast : NULL,
+                        s.c0.fast.buffer ? &s.c0.fast : NULL, 0};
+    fx_rnn_inputs ri = {k->cell, k->layers, s.rl, &s.x.ref, s.h0.ref.buffer ? &s.h0.ref : NULL,
+                        s.c0.ref.buffer ? &s.c0.ref : NULL, 0};
+    const int64_t yd[3] = {k->B, k->L, k->H}, sd[3] = {k->layers, k->B, k->H};
+    fx_rnn_dims n = {k->cell, k->layers, k->B, k->L, k->input, k->H};
+    int64_t saved_dims[4];
+    fx_rnn_saved_shape(&n, saved_dims);
+    pair y, hn, cn = {0}, saved;
+    pair_poisoned(&y, k->type, 3, yd);
+    pair_poisoned(&hn, FX_F32, 3, sd);
+    if (lstm)
+        pair_poisoned(&cn, FX_F32, 3, sd);
+    pair_poisoned(&saved, FX_F32, 4, saved_dims);
+    fx_status st;
+    fx_status_clear(&st);
+    ck_assert_int_eq(fx_op_rnn_forward_into(NULL, &fi, &y.fast, &hn.fast, lstm ? &cn.fast : NULL, &saved.fast, &st),
+                     FX_OK);
+    FX_CK_OK(st);
+    ck_assert_int_eq(fx_op_rnn_forward_into(NULL, &ri, &y.ref, &hn.ref, lstm ? &cn.ref : NULL, &saved.ref, &st),
+                     FX_OK);
+    FX_CK_OK(st);
+    pair *outs[] = {&y, &hn, &cn, &saved};
+    const char *onames[] = {"y", "h_n", "c_n", "saved"};
+    for (int i = 0; i < 4; i++)
+        if (outs[i]->fast.buffer) {
+            snprintf(w2, sizeof w2, "%s: %s", what, onames[i]);
+            pair_compare(outs[i], tol, w2);
+        }
+    /* the backward from each path's own forward */
+    pair dy = {0}, dhn = {0}, dcn = {0}, dx, dh0 = {0}, dc0 = {0}, dw_ih[3], dw_hh[3], db_ih[3], db_hh[3];
+    memset(db_ih, 0, sizeof db_ih);
+    memset(db_hh, 0, sizeof db_hh);
+    if (k->opts & R_DY)
+        pair_make(&dy, k->type, 3, yd, -1.0, 1.0);
+    if (k->opts & R_DHN) {
+        pair_make(&dhn, FX_F32, 3, sd, -1.0, 1.0);
+        if (lstm)
+            pair_make(&dcn, FX_F32, 3, sd, -1.0, 1.0);
+    }
+    pair_poisoned(&dx, k->type, 3, (int64_t[3]){k->B, k->L, k->input});
+    if (s.h0.fast.buffer)
+        pair_poisoned(&dh0, FX_F32, 3, sd);
+    if (s.c0.fast.buffer)
+        pair_poisoned(&dc0, k->type, 3, sd);
+    fx_rnn_layer_grads fgl[3], rgl[3];
+    for (int64_t l = 0; l < k->layers; l++) {
+        pair_poisoned(&dw_ih[l], k->type, 2, s.w_ih[l].fast.dims);
+        pair_poisoned(&dw_hh[l], k->type, 2, s.w_hh[l].fast.dims);
+        if (k->opts & R_BIAS) {
+            pair_poisoned(&db_ih[l], k->type, 1, s.b_ih[l].fast.dims);
+            pair_poisoned(&db_hh[l], FX_F32, 1, s.b_hh[l].fast.dims);
+        }
+        fgl[l] = (fx_rnn_layer_grads){&dw_ih[l].fast, &dw_hh[l].fast, db_ih[l].fast.buffer ? &db_ih[l].fast : NULL,
+                                      db_hh[l].fast.buffer ? &db_hh[l].fast : NULL};
+        rgl[l] = (fx_rnn_layer_grads){&dw_ih[l].ref, &dw_hh[l].ref, db_ih[l].ref.buffer ? &db_ih[l].ref : NULL,
+                                      db_hh[l].ref.buffer ? &db_hh[l].ref : NULL};
+    }
+    fx_rnn_grad_outs fg = {&dx.fast, dh0.fast.buffer ? &dh0.fast : NULL, dc0.fast.buffer ? &dc0.fast : NULL, fgl};
+    fx_rnn_grad_outs rg = {&dx.ref, dh0.ref.buffer ? &dh0.ref : NULL, dc0.ref.buffer ? &dc0.ref : NULL, rgl};
+    ck_assert_int_eq(fx_op_rnn_backward_into(NULL, &fi, &saved.fast, dy.fast.buffer ? &dy.fast : NULL,
+                                             dhn.fast.buffer ? &dhn.fast : NULL, dcn.fast.buffer ? &dcn.fast : NULL,
+                                             &fg, &st),
+                     FX_OK);
+    FX_CK_OK(st);
+    ck_assert_int_eq(fx_op_rnn_backward_into(NULL, &ri, &saved.ref, dy.ref.buffer ? &dy.ref : NULL,
+                                             dhn.ref.buffer ? &dhn.ref : NULL, dcn.ref.buffer ? &dcn.ref : NULL, &rg,
+                                             &st),
+                     FX_OK);
+    FX_CK_OK(st);
+    pair *grads[] = {&dx, &dh0, &dc0};
+    const char *gnames[] = {"dx", "dh0", "dc0"};
+    for (int i = 0; i < 3; i++)
+        if (grads[i]->fast.buffer) {
+            snprintf(w2, sizeof w2, "%s: %s", what, gnames[i]);
+            pair_compare(grads[i], tol, w2);
+            pair_release(grads[i]);
+        }
+    for (int64_t l = 0; l < k->layers; l++) {
+        pair *lg[] = {&dw_ih[l], &dw_hh[l], &db_ih[l], &db_hh[l]};
+        const char *lnames[] = {"dw_ih", "dw_hh", "db_ih", "db_hh"};
+        for (int i = 0; i < 4; i++)
+            if (lg[i]->fast.buffer) {
+                snprintf(w2, sizeof w2, "%s: layer %lld %s", what, (long long)l, lnames[i]);
+                pair_compare(lg[i], tol, w2);
+                pair_release(lg[i]);
+            }
+    }
+    pair *rest[] = {&y, &hn, &cn, &saved, &dy, &dhn, &dcn};
+    for (int i = 0; i < 7; i++)
+        if (rest[i]->fast.buffer)
+            pair_release(rest[i]);
+    rnn_release(&s);
+}
+
+/* Three steps from one state on both paths. */
+static void rnn_check_step(const rnn_case *k)
+{
+    const bool lstm = k->cell == FX_RNN_LSTM;
+    const int64_t sd[3] = {k->layers, k->B, k->H}, yd[2] = {k->B, k->H};
+    pair h, c = {0};
+    pair_make(&h, FX_F32, 3, sd, -1.0, 1.0);
+    if (lstm)
+        pair_make(&c, FX_F32, 3, sd, -1.0, 1.0);
+    fx_status st;
+    fx_status_clear(&st);
+    for (int t = 0; t < 3; t++) {
+        rnn_set s;
+        rnn_make(k, &s, true);
+        fx_rnn_inputs fi = {k->cell, k->layers, s.fl, &s.x.fast, NULL, NULL, 0};
+        fx_rnn_inputs ri = {k->cell, k->layers, s.rl, &s.x.ref, NULL, NULL, 0};
+        pair y;
+        pair_poisoned(&y, k->type, 2, yd);
+        ck_assert_int_eq(fx_op_rnn_step_into(NULL, &fi, &h.fast, lstm ? &c.fast : NULL, &y.fast, &st), FX_OK);
+        FX_CK_OK(st);
+        ck_assert_int_eq(fx_op_rnn_step_into(NULL, &ri, &h.ref, lstm ? &c.ref : NULL, &y.ref, &st), FX_OK);
+        FX_CK_OK(st);
+        char what[160];
+        snprintf(what, sizeof what, "%s step %d layers %lld B%lld in %lld H%lld %s", lstm ? "lstm" : "gru", t,
+                 (long long)k->layers, (long long)k->B, (long long)k->input, (long long)k->H, fx_dtype_name(k->type));
+        pair_compare(&y, tol_of(k->type), what);
+        pair_compare(&h, tol_of(k->type), what);
+        if (lstm)
+            pair_compare(&c, tol_of(k->type), what);
+        pair_release(&y);
+        rnn_release(&s);
+    }
+    pair_release(&h);
+    if (lstm)
+        pair_release(&c);
+}
+
+static const int64_t rnn_shapes[][5] = {
+    /* layers, B, L, input, H */
+    {1, 1, 1, 1, 1}, {2, 3, 5, 7, 6}, {1, 2, 33, 17, 16}, {2, 1, 4, 3, 300}, {3, 4, 9, 5, 5}, {1, 5, 2, 64, 67},
+};
+
+START_TEST(rnn_against_oracle)
+{
+    const fx_dtype types[] = {FX_F32, FX_BF16, FX_F16};
+    const unsigned opt_sets[] = {R_DY, R_BIAS | R_H0 | R_DHN | R_DY, R_DHN, R_BIAS | R_DY};
+    int count = 0;
+    for (int cell = 0; cell < FX_RNN_CELL_COUNT; cell++)
+        for (size_t si = 0; si < sizeof rnn_shapes / sizeof rnn_shapes[0]; si++)
+            for (int ti = 0; ti < 3; ti++)
+                for (int oi = 0; oi < 4; oi++) {
+                    if (ti > 0 && oi != (int)(si % 4) && oi != 1)
+                        continue;
+                    const int64_t *sh = rnn_shapes[si];
+                    rnn_case k = {cell, sh[0], sh[1], sh[2], sh[3], sh[4], types[ti], opt_sets[oi]};
+                    rnn_check(&k);
+                    count++;
+                }
+    fprintf(stderr, "fast rnn: %d cases against the oracle\n", count);
+}
+END_TEST
+
+START_TEST(rnn_steps_against_oracle)
+{
+    const fx_dtype types[] = {FX_F32, FX_BF16, FX_F16};
+    const int64_t shapes[][4] = {{1, 1, 1, 1}, {2, 3, 5, 7}, {2, 1, 512, 512}, {1, 4, 17, 257}};
+    for (int cell = 0; cell < FX_RNN_CELL_COUNT; cell++)
+        for (int si = 0; si < 4; si++)
+            for (int ti = 0; ti < 3; ti++) {
+                rnn_case k = {cell, shapes[si][0], shapes[si][1], 1, shapes[si][2], shapes[si][3], types[ti],
+                              si % 2 ? R_BIAS : 0};
+                rnn_check_step(&k);
+            }
+}
+END_TEST
+
 /* ---- optimizers ---- */
 
 /* A tensor's values as f64 (for a state's own tensors). */
@@ -1110,6 +1352,8 @@ Suite *fx_suite_fast(void)
     tcase_add_test(tc, conv_against_oracle);
     tcase_add_test(tc, conv_steps_against_oracle);
     tcase_add_test(tc, norm_against_oracle);
+    tcase_add_test(tc, rnn_against_oracle);
+    tcase_add_test(tc, rnn_steps_against_oracle);
     tcase_add_test(tc, optim_against_oracle);
     tcase_add_test(tc, nan_never_passes);
     tcase_add_test(tc, repeats_identical_and_callers_concurrent);

@@ -130,6 +130,8 @@ void fx_fast_gemm(const fx_fast_gemm_args *g);
  *   fx_fast_log       <= 2 ulp for normal positive inputs
  *   fx_fast_sigmoid   <= 4 ulp (exp's error plus a division's)
  *   fx_fast_softplus  <= 4 ulp (Goldberg's log1p from exp and log)
+ *   fx_fast_tanh      <= 4 ulp (Cephes' odd polynomial below 0.625, exp's
+ *                     error plus a division's above)
  * Cephes' minimax polynomials (exp degree 6 over [-ln2/2, ln2/2], log
  * degree 9 over [sqrt(1/2), sqrt(2)]) with Cody-Waite range reduction. */
 
