@@ -6,7 +6,9 @@
  * hidden 512 at batch 1, and a Mamba window of 32 frames. Build:
  * make build/libfusex_core.a && cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Ic_src
  * bench/model_frame.c build/libfusex_core.a -fopenmp -ldl -lpthread -lm -lmvec
- * -o build/model_frame; run with FUSEX_PRIV=priv FUSEX_DEVICE=cuda. */
+ * -o build/model_frame; run with FUSEX_PRIV=priv FUSEX_DEVICE=cuda, or without
+ * FUSEX_DEVICE on the CPU (bench/jax_cpu_model.py times JAX's CPU code on
+ * the same cases). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,7 +205,8 @@ int main(void)
     const fx_layer_spec gru2[2] = {{.kind = FX_LAYER_GRU, .size = 512, .bias = true},
                                    {.kind = FX_LAYER_GRU, .size = 512, .bias = true}};
     int rc = 0;
-    for (int graph = 1; graph >= 0 && rc == 0; graph--)
+    /* The CPU has no graphs: its frames run once, as launches. */
+    for (int graph = dev == fx_cpu_device() ? 0 : 1; graph >= 0 && rc == 0; graph--)
         rc = bench_frames(dev, "2-layer Mamba d256 N16", mamba2, 4, 256, 1, graph) ||
              bench_frames(dev, "2-layer Mamba d256 N16", mamba2, 4, 256, 32, graph) ||
              bench_frames(dev, "2-layer GRU H512", gru2, 2, 512, 1, graph);

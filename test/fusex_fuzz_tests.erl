@@ -283,11 +283,26 @@ min_normal({f, 32}) -> 1.0e-38;
 min_normal(_) -> 1.0e-300.
 
 %% rel-L2 as the other suites measure it (NaN never passes).
+%% A result whose terms nearly cancel (a small reference from unit-scale
+%% inputs) also passes within f32's rounding of those terms, 1e-6 an element
+%% (the C suites' rule): the CPU fast path accumulates in f32, as CUDA does.
+%% f64 results (the oracle's) get no such slack.
 close_l2(Got, Want, Tol) ->
     case fusex_test_util:rel_l2(Got, Want) of
         E when is_float(E), E =< Tol -> ok;
+        E when is_float(E), Tol >= 1.0e-5 ->
+            case within_rounding(Got, Want, Tol) of
+                true -> ok;
+                false -> {fail, {rel_l2, E, tolerance, Tol}}
+            end;
         E -> {fail, {rel_l2, E, tolerance, Tol}}
     end.
+
+within_rounding(Got, Want, Tol) when length(Got) =:= length(Want), Want =/= [] ->
+    Diff = math:sqrt(lists:sum([(G - W) * (G - W) || {G, W} <- lists:zip(Got, Want)])),
+    Ref = math:sqrt(lists:sum([W * W || W <- Want])),
+    Diff =< Tol * Ref + 1.0e-6 * math:sqrt(length(Want));
+within_rounding(_, _, _) -> false.
 
 all_ok(Checks) ->
     case [C || C <- Checks, C =/= ok] of [] -> ok; [First | _] -> First end.

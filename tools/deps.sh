@@ -7,13 +7,16 @@ set -euo pipefail
 packages="build-essential erlang-base erlang-dev erlang-eunit erlang-common-test erlang-tools
           erlang-syntax-tools erlang-runtime-tools erlang-crypto erlang-asn1 erlang-public-key
           erlang-ssl erlang-inets erlang-parsetools erlang-edoc erlang-xmerl elixir rebar3
-          check libsubunit-dev python3 python3-venv python3-pip"
+          check libsubunit-dev python3 python3-venv python3-pip libopenblas0-serial"
 
 missing=()
 for cmd in gcc make erl erlc rebar3 elixir mix; do
     command -v "$cmd" >/dev/null 2>&1 || missing+=("$cmd")
 done
 [ -f /usr/include/check.h ] || missing+=("check.h")
+# The CPU fast path's products: the system BLAS, loaded at run time (docs/CPU.md);
+# the single-threaded OpenBLAS, so that fusex's own pool splits the products.
+ldconfig -p 2>/dev/null | grep -q "libopenblas.so.0 " || missing+=("libopenblas.so.0")
 # The XLA targets' headers come from PyPI through pip, and the JAX tests run
 # in a venv (docs/XLA.md).
 if command -v python3 >/dev/null 2>&1; then

@@ -292,10 +292,10 @@ const fx_backend fx_cpu_backend = {
     .ssm = &fx_cpu_fast_ssm_ops,
     .linrec = &fx_cpu_fast_linrec_ops,
     .optim = &fx_cpu_fast_optim_ops,
-    .rnn = &fx_cpu_rnn_ops,
-    .conv = &fx_cpu_conv_ops,
-    .norm = &fx_cpu_norm_ops,
-    .linear = &fx_cpu_linear_ops,
+    .rnn = &fx_cpu_fast_rnn_ops,
+    .conv = &fx_cpu_fast_conv_ops,
+    .norm = &fx_cpu_fast_norm_ops,
+    .linear = &fx_cpu_fast_linear_ops,
     .loss = &fx_cpu_loss_ops,
     /* Local pointers are host addresses; host memory has no IPC handle
      * here and nothing to check a foreign address against. */

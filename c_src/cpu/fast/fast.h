@@ -5,16 +5,20 @@
  * (the files of c_src/cpu) stays what the tests compare against.
  *
  * What lives here: the pool, per-thread scratch, row loads and stores that
- * convert bf16/f16 on load, and the approximations of exp, log, sigmoid and
- * softplus (plain arithmetic, so that a loop of them vectorises). */
+ * convert bf16/f16 on load, the matrix products (the system BLAS, loaded at
+ * run time, split over the pool), and the approximations of exp, log,
+ * sigmoid, softplus and tanh (plain arithmetic, so that a loop of them
+ * vectorises). */
 #ifndef FX_CPU_FAST_H
 #define FX_CPU_FAST_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "cpu/cpu.h"
+#include "fusex_activation.h"
 #include "fusex_dtype.h"
 
 /* The kernels are built twice, for x86-64-v3 (AVX2, FMA, F16C) and the
@@ -82,6 +86,40 @@ void fx_fast_store_strided(const fx_tensor *t, int64_t i0, int64_t stride, int64
 /* One element, or dflt where t is NULL. */
 float fx_fast_at(const fx_tensor *t, int64_t i, float dflt);
 
+/* ---- matrix products: the system BLAS ----
+ * Loaded with dlopen on first use: FUSEX_BLAS names the library (or
+ * "none"), else libopenblas.so.0, then libblas.so.3 (a CBLAS with
+ * cblas_sgemm and cblas_sgemv). A threaded OpenBLAS is set to one thread:
+ * fusex splits the products over its own pool. Without one, the families
+ * whose fast path rests on products (linear, GRU, LSTM) run the oracle. */
+
+/* Whether a BLAS was loaded (loads it on the first call). */
+bool fx_blas_available(void);
+/* What was loaded ("OpenBLAS 0.3.21 ... (libopenblas.so.0)"), or why none. */
+const char *fx_blas_name(void);
+
+/* C [m, n] = opA(A) [m, k] · opB(B) [k, n] + beta C, f32, row-major (A
+ * stored [m, k], or [k, m] when trans_a; B [k, n], or [n, k] when trans_b);
+ * beta 0 never reads C. */
+typedef struct fx_fast_gemm_args {
+    bool trans_a, trans_b;
+    int64_t m, n, k;
+    const float *a;
+    int64_t lda;
+    const float *b;
+    int64_t ldb;
+    float *c;
+    int64_t ldc;
+    float beta;
+} fx_fast_gemm_args;
+
+/* The product through the BLAS (which must be loaded), in tiles of C whose
+ * edges depend on the shape alone, the tiles split over the pool where the
+ * product is large enough to pay for a wake-up: every element of C is the
+ * same one BLAS call's whatever the threads, so results do not depend on
+ * the thread count. A one-row product is a matrix-vector product. */
+void fx_fast_gemm(const fx_fast_gemm_args *g);
+
 /* ---- maths ----
  * Error bounds (relative, measured against f64 over the f32 range by
  * test_fast's accuracy case, which fails if they are passed):
@@ -92,6 +130,8 @@ float fx_fast_at(const fx_tensor *t, int64_t i, float dflt);
  *   fx_fast_log       <= 2 ulp for normal positive inputs
  *   fx_fast_sigmoid   <= 4 ulp (exp's error plus a division's)
  *   fx_fast_softplus  <= 4 ulp (Goldberg's log1p from exp and log)
+ *   fx_fast_tanh      <= 4 ulp (Cephes' odd polynomial below 0.625, exp's
+ *                     error plus a division's above)
  * Cephes' minimax polynomials (exp degree 6 over [-ln2/2, ln2/2], log
  * degree 9 over [sqrt(1/2), sqrt(2)]) with Cody-Waite range reduction. */
 
@@ -192,10 +232,71 @@ FX_INLINE float fx_fast_softplus_any(float x)
 
 FX_INLINE float fx_fast_silu(float z) { return z * fx_fast_sigmoid(z); }
 
+/* tanh (Cephes' tanhf): an odd polynomial below 0.625, 1 - 2 / (exp(2|x|) + 1)
+ * above, the sign put back. */
+FX_INLINE float fx_fast_tanh(float x)
+{
+    float ax = fabsf(x), s = x * x;
+    float p = -5.70498872745e-3f;
+    p = p * s + 2.06390887954e-2f;
+    p = p * s - 5.37397155531e-2f;
+    p = p * s + 1.33314422036e-1f;
+    p = p * s - 3.33332819422e-1f;
+    float small = p * s * x + x;
+    float big = 1.0f - 2.0f / (fx_fast_exp(2.0f * ax) + 1.0f);
+    big = x < 0.0f ? -big : big;
+    return ax > 0.625f ? big : small;
+}
+
 FX_INLINE float fx_fast_silu_grad(float z)
 {
     float s = fx_fast_sigmoid(z);
     return s * (1.0f + z * (1.0f - s));
+}
+
+/* The activations of fusex_activation.h and their derivatives (from the
+ * pre-activation u, or from the output y where that determines it). */
+FX_INLINE float fx_fast_activate(int act, float u)
+{
+    switch (act) {
+    case FX_ACT_RELU: return u > 0.0f ? u : 0.0f;
+    case FX_ACT_GELU: return 0.5f * u * (1.0f + fx_fast_tanh(0.7978845608f * (u + 0.044715f * u * u * u)));
+    case FX_ACT_SILU: return fx_fast_silu(u);
+    case FX_ACT_TANH: return fx_fast_tanh(u);
+    case FX_ACT_SIGMOID: return fx_fast_sigmoid(u);
+    default: return u;
+    }
+}
+
+FX_INLINE float fx_fast_activate_grad(int act, float u)
+{
+    switch (act) {
+    case FX_ACT_RELU: return u > 0.0f ? 1.0f : 0.0f;
+    case FX_ACT_GELU: {
+        const float k0 = 0.7978845608f, k1 = 0.044715f, t = fx_fast_tanh(k0 * (u + k1 * u * u * u));
+        return 0.5f * (1.0f + t) + 0.5f * u * (1.0f - t * t) * k0 * (1.0f + 3.0f * k1 * u * u);
+    }
+    case FX_ACT_SILU: return fx_fast_silu_grad(u);
+    case FX_ACT_TANH: {
+        const float t = fx_fast_tanh(u);
+        return 1.0f - t * t;
+    }
+    case FX_ACT_SIGMOID: {
+        const float s = fx_fast_sigmoid(u);
+        return s * (1.0f - s);
+    }
+    default: return 1.0f;
+    }
+}
+
+FX_INLINE float fx_fast_activate_grad_at_output(int act, float y)
+{
+    switch (act) {
+    case FX_ACT_RELU: return y > 0.0f ? 1.0f : 0.0f;
+    case FX_ACT_TANH: return 1.0f - y * y;
+    case FX_ACT_SIGMOID: return y * (1.0f - y);
+    default: return 1.0f;
+    }
 }
 
 /* ---- the op tables ---- */
@@ -203,5 +304,9 @@ FX_INLINE float fx_fast_silu_grad(float z)
 extern const struct fx_linrec_ops fx_cpu_fast_linrec_ops;
 extern const struct fx_ssm_ops fx_cpu_fast_ssm_ops;
 extern const struct fx_optim_ops fx_cpu_fast_optim_ops;
+extern const struct fx_linear_ops fx_cpu_fast_linear_ops;
+extern const struct fx_conv_ops fx_cpu_fast_conv_ops;
+extern const struct fx_norm_ops fx_cpu_fast_norm_ops;
+extern const struct fx_rnn_ops fx_cpu_fast_rnn_ops;
 
 #endif

@@ -245,9 +245,23 @@ typedef struct step_job {
     atomic_bool out_of_memory;
 } step_job;
 
+/* One channel's states along dstate: h = exp(dl A) h + dx b; returns c · h. */
+FX_INLINE float step_channel(int64_t N, float dl, float dx, const float *restrict A, const float *restrict bk,
+                             const float *restrict ck, float *restrict h)
+{
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t k = 0; k < N; k++) {
+        h[k] = fx_fast_exp(dl * A[k]) * h[k] + dx * bk[k];
+        acc += ck[k] * h[k];
+    }
+    return acc;
+}
+
 /* Channels [d0, d0 + w) of batch row b, one group: the per-channel values
  * (delta, the gate) vectorised over the block, then each channel's states
- * along dstate (the state's own layout). */
+ * along dstate (the state's own layout), read in place where A and the
+ * state are f32. */
 FX_FAST_KERNEL
 static void step_block(const fx_ssm_step_args *a, int64_t b, int64_t d0, int64_t w, float *buf)
 {
@@ -262,21 +276,20 @@ static void step_block(const fx_ssm_step_args *a, int64_t b, int64_t d0, int64_t
     deltas(w, fx_fast_load(a->dt, i0, w, dtbuf), bias, a->dt_softplus, u, delta);
     const float *restrict bk = fx_fast_load(a->b, row, N, buf);
     const float *restrict ck = fx_fast_load(a->c, row, N, buf + N);
-    for (int64_t c = 0; c < w; c++) {
-        const int64_t d = d0 + c;
-        const float *restrict A = fx_fast_load(a->a, d * N, N, buf + 2 * N);
-        float *restrict h = a->state->dtype == FX_F32 ? (float *)a->state->data + (i0 + c) * N
-                                                      : (float *)fx_fast_load(a->state, (i0 + c) * N, N, buf + 3 * N);
-        const float dl = delta[c], dx = delta[c] * x[c];
-        float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t k = 0; k < N; k++) {
-            h[k] = fx_fast_exp(dl * A[k]) * h[k] + dx * bk[k];
-            acc += ck[k] * h[k];
+    const bool f32 = a->state->dtype == FX_F32 && a->a->dtype == FX_F32;
+    if (f32) {
+        const float *A = (const float *)a->a->data + d0 * N;
+        float *h = (float *)a->state->data + i0 * N;
+        for (int64_t c = 0; c < w; c++)
+            y[c] = step_channel(N, delta[c], delta[c] * x[c], A + c * N, bk, ck, h + c * N) + dskip[c] * x[c];
+    } else {
+        for (int64_t c = 0; c < w; c++) {
+            const float *A = fx_fast_load(a->a, (d0 + c) * N, N, buf + 2 * N);
+            float *h = (float *)fx_fast_load(a->state, (i0 + c) * N, N, buf + 3 * N);
+            y[c] = step_channel(N, delta[c], delta[c] * x[c], A, bk, ck, h) + dskip[c] * x[c];
+            if (h == buf + 3 * N) /* a 16-bit state: its converted row goes back */
+                fx_fast_store(a->state, (i0 + c) * N, N, h);
         }
-        if (a->state->dtype != FX_F32)
-            fx_fast_store(a->state, (i0 + c) * N, N, h);
-        y[c] = acc + dskip[c] * x[c];
     }
     write_gated(a->y, a->z, i0, w, y, ybuf, zbuf);
 }
