@@ -378,7 +378,9 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
 
     @doc false
     def norm_layer(x, a, opts), do: norm_call([x, a], opts)
+    @doc false
     def norm_layer(x, a, b, opts), do: norm_call([x, a, b], opts)
+    @doc false
     def norm_layer(x, a, b, c, opts), do: norm_call([x, a, b, c], opts)
 
     # [x, gate?, weight, bias?] as the layer's inputs came.
