@@ -5,7 +5,7 @@ defmodule FusexApiDocTest do
   # runs where those load (listed as skipped elsewhere). Signatures and
   # specs are as the compiling Elixir prints them: the committed page is
   # the offline kit's (CI's).
-  use ExUnit.Case, async: true
+  use ExUnit.Case, async: false
   @moduletag :nx
   @moduletag :axon
   @compile {:no_warn_undefined, [Fusex.ApiDoc]}
