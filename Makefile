@@ -72,7 +72,7 @@ XLA_HDRS   := $(XLA_FFI_INC)/xla/ffi/api/ffi.h $(XLA_FFI_INC)/xla/ffi/api/api.h 
 CXXFLAGS   ?= -O2 -g
 XLA_CXXFLAGS := $(CXXFLAGS) -std=c++17 -fPIC -fvisibility=hidden $(WARN) -isystem $(XLA_FFI_INC) -Iinclude -Ic_src
 
-.PHONY: all nif xla deps erl test test-c test-erl test-ex example-ex example-erl example-jax test-emu test-gpu test-ipc sanitize bench demo selftest docs clean \
+.PHONY: all nif xla deps erl test test-c test-erl test-ex example-ex example-erl example-jax test-emu test-gpu test-ipc sanitize bench demo selftest docs docs-ex fresh-project clean \
         test-jax test-jax-gpu test-xla-c test-xla-c-gpu xla-fixtures test-asan
 
 all: nif erl
@@ -256,6 +256,13 @@ example-erl: all
 test-ex:
 	@bash tools/test_ex.sh
 	@$(MAKE) --no-print-directory example-ex
+	@$(MAKE) --no-print-directory fresh-project
+
+# README.md's Elixir install lines on a new Mix project (the offline kit's
+# Nx and Axon), and README's Elixir examples run in it (tools/fresh_project.sh;
+# about 25 s, most of it compiling Nx and Axon).
+fresh-project:
+	@bash tools/fresh_project.sh
 
 # examples/elixir/train_and_serve.exs with the suites' Nx (skipped, saying
 # so, without Nx).
@@ -418,6 +425,12 @@ selftest: deps
 
 docs:
 	$(REBAR3) edoc
+
+# docs/API-ELIXIR.md, the Elixir API reference, from the modules' docs
+# (tools/elixir_api.exs; test/ex/fusex_api_doc_test.exs checks it is
+# current). It covers the modules built on Nx and Axon: the suites' Nx.
+docs-ex:
+	@FUSEX_REQUIRE_NX=1 FUSEX_EX_RUN=tools/elixir_api.exs bash tools/test_ex.sh --write docs/API-ELIXIR.md
 
 clean:
 	rm -rf $(BUILD) $(ASAN) priv/fusex_nif.so priv/fusex_cuda.so priv/fusex_xla.so _build

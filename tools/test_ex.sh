@@ -67,13 +67,14 @@ case $mode in
         MIX_ENV=test mix deps.get
         ;;
 esac
-# FUSEX_EX_RUN=script: runs the script (an example) instead of the suites.
+# FUSEX_EX_RUN=script: runs the script (an example, a tool) instead of the
+# suites, with this script's arguments.
 if [ -n "${FUSEX_EX_RUN:-}" ]; then
     if [ "$mode" = none ]; then
-        echo "fusex example $FUSEX_EX_RUN: skipped without Nx"
+        echo "fusex $FUSEX_EX_RUN: skipped without Nx"
         exit 0
     fi
-    echo "fusex example: $FUSEX_EX_RUN"
-    MIX_ENV=test exec mix run "$FUSEX_EX_RUN"
+    echo "fusex: mix run $FUSEX_EX_RUN $*"
+    MIX_ENV=test exec mix run "$FUSEX_EX_RUN" "$@"
 fi
 MIX_ENV=test exec mix test "$@"

@@ -14,9 +14,12 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
 
     `from_axon/3` takes a plain chain from one `Axon.input` of:
 
-      * `Fusex.Axon.gru/3`, `Fusex.Axon.lstm/3` (their output sequence;
-        `:use_bias` true), `Fusex.Axon.min_gru/3`, `Fusex.Axon.min_lstm/3`
-        (not `:reverse`, candidate `:identity`);
+      * `Fusex.Axon.gru/3`, `Fusex.Axon.lstm/3` (their output sequence),
+        `Fusex.Axon.min_gru/3`, `Fusex.Axon.min_lstm/3`
+        (not `:reverse`, candidate `:identity`; with `return_state: true`
+        their output sequence), each without an initial state input (the
+        resident model's states start at zeros, `init_state/2`, and
+        `step/3` carries them);
       * `Axon.dense/3` with or without bias, and with no activation or one
         of `:relu`, `:tanh`, `:sigmoid`, `:silu` (`:gelu` is erf's in Axon,
         the tanh form in the model: refused);
@@ -35,6 +38,8 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
     @type t :: %__MODULE__{ref: reference(), device: term(), spec: map()}
 
     @activations [:relu, :tanh, :sigmoid, :silu]
+    # The recurrent layers the resident model has.
+    @stateful [:fusex_gru, :fusex_lstm, :fusex_min_gru, :fusex_min_lstm]
 
     @doc """
     The resident model of a trained Axon `model` with parameters `params`
@@ -155,19 +160,23 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
           {input_width!(node, name), acc}
 
         {:elem, [parent]} ->
-          rnn = nodes[parent]
+          layer = nodes[parent]
 
-          unless node.opts[:fusex_part] == :sequence and rnn.op_name in [:fusex_gru, :fusex_lstm] do
-            unsupported!(name, node.op_name, "only a Fusex.Axon.gru/lstm output sequence is taken")
+          unless node.opts[:fusex_part] == :sequence and layer.op_name in @stateful do
+            unsupported!(name, node.op_name,
+              "only the output sequence of a Fusex.Axon gru, lstm, min_gru or min_lstm layer is taken (not its state)")
           end
 
-          case rnn.parent do
-            [x] -> chain(x, nodes, names, [{rnn.op_name, names[parent], rnn} | acc])
-            _ -> unsupported!(names[parent], rnn.op_name, "an initial state input or use_bias: false")
+          case layer.parent do
+            [x] -> chain(x, nodes, names, [{layer.op_name, names[parent], layer} | acc])
+            _ -> initial_state!(names[parent], layer)
           end
 
         {op, [x]} when op in [:dense, :fusex_min_gru, :fusex_min_lstm, :fusex_rms_norm, :fusex_layer_norm] ->
           chain(x, nodes, names, [{op, name, node} | acc])
+
+        {op, [_, _ | _]} when op in @stateful ->
+          initial_state!(name, node)
 
         {op, [x]} when op in @activations ->
           chain(x, nodes, names, [{:activation, name, node} | acc])
@@ -181,6 +190,12 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
         {op, parents} ->
           unsupported!(name, op, "#{length(parents)} inputs: only a plain chain from one Axon.input")
       end
+    end
+
+    # A recurrent layer's input besides its sequence is its initial state.
+    defp initial_state!(name, node) do
+      unsupported!(name, node.op_name, "an initial state input (the resident model's states start at zeros, " <>
+        "Fusex.Model.init_state/2, and step/3 carries them)")
     end
 
     defp input_width!(node, name) do
@@ -250,19 +265,24 @@ if Code.ensure_loaded?(Axon) and Code.ensure_loaded?(Nx) and function_exported?(
 
       input_kernel = param!(p, name, op, "input_kernel")
       hidden_kernel = param!(p, name, op, "hidden_kernel")
-      bias = param!(p, name, op, "bias")
       zeros = Nx.broadcast(Nx.tensor(0.0, type: {:f, 32}), {units})
+      no_bias = Nx.concatenate(List.duplicate(zeros, length(gates)))
 
       # Axon's biases: one per gate on the input side, but for the GRU's
       # n gate, whose hidden-side bias (bhn) sits inside r * (.)
       {b_ih, b_hh} =
-        case kind do
-          :gru ->
+        case {kind, node.opts[:use_bias]} do
+          {_, false} ->
+            {no_bias, no_bias}
+
+          {:gru, _} ->
+            bias = param!(p, name, op, "bias")
             {Nx.concatenate(Enum.map(~w(br bz bin), &param!(bias, name, op, &1))),
              Nx.concatenate([zeros, zeros, param!(bias, name, op, "bhn")])}
 
-          :lstm ->
-            {Nx.concatenate(Enum.map(gates, &param!(bias, name, op, "b#{&1}"))), Nx.concatenate(List.duplicate(zeros, 4))}
+          {:lstm, _} ->
+            bias = param!(p, name, op, "bias")
+            {Nx.concatenate(Enum.map(gates, &param!(bias, name, op, "b#{&1}"))), no_bias}
         end
 
       weights = %{w_ih: stack.(input_kernel, "wi"), w_hh: stack.(hidden_kernel, "wh"), b_ih: b_ih, b_hh: b_hh}

@@ -9,7 +9,7 @@ defmodule FusexDefnRuntimeTest do
   # seeded by ExUnit's seed.
   use ExUnit.Case, async: false
   @moduletag :nx
-  @compile {:no_warn_undefined, [Nx, Nx.Defn, Nx.Defn.Evaluator, Fusex.Defn, Fusex.Defn.Runtime]}
+  @compile {:no_warn_undefined, [Nx, Nx.Defn, Nx.Defn.Evaluator, Fusex.Defn, Fusex.Defn.Runtime, :telemetry]}
 
   import Fusex.NxHelpers
   import Fusex.DefnCase, only: [described: 2]

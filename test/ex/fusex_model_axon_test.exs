@@ -33,6 +33,15 @@ defmodule FusexModelAxonTest do
     |> Axon.dense(4, activation: :silu, name: "out")
   end
 
+  # The state layers' sequences taken from {sequence, state}.
+  defp returned_states do
+    {seq, _state} = Fusex.Axon.min_lstm(input(), 6, return_state: true, name: "minlstm")
+    {seq, _state} = Fusex.Axon.min_gru(seq, 5, return_state: true, name: "mingru")
+    seq = Fusex.Axon.gru(seq, 4, return_state: false, name: "gru")
+    {seq, _state} = Fusex.Axon.lstm(seq, 3, use_bias: false, name: "lstm")
+    Axon.dense(seq, 2, name: "out")
+  end
+
   defp lstm_chain do
     {seq, _state} = input() |> Axon.dense(6, activation: :tanh) |> Fusex.Axon.lstm(8)
 
@@ -97,6 +106,13 @@ defmodule FusexModelAxonTest do
     assert [{:mingru, %{hidden: 8}}, {:rms_norm, _}, {:linear, %{out: 4, activation: :silu}}] = served.spec.layers
   end
 
+  test "min_lstm, min_gru with return_state: true, gru with return_state: false, lstm without bias: served" do
+    served = check_served("returned-states", returned_states())
+
+    assert [{:minlstm, %{hidden: 6}}, {:mingru, %{hidden: 5}}, {:gru, %{hidden: 4}}, {:lstm, %{hidden: 3}}, {:linear, %{out: 2}}] =
+             served.spec.layers
+  end
+
   test "dense (tanh) -> lstm -> layer_norm -> dense (relu) -> dense (sigmoid, no bias)" do
     served = check_served("lstm-chain", lstm_chain())
 
@@ -133,7 +149,27 @@ defmodule FusexModelAxonTest do
     assert_refused(Axon.add(Axon.dense(x, 3), Axon.dense(x, 3), name: "sum"), ~s|layer "sum" (add)|)
 
     {_seq, {h}} = Fusex.Axon.gru(input(), 4, name: "g2")
-    assert_refused(h, "only a Fusex.Axon.gru/lstm output sequence")
+    assert_refused(h, "only the output sequence of a Fusex.Axon gru, lstm, min_gru or min_lstm layer is taken (not its state)")
+    {_seq, {h}} = Fusex.Axon.min_gru(input(), 4, return_state: true)
+    assert_refused(Axon.dense(h, 2), "(not its state)")
+
+    # an initial state input: the resident model's states start at zeros
+    h0 = Axon.input("h0", shape: {nil, 4})
+    initial = ~s|an initial state input (the resident model's states start at zeros|
+
+    for {name, model} <- [
+          {"mg", input() |> Fusex.Axon.min_gru({h0}, 4, name: "mg") |> Axon.dense(1)},
+          {"ml", input() |> Fusex.Axon.min_lstm({h0}, 4, name: "ml", return_state: true) |> elem(0) |> Axon.dense(1)},
+          {"gs", input() |> Fusex.Axon.gru({h0}, 4, name: "gs") |> elem(0)}
+        ] do
+      {init_fn, _} = Axon.build(model)
+      params = init_fn.(%{"x" => Nx.template({@batch, @seqlen, @features}, {:f, 32}), "h0" => Nx.template({@batch, 4}, {:f, 32})},
+        Axon.ModelState.empty())
+
+      error = assert_raise ArgumentError, fn -> Fusex.Model.from_axon(model, params, device: :cpu) end
+      assert error.message =~ ~s|layer "#{name}"| and error.message =~ initial, error.message
+    end
+
 
     assert_raise ArgumentError, ~r/model: expected an %Axon\{\} model/, fn -> Fusex.Model.from_axon(:nope, %{}) end
   end

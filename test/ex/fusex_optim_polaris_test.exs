@@ -10,7 +10,7 @@ defmodule FusexOptimPolarisTest do
   # (Axon.Loop logs its compiler options)
   @moduletag :capture_log
   @compile {:no_warn_undefined,
-            [Nx, Nx.Defn, Axon, Axon.Loop, Axon.ModelState, Polaris.Optimizers, Polaris.Updates]}
+            [Nx, Nx.Defn, Nx.Defn.Composite, Axon, Axon.Loop, Axon.ModelState, Polaris.Optimizers, Polaris.Updates, Fusex.Axon]}
 
   import Fusex.NxHelpers
 
