@@ -45,9 +45,9 @@ defmodule FusexOptimPolarisTest do
     out
   end
 
-  defp assert_same_params(got, want, label) do
+  defp assert_same_params(got, want, label, tol \\ 1.0e-5) do
     for {g, w, i} <- Enum.zip([leaves(got), leaves(want), Enum.to_list(0..99)]),
-        do: assert_close(g, w, 1.0e-5, "#{label} parameter #{i}")
+        do: assert_close(g, w, tol, "#{label} parameter #{i}")
   end
 
   @cases [
@@ -98,7 +98,12 @@ defmodule FusexOptimPolarisTest do
 
     got = run.(Fusex.Optim.adamw(opts))
     want = run.(Polaris.Optimizers.adamw(opts ++ [eps_root: 0.0]))
-    assert_same_params(got.data, want.data, "Axon.Loop adamw")
+    # Each run takes its gradients at parameters that already differ by
+    # f32 rounding, and AdamW divides by the root of those gradients' second
+    # moment, so the runs drift apart by more than one step's rounding (up to
+    # 7.7e-5 seen over three steps); the fixed-gradient tests above hold
+    # each step to 1e-5.
+    assert_same_params(got.data, want.data, "Axon.Loop adamw", 3.0e-4)
     refute leaves(got.data) == leaves(init.data), "the model trained"
   end
 
