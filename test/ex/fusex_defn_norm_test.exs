@@ -86,7 +86,8 @@ defmodule FusexDefnNormTest do
     ds = uniform(shape, s_type)
     {out, grads, tensor_grads} = defn_norm_run(kind, args, tensors, opts, dy, ds)
     {want_y, want_s, want} = erl_norm_run(kind, args, tensors, opts, dy, ds)
-    t = tol(type)
+    # An f64 norm whose sum s is kept in f32 carries f32's rounding.
+    t = tol(if type == {:f, 64} and opts[:residual_in_f32] && tensors[:residual], do: {:f, 32}, else: type)
 
     if want_s do
       {y, s} = out
