@@ -35,6 +35,8 @@ static float *take(carve *c, int64_t count)
 /* n elements of t from i0 into dst as f32 (zeros where t is NULL). */
 static void load_into(const fx_tensor *t, int64_t i0, int64_t n, float *dst)
 {
+    if (n <= 0) /* an empty tensor has no data to read (memcpy's NULL) */
+        return;
     if (!t) {
         memset(dst, 0, sizeof(float) * (size_t)n);
         return;
