@@ -1402,11 +1402,11 @@ static int loss_of(const fx_model *m, const fx_tensor *y, const fx_tensor *targe
     const double scale = loss == FX_LOSS_MSE ? 1.0 / (double)(y->numel ? y->numel : 1) : 1.0 / (double)(rows ? rows : 1);
     if (loss == FX_LOSS_CROSS_ENTROPY && check_labels(targets, m->output, st))
         return st->code;
-    const int64_t ydims[2] = {rows, m->output}, tdims[2] = {rows, loss == FX_LOSS_MSE ? m->output : 1};
+    const int64_t ydims[2] = {rows, m->output}; /* MSE's targets have y's shape, labels [rows] */
     fx_tensor y2, t2, row_loss;
     if (fx_op_reshape(y, 2, ydims, &y2, st))
         return st->code;
-    if (fx_op_reshape(targets, loss == FX_LOSS_MSE ? 2 : 1, tdims, &t2, st)) {
+    if (fx_op_reshape(targets, loss == FX_LOSS_MSE ? 2 : 1, ydims, &t2, st)) {
         fx_tensor_release(&y2);
         return st->code;
     }

@@ -20,6 +20,7 @@
 #include "cpu/cpu.h"
 #include "fusex_activation.h"
 #include "fusex_dtype.h"
+#include "fusex_exec.h"
 
 /* The kernels are built twice, for x86-64-v3 (AVX2, FMA, F16C) and the
  * baseline, the CPU's picked when the library loads. */
@@ -92,6 +93,24 @@ float fx_fast_at(const fx_tensor *t, int64_t i, float dflt);
  * cblas_sgemm and cblas_sgemv). A threaded OpenBLAS is set to one thread:
  * fusex splits the products over its own pool. Without one, the families
  * whose fast path rests on products (linear, GRU, LSTM) run the oracle. */
+
+/* f32 arrays carved from one block of a caller's scratch, 64-byte aligned:
+ * first with `next` NULL to count the floats a call needs, then over the
+ * block itself. */
+typedef struct fx_carve {
+    float *next;
+    size_t floats;
+} fx_carve;
+
+static inline float *fx_carve_take(fx_carve *c, int64_t count)
+{
+    float *p = c->next;
+    const size_t rounded = ((size_t)count + 15) & ~(size_t)15;
+    if (p)
+        c->next += rounded;
+    c->floats = fx_size_add(c->floats, rounded);
+    return p;
+}
 
 /* Whether a BLAS was loaded (loads it on the first call). */
 bool fx_blas_available(void);

@@ -8,37 +8,21 @@
 #include "cpu/fast/fast.h"
 #include "fusex_linear.h"
 
-/* A block of f32 arrays carved from the caller's scratch. */
-typedef struct carve {
-    float *next;
-    size_t floats;
-} carve;
-
-static float *take(carve *c, int64_t count)
-{
-    float *p = c->next;
-    const size_t rounded = ((size_t)count + 15) & ~(size_t)15; /* 64-byte aligned pieces */
-    if (p)
-        c->next += rounded;
-    c->floats = fx_size_add(c->floats, rounded);
-    return p;
-}
-
 /* t's elements as f32: t's own memory where it is f32, else a converted copy. */
-static const float *as_f32(carve *c, const fx_tensor *t)
+static const float *as_f32(fx_carve *c, const fx_tensor *t)
 {
     if (t->dtype == FX_F32)
         return t->data;
-    float *p = take(c, t->numel);
+    float *p = fx_carve_take(c, t->numel);
     if (p)
         fx_fast_load(t, 0, t->numel, p);
     return p;
 }
 
 /* Where an output is computed: t's memory where it is f32, else scratch. */
-static float *out_f32(carve *c, const fx_tensor *t)
+static float *out_f32(fx_carve *c, const fx_tensor *t)
 {
-    return t->dtype == FX_F32 ? (float *)t->data : take(c, t->numel);
+    return t->dtype == FX_F32 ? (float *)t->data : fx_carve_take(c, t->numel);
 }
 
 /* The caller's scratch for `floats` f32 (never a zero-byte block). */
@@ -82,7 +66,7 @@ static void epilogue_row(int act, int64_t n, const float *restrict bias, float *
     }
 }
 
-static size_t forward_floats(const fx_linear_fwd_args *a, carve *c, const float **x, const float **w,
+static size_t forward_floats(const fx_linear_fwd_args *a, fx_carve *c, const float **x, const float **w,
                              const float **bias, float **y, float **pre)
 {
     *x = as_f32(c, a->x);
@@ -96,11 +80,11 @@ static size_t forward_floats(const fx_linear_fwd_args *a, carve *c, const float 
 static int fast_forward(const fx_linear_fwd_args *a, fx_status *st)
 {
     const fx_linear_dims *n = &a->n;
-    carve size = {0};
+    fx_carve size = {0};
     const float *x, *w, *bias;
     float *y, *pre;
     const size_t floats = forward_floats(a, &size, &x, &w, &bias, &y, &pre);
-    carve c = {call_floats(floats), 0};
+    fx_carve c = {call_floats(floats), 0};
     if (!c.next)
         return fx_fail(st, FX_ENOMEM, "out of host memory for a linear layer's %zu f32 operands", floats);
     forward_floats(a, &c, &x, &w, &bias, &y, &pre);
@@ -160,7 +144,7 @@ typedef struct bwd_arrays {
     double *dbias;
 } bwd_arrays;
 
-static size_t backward_floats(const fx_linear_bwd_args *a, carve *c, bwd_arrays *v)
+static size_t backward_floats(const fx_linear_bwd_args *a, fx_carve *c, bwd_arrays *v)
 {
     const fx_linear_fwd_args *f = &a->fwd;
     const fx_linear_dims *n = &f->n;
@@ -169,20 +153,20 @@ static size_t backward_floats(const fx_linear_bwd_args *a, carve *c, bwd_arrays 
     v->dy = as_f32(c, a->dy);
     v->y = fx_linear_reads_output(f->activation) ? as_f32(c, f->y) : NULL;
     v->pre = fx_linear_reads_pre(f->activation) ? as_f32(c, f->pre) : NULL;
-    v->dpre = take(c, n->rows * n->out);
+    v->dpre = fx_carve_take(c, n->rows * n->out);
     v->dx = out_f32(c, a->dx);
     v->dw = out_f32(c, a->dw);
-    v->dbias = a->dbias ? (double *)take(c, 2 * n->out) : NULL;
+    v->dbias = a->dbias ? (double *)fx_carve_take(c, 2 * n->out) : NULL;
     return c->floats;
 }
 
 static int fast_backward(const fx_linear_bwd_args *a, fx_status *st)
 {
     const fx_linear_dims *n = &a->fwd.n;
-    carve size = {0};
+    fx_carve size = {0};
     bwd_arrays v;
     const size_t floats = backward_floats(a, &size, &v);
-    carve c = {call_floats(floats), 0};
+    fx_carve c = {call_floats(floats), 0};
     if (!c.next)
         return fx_fail(st, FX_ENOMEM, "out of host memory for a linear backward's %zu f32 operands", floats);
     backward_floats(a, &c, &v);

@@ -101,16 +101,29 @@ static void forward_row(const fx_norm_fwd_args *a, int64_t r, float *k, const fl
         fx_store_f64(a->rstd->data, a->rstd->dtype, r, rstd);
 }
 
+/* A worker's row scratch and the weight and bias rows as f32 in it; false
+ * (the job's out_of_memory set) where the scratch cannot be had. */
+static bool row_setup(const fx_tensor *weight, const fx_tensor *bias, int64_t H, atomic_bool *out_of_memory,
+                      float **k, const float **w, const float **b)
+{
+    *k = row_scratch(H);
+    if (!*k) {
+        atomic_store(out_of_memory, true);
+        return false;
+    }
+    *w = column_row(weight, H, *k + R_W * H);
+    *b = column_row(bias, H, *k + R_B * H);
+    return true;
+}
+
 static void fwd_range(void *ctx, int64_t lo, int64_t hi)
 {
     fwd_job *job = ctx;
     const int64_t H = job->a->n.hidden;
-    float *k = row_scratch(H);
-    if (!k) {
-        atomic_store(&job->out_of_memory, true);
+    float *k;
+    const float *w, *b;
+    if (!row_setup(job->a->weight, job->a->bias, H, &job->out_of_memory, &k, &w, &b))
         return;
-    }
-    const float *w = column_row(job->a->weight, H, k + R_W * H), *b = column_row(job->a->bias, H, k + R_B * H);
     for (int64_t r = lo; r < hi; r++) {
         if (r % 64 == 63 && fx_watch_gone(job->w))
             return;
@@ -198,12 +211,10 @@ static void bwd_range(void *ctx, int64_t lo, int64_t hi)
 {
     bwd_job *job = ctx;
     const int64_t H = job->a->n.hidden;
-    float *k = row_scratch(H);
-    if (!k) {
-        atomic_store(&job->out_of_memory, true);
+    float *k;
+    const float *w, *b;
+    if (!row_setup(job->a->weight, job->a->bias, H, &job->out_of_memory, &k, &w, &b))
         return;
-    }
-    const float *w = column_row(job->a->weight, H, k + R_W * H), *b = column_row(job->a->bias, H, k + R_B * H);
     for (int64_t r = lo; r < hi; r++) {
         if (r % 64 == 63 && fx_watch_gone(job->w))
             return;
@@ -242,12 +253,10 @@ static void weight_range(void *ctx, int64_t lo, int64_t hi)
     bwd_job *job = ctx;
     const fx_norm_bwd_args *a = job->a;
     const int64_t H = a->n.hidden;
-    float *k = row_scratch(H);
-    if (!k) {
-        atomic_store(&job->out_of_memory, true);
+    float *k;
+    const float *w, *b;
+    if (!row_setup(a->weight, a->bias, H, &job->out_of_memory, &k, &w, &b))
         return;
-    }
-    const float *w = column_row(a->weight, H, k + R_W * H), *b = column_row(a->bias, H, k + R_B * H);
     /* the dgate of row_terms is written by the rows' pass: not again here */
     fx_norm_bwd_args quiet = *a;
     quiet.dgate = NULL;

@@ -17,21 +17,6 @@ static int64_t in_max(const fx_rnn_dims *n) { return n->input > n->hidden ? n->i
 
 /* ---- scratch: f32 arrays carved from the caller's block ---- */
 
-typedef struct carve {
-    float *next;
-    size_t floats;
-} carve;
-
-static float *take(carve *c, int64_t count)
-{
-    float *p = c->next;
-    const size_t rounded = ((size_t)count + 15) & ~(size_t)15;
-    if (p)
-        c->next += rounded;
-    c->floats = fx_size_add(c->floats, rounded);
-    return p;
-}
-
 /* n elements of t from i0 into dst as f32 (zeros where t is NULL). */
 static void load_into(const fx_tensor *t, int64_t i0, int64_t n, float *dst)
 {
@@ -52,12 +37,12 @@ typedef struct params {
     float *w_ih_buf, *w_hh_buf, *b_ih_buf, *b_hh_buf;
 } params;
 
-static void take_params(carve *c, int64_t rows, int64_t K, int64_t H, params *p)
+static void take_params(fx_carve *c, int64_t rows, int64_t K, int64_t H, params *p)
 {
-    p->w_ih_buf = take(c, rows * K);
-    p->w_hh_buf = take(c, rows * H);
-    p->b_ih_buf = take(c, rows);
-    p->b_hh_buf = take(c, rows);
+    p->w_ih_buf = fx_carve_take(c, rows * K);
+    p->w_hh_buf = fx_carve_take(c, rows * H);
+    p->b_ih_buf = fx_carve_take(c, rows);
+    p->b_hh_buf = fx_carve_take(c, rows);
 }
 
 static void load_params(const fx_rnn_layer *l, int64_t rows, int64_t width, int64_t H, params *p)
@@ -97,17 +82,17 @@ typedef struct fwd_arrays {
     float *save;   /* [S]: a saved row */
 } fwd_arrays;
 
-static size_t carve_forward(carve *c, const fx_rnn_dims *n, fwd_arrays *v)
+static size_t carve_forward(fx_carve *c, const fx_rnn_dims *n, fwd_arrays *v)
 {
     const int64_t H = n->hidden, rows = fx_rnn_gates(n->cell) * H, steps = n->batch * n->seqlen, K = in_max(n);
     take_params(c, rows, K, H, &v->p);
-    v->seq[0] = take(c, steps * K);
-    v->seq[1] = take(c, steps * K);
-    v->ax = take(c, steps * rows);
-    v->ah = take(c, n->batch * rows);
-    v->h = take(c, n->batch * H);
-    v->c = take(c, n->batch * H);
-    v->save = take(c, fx_rnn_saved_width(n->cell, H));
+    v->seq[0] = fx_carve_take(c, steps * K);
+    v->seq[1] = fx_carve_take(c, steps * K);
+    v->ax = fx_carve_take(c, steps * rows);
+    v->ah = fx_carve_take(c, n->batch * rows);
+    v->h = fx_carve_take(c, n->batch * H);
+    v->c = fx_carve_take(c, n->batch * H);
+    v->save = fx_carve_take(c, fx_rnn_saved_width(n->cell, H));
     return c->floats;
 }
 
@@ -193,10 +178,10 @@ static int fast_forward(const fx_rnn_fwd_args *a, fx_status *st)
 {
     const fx_rnn_dims *n = &a->n;
     const int64_t B = n->batch, L = n->seqlen, H = n->hidden, K = in_max(n), rows = fx_rnn_gates(n->cell) * H;
-    carve size = {0};
+    fx_carve size = {0};
     fwd_arrays v;
     const size_t floats = carve_forward(&size, n, &v);
-    carve c = {call_floats(floats), 0};
+    fx_carve c = {call_floats(floats), 0};
     if (!c.next)
         return fx_fail(st, FX_ENOMEM, "out of host memory for a recurrence's %zu f32 of workspace", floats);
     carve_forward(&c, n, &v);
@@ -229,21 +214,21 @@ typedef struct bwd_arrays {
     double *dbias;    /* [G*H] */
 } bwd_arrays;
 
-static size_t carve_backward(carve *c, const fx_rnn_dims *n, bwd_arrays *v)
+static size_t carve_backward(fx_carve *c, const fx_rnn_dims *n, bwd_arrays *v)
 {
     const int64_t H = n->hidden, rows = fx_rnn_gates(n->cell) * H, steps = n->batch * n->seqlen, K = in_max(n);
     take_params(c, rows, K, H, &v->p);
-    v->in = take(c, steps * K);
-    v->hprev = take(c, steps * H);
-    v->dout = take(c, steps * K);
-    v->din = take(c, steps * K);
-    v->dax = take(c, steps * rows);
-    v->dah = take(c, steps * rows);
-    v->dh = take(c, n->batch * H);
-    v->dc = take(c, n->batch * H);
-    v->next = take(c, n->batch * H);
-    v->sr = take(c, 2 * fx_rnn_saved_width(n->cell, H));
-    v->dbias = (double *)take(c, 2 * rows);
+    v->in = fx_carve_take(c, steps * K);
+    v->hprev = fx_carve_take(c, steps * H);
+    v->dout = fx_carve_take(c, steps * K);
+    v->din = fx_carve_take(c, steps * K);
+    v->dax = fx_carve_take(c, steps * rows);
+    v->dah = fx_carve_take(c, steps * rows);
+    v->dh = fx_carve_take(c, n->batch * H);
+    v->dc = fx_carve_take(c, n->batch * H);
+    v->next = fx_carve_take(c, n->batch * H);
+    v->sr = fx_carve_take(c, 2 * fx_rnn_saved_width(n->cell, H));
+    v->dbias = (double *)fx_carve_take(c, 2 * rows);
     return c->floats;
 }
 
@@ -397,10 +382,10 @@ static int fast_backward(const fx_rnn_bwd_args *a, fx_status *st)
     const fx_rnn_fwd_args *f = &a->fwd;
     const fx_rnn_dims *n = &f->n;
     const int64_t H = n->hidden, K = in_max(n), steps = n->batch * n->seqlen, rows = fx_rnn_gates(n->cell) * H;
-    carve size = {0};
+    fx_carve size = {0};
     bwd_arrays v;
     const size_t floats = carve_backward(&size, n, &v);
-    carve c = {call_floats(floats), 0};
+    fx_carve c = {call_floats(floats), 0};
     if (!c.next)
         return fx_fail(st, FX_ENOMEM, "out of host memory for a recurrence backward's %zu f32 of workspace", floats);
     carve_backward(&c, n, &v);
